@@ -1,0 +1,155 @@
+"""One model's batcher: the single owner of that model's queue.
+
+Loop invariant: a batch is formed only when an execution slot is free (at
+most ``max_concurrent_batches`` run at once), so requests that arrive while
+the model is busy join the next batch instead of waiting behind many small
+ones. A batch closes when it is full (``max_batch_size`` items or
+``max_batch_units`` work units) or when its oldest request has waited
+``max_wait_ms``. Requests whose caller has gone or whose deadline passed are
+dropped before the batch is formed; the deadline ones fail with 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from tessera.batching.queue import FifoQueue, RequestQueue
+from tessera.batching.request import PendingRequest
+from tessera.clock import Clock
+from tessera.errors import DeadlineExceededError, OverloadedError
+from tessera.repository.spec import BatchingSpec
+
+ExecuteBatch = Callable[[list[PendingRequest]], Awaitable[None]]
+
+
+class ModelBatcher:
+    def __init__(
+        self,
+        name: str,
+        batching: BatchingSpec,
+        execute: ExecuteBatch,
+        clock: Clock,
+        *,
+        max_queue: int = 100,
+        queue: RequestQueue | None = None,
+    ) -> None:
+        self.name = name
+        self.batching = batching
+        self._execute = execute
+        self._clock = clock
+        self.max_queue = max_queue
+        self._queue: RequestQueue = queue if queue is not None else FifoQueue()
+        self._arrived = asyncio.Event()
+        self._slots = asyncio.Semaphore(batching.max_concurrent_batches)
+        self._loop_task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self.num_batches = 0
+        self.num_dropped = 0
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    def submit(self, request: PendingRequest) -> None:
+        """Queue a request; ``OverloadedError`` if the queue is full."""
+        if len(self._queue) >= self.max_queue:
+            raise OverloadedError(
+                f"queue of model {self.name!r} is full ({self.max_queue} requests)",
+                retry_after_s=self._retry_after_s(),
+            )
+        self._queue.push(request)
+        self._arrived.set()
+        if self._loop_task is None:
+            self._loop_task = asyncio.get_running_loop().create_task(
+                self._loop(), name=f"batcher:{self.name}"
+            )
+
+    def _retry_after_s(self) -> float:
+        return max(1.0, self.batching.max_wait_ms / 1000)
+
+    async def close(self) -> None:
+        """Stop the loop, fail what still waits, and wait for running batches."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        for request in self._queue.remove_if(lambda r: True):
+            if not request.gone:
+                request.future.set_exception(OverloadedError("server is shutting down", 1.0))
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            if not batch:
+                self._slots.release()
+                continue
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _wait_arrival(self, within_s: float | None) -> None:
+        self._arrived.clear()
+        waiter = asyncio.ensure_future(self._arrived.wait())
+        timer = (
+            asyncio.ensure_future(self._clock.sleep(within_s)) if within_s is not None else None
+        )
+        pending = {waiter} if timer is None else {waiter, timer}
+        try:
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in pending:
+                task.cancel()
+
+    def _drop_stale(self) -> None:
+        now = self._clock.now()
+        for request in self._queue.remove_if(lambda r: r.gone or r.expired(now)):
+            self.num_dropped += 1
+            if not request.gone:
+                request.future.set_exception(
+                    DeadlineExceededError(
+                        f"deadline passed after {now - request.arrival:.3f}s in the queue"
+                    )
+                )
+
+    def _full(self) -> bool:
+        items, units = 0, 0.0
+        for request in self._queue:
+            items += len(request.items)
+            units += request.units
+        return items >= self.batching.max_batch_size or units >= self.batching.max_batch_units
+
+    async def _next_batch(self) -> list[PendingRequest]:
+        while True:
+            self._drop_stale()
+            oldest = self._queue.oldest_arrival()
+            if oldest is None:
+                await self._wait_arrival(None)
+                continue
+            close_at = oldest + self.batching.max_wait_ms / 1000
+            remaining = close_at - self._clock.now()
+            if self._full() or remaining <= 0:
+                break
+            await self._wait_arrival(remaining)
+        self._drop_stale()
+        batch = self._queue.pop_batch(self.batching.max_batch_size, self.batching.max_batch_units)
+        now = self._clock.now()
+        for request in batch:
+            request.queued_s = now - request.arrival
+        return batch
+
+    async def _run(self, batch: list[PendingRequest]) -> None:
+        try:
+            self.num_batches += 1
+            await self._execute(batch)
+        finally:
+            self._slots.release()

@@ -1,0 +1,80 @@
+"""The queue a model's batcher draws from.
+
+A queue strategy is a Protocol, an enum of names, and a factory. FIFO is the
+baseline; the fair tenant scheduler (``scheduling/``) implements the same
+Protocol.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from enum import StrEnum
+from typing import Protocol
+
+from tessera.batching.request import PendingRequest
+
+
+class RequestQueue(Protocol):
+    def push(self, request: PendingRequest) -> None: ...
+
+    def pop_batch(self, max_items: int, max_units: float) -> list[PendingRequest]:
+        """Remove and return whole requests for one batch within the limits
+        (the first request is always taken, even alone over a limit)."""
+        ...
+
+    def remove_if(self, predicate: Callable[[PendingRequest], bool]) -> list[PendingRequest]: ...
+
+    def oldest_arrival(self) -> float | None: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[PendingRequest]: ...
+
+
+class QueuePolicyName(StrEnum):
+    FIFO = "fifo"
+
+
+class FifoQueue:
+    """First come, first served."""
+
+    def __init__(self) -> None:
+        self._items: deque[PendingRequest] = deque()
+
+    def push(self, request: PendingRequest) -> None:
+        self._items.append(request)
+
+    def pop_batch(self, max_items: int, max_units: float) -> list[PendingRequest]:
+        batch: list[PendingRequest] = []
+        num_items, units = 0, 0.0
+        while self._items:
+            head = self._items[0]
+            fits = num_items + len(head.items) <= max_items and units + head.units <= max_units
+            if batch and not fits:
+                break
+            batch.append(self._items.popleft())
+            num_items += len(head.items)
+            units += head.units
+        return batch
+
+    def remove_if(self, predicate: Callable[[PendingRequest], bool]) -> list[PendingRequest]:
+        removed = [r for r in self._items if predicate(r)]
+        if removed:
+            self._items = deque(r for r in self._items if not predicate(r))
+        return removed
+
+    def oldest_arrival(self) -> float | None:
+        return self._items[0].arrival if self._items else None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[PendingRequest]:
+        return iter(self._items)
+
+
+def make_queue(name: QueuePolicyName | str) -> RequestQueue:
+    match QueuePolicyName(name):
+        case QueuePolicyName.FIFO:
+            return FifoQueue()

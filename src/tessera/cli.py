@@ -1,0 +1,128 @@
+"""The ``tessera`` command: ``serve`` and ``models list``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tessera.config import ServerConfig, build_config, read_config_file
+from tessera.errors import ConfigError
+
+app = typer.Typer(help="Serve many small AI models, for many tenants, from one device.")
+models_app = typer.Typer(help="The model repository.")
+app.add_typer(models_app, name="models")
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML config file.")]
+RepoOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--model-repository", help="Extra model repository folder (repeatable)."),
+]
+
+
+def _offline() -> None:
+    # Models come from installed packages and local folders only; never a hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _config(config: Path | None, **overrides: object) -> ServerConfig:
+    try:
+        return build_config(read_config_file(config), overrides)
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Address to bind.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to bind.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Where state is kept.")] = None,
+    memory_budget: Annotated[
+        str | None, typer.Option(help="Bytes or a size (700MiB). Default: the device's share.")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
+    threads: Annotated[int | None, typer.Option(help="Thread budget (default: all cores).")] = None,
+    workers: Annotated[int | None, typer.Option(help="Batches run at once.")] = None,
+    preload: Annotated[
+        list[str] | None, typer.Option(help="Model to load at start (repeatable).")
+    ] = None,
+    model_repository: RepoOpt = None,
+    config: ConfigOpt = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
+) -> None:
+    """Start the server."""
+    _offline()
+    settings = _config(
+        config,
+        host=host,
+        port=port,
+        data_dir=str(data_dir) if data_dir else None,
+        memory_budget=memory_budget,
+        device=device,
+        num_threads=threads,
+        num_workers=workers,
+        preload=preload,
+        model_repositories=model_repository,
+    )
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    import uvicorn
+
+    from tessera.engine import Engine
+    from tessera.gateway import create_app
+
+    try:
+        repository = settings.repository()
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = Engine(repository, settings.engine)
+    typer.echo(
+        f"tessera on {engine.device.name}: {len(repository)} models,"
+        f" budget {engine.residency.table.budget_bytes} bytes,"
+        f" {engine.executor.num_workers} workers x {engine.executor.threads_per_worker} threads"
+    )
+    uvicorn.run(
+        create_app(engine, max_body_bytes=settings.max_body_bytes),
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level.lower(),
+    )
+
+
+@models_app.command("list")
+def models_list(model_repository: RepoOpt = None, config: ConfigOpt = None) -> None:
+    """Print the model repository."""
+    from rich.console import Console
+    from rich.table import Table
+
+    settings = _config(config, model_repositories=model_repository)
+    try:
+        repository = settings.repository()
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    table = Table("name", "task", "runtime", "adapter", "preload", "source", "licence")
+    for spec in repository:
+        source = spec.source.package or spec.source.path or str(spec.folder)
+        table.add_row(
+            spec.name,
+            spec.task.value,
+            spec.runtime,
+            spec.adapter,
+            "yes" if spec.preload else "",
+            source,
+            spec.licence,
+        )
+    Console(width=200).print(table)
+
+
+def main() -> None:
+    app()

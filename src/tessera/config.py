@@ -1,0 +1,110 @@
+"""Server configuration: built once at start from the CLI and an optional YAML
+file (``--config``), then passed down. Command-line values win over the file.
+
+A config file may hold any of::
+
+    host: 127.0.0.1
+    port: 8000
+    data_dir: ./data
+    memory_budget: 700MiB        # bytes or a size; default: the device's share
+    device: auto                 # auto | cpu | cuda | cuda:N
+    num_threads: 2               # the process's thread budget; default: all cores
+    num_workers: 2               # batches at once; each gets num_threads / num_workers
+    eviction_policy: lru         # lru | largest
+    max_queue: 100               # per model; a full queue answers 503
+    default_timeout_s: 60
+    max_body_bytes: 16MiB
+    model_repositories: [./my-models]
+    include_default_models: true
+    preload: [all-minilm-l6-v2]  # default: the models whose model.yaml says preload
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tessera.engine import EngineConfig
+from tessera.errors import ConfigError
+from tessera.gateway.app import DEFAULT_MAX_BODY_BYTES
+from tessera.repository import ModelRepository, default_repository_path
+from tessera.units import parse_bytes
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path("data")
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    model_repositories: tuple[Path, ...] = ()
+    include_default_models: bool = True
+
+    def repository(self) -> ModelRepository:
+        folders = [default_repository_path()] if self.include_default_models else []
+        return ModelRepository.from_folders([*folders, *self.model_repositories])
+
+
+_ENGINE_KEYS = {
+    "device",
+    "num_threads",
+    "num_workers",
+    "eviction_policy",
+    "max_queue",
+    "default_timeout_s",
+    "residency_wait_s",
+}
+
+
+def read_config_file(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read config {path}: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a mapping")
+    return raw
+
+
+def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> ServerConfig:
+    """Merge a config file's values with command-line overrides (None = unset)."""
+    values = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
+    unknown = (
+        set(values)
+        - _ENGINE_KEYS
+        - {
+            "host",
+            "port",
+            "data_dir",
+            "memory_budget",
+            "max_body_bytes",
+            "model_repositories",
+            "include_default_models",
+            "preload",
+        }
+    )
+    if unknown:
+        raise ConfigError(f"unknown config keys: {sorted(unknown)}")
+    engine_values = {k: values[k] for k in _ENGINE_KEYS if k in values}
+    budget = values.get("memory_budget")
+    preload = values.get("preload")
+    engine = EngineConfig(
+        memory_budget_bytes=parse_bytes(budget) if budget is not None else None,
+        preload=tuple(preload) if preload is not None else None,
+        **engine_values,
+    )
+    return ServerConfig(
+        host=str(values.get("host", "127.0.0.1")),
+        port=int(values.get("port", 8000)),
+        data_dir=Path(values.get("data_dir", "data")),
+        engine=engine,
+        max_body_bytes=parse_bytes(values.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)),
+        model_repositories=tuple(Path(p) for p in values.get("model_repositories", ())),
+        include_default_models=bool(values.get("include_default_models", True)),
+    )

@@ -1,0 +1,230 @@
+"""The engine: the repository, residency, one batcher per model, and the executor.
+
+``Engine.infer`` is the whole core request path below the gateway: validate,
+queue to the model's batcher, and await the result within the deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.batching import ModelBatcher, PendingRequest
+from tessera.clock import Clock, MonotonicClock
+from tessera.device import Device, make_device
+from tessera.errors import (
+    DeadlineExceededError,
+    InferenceError,
+    InvalidInputError,
+    PayloadTooLargeError,
+    TaskMismatchError,
+    TesseraError,
+)
+from tessera.repository import ModelRepository, ModelSpec
+from tessera.residency import ResidencyManager, make_eviction_policy
+from tessera.tasks.types import Task, work_units
+
+from .executor import ComputeExecutor
+from .host import EngineHost
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings, parsed once at start and passed down."""
+
+    memory_budget_bytes: int | None = None  # None: the device's default share
+    device: str = "auto"
+    num_threads: int | None = None  # None: every core
+    num_workers: int | None = None  # None: one per thread
+    eviction_policy: str = "lru"
+    max_queue: int = 100
+    default_timeout_s: float = 60.0
+    residency_wait_s: float = 30.0
+    preload: tuple[str, ...] | None = None  # None: the models marked preload
+
+
+@dataclass
+class ModelCounters:
+    num_requests: int = 0
+    num_items: int = 0
+    num_batches: int = 0
+    num_failures: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        config: EngineConfig,
+        *,
+        clock: Clock | None = None,
+        device: Device | None = None,
+    ) -> None:
+        self.repository = repository
+        self.config = config
+        self.clock: Clock = clock or MonotonicClock()
+        self.device = device or make_device(config.device)
+        num_threads = config.num_threads or os.cpu_count() or 1
+        num_workers = config.num_workers or num_threads
+        self.executor = ComputeExecutor(self.device, num_threads, num_workers)
+        self.host = EngineHost(self.device, self.executor)
+        budget = config.memory_budget_bytes or self.device.default_budget_bytes()
+        self.residency = ResidencyManager(
+            budget,
+            self.host,
+            make_eviction_policy(config.eviction_policy),
+            self.clock,
+            wait_s=config.residency_wait_s,
+        )
+        self.counters: dict[str, ModelCounters] = {
+            name: ModelCounters() for name in repository.names()
+        }
+        self._batchers: dict[str, ModelBatcher] = {}
+        self._preload_done = False
+        self._preload_ok = False
+
+    # -- lifecycle --------------------------------------------------------
+
+    def preload_names(self) -> list[str]:
+        if self.config.preload is not None:
+            return list(self.config.preload)
+        return [spec.name for spec in self.repository if spec.preload]
+
+    async def preload(self) -> None:
+        """Load and warm the preload models; ``ready`` once all have."""
+        names = self.preload_names()
+        results = await asyncio.gather(
+            *(self.residency.ensure_loaded(self.repository.get(n)) for n in names),
+            return_exceptions=True,
+        )
+        failures = [
+            f"{n}: {r}" for n, r in zip(names, results, strict=True) if isinstance(r, BaseException)
+        ]
+        for failure in failures:
+            log.error("preload failed: %s", failure)
+        self._preload_ok = not failures
+        self._preload_done = True
+
+    @property
+    def ready(self) -> bool:
+        return self._preload_done and self._preload_ok
+
+    async def close(self) -> None:
+        for batcher in self._batchers.values():
+            await batcher.close()
+        await self.residency.close()
+        self.executor.shutdown()
+        self.host.shutdown()
+
+    # -- the request path ---------------------------------------------------
+
+    def spec_for(self, name: str, task: Task) -> ModelSpec:
+        spec = self.repository.get(name)
+        if spec.task is not task:
+            raise TaskMismatchError(f"model {name!r} does {spec.task.value}, not {task.value}")
+        return spec
+
+    def batcher(self, spec: ModelSpec) -> ModelBatcher:
+        batcher = self._batchers.get(spec.name)
+        if batcher is None:
+            batcher = self._batchers[spec.name] = ModelBatcher(
+                spec.name,
+                spec.batching,
+                functools.partial(self._execute, spec),
+                self.clock,
+                max_queue=self.config.max_queue,
+            )
+        return batcher
+
+    async def infer(
+        self,
+        name: str,
+        task: Task,
+        items: Sequence[Any],
+        *,
+        timeout_s: float | None = None,
+        tenant: str = "default",
+    ) -> list[Any]:
+        """Run ``items`` on model ``name`` and return one output per item."""
+        spec = self.spec_for(name, task)
+        if not items:
+            raise InvalidInputError("input must not be empty")
+        if len(items) > spec.max_inputs:
+            raise PayloadTooLargeError(
+                f"{len(items)} inputs in one request;"
+                f" model {name!r} takes at most {spec.max_inputs}"
+            )
+        self.residency.raise_if_failed(name)
+        now = self.clock.now()
+        timeout = timeout_s if timeout_s is not None else self.config.default_timeout_s
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        request = PendingRequest(
+            items=list(items),
+            units=sum(work_units(item) for item in items),
+            arrival=now,
+            future=future,
+            deadline=now + timeout,
+            tenant=tenant,
+        )
+        self.batcher(spec).submit(request)
+        counters = self.counters.setdefault(name, ModelCounters())
+        counters.num_requests += 1
+        counters.num_items += len(items)
+        try:
+            return await asyncio.wait_for(future, timeout=timeout)
+        except TimeoutError as e:
+            raise DeadlineExceededError(
+                f"no answer from model {name!r} within {timeout:.3g}s"
+            ) from e
+
+    async def _execute(self, spec: ModelSpec, batch: list[PendingRequest]) -> None:
+        items = [item for request in batch for item in request.items]
+        units = sum(request.units for request in batch)
+        stats = self.host.activation(spec.name)
+        counters = self.counters.setdefault(spec.name, ModelCounters())
+        try:
+            async with self.residency.lease(spec, stats.reserve_bytes(units)) as lease:
+                run = await self.executor.run(lease.model.run, items)
+            if len(run.outputs) != len(items):
+                raise InferenceError(
+                    f"model {spec.name!r} returned {len(run.outputs)} outputs"
+                    f" for {len(items)} inputs"
+                )
+        except TesseraError as e:
+            counters.num_failures += 1
+            _fail(batch, e)
+            return
+        except Exception as e:
+            counters.num_failures += 1
+            log.exception("batch of model %s failed", spec.name)
+            _fail(batch, InferenceError(f"model {spec.name!r} failed: {type(e).__name__}: {e}"))
+            return
+        if run.peak_bytes is not None:
+            stats.observe(run.peak_bytes, units)
+        counters.num_batches += 1
+        counters.batch_sizes.append(len(items))
+        del counters.batch_sizes[:-1024]
+        start = 0
+        for request in batch:
+            end = start + len(request.items)
+            if not request.future.done():
+                request.future.set_result(run.outputs[start:end])
+            start = end
+
+    def queue_depth(self, name: str) -> int:
+        batcher = self._batchers.get(name)
+        return batcher.depth if batcher is not None else 0
+
+
+def _fail(batch: list[PendingRequest], error: Exception) -> None:
+    for request in batch:
+        if not request.future.done():
+            request.future.set_exception(error)

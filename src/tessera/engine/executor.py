@@ -1,0 +1,116 @@
+"""Where batches run: a fixed pool of compute workers sharing one thread budget.
+
+The process has ``num_threads`` cores to spend. ``num_workers`` batches run
+at once, each with ``num_threads // num_workers`` intra-op threads (torch's
+global setting, onnxruntime's session option, a native engine's option), so
+torch, onnxruntime and native engines together never oversubscribe the cores.
+
+Memory measurements need quiet: ``measure_exclusive`` waits until no batch
+runs and holds new ones back while it measures a load. A batch's own
+activation peak is measured only when it starts alone (otherwise it is
+skipped: another batch would blur it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from tessera.device import Device
+from tessera.runtimes.base import Measured
+from tessera.runtimes.memory import measure_rss, peak_rss_bytes, reset_peak, rss_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRun:
+    outputs: list[Any]
+    run_s: float
+    peak_bytes: int | None  # activation peak above the level before the batch
+
+
+class ComputeExecutor:
+    def __init__(self, device: Device, num_threads: int, num_workers: int) -> None:
+        if num_workers < 1 or num_threads < 1:
+            raise ValueError("num_threads and num_workers must be >= 1")
+        self.device = device
+        self.num_workers = num_workers
+        self.threads_per_worker = max(1, num_threads // num_workers)
+        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="tessera-compute")
+        self._cond = threading.Condition()
+        self._active = 0
+        self._exclusive = False
+        self._exclusive_waiting = 0
+
+    async def run(self, fn: Callable[[Sequence[Any]], list[Any]], items: Sequence[Any]) -> BatchRun:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._run_sync, fn, items)
+
+    def _run_sync(self, fn: Callable[[Sequence[Any]], list[Any]], items: Sequence[Any]) -> BatchRun:
+        with self._cond:
+            while self._exclusive or self._exclusive_waiting:
+                self._cond.wait()
+            self._active += 1
+            alone = self._active == 1
+        try:
+            measure = self._start_peak() if alone else None
+            start = time.perf_counter()
+            outputs = fn(items)
+            run_s = time.perf_counter() - start
+            peak = self._end_peak(measure) if measure is not None else None
+            return BatchRun(outputs, run_s, peak)
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def _start_peak(self) -> int | None:
+        if self.device.kind == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device.index)
+            return int(torch.cuda.memory_allocated(self.device.index))
+        return rss_bytes() if reset_peak() else None
+
+    def _end_peak(self, baseline: int) -> int:
+        if self.device.kind == "cuda":
+            import torch
+
+            return max(0, int(torch.cuda.max_memory_allocated(self.device.index)) - baseline)
+        return max(0, peak_rss_bytes() - baseline)
+
+    def measure_exclusive(self, fn: Callable[[], Any]) -> Measured:
+        """Run ``fn`` (in the calling thread) while no batch runs, and measure it."""
+        with self._cond:
+            self._exclusive_waiting += 1
+            while self._active or self._exclusive:
+                self._cond.wait()
+            self._exclusive_waiting -= 1
+            self._exclusive = True
+        try:
+            if self.device.kind == "cuda":
+                return self._measure_cuda(fn)
+            return measure_rss(fn)
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+    def _measure_cuda(self, fn: Callable[[], Any]) -> Measured:
+        import torch
+
+        index = self.device.index
+        free_before, _ = torch.cuda.mem_get_info(index)
+        torch.cuda.reset_peak_memory_stats(index)
+        allocated = int(torch.cuda.memory_allocated(index))
+        value = fn()
+        free_after, _ = torch.cuda.mem_get_info(index)
+        peak = int(torch.cuda.max_memory_allocated(index)) - allocated
+        return Measured(value, max(0, int(free_before - free_after)), max(0, peak))
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,107 @@
+"""The engine's side of residency: estimate, load (with a measured warm-up) and
+unload models, off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from tessera.device import Device
+from tessera.repository.spec import ModelSpec
+from tessera.residency import ActivationStats, Footprint
+from tessera.runtimes.base import LoadContext, LoadedModel, ModelLoader, SharedComponents
+from tessera.runtimes.registry import get_loader
+from tessera.tasks.samples import warmup_items
+from tessera.tasks.types import work_units
+
+from .executor import ComputeExecutor
+
+log = logging.getLogger(__name__)
+
+MAX_WARMUP_ITEMS = 8
+
+
+class EngineHost:
+    """Implements ``residency.ModelHost`` with real loaders and the compute executor."""
+
+    def __init__(self, device: Device, executor: ComputeExecutor, max_concurrent_loads: int = 2):
+        self.device = device
+        self.executor = executor
+        self.shared = SharedComponents()
+        self.activations: dict[str, ActivationStats] = {}
+        self._loaders: dict[str, ModelLoader] = {}
+        self._load_pool = ThreadPoolExecutor(
+            max_concurrent_loads, thread_name_prefix="tessera-load"
+        )
+        self._ctx = LoadContext(
+            device=device,
+            threads=executor.threads_per_worker,
+            shared=self.shared,
+            measure=executor.measure_exclusive,
+        )
+        self._torch_configured = False
+
+    def loader(self, spec: ModelSpec) -> ModelLoader:
+        if spec.adapter not in self._loaders:
+            self._loaders[spec.adapter] = get_loader(spec.adapter)
+        return self._loaders[spec.adapter]
+
+    def activation(self, name: str) -> ActivationStats:
+        return self.activations.setdefault(name, ActivationStats())
+
+    def estimate(self, spec: ModelSpec) -> Footprint:
+        loader = self.loader(spec)
+        total = loader.estimate_bytes(spec)
+        shared = {key: self.shared.bytes_of(key) for key in loader.shared_keys(spec)}
+        known = {key: num for key, num in shared.items() if num > 0}
+        # Shared components not resident yet are counted as the model's own.
+        return Footprint(max(0, total - sum(known.values())), known)
+
+    def configure_threads(self) -> None:
+        """Give torch the per-worker thread share, once, before its first model."""
+        if self._torch_configured:
+            return
+        import torch
+
+        torch.set_num_threads(self.executor.threads_per_worker)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set, or parallel work already ran
+            log.debug("torch inter-op threads already fixed")
+        self._torch_configured = True
+
+    async def load(self, spec: ModelSpec) -> LoadedModel:
+        loop = asyncio.get_running_loop()
+        if spec.runtime == "torch":
+            self.configure_threads()
+        return await loop.run_in_executor(self._load_pool, self._load_sync, spec)
+
+    def _load_sync(self, spec: ModelSpec) -> LoadedModel:
+        model = self.loader(spec).load(spec, self._ctx)
+        items = warmup_items(spec.task, min(MAX_WARMUP_ITEMS, spec.batching.max_batch_size))
+        try:
+            measured = self.executor.measure_exclusive(lambda: model.run(items))
+        except BaseException:
+            model.unload()
+            raise
+        self.activation(spec.name).observe(
+            measured.peak_delta_bytes, sum(work_units(i) for i in items)
+        )
+        return model
+
+    async def unload(self, spec: ModelSpec, model: LoadedModel) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._load_pool, self._unload_sync, model)
+
+    def _unload_sync(self, model: LoadedModel) -> None:
+        model.unload()
+        gc.collect()
+        if self.device.kind == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def shutdown(self) -> None:
+        self._load_pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,44 @@
+"""The HTTP app: routers, error handlers, and the engine's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from tessera import __version__
+from tessera.engine import Engine
+from tessera.gateway import admin, kserve, openai_api, tasks_api
+from tessera.gateway.common import BodyLimitMiddleware
+from tessera.gateway.errors import install_error_handlers
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def create_app(engine: Engine, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """An app serving ``engine``; preloading starts with the app and runs in the
+    background, so liveness answers at once and readiness once it is done."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        preload = asyncio.create_task(engine.preload(), name="preload")
+        try:
+            yield
+        finally:
+            preload.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await preload
+            await engine.close()
+
+    app = FastAPI(title="tessera", version=__version__, lifespan=lifespan)
+    app.state.engine = engine
+    install_error_handlers(app)
+    for module in (openai_api, tasks_api, kserve, admin):
+        app.include_router(module.router)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+    return app

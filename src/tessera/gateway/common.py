@@ -1,0 +1,107 @@
+"""Helpers shared by the API modules: the engine from the app, disconnect-aware
+awaiting, and the body size limit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from fastapi import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tessera.engine import Engine
+from tessera.errors import RequestCancelledError
+from tessera.gateway.errors import error_body
+
+T = TypeVar("T")
+
+
+def engine_of(request: Request) -> Engine:
+    engine: Engine = request.app.state.engine
+    return engine
+
+
+def timeout_of(request: Request) -> float | None:
+    """The caller's deadline from ``x-request-timeout`` (seconds), if any."""
+    raw = request.headers.get("x-request-timeout")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client goes away first, cancel it (its queued
+    request is then dropped before it runs)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise RequestCancelledError("client disconnected")
+    return task.result()
+
+
+class BodyLimitMiddleware:
+    """Refuse request bodies over ``max_body_bytes`` with 413, before parsing."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
+                await self._refuse(send)
+                return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        import json
+
+        body = json.dumps(
+            error_body(413, f"request body over {self.max_body_bytes} bytes", "payload_too_large")
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _BodyTooLarge(Exception):
+    pass

@@ -1,0 +1,94 @@
+"""Engine errors to HTTP statuses, as JSON; the only place that knows both.
+
+Every error body has the OpenAI shape ``{"error": {"message", "type", "code"}}``
+so the OpenAI, Cohere-style and Triton clients all show the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tessera.errors import (
+    DeadlineExceededError,
+    InferenceError,
+    InvalidInputError,
+    ModelNotFoundError,
+    ModelUnavailableError,
+    OverloadedError,
+    PayloadTooLargeError,
+    RequestCancelledError,
+    TaskMismatchError,
+    TesseraError,
+    UnsupportedMediaError,
+)
+
+log = logging.getLogger(__name__)
+
+_STATUS: list[tuple[type[TesseraError], int, str]] = [
+    (PayloadTooLargeError, 413, "payload_too_large"),
+    (UnsupportedMediaError, 415, "unsupported_media_type"),
+    (InvalidInputError, 422, "invalid_request_error"),
+    (ModelNotFoundError, 404, "model_not_found"),
+    (TaskMismatchError, 400, "invalid_request_error"),
+    (ModelUnavailableError, 503, "model_unavailable"),
+    (OverloadedError, 503, "overloaded"),
+    (DeadlineExceededError, 504, "deadline_exceeded"),
+    (RequestCancelledError, 499, "cancelled"),
+    (InferenceError, 500, "inference_error"),
+]
+
+
+def error_body(status: int, message: str, kind: str) -> dict[str, object]:
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
+def status_of(error: TesseraError) -> tuple[int, str]:
+    """The HTTP status and error type of an engine error."""
+    for cls, status, kind in _STATUS:
+        if isinstance(error, cls):
+            return status, kind
+    return 500, "internal_error"
+
+
+def error_headers(error: TesseraError) -> dict[str, str]:
+    if isinstance(error, OverloadedError):
+        return {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
+    return {}
+
+
+def error_response(error: TesseraError) -> JSONResponse:
+    status, kind = status_of(error)
+    body = error_body(status, str(error), kind)
+    return JSONResponse(body, status_code=status, headers=error_headers(error))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(TesseraError)
+    async def _tessera(request: Request, exc: TesseraError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            problems.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+        message = "invalid request: " + "; ".join(problems)
+        return JSONResponse(error_body(422, message, "invalid_request_error"), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = error_body(exc.status_code, str(exc.detail), "http_error")
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        body = error_body(500, f"internal error: {type(exc).__name__}", "internal_error")
+        return JSONResponse(body, status_code=500)

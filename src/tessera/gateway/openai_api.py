@@ -1,0 +1,292 @@
+"""OpenAI-compatible endpoints: embeddings, chat completions, speech, models."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import time
+import uuid
+import wave
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from tessera.errors import InvalidInputError, TesseraError
+from tessera.gateway.common import engine_of, timeout_of, unless_disconnected
+from tessera.gateway.errors import error_body, status_of
+from tessera.tasks.types import (
+    ChatInput,
+    ChatMessage,
+    ChatOutput,
+    SpeechInput,
+    SpeechOutput,
+    Task,
+    TextInput,
+    work_units,
+)
+
+router = APIRouter()
+
+
+def texts_of(value: str | list[str], field: str = "input") -> list[str]:
+    """A string or a list of strings, none empty."""
+    texts = [value] if isinstance(value, str) else list(value)
+    if not texts:
+        raise InvalidInputError(f"{field} must not be empty")
+    for i, text in enumerate(texts):
+        if not text.strip():
+            raise InvalidInputError(f"{field}[{i}] must not be an empty string")
+    return texts
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | list[str]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+
+@router.post("/v1/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
+    engine = engine_of(request)
+    texts = texts_of(body.input)
+    items = [TextInput(t) for t in texts]
+    vectors = await unless_disconnected(
+        request,
+        engine.infer(body.model, Task.EMBEDDING, items, timeout_s=timeout_of(request)),
+    )
+    data = []
+    for index, vector in enumerate(vectors):
+        array = np.asarray(vector, dtype=np.float32)
+        if body.dimensions is not None:
+            array = array[: body.dimensions]
+        embedding: Any = (
+            base64.b64encode(array.astype("<f4").tobytes()).decode()
+            if body.encoding_format == "base64"
+            else array.tolist()
+        )
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    tokens = int(sum(work_units(i) for i in items))
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": data,
+            "model": body.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
+    max_tokens: int | None = Field(default=None, ge=1, le=4096)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=4096)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=1)
+
+
+def _content_text(message: ChatMessageIn) -> str:
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    parts = []
+    for part in message.content:
+        if part.get("type") != "text":
+            raise InvalidInputError(f"content part type {part.get('type')!r} is not supported")
+        parts.append(str(part.get("text", "")))
+    return "".join(parts)
+
+
+def chat_input(body: ChatRequest, on_text: Any = None) -> ChatInput:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return ChatInput(
+        messages=tuple(ChatMessage(m.role, _content_text(m)) for m in body.messages),
+        max_tokens=body.max_completion_tokens or body.max_tokens or 128,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        stop=stop,
+        seed=body.seed,
+        on_text=on_text,
+    )
+
+
+def _usage(output: ChatOutput) -> dict[str, int]:
+    return {
+        "prompt_tokens": output.prompt_tokens,
+        "completion_tokens": output.completion_tokens,
+        "total_tokens": output.prompt_tokens + output.completion_tokens,
+    }
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatRequest, request: Request) -> Response:
+    engine = engine_of(request)
+    engine.spec_for(body.model, Task.GENERATE)
+    completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+    created = int(time.time())
+    if body.stream:
+        return StreamingResponse(
+            _stream_chat(body, request, completion_id, created),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    (output,) = await unless_disconnected(
+        request,
+        engine.infer(body.model, Task.GENERATE, [chat_input(body)], timeout_s=timeout_of(request)),
+    )
+    return JSONResponse(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": body.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": output.text},
+                    "finish_reason": output.finish_reason,
+                }
+            ],
+            "usage": _usage(output),
+        }
+    )
+
+
+def _chunk(
+    completion_id: str, created: int, model: str, delta: dict[str, Any], **extra: Any
+) -> str:
+    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+    choice.update(extra)
+    payload = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+async def _stream_chat(
+    body: ChatRequest, request: Request, completion_id: str, created: int
+) -> AsyncIterator[str]:
+    engine = engine_of(request)
+    loop = asyncio.get_running_loop()
+    pieces: asyncio.Queue[str] = asyncio.Queue()
+
+    def on_text(text: str) -> None:
+        loop.call_soon_threadsafe(pieces.put_nowait, text)
+
+    work = asyncio.ensure_future(
+        engine.infer(
+            body.model, Task.GENERATE, [chat_input(body, on_text)], timeout_s=timeout_of(request)
+        )
+    )
+    try:
+        yield _chunk(completion_id, created, body.model, {"role": "assistant", "content": ""})
+        while not work.done() or not pieces.empty():
+            getter = asyncio.ensure_future(pieces.get())
+            await asyncio.wait({getter, work}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield _chunk(completion_id, created, body.model, {"content": getter.result()})
+            else:
+                getter.cancel()
+        try:
+            (output,) = work.result()
+        except TesseraError as e:
+            status, kind = status_of(e)
+            yield f"data: {json.dumps(error_body(status, str(e), kind))}\n\n"
+            return
+        while not pieces.empty():
+            yield _chunk(completion_id, created, body.model, {"content": pieces.get_nowait()})
+        yield _chunk(completion_id, created, body.model, {}, finish_reason=output.finish_reason)
+        yield "data: [DONE]\n\n"
+    finally:
+        if not work.done():
+            work.cancel()
+
+
+class SpeechRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: Annotated[str, Field(min_length=1, max_length=4096)]
+    voice: str | None = None
+    response_format: Literal["wav", "pcm"] = "wav"
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+
+
+def wav_bytes(output: SpeechOutput) -> bytes:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(output.sample_rate)
+        wav.writeframes(np.asarray(output.samples, dtype="<i2").tobytes())
+    return buffer.getvalue()
+
+
+@router.post("/v1/audio/speech", response_model=None)
+async def speech(body: SpeechRequest, request: Request) -> Response:
+    engine = engine_of(request)
+    if not body.input.strip():
+        raise InvalidInputError("input must not be blank")
+    (output,) = await unless_disconnected(
+        request,
+        engine.infer(
+            body.model,
+            Task.TTS,
+            [SpeechInput(body.input, body.speed)],
+            timeout_s=timeout_of(request),
+        ),
+    )
+    if body.response_format == "pcm":
+        pcm = np.asarray(output.samples, dtype="<i2").tobytes()
+        return Response(
+            pcm, media_type="audio/pcm", headers={"x-sample-rate": str(output.sample_rate)}
+        )
+    return Response(wav_bytes(output), media_type="audio/wav")
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    engine = engine_of(request)
+    data = [
+        {
+            "id": spec.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "tessera",
+            "task": spec.task.value,
+            "state": engine.residency.state(spec.name).value,
+        }
+        for spec in engine.repository
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+__all__ = ["error_body", "router", "texts_of"]

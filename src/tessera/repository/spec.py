@@ -1,0 +1,193 @@
+"""``ModelSpec``: a model's descriptor, parsed from its ``model.yaml``.
+
+A model folder looks like Triton's::
+
+    my-model/
+      model.yaml          # name, task, runtime, adapter, source, limits...
+      1/                  # version folders (Hugging Face or ONNX layouts)
+      2/
+
+``source`` says where the weights are: ``{package: NAME, path: SUB}`` for
+weights carried inside an installed Python package, ``{path: P}`` for a
+folder or file (relative to the model folder), or nothing for the chosen
+version folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tessera.errors import ConfigError, ModelUnavailableError
+from tessera.tasks.types import Task
+from tessera.units import parse_bytes
+
+RUNTIMES = ("torch", "onnx", "native")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingSpec:
+    """Limits of one batch: items, work units (tokens for text), and wait."""
+
+    max_batch_size: int = 32
+    max_batch_units: float = 8192.0
+    max_wait_ms: float = 5.0
+    max_concurrent_batches: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    package: str | None = None
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Immutable description of one model version."""
+
+    name: str
+    task: Task
+    runtime: str
+    adapter: str
+    folder: Path
+    source: SourceSpec = field(default_factory=SourceSpec)
+    version: int | None = None
+    versions: tuple[int, ...] = ()
+    batching: BatchingSpec = field(default_factory=BatchingSpec)
+    max_bytes: int | None = None
+    preload: bool = False
+    latency_target_ms: float | None = None
+    max_inputs: int = 256
+    options: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    licence: str = ""
+
+    def with_version(self, version: int) -> ModelSpec:
+        if version not in self.versions:
+            raise ConfigError(f"model {self.name!r} has no version {version}")
+        return replace(self, version=version)
+
+    def resolve_source(self) -> Path:
+        """The path of the weights (a folder or a file); raises if absent."""
+        return resolve_path(self, self.source)
+
+    def option_path(self, key: str) -> Path | None:
+        """An option naming a path: a string (relative to the model folder)
+        or ``{package, path}``."""
+        raw = self.options.get(key)
+        if raw is None:
+            return None
+        if isinstance(raw, str):
+            return resolve_path(self, SourceSpec(path=raw))
+        if isinstance(raw, dict):
+            return resolve_path(self, SourceSpec(package=raw.get("package"), path=raw.get("path")))
+        raise ConfigError(f"model {self.name!r}: option {key!r} must be a path")
+
+
+def package_dir(package: str) -> Path:
+    """The folder of an installed package, found without importing it."""
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        raise FileNotFoundError(f"package {package!r} is not installed")
+    return Path(next(iter(found.submodule_search_locations)))
+
+
+def resolve_path(spec: ModelSpec, source: SourceSpec) -> Path:
+    try:
+        if source.package is not None:
+            base = package_dir(source.package)
+            path = base / source.path if source.path else base
+        elif source.path is not None:
+            path = Path(source.path).expanduser()
+            if not path.is_absolute():
+                path = spec.folder / path
+        elif spec.version is not None:
+            path = spec.folder / str(spec.version)
+        else:
+            raise FileNotFoundError("no source and no version folder")
+    except (FileNotFoundError, ModuleNotFoundError, ValueError) as e:
+        raise ModelUnavailableError(spec.name, f"weights not found: {e}") from e
+    if not path.exists():
+        raise ModelUnavailableError(spec.name, f"weights not found at {path}")
+    return path
+
+
+def _int(raw: dict[str, Any], key: str, default: int, where: str) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _number(raw: dict[str, Any], key: str, default: float | None, where: str) -> float | None:
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where}: {key} must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
+    """Build a ``ModelSpec`` from a parsed ``model.yaml`` in ``folder``."""
+    where = str(folder / "model.yaml")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping")
+    name = raw.get("name", folder.name)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where}: name must be a non-empty string")
+    try:
+        task = Task(raw["task"])
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"{where}: task must be one of {[t.value for t in Task]}") from e
+    runtime = raw.get("runtime")
+    if runtime not in RUNTIMES:
+        raise ConfigError(f"{where}: runtime must be one of {RUNTIMES}")
+    adapter = raw.get("adapter")
+    if not isinstance(adapter, str):
+        raise ConfigError(f"{where}: adapter must be a string")
+
+    source_raw = raw.get("source") or {}
+    if not isinstance(source_raw, dict):
+        raise ConfigError(f"{where}: source must be a mapping")
+    source = SourceSpec(package=source_raw.get("package"), path=source_raw.get("path"))
+
+    versions = tuple(
+        sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+    )
+    version = raw.get("version", versions[-1] if versions else None)
+
+    batching_raw = raw.get("batching") or {}
+    max_batch_size = _int(batching_raw, "max_batch_size", 32, where)
+    units = batching_raw.get("max_batch_units", batching_raw.get("max_batch_tokens", 8192))
+    batching = BatchingSpec(
+        max_batch_size=max_batch_size,
+        max_batch_units=_number({"u": units}, "u", 8192, where) or 8192.0,
+        max_wait_ms=_number(batching_raw, "max_wait_ms", 5.0, where) or 0.0,
+        max_concurrent_batches=_int(batching_raw, "max_concurrent_batches", 1, where),
+    )
+    memory_raw = raw.get("memory") or {}
+    max_bytes = memory_raw.get("max_bytes")
+    options = raw.get("options") or {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"{where}: options must be a mapping")
+    return ModelSpec(
+        name=name,
+        task=task,
+        runtime=runtime,
+        adapter=adapter,
+        folder=folder,
+        source=source,
+        version=version,
+        versions=versions,
+        batching=batching,
+        max_bytes=parse_bytes(max_bytes) if max_bytes is not None else None,
+        preload=bool(raw.get("preload", False)),
+        latency_target_ms=_number(raw, "latency_target_ms", None, where),
+        max_inputs=_int(raw, "max_inputs", 256, where),
+        options=options,
+        description=str(raw.get("description", "")).strip(),
+        licence=str(raw.get("licence", "")).strip(),
+    )

@@ -1,0 +1,30 @@
+"""The memory budget of a device, in measured bytes: load, evict, pin, reserve."""
+
+from tessera.residency.activation import ActivationStats
+from tessera.residency.manager import (
+    Footprint,
+    Lease,
+    ModelHost,
+    ModelResidency,
+    ResidencyManager,
+    ResidencyStats,
+)
+from tessera.residency.policy import EvictionPolicy, EvictionPolicyName, make_eviction_policy
+from tessera.residency.table import ModelEntry, ModelState, Reservation, ResidencyTable
+
+__all__ = [
+    "ActivationStats",
+    "EvictionPolicy",
+    "EvictionPolicyName",
+    "Footprint",
+    "Lease",
+    "ModelEntry",
+    "ModelHost",
+    "ModelResidency",
+    "ModelState",
+    "Reservation",
+    "ResidencyManager",
+    "ResidencyStats",
+    "ResidencyTable",
+    "make_eviction_policy",
+]

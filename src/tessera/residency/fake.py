@@ -1,0 +1,41 @@
+"""A fake ``ModelHost`` for tests of residency policy: fake models, counted loads,
+and optional gates to hold a load open."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from tessera.repository.spec import ModelSpec
+from tessera.residency.manager import Footprint
+from tessera.runtimes.base import LoadedModel
+from tessera.runtimes.fake import FakeModel
+
+
+class FakeModelHost:
+    """Loads ``fake`` models instantly (or when their gate opens)."""
+
+    def __init__(self) -> None:
+        self.loads: Counter[str] = Counter()
+        self.unloads: Counter[str] = Counter()
+        self.gates: dict[str, asyncio.Event] = {}
+        self.on_unload: list[str] = []
+
+    def estimate(self, spec: ModelSpec) -> Footprint:
+        own = int(spec.options.get("estimate_bytes", spec.options.get("own_bytes", 0)))
+        return Footprint(own, dict(spec.options.get("shared", {})))
+
+    async def load(self, spec: ModelSpec) -> LoadedModel:
+        self.loads[spec.name] += 1
+        gate = self.gates.get(spec.name)
+        if gate is not None:
+            await gate.wait()
+        if spec.options.get("fail_load"):
+            raise RuntimeError("fake load failure")
+        return FakeModel(spec)
+
+    async def unload(self, spec: ModelSpec, model: LoadedModel) -> None:
+        self.unloads[spec.name] += 1
+        self.on_unload.append(spec.name)
+        model.unload()
+        await asyncio.sleep(0)

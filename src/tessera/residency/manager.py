@@ -1,0 +1,336 @@
+"""The residency manager: load on demand, evict by policy, pin while running.
+
+Design notes (the invariants the unit tests check):
+
+- The table's ``used_bytes`` never exceeds the budget: a load first holds its
+  expected bytes (the last measurement of that model, else the loader's
+  estimate from its files), then swaps them for the measured bytes; a batch
+  holds its activation bytes while it runs.
+- One load per model at a time: later callers await the same load.
+- Pinned models (a batch is running on them) are never evicted.
+- Room is made by evicting idle models chosen by the policy; when that is not
+  enough (the others are pinned) the caller waits for a release, bounded by
+  ``wait_s``, then gets ``OverloadedError``. A model that cannot fit even alone
+  (or is over its own cap) gets ``ModelTooLargeError`` at once.
+- Loads of different models run concurrently: there is no global load lock.
+  Decisions are made between awaits, so the event loop makes them atomic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tessera.clock import Clock
+from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
+from tessera.repository.spec import ModelSpec
+from tessera.residency.policy import EvictionPolicy
+from tessera.residency.table import ModelEntry, ModelState, Reservation, ResidencyTable
+from tessera.runtimes.base import LoadedModel
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """Bytes a model holds (or is expected to): its own and its shared components'."""
+
+    own_bytes: int
+    shared: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.own_bytes + sum(self.shared.values())
+
+
+class ModelHost(Protocol):
+    """What residency needs from the engine: estimates, and loads/unloads off the loop."""
+
+    def estimate(self, spec: ModelSpec) -> Footprint: ...
+
+    async def load(self, spec: ModelSpec) -> LoadedModel: ...
+
+    async def unload(self, spec: ModelSpec, model: LoadedModel) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResidency:
+    name: str
+    state: str
+    bytes: int
+    last_used: float
+    loads: int
+    evictions: int
+    pins: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyStats:
+    budget_bytes: int
+    used_bytes: int
+    peak_used_bytes: int
+    loads_total: int
+    evictions_total: int
+    models: tuple[ModelResidency, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A pinned, ready model and the activation bytes reserved for one batch."""
+
+    model: LoadedModel
+    reservation: Reservation
+
+
+class ResidencyManager:
+    def __init__(
+        self,
+        budget_bytes: int,
+        host: ModelHost,
+        policy: EvictionPolicy,
+        clock: Clock,
+        *,
+        wait_s: float = 30.0,
+        failed_retry_s: float = 30.0,
+    ) -> None:
+        self.table = ResidencyTable(budget_bytes)
+        self._host = host
+        self._policy = policy
+        self._clock = clock
+        self._wait_s = wait_s
+        self._failed_retry_s = failed_retry_s
+        self._models: dict[str, LoadedModel] = {}
+        self._specs: dict[str, ModelSpec] = {}
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+        self._measured: dict[str, Footprint] = {}
+        self._failed_at: dict[str, float] = {}
+        self._changed = asyncio.Event()
+        self.peak_used_bytes = 0
+
+    # -- public -----------------------------------------------------------
+
+    @asynccontextmanager
+    async def lease(self, spec: ModelSpec, activation_bytes: int = 0) -> AsyncIterator[Lease]:
+        """Hold ``spec``'s model ready and pinned, with room for one batch."""
+        lease = await self.acquire(spec, activation_bytes)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+    async def acquire(self, spec: ModelSpec, activation_bytes: int = 0) -> Lease:
+        deadline = self._clock.now() + self._wait_s
+        while True:
+            entry = self.table.entry(spec.name, spec.max_bytes)
+            if entry.state is ModelState.READY:
+                lease = await self._reserve(spec, entry, activation_bytes, deadline)
+                if lease is not None:
+                    return lease
+            elif entry.state in (ModelState.LOADING, ModelState.UNLOADING):
+                await asyncio.shield(self._inflight[spec.name])
+            else:
+                self.raise_if_failed(spec.name)
+                await self._load(spec, deadline)
+
+    def release(self, lease: Lease) -> None:
+        self.table.release(lease.reservation, self._clock.now())
+        self._notify()
+
+    async def ensure_loaded(self, spec: ModelSpec) -> None:
+        self.release(await self.acquire(spec, 0))
+
+    async def unload(self, name: str) -> bool:
+        """Unload a model once it is idle; False if it was not loaded."""
+        deadline = self._clock.now() + self._wait_s
+        while True:
+            entry = self.table.entries.get(name)
+            if entry is None or entry.state in (ModelState.UNLOADED, ModelState.FAILED):
+                return False
+            if entry.state is ModelState.READY and entry.pins == 0:
+                self.table.begin_unload(name, eviction=False)
+                await self._unload(name)
+                return True
+            if entry.state is ModelState.READY:
+                await self._wait_change(deadline, name)
+            else:
+                await asyncio.shield(self._inflight[name])
+
+    def state(self, name: str) -> ModelState:
+        entry = self.table.entries.get(name)
+        return entry.state if entry is not None else ModelState.UNLOADED
+
+    def error(self, name: str) -> str | None:
+        entry = self.table.entries.get(name)
+        return entry.error if entry is not None else None
+
+    def measured(self, name: str) -> Footprint | None:
+        return self._measured.get(name)
+
+    def stats(self) -> ResidencyStats:
+        entries = list(self.table.entries.values())
+        return ResidencyStats(
+            budget_bytes=self.table.budget_bytes,
+            used_bytes=self.table.used_bytes(),
+            peak_used_bytes=self.peak_used_bytes,
+            loads_total=sum(e.loads for e in entries),
+            evictions_total=sum(e.evictions for e in entries),
+            models=tuple(
+                ModelResidency(
+                    name=e.name,
+                    state=e.state.value,
+                    bytes=e.weights_bytes + e.activation_bytes,
+                    last_used=e.last_used,
+                    loads=e.loads,
+                    evictions=e.evictions,
+                    pins=e.pins,
+                    error=e.error,
+                )
+                for e in entries
+            ),
+        )
+
+    async def close(self) -> None:
+        """Unload everything (waits for running batches, bounded)."""
+        for name in list(self.table.entries):
+            await self.unload(name)
+
+    # -- internals --------------------------------------------------------
+
+    def _notify(self) -> None:
+        self.peak_used_bytes = max(self.peak_used_bytes, self.table.used_bytes())
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self, deadline: float, name: str) -> None:
+        remaining = deadline - self._clock.now()
+        if remaining <= 0:
+            raise OverloadedError(
+                f"no room in the memory budget for model {name!r}: other models are busy",
+                retry_after_s=1.0,
+            )
+        # On timeout the caller's loop re-checks and raises once the deadline passed.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout=remaining)
+
+    def raise_if_failed(self, name: str) -> None:
+        """``ModelUnavailableError`` while the model's last load failure is recent."""
+        entry = self.table.entries.get(name)
+        if entry is None or entry.state is not ModelState.FAILED:
+            return
+        failed_at = self._failed_at.get(entry.name, 0.0)
+        if self._clock.now() - failed_at < self._failed_retry_s:
+            raise ModelUnavailableError(entry.name, entry.error or "load failed")
+
+    def _check_fits(self, spec: ModelSpec, footprint: Footprint, activation_bytes: int) -> None:
+        total = footprint.total_bytes + activation_bytes
+        if spec.max_bytes is not None and total > spec.max_bytes:
+            raise ModelTooLargeError(
+                spec.name, f"needs {total} bytes, over its cap of {spec.max_bytes} bytes"
+            )
+        if not self.table.fits_alone(footprint.own_bytes, footprint.shared, activation_bytes):
+            raise ModelTooLargeError(
+                spec.name,
+                f"needs {total} bytes, over the whole budget of {self.table.budget_bytes} bytes",
+            )
+
+    async def _reserve(
+        self, spec: ModelSpec, entry: ModelEntry, activation_bytes: int, deadline: float
+    ) -> Lease | None:
+        self._check_fits(spec, Footprint(entry.own_bytes, entry.shared), activation_bytes)
+        reservation = self.table.reserve(spec.name, activation_bytes, self._clock.now())
+        if reservation is not None:
+            self._notify()
+            return Lease(self._models[spec.name], reservation)
+        if not await self._make_room(activation_bytes - self.table.free_bytes(), {spec.name}):
+            await self._wait_change(deadline, spec.name)
+        return None
+
+    async def _make_room(self, need_bytes: int, protect: set[str]) -> bool:
+        """Evict idle models to free ``need_bytes``; False if the policy finds too few."""
+        if need_bytes <= 0:
+            return True
+        victims = self._policy.choose(
+            self.table.evictable(protect), need_bytes, self.table.freed_by
+        )
+        if not victims:
+            return False
+        for name in victims:
+            self.table.begin_unload(name, eviction=True)
+        await asyncio.gather(*(self._unload(name) for name in victims))
+        return True
+
+    async def _unload(self, name: str) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight[name] = done
+        model = self._models.pop(name)
+        try:
+            await self._host.unload(self._specs[name], model)
+        finally:
+            self.table.finish_unload(name)
+            del self._inflight[name]
+            done.set_result(None)
+            self._notify()
+
+    def _expected(self, spec: ModelSpec) -> Footprint:
+        return self._measured.get(spec.name) or self._host.estimate(spec)
+
+    async def _load(self, spec: ModelSpec, deadline: float) -> None:
+        expected = self._expected(spec)
+        self._check_fits(spec, expected, 0)
+        while not self.table.begin_load(spec.name, expected.own_bytes, expected.shared):
+            need = self.table.extra_bytes(spec.name, expected.own_bytes, expected.shared)
+            if not await self._make_room(need - self.table.free_bytes(), {spec.name}):
+                await self._wait_change(deadline, spec.name)
+            if self.state(spec.name) is not ModelState.UNLOADED and (
+                self.state(spec.name) is not ModelState.FAILED
+            ):
+                return  # another caller started this load meanwhile
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight[spec.name] = done
+        self._specs[spec.name] = spec
+        self._notify()
+        try:
+            await self._finish_load(spec, deadline)
+        finally:
+            del self._inflight[spec.name]
+            done.set_result(None)
+            self._notify()
+
+    async def _finish_load(self, spec: ModelSpec, deadline: float) -> None:
+        try:
+            model = await self._host.load(spec)
+        except Exception as e:
+            self._fail(spec.name, f"load failed: {type(e).__name__}: {e}")
+            raise ModelUnavailableError(spec.name, f"load failed: {e}") from e
+        report = model.memory()
+        measured = Footprint(report.own_bytes, dict(report.shared_bytes))
+        self._measured[spec.name] = measured
+        try:
+            self._check_fits(spec, measured, 0)
+        except ModelTooLargeError as e:
+            await self._host.unload(spec, model)
+            self._fail(spec.name, e.reason)
+            raise
+        while not self.table.settle_load(spec.name, measured.own_bytes, measured.shared):
+            need = self.table.extra_bytes(spec.name, measured.own_bytes, measured.shared)
+            if await self._make_room(need - self.table.free_bytes(), {spec.name}):
+                continue
+            # Measured more than expected and the others are busy: give the bytes
+            # back now rather than hold more than the budget; the next try
+            # reserves the measured figure up front.
+            await self._host.unload(spec, model)
+            self.table.finish_unload(spec.name)
+            raise OverloadedError(
+                f"model {spec.name!r} measured {measured.total_bytes} bytes, more than expected,"
+                " and there is no room now",
+                retry_after_s=1.0,
+            )
+        self._models[spec.name] = model
+        self.table.mark_ready(spec.name, self._clock.now())
+
+    def _fail(self, name: str, error: str) -> None:
+        self.table.fail(name, error)
+        self._failed_at[name] = self._clock.now()

@@ -1,0 +1,146 @@
+"""A fake model for tests of the engine and its policies: the real interface, no weights.
+
+Its descriptor's ``options`` set what it reports and does::
+
+    options:
+      own_bytes: 1000        # bytes it reports holding (also its estimate)
+      estimate_bytes: 800    # a different estimate before load (optional)
+      shared: {enc: 500}     # shared components it uses, by key
+      fail_load: false       # raise on load
+      fail_run: false        # raise on every batch
+      run_s: 0.0             # seconds each batch sleeps (integration tests only)
+
+``run`` answers each item with an output of its task's type derived from the
+item alone (an embedding seeded by the text, a translation that is the text
+reversed...), so a test can tell that each caller got exactly its own result.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tessera.errors import ModelUnavailableError
+from tessera.repository.spec import ModelSpec
+from tessera.runtimes.base import LoadContext, MemoryReport
+from tessera.tasks.types import (
+    ChatInput,
+    ChatOutput,
+    ClassifyOutput,
+    LabelScore,
+    OcrInput,
+    OcrLine,
+    OcrOutput,
+    RerankInput,
+    SpeechInput,
+    SpeechOutput,
+    Task,
+    TextInput,
+    TranslateInput,
+)
+
+FAKE_DIMS = 8
+
+
+def fake_embedding(text: str) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """A deterministic unit vector for ``text``."""
+    seed = zlib.crc32(text.encode())
+    vector = np.random.default_rng(seed).standard_normal(FAKE_DIMS).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+def fake_output(item: object) -> object:
+    """The fake answer to one item, by its task."""
+    match item:
+        case TextInput(text=text):
+            return fake_embedding(text)
+        case RerankInput(query=query, document=document):
+            return float(fake_embedding(query) @ fake_embedding(document))
+        case TranslateInput(text=text):
+            return text[::-1]
+        case SpeechInput(text=text):
+            return SpeechOutput(np.zeros(len(text) * 100, dtype=np.int16), 22050)
+        case OcrInput(image=image):
+            height, width = image.shape[:2]
+            box = (
+                (0.0, 0.0),
+                (float(width), 0.0),
+                (float(width), float(height)),
+                (0.0, float(height)),
+            )
+            return OcrOutput((OcrLine(f"{width}x{height}", 1.0, box),))
+        case ChatInput(messages=messages, on_text=on_text):
+            words = messages[-1].content.split()
+            for word in words:
+                if on_text is not None:
+                    on_text(word + " ")
+            text = " ".join(words) + " "
+            return ChatOutput(text, len(messages), len(words), "stop")
+    raise TypeError(f"fake model cannot answer {type(item).__name__}")
+
+
+def fake_classify(text: str) -> ClassifyOutput:
+    return ClassifyOutput((LabelScore(f"label-{len(text) % 3}", 0.9), LabelScore("other", 0.1)))
+
+
+def _component(num_bytes: int) -> tuple[object, int]:
+    return object(), num_bytes
+
+
+class FakeModel:
+    def __init__(self, spec: ModelSpec, ctx: LoadContext | None = None) -> None:
+        self.spec = spec
+        self._ctx = ctx
+        self.num_batches = 0
+        self.unloaded = False
+        self._lock = threading.Lock()
+        self._shared: dict[str, int] = dict(spec.options.get("shared", {}))
+        if ctx is not None:
+            for key, num_bytes in self._shared.items():
+                ctx.shared.acquire(key, functools.partial(_component, num_bytes))
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        with self._lock:
+            self.num_batches += 1
+        if self.spec.options.get("fail_run"):
+            raise RuntimeError("fake model failure")
+        run_s = float(self.spec.options.get("run_s", 0.0))
+        if run_s:
+            time.sleep(run_s)
+        if self.spec.task is Task.CLASSIFY:
+            return [fake_classify(item.text) for item in items]
+        return [fake_output(item) for item in items]
+
+    def memory(self) -> MemoryReport:
+        return MemoryReport(
+            own_bytes=int(self.spec.options.get("own_bytes", 0)),
+            shared_bytes=dict(self._shared),
+            method="fake",
+        )
+
+    def unload(self) -> None:
+        self.unloaded = True
+        if self._ctx is not None:
+            for key in self._shared:
+                self._ctx.shared.release(key)
+
+
+class FakeLoader:
+    """The ``fake`` adapter."""
+
+    def estimate_bytes(self, spec: ModelSpec) -> int:
+        return int(spec.options.get("estimate_bytes", spec.options.get("own_bytes", 0)))
+
+    def shared_keys(self, spec: ModelSpec) -> tuple[str, ...]:
+        return tuple(spec.options.get("shared", {}))
+
+    def load(self, spec: ModelSpec, ctx: LoadContext) -> FakeModel:
+        if spec.options.get("fail_load"):
+            raise ModelUnavailableError(spec.name, "fake load failure")
+        return FakeModel(spec, ctx)

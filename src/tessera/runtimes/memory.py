@@ -1,0 +1,88 @@
+"""Measuring the bytes a model holds.
+
+- torch: the bytes of every distinct tensor storage in the module (exact).
+- onnx and native engines: the process's resident-set growth around the load
+  and a warm-up run (``rss delta``), which takes in the initializers and the
+  allocator arena. The engine runs such measurements while no batch runs.
+- activation peaks: the high-water mark of the resident set above its level
+  before the batch (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``),
+  or the CUDA allocator's peak on a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tessera.runtimes.base import Measured
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_FIELD = re.compile(r"^(VmRSS|VmHWM):\s+(\d+)\s+kB", re.MULTILINE)
+
+
+def _status() -> dict[str, int]:
+    try:
+        text = _STATUS.read_text()
+    except OSError:
+        return {}
+    return {name: int(kib) * 1024 for name, kib in _FIELD.findall(text)}
+
+
+def rss_bytes() -> int:
+    """The process's resident set now (0 where /proc is absent)."""
+    return _status().get("VmRSS", 0)
+
+
+def reset_peak() -> bool:
+    """Reset the resident-set high-water mark; False where unsupported."""
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_bytes() -> int:
+    return _status().get("VmHWM", 0)
+
+
+def measure_rss(fn: Callable[[], Any]) -> Measured:
+    """Run ``fn`` and report how much the resident set grew, and its peak growth.
+
+    Only meaningful while nothing else allocates in the process; callers that
+    serve concurrently go through the engine's exclusive measurement instead.
+    """
+    before = rss_bytes()
+    has_peak = reset_peak()
+    value = fn()
+    after = rss_bytes()
+    peak = peak_rss_bytes() if has_peak else after
+    return Measured(value, max(0, after - before), max(0, peak - before))
+
+
+def torch_module_bytes(module: Any) -> int:
+    """Bytes of the distinct tensor storages (parameters and buffers) of a torch module."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*module.parameters(), *module.buffers()]:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        total += storage.nbytes()
+    return total
+
+
+def files_bytes(path: Path, suffixes: tuple[str, ...] = ()) -> int:
+    """Bytes of a file, or of the files under a folder (optionally by suffix)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(
+        p.stat().st_size
+        for p in path.rglob("*")
+        if p.is_file() and (not suffixes or p.suffix in suffixes)
+    )

@@ -1,0 +1,228 @@
+"""OCR with RapidOCR (PP-OCRv6 small, ONNX): pages and line crops.
+
+A *page* runs detection, the optional 0/180-degree line classifier and
+recognition; a *line crop* runs recognition alone, and the line crops of a
+batch go through the recognizer in one call (one padded ONNX batch).
+
+Only the models bundled in ``rapidocr/models/`` are offline: rapidocr fetches
+any model it is not given a path for (``default_models.yaml`` lists URLs), so
+the loader names all three files explicitly and refuses to start without them.
+Threads and the CUDA provider are set through rapidocr's own
+``EngineConfig.onnxruntime`` options, which build each ``InferenceSession``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tessera.errors import InvalidInputError, ModelUnavailableError
+from tessera.runtimes.base import LoadContext, MemoryReport
+from tessera.runtimes.memory import files_bytes
+from tessera.tasks.types import OcrInput, OcrLine, OcrOutput
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from tessera.device import Device
+    from tessera.repository.spec import ModelSpec
+
+_MODEL_OPTIONS = {
+    "det_model": "PP-OCRv6_det_small.onnx",
+    "rec_model": "PP-OCRv6_rec_small.onnx",
+    "cls_model": "ch_ppocr_mobile_v2.0_cls_mobile.onnx",
+}
+# Resident bytes per byte of ONNX weights after load and a warm-up page, as
+# measured on CPU (onnxruntime's graph copies, the un-arena'd activations of a
+# 736-pixel detection pass, the 18k-character recognizer dictionary).
+_ESTIMATE_FACTOR = 6
+_METHOD = "rss delta (load + warm-up)"
+
+
+def _model_files(spec: ModelSpec) -> dict[str, Path]:
+    """The det/rec/cls files: options name them relative to the source folder."""
+    folder = spec.resolve_source()
+    files: dict[str, Path] = {}
+    for key, default in _MODEL_OPTIONS.items():
+        path = folder / str(spec.options.get(key, default))
+        if not path.is_file():
+            raise ModelUnavailableError(spec.name, f"OCR model file not found: {path}")
+        files[key] = path
+    return files
+
+
+def _engine_params(
+    spec: ModelSpec, files: dict[str, Path], device: Device, threads: int
+) -> dict[str, Any]:
+    """rapidocr config overrides: bundled files, threads, provider, batch size."""
+    ort = "EngineConfig.onnxruntime"
+    params: dict[str, Any] = {
+        "Global.log_level": "error",  # a blank page is a warning in rapidocr's log
+        "Global.text_score": float(spec.options.get("text_score", 0.5)),
+        "Det.model_path": str(files["det_model"]),
+        "Rec.model_path": str(files["rec_model"]),
+        "Cls.model_path": str(files["cls_model"]),
+        # rapidocr ignores a thread count above the core count: clamp it ourselves.
+        f"{ort}.intra_op_num_threads": max(1, min(threads, os.cpu_count() or 1)),
+        f"{ort}.inter_op_num_threads": 1,
+        f"{ort}.use_cuda": device.kind == "cuda",
+        # One recognizer call per batch of line crops.
+        "Rec.rec_batch_num": spec.batching.max_batch_size,
+    }
+    if device.kind == "cuda":
+        for provider in device.onnx_providers(spec.max_bytes):
+            if isinstance(provider, tuple) and provider[0] == "CUDAExecutionProvider":
+                for key, value in provider[1].items():
+                    params[f"{ort}.cuda_ep_cfg.{key}"] = value
+        # Detection inputs change shape with every page; an exhaustive cuDNN
+        # search would rerun for each new shape.
+        params[f"{ort}.cuda_ep_cfg.cudnn_conv_algo_search"] = "HEURISTIC"
+    extra = spec.options.get("rapidocr_params") or {}
+    if not isinstance(extra, dict):
+        raise ModelUnavailableError(spec.name, "option rapidocr_params must be a mapping")
+    params.update(extra)
+    return params
+
+
+def _warm_up_image() -> npt.NDArray[np.uint8]:
+    """A small synthetic page with a word on it, so every stage loads and runs.
+
+    Square, because detection scales the short side up to 736 pixels: a wide
+    strip would make the warm-up pass (and its measured peak) several times larger.
+    """
+    import cv2
+    import numpy as np
+
+    image = np.full((192, 192, 3), 255, dtype=np.uint8)
+    cv2.putText(image, "tessera", (12, 108), cv2.FONT_HERSHEY_SIMPLEX, 1.2, (0, 0, 0), 3)
+    return image
+
+
+def _check_item(item: object) -> OcrInput:
+    if not isinstance(item, OcrInput):
+        raise InvalidInputError(f"OCR expects OcrInput items, got {type(item).__name__}")
+    image = item.image
+    shape: tuple[int, ...] = tuple(getattr(image, "shape", ()))
+    if getattr(image, "dtype", None) != "uint8" or len(shape) != 3 or shape[2] != 3:
+        raise InvalidInputError("OCR image must be an H x W x 3 uint8 (BGR) array")
+    if shape[0] < 1 or shape[1] < 1:
+        raise InvalidInputError("OCR image is empty")
+    if item.mode not in ("page", "line"):
+        raise InvalidInputError(f"OCR mode must be 'page' or 'line', got {item.mode!r}")
+    return item
+
+
+def _whole_image_box(image: npt.NDArray[np.uint8]) -> tuple[tuple[float, float], ...]:
+    height, width = float(image.shape[0]), float(image.shape[1])
+    return ((0.0, 0.0), (width, 0.0), (width, height), (0.0, height))
+
+
+@dataclass
+class RapidOcrModel:
+    """A loaded RapidOCR engine; its det/cls/rec sessions were created at load."""
+
+    engine: Any
+    use_cls: bool
+    own_bytes: int
+    method: str
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        checked = [_check_item(item) for item in items]
+        outputs: list[OcrOutput | None] = [None] * len(checked)
+        line_ids = [i for i, item in enumerate(checked) if item.mode == "line"]
+        if line_ids:
+            for i, output in zip(
+                line_ids, self._recognize([checked[i].image for i in line_ids]), strict=True
+            ):
+                outputs[i] = output
+        for i, item in enumerate(checked):
+            if item.mode == "page":
+                outputs[i] = self._page(item.image)
+        return outputs
+
+    def _page(self, image: npt.NDArray[np.uint8]) -> OcrOutput:
+        # Pass every stage flag: rapidocr keeps the last call's flags as its state.
+        result = self.engine(image, use_det=True, use_cls=self.use_cls, use_rec=True)
+        txts = getattr(result, "txts", None)
+        boxes = getattr(result, "boxes", None)
+        if not txts or boxes is None:
+            return OcrOutput(lines=())
+        lines = tuple(
+            OcrLine(
+                text=str(text),
+                score=float(score),
+                box=tuple((float(x), float(y)) for x, y in box),
+            )
+            for box, text, score in zip(boxes, txts, result.scores, strict=True)
+        )
+        return OcrOutput(lines=lines)
+
+    def _recognize(self, crops: list[npt.NDArray[np.uint8]]) -> list[OcrOutput]:
+        """Recognition alone over line crops, in one recognizer call; the same
+        pre-processing as ``engine(img, use_det=False)`` (bounds on the sides)."""
+        from rapidocr.ch_ppocr_rec import TextRecInput
+
+        prepared = [self.engine.preprocess_img(self.engine.load_img(crop))[0] for crop in crops]
+        result = self.engine._load_rec_model()(TextRecInput(img=prepared))
+        outputs = []
+        for crop, text, score in zip(crops, result.txts, result.scores, strict=True):
+            if not str(text).strip():
+                outputs.append(OcrOutput(lines=()))
+                continue
+            line = OcrLine(text=str(text), score=float(score), box=_whole_image_box(crop))
+            outputs.append(OcrOutput(lines=(line,)))
+        return outputs
+
+    def memory(self) -> MemoryReport:
+        return MemoryReport(own_bytes=self.own_bytes, method=self.method)
+
+    def unload(self) -> None:
+        self.engine = None
+
+
+class RapidOcrLoader:
+    """Adapter ``rapidocr``: PP-OCRv6 det + rec (+ cls) through rapidocr's onnxruntime engine."""
+
+    def estimate_bytes(self, spec: ModelSpec) -> int:
+        return _ESTIMATE_FACTOR * sum(p.stat().st_size for p in _model_files(spec).values())
+
+    def shared_keys(self, spec: ModelSpec) -> tuple[str, ...]:
+        return ()
+
+    def load(self, spec: ModelSpec, ctx: LoadContext) -> RapidOcrModel:
+        files = _model_files(spec)
+        params = _engine_params(spec, files, ctx.device, ctx.threads)
+        use_cls = bool(spec.options.get("use_cls", True))
+        try:
+            from rapidocr import RapidOCR
+        except ImportError as e:
+            raise ModelUnavailableError(
+                spec.name, "rapidocr is not installed: pip install 'tessera[models]'"
+            ) from e
+
+        def build() -> Any:
+            engine: Any = RapidOCR(params=params)
+            # rapidocr creates sessions lazily on first use: create all three now,
+            # inside the measurement, then run one page and one crop through them.
+            engine._load_det_model()
+            engine._load_rec_model()
+            if use_cls:
+                engine._load_cls_model()
+            image = _warm_up_image()
+            engine(image, use_det=True, use_cls=use_cls, use_rec=True)
+            engine(image, use_det=False, use_cls=False, use_rec=True)
+            return engine
+
+        try:
+            measured = ctx.measure(build)
+        except Exception as e:
+            raise ModelUnavailableError(spec.name, f"rapidocr failed to load: {e}") from e
+        weights = sum(files_bytes(p) for p in files.values())
+        own, method = measured.rss_delta_bytes, _METHOD
+        if own < weights:
+            own, method = weights, f"{_METHOD}; below the weight files, so their size"
+        return RapidOcrModel(engine=measured.value, use_cls=use_cls, own_bytes=own, method=method)

