@@ -86,7 +86,10 @@ async def test_rerank_classify_translate(client: httpx.AsyncClient) -> None:
     assert first["labels"][0]["label"] == first["label"]
 
     r = await client.post("/v1/translate", json={"model": "mt", "input": ["abc", "xy"]})
-    assert r.json()["data"] == [{"index": 0, "translation": "cba"}, {"index": 1, "translation": "yx"}]
+    assert r.json()["data"] == [
+        {"index": 0, "translation": "cba"},
+        {"index": 1, "translation": "yx"},
+    ]
 
 
 async def test_ocr_json_multipart_and_bad_image(client: httpx.AsyncClient) -> None:
@@ -95,13 +98,13 @@ async def test_ocr_json_multipart_and_bad_image(client: httpx.AsyncClient) -> No
     buffer = io.BytesIO()
     Image.fromarray(sample_page(40, 60)[:, :, ::-1]).save(buffer, format="PNG")
     png = buffer.getvalue()
-    r = await client.post(
-        "/v1/ocr", json={"model": "ocr", "image": base64.b64encode(png).decode()}
-    )
+    r = await client.post("/v1/ocr", json={"model": "ocr", "image": base64.b64encode(png).decode()})
     assert r.status_code == 200, r.text
     assert r.json()["text"] == "60x40"
     r = await client.post(
-        "/v1/ocr", files={"file": ("p.png", png, "image/png")}, data={"model": "ocr", "mode": "line"}
+        "/v1/ocr",
+        files={"file": ("p.png", png, "image/png")},
+        data={"model": "ocr", "mode": "line"},
     )
     assert r.status_code == 200, r.text
     assert r.json()["lines"][0]["box"][2] == [60.0, 40.0]

@@ -29,10 +29,17 @@ class Recorder:
                 request.future.set_result([(request.tenant, item) for item in request.items])
 
 
-def make_request(clock: FakeClock, items: list[Any], tenant: str = "t", **kw: Any) -> PendingRequest:
+def make_request(
+    clock: FakeClock, items: list[Any], tenant: str = "t", **kw: Any
+) -> PendingRequest:
     future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
     return PendingRequest(
-        items=items, units=float(len(items)), arrival=clock.now(), future=future, tenant=tenant, **kw
+        items=items,
+        units=float(len(items)),
+        arrival=clock.now(),
+        future=future,
+        tenant=tenant,
+        **kw,
     )
 
 

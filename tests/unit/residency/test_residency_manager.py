@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
-from builders import make_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from builders import make_spec
 from tessera.clock import FakeClock
 from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
 from tessera.residency import (
@@ -178,15 +179,11 @@ async def _run_ops(ops: list[tuple[str, object, int]]) -> None:
     host.unload = checked_unload  # type: ignore[method-assign]
     for kind, arg, activation in ops:
         if kind == "acquire":
-            try:
+            with contextlib.suppress(OverloadedError, ModelTooLargeError):
                 leases.append(await manager.acquire(specs[str(arg)], activation))
-            except (OverloadedError, ModelTooLargeError):
-                pass
         elif kind == "release" and leases:
             manager.release(leases.pop(int(str(arg)) % len(leases)))
-        elif kind == "unload" and not any(
-            lease.reservation.name == arg for lease in leases
-        ):
+        elif kind == "unload" and not any(lease.reservation.name == arg for lease in leases):
             await manager.unload(str(arg))
         assert manager.table.used_bytes() <= budget
         assert manager.peak_used_bytes <= budget

@@ -1,0 +1,195 @@
+"""Acceptance: the real server, real default models, real clients, every task."""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import tritonclient.http as triton_http
+
+from serverproc import Server
+from tessera.tasks.samples import sample_page
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def oai(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    x, y = np.asarray(a), np.asarray(b)
+    return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
+
+
+def test_openai_client_embeddings(oai: openai.OpenAI) -> None:
+    response = oai.embeddings.create(
+        model="all-minilm-l6-v2",
+        input=["A man is eating food.", "A man is eating a meal.", "The stock market fell."],
+    )
+    vectors = [d.embedding for d in response.data]
+    assert len(vectors[0]) == 384
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2]) + 0.3
+    int8 = oai.embeddings.create(model="all-minilm-l6-v2-int8", input="A man is eating food.")
+    assert cosine(int8.data[0].embedding, vectors[0]) > 0.99
+
+
+def test_openai_client_chat_plain_and_streaming(oai: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    response = oai.chat.completions.create(
+        model="smollm2-135m", messages=messages, max_tokens=16, temperature=0
+    )
+    text = response.choices[0].message.content or ""
+    assert "Paris" in text
+    assert response.usage is not None
+    assert response.usage.completion_tokens > 0
+    stream = oai.chat.completions.create(
+        model="smollm2-135m", messages=messages, max_tokens=16, temperature=0, stream=True
+    )
+    pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+    assert "".join(pieces) == text
+
+
+def test_tritonclient_infer_embedding(server: Server) -> None:
+    client = triton_http.InferenceServerClient(url=f"127.0.0.1:{server.port}")
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("all-minilm-l6-v2")
+    texts = np.array([b"hello world", b"good morning"], dtype=object)
+    tensor = triton_http.InferInput("TEXT", [2], "BYTES")
+    tensor.set_data_from_numpy(texts)
+    result = client.infer(
+        "all-minilm-l6-v2", [tensor], outputs=[triton_http.InferRequestedOutput("EMBEDDING")]
+    )
+    embeddings = result.as_numpy("EMBEDDING")
+    assert embeddings is not None
+    assert embeddings.shape == (2, 384)
+    assert embeddings.dtype == np.float32
+    metadata = client.get_model_metadata("all-minilm-l6-v2")
+    assert metadata["outputs"][0]["datatype"] == "FP32"
+
+
+def test_rerank_puts_relevant_document_first(server: Server) -> None:
+    r = httpx.post(
+        f"{server.base_url}/v1/rerank",
+        json={
+            "model": "minilm-rerank",
+            "query": "How many people live in Berlin?",
+            "documents": [
+                "Berlin is known for its museums.",
+                "Berlin has a population of 3.5 million people.",
+                "Paris is the capital of France.",
+            ],
+            "top_n": 2,
+            "return_documents": True,
+        },
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert results[0]["index"] == 1
+    assert results[0]["document"]["text"].startswith("Berlin has")
+
+
+def test_classify_intent(server: Server) -> None:
+    r = httpx.post(
+        f"{server.base_url}/v1/classify",
+        json={"model": "intent-minilm", "input": ["I want to talk to a human agent"], "top_k": 3},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    result = r.json()["data"][0]
+    assert result["label"]
+    assert len(result["labels"]) == 3
+    assert result["labels"][0]["score"] >= result["labels"][1]["score"]
+
+
+def _png(array: np.ndarray) -> bytes:  # type: ignore[type-arg]
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(array[:, :, ::-1]).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_ocr_page_json_and_line_multipart(server: Server) -> None:
+    page = sample_page()
+    r = httpx.post(
+        f"{server.base_url}/v1/ocr",
+        json={"model": "pp-ocrv6", "image": base64.b64encode(_png(page)).decode()},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert "Total" in body["text"]
+    assert "Receipt" in body["text"]
+    assert all(len(line["box"]) == 4 for line in body["lines"])
+    line = page[30:90, :400]
+    r = httpx.post(
+        f"{server.base_url}/v1/ocr",
+        files={"file": ("line.png", _png(line), "image/png")},
+        data={"model": "pp-ocrv6", "mode": "line"},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    assert "Total" in r.json()["text"]
+
+
+def test_speech_wav(oai: openai.OpenAI) -> None:
+    response = oai.audio.speech.create(
+        model="piper-joe", voice="joe", input="Hello from tessera.", response_format="wav"
+    )
+    with wave.open(io.BytesIO(response.content)) as wav:
+        assert wav.getframerate() == 22050
+        assert wav.getsampwidth() == 2
+        seconds = wav.getnframes() / wav.getframerate()
+    assert 0.5 < seconds < 10
+
+
+def test_translate_both_directions(server: Server) -> None:
+    r = httpx.post(
+        f"{server.base_url}/v1/translate",
+        json={
+            "model": "bergamot-en-pt",
+            "input": ["The cat is on the table.", "The book is in the car."],
+        },
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    first, second = (d["translation"] for d in r.json()["data"])
+    assert "gato" in first.lower()
+    assert "não" not in second.lower()
+    r = httpx.post(
+        f"{server.base_url}/v1/translate",
+        json={"model": "bergamot-pt-en", "input": "O gato está na mesa."},
+        timeout=60,
+    )
+    assert "cat" in r.json()["data"][0]["translation"].lower()
+
+
+def test_bad_input_gets_json_errors(server: Server, oai: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        oai.embeddings.create(model="no-such-model", input="x")
+    with pytest.raises(openai.BadRequestError):
+        oai.embeddings.create(model="bergamot-en-pt", input="x")
+    r = httpx.post(
+        f"{server.base_url}/v1/ocr",
+        json={"model": "pp-ocrv6", "image": base64.b64encode(b"GIF89a broken").decode()},
+    )
+    assert r.status_code == 415
+    assert r.json()["error"]["message"]
+
+
+def test_residency_shows_what_is_loaded(server: Server) -> None:
+    body = httpx.get(f"{server.base_url}/admin/residency").json()
+    assert body["budget_bytes"] == 3 * 1024**3
+    assert 0 < body["used_bytes"] <= body["budget_bytes"]
+    models = {m["name"]: m for m in body["models"]}
+    assert models["all-minilm-l6-v2"]["state"] == "ready"
+    assert models["all-minilm-l6-v2"]["bytes"] > 80_000_000

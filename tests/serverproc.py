@@ -1,0 +1,63 @@
+"""Start and stop a real tessera server process on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+READY_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class Server:
+    base_url: str
+    port: int
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(tmp: Path, *args: str) -> tuple[subprocess.Popen[bytes], Server]:
+    port = free_port()
+    log_path = tmp / f"server-{port}.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    command = [sys.executable, "-m", "tessera", "serve", "--port", str(port)]
+    command += ["--data-dir", str(tmp / "data"), *args]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = Server(f"http://127.0.0.1:{port}", port, log_path)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(f"{server.base_url}/v2/health/ready", timeout=2).status_code == 200:
+                return process, server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    stop_server(process)
+    raise RuntimeError(f"server not ready in {READY_TIMEOUT_S}s:\n{server.log()}")
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
