@@ -12,9 +12,17 @@ Core code raises these; only ``gateway/`` maps them to HTTP statuses.
     ├── ModelUnavailableError       the model failed to load or cannot fit (503)
     │   └── ModelTooLargeError      cannot fit even alone in the budget or its cap
     ├── OverloadedError             a bounded queue is full (503 + Retry-After)
+    ├── AuthenticationError         no key, or an unknown or revoked one (401)
+    ├── PermissionDeniedError       the tenant may not use that model or route (403)
+    ├── RateLimitedError            a tenant limit refused the request (429 + Retry-After)
     ├── DeadlineExceededError       the deadline passed before it ran (504)
     ├── RequestCancelledError       the caller went away; nobody reads the answer
-    └── InferenceError              the model raised while running a batch (500, JSON)
+    ├── InferenceError              the model raised while running a batch (500, JSON)
+    └── TenantError                 the tenant store failed (its database) (503)
+        ├── TenantNotFoundError     no such tenant (404)
+        ├── TenantExistsError       a tenant of that name exists already (409)
+        ├── ApiKeyNotFoundError     no API key with that prefix (404)
+        └── InvalidTenantError      a bad tenant field: name, tier, limit, models (422)
 """
 
 from __future__ import annotations
@@ -83,3 +91,68 @@ class RequestCancelledError(TesseraError):
 
 class InferenceError(TesseraError):
     """The model raised while running a batch."""
+
+
+class AuthenticationError(TesseraError):
+    """No API key, or an unknown or revoked one."""
+
+
+class PermissionDeniedError(TesseraError):
+    """The tenant may not use this model or route."""
+
+
+class RateLimitedError(TesseraError):
+    """A tenant limit refused the request: rate, concurrency or daily quota.
+
+    ``reason`` is ``rate``, ``concurrency`` or ``quota``; ``limit``,
+    ``remaining`` and ``reset_s`` fill the ``x-ratelimit-*`` headers.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        retry_after_s: float,
+        limit: float | None = None,
+        remaining: float | None = None,
+        reset_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+        self.limit = limit
+        self.remaining = remaining
+        self.reset_s = reset_s
+
+
+class TenantError(TesseraError):
+    """The tenant store failed; subclasses say what was wrong with the request."""
+
+
+class TenantNotFoundError(TenantError):
+    """No tenant of that name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"tenant {name!r} not found")
+        self.name = name
+
+
+class TenantExistsError(TenantError):
+    """A tenant of that name exists already."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"tenant {name!r} exists already")
+        self.name = name
+
+
+class ApiKeyNotFoundError(TenantError):
+    """No API key with that prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(f"API key {prefix!r} not found")
+        self.prefix = prefix
+
+
+class InvalidTenantError(TenantError):
+    """A tenant field is invalid: its name, tier, a limit or its model list."""

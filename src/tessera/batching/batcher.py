@@ -100,9 +100,7 @@ class ModelBatcher:
     async def _wait_arrival(self, within_s: float | None) -> None:
         self._arrived.clear()
         waiter = asyncio.ensure_future(self._arrived.wait())
-        timer = (
-            asyncio.ensure_future(self._clock.sleep(within_s)) if within_s is not None else None
-        )
+        timer = asyncio.ensure_future(self._clock.sleep(within_s)) if within_s is not None else None
         pending = {waiter} if timer is None else {waiter, timer}
         try:
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -141,8 +139,10 @@ class ModelBatcher:
                 break
             await self._wait_arrival(remaining)
         self._drop_stale()
-        batch = self._queue.pop_batch(self.batching.max_batch_size, self.batching.max_batch_units)
         now = self._clock.now()
+        batch = self._queue.pop_batch(
+            self.batching.max_batch_size, self.batching.max_batch_units, now
+        )
         for request in batch:
             request.queued_s = now - request.arrival
         return batch

@@ -10,15 +10,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tessera.batching.request import PendingRequest
+
+if TYPE_CHECKING:
+    from tessera.scheduling.predictor import BatchTimePredictor
 
 
 class RequestQueue(Protocol):
     def push(self, request: PendingRequest) -> None: ...
 
-    def pop_batch(self, max_items: int, max_units: float) -> list[PendingRequest]:
+    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[PendingRequest]:
         """Remove and return whole requests for one batch within the limits
         (the first request is always taken, even alone over a limit)."""
         ...
@@ -34,6 +37,7 @@ class RequestQueue(Protocol):
 
 class QueuePolicyName(StrEnum):
     FIFO = "fifo"
+    FAIR = "fair"
 
 
 class FifoQueue:
@@ -45,7 +49,7 @@ class FifoQueue:
     def push(self, request: PendingRequest) -> None:
         self._items.append(request)
 
-    def pop_batch(self, max_items: int, max_units: float) -> list[PendingRequest]:
+    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[PendingRequest]:
         batch: list[PendingRequest] = []
         num_items, units = 0, 0.0
         while self._items:
@@ -74,7 +78,14 @@ class FifoQueue:
         return iter(self._items)
 
 
-def make_queue(name: QueuePolicyName | str) -> RequestQueue:
+def make_queue(
+    name: QueuePolicyName | str, predictor: BatchTimePredictor | None = None
+) -> RequestQueue:
+    """A queue by policy name; ``fair`` uses ``predictor`` for latency tiers."""
     match QueuePolicyName(name):
         case QueuePolicyName.FIFO:
             return FifoQueue()
+        case QueuePolicyName.FAIR:
+            from tessera.scheduling.fair import FairQueue
+
+            return FairQueue(predictor)

@@ -21,7 +21,12 @@ class PendingRequest:
     future: asyncio.Future[list[Any]]
     deadline: float | None = None
     tenant: str = "default"
+    tier: str = "standard"
+    weight: float = 1.0
+    latency_target_s: float | None = None  # set for requests of a latency tier
     queued_s: float = field(default=0.0)
+    batch_size: int = 0  # items in the batch it ran in, once run
+    run_s: float = 0.0
 
     @property
     def gone(self) -> bool:

@@ -1,7 +1,16 @@
 """Wiring of the core request path: batchers, residency and the compute executor."""
 
-from tessera.engine.engine import Engine, EngineConfig, ModelCounters
+from tessera.engine.engine import Caller, Engine, EngineConfig, ModelCounters, RequestTrace
 from tessera.engine.executor import BatchRun, ComputeExecutor
 from tessera.engine.host import EngineHost
 
-__all__ = ["BatchRun", "ComputeExecutor", "Engine", "EngineConfig", "EngineHost", "ModelCounters"]
+__all__ = [
+    "BatchRun",
+    "Caller",
+    "ComputeExecutor",
+    "Engine",
+    "EngineConfig",
+    "EngineHost",
+    "ModelCounters",
+    "RequestTrace",
+]

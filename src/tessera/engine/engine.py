@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.batching import ModelBatcher, PendingRequest
+from tessera.admission import AdmissionController, TenantLimits
+from tessera.batching import ModelBatcher, PendingRequest, make_queue
 from tessera.clock import Clock, MonotonicClock
 from tessera.device import Device, make_device
 from tessera.errors import (
@@ -27,6 +28,7 @@ from tessera.errors import (
 )
 from tessera.repository import ModelRepository, ModelSpec
 from tessera.residency import ResidencyManager, make_eviction_policy
+from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.types import Task, work_units
 
 from .executor import ComputeExecutor
@@ -48,6 +50,31 @@ class EngineConfig:
     default_timeout_s: float = 60.0
     residency_wait_s: float = 30.0
     preload: tuple[str, ...] | None = None  # None: the models marked preload
+    scheduling: str = "fair"  # fair | fifo
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sends a request: the tenant's limits, its tier's weight and latency target."""
+
+    limits: TenantLimits
+    tier: str = "standard"
+    weight: float = 1.0
+    latency_target_s: float | None = None
+
+    @property
+    def tenant(self) -> str:
+        return self.limits.name
+
+
+@dataclass
+class RequestTrace:
+    """Filled in by ``Engine.infer`` for the audit log and the metrics."""
+
+    units: float = 0.0
+    queued_s: float = 0.0
+    run_s: float = 0.0
+    batch_size: int = 0
 
 
 @dataclass
@@ -88,6 +115,8 @@ class Engine:
             name: ModelCounters() for name in repository.names()
         }
         self._batchers: dict[str, ModelBatcher] = {}
+        self.predictors: dict[str, BatchTimePredictor] = {}
+        self.admission = AdmissionController(self.clock)
         self._preload_done = False
         self._preload_ok = False
 
@@ -135,12 +164,14 @@ class Engine:
     def batcher(self, spec: ModelSpec) -> ModelBatcher:
         batcher = self._batchers.get(spec.name)
         if batcher is None:
+            predictor = self.predictors.setdefault(spec.name, BatchTimePredictor())
             batcher = self._batchers[spec.name] = ModelBatcher(
                 spec.name,
                 spec.batching,
                 functools.partial(self._execute, spec),
                 self.clock,
                 max_queue=self.config.max_queue,
+                queue=make_queue(self.config.scheduling, predictor),
             )
         return batcher
 
@@ -151,9 +182,14 @@ class Engine:
         items: Sequence[Any],
         *,
         timeout_s: float | None = None,
-        tenant: str = "default",
+        caller: Caller | None = None,
+        trace: RequestTrace | None = None,
     ) -> list[Any]:
-        """Run ``items`` on model ``name`` and return one output per item."""
+        """Run ``items`` on model ``name`` and return one output per item.
+
+        Refusals happen here, before the request costs anything: validation,
+        the caller's admission (rate, concurrency, quota), the model's queue bound.
+        """
         spec = self.spec_for(name, task)
         if not items:
             raise InvalidInputError("input must not be empty")
@@ -163,27 +199,56 @@ class Engine:
                 f" model {name!r} takes at most {spec.max_inputs}"
             )
         self.residency.raise_if_failed(name)
+        units = sum(work_units(item) for item in items)
+        if trace is not None:
+            trace.units = units
+        admission = self.admission.admit(caller.limits, units) if caller is not None else None
+        try:
+            request = self._submit(spec, list(items), units, timeout_s, caller)
+            counters = self.counters.setdefault(name, ModelCounters())
+            counters.num_requests += 1
+            counters.num_items += len(items)
+            timeout = request.deadline - request.arrival if request.deadline else None
+            try:
+                outputs = await asyncio.wait_for(request.future, timeout=timeout)
+            except TimeoutError as e:
+                raise DeadlineExceededError(
+                    f"no answer from model {name!r} within {timeout:.3g}s"
+                ) from e
+            finally:
+                if trace is not None:
+                    trace.queued_s = request.queued_s
+                    trace.run_s = request.run_s
+                    trace.batch_size = request.batch_size
+            return outputs
+        finally:
+            if admission is not None:
+                self.admission.release(admission)
+
+    def _submit(
+        self,
+        spec: ModelSpec,
+        items: list[Any],
+        units: float,
+        timeout_s: float | None,
+        caller: Caller | None,
+    ) -> PendingRequest:
         now = self.clock.now()
         timeout = timeout_s if timeout_s is not None else self.config.default_timeout_s
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         request = PendingRequest(
-            items=list(items),
-            units=sum(work_units(item) for item in items),
+            items=items,
+            units=units,
             arrival=now,
-            future=future,
+            future=asyncio.get_running_loop().create_future(),
             deadline=now + timeout,
-            tenant=tenant,
         )
+        if caller is not None:
+            request.tenant = caller.tenant
+            request.tier = caller.tier
+            request.weight = caller.weight
+            request.latency_target_s = caller.latency_target_s
         self.batcher(spec).submit(request)
-        counters = self.counters.setdefault(name, ModelCounters())
-        counters.num_requests += 1
-        counters.num_items += len(items)
-        try:
-            return await asyncio.wait_for(future, timeout=timeout)
-        except TimeoutError as e:
-            raise DeadlineExceededError(
-                f"no answer from model {name!r} within {timeout:.3g}s"
-            ) from e
+        return request
 
     async def _execute(self, spec: ModelSpec, batch: list[PendingRequest]) -> None:
         items = [item for request in batch for item in request.items]
@@ -209,11 +274,13 @@ class Engine:
             return
         if run.peak_bytes is not None:
             stats.observe(run.peak_bytes, units)
+        self.predictors.setdefault(spec.name, BatchTimePredictor()).observe(units, run.run_s)
         counters.num_batches += 1
         counters.batch_sizes.append(len(items))
         del counters.batch_sizes[:-1024]
         start = 0
         for request in batch:
+            request.batch_size, request.run_s = len(items), run.run_s
             end = start + len(request.items)
             if not request.future.done():
                 request.future.set_result(run.outputs[start:end])

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -49,15 +51,27 @@ def peak_rss_bytes() -> int:
     return _status().get("VmHWM", 0)
 
 
+def trim_heap() -> None:
+    """Collect garbage and hand freed heap pages back to the OS, so that a
+    reading of the resident set counts live memory, not the allocator's cache."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        return
+
+
 def measure_rss(fn: Callable[[], Any]) -> Measured:
     """Run ``fn`` and report how much the resident set grew, and its peak growth.
 
     Only meaningful while nothing else allocates in the process; callers that
     serve concurrently go through the engine's exclusive measurement instead.
     """
+    trim_heap()
     before = rss_bytes()
     has_peak = reset_peak()
     value = fn()
+    trim_heap()
     after = rss_bytes()
     peak = peak_rss_bytes() if has_peak else after
     return Measured(value, max(0, after - before), max(0, peak - before))

@@ -1,0 +1,827 @@
+"""Engine benchmark: the raw model, the server at saturation, batching, and a memory budget.
+
+    python benchmarks/engine_bench.py [--quick]      (or: make bench ARGS=--quick)
+
+One run measures, one after the other so that no two share the cores:
+
+1. raw: all-minilm-l6-v2 loaded in-process (in a subprocess), batches of 32
+   sentences of about 20 words, with torch on the server's thread budget;
+2. the server at saturation: closed-loop load of one-sentence /v1/embeddings
+   requests at concurrency 32 and 64; its throughput against the raw one;
+3. batching: the same load at concurrency 32 on a copy of the model with
+   ``max_batch_size: 1`` (an extra model repository that replaces its descriptor);
+4. cycling every default model under ``--memory-budget 700MiB`` while
+   ``/admin/residency`` is polled every 100 ms: peak bytes against the budget,
+   loads, evictions and failures.
+
+It prints a table of each figure against its bar and writes JSON and Markdown
+to ``benchmarks/results/engine-YYYY-MM-DD[-N].{json,md}`` (never overwriting).
+The load generator runs on the same machine as the server: its CPU use is
+reported next to each figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import platform
+import random
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+EMBED_MODEL = "all-minilm-l6-v2"
+BATCH_SIZE = 32
+BUDGET = "700MiB"
+BUDGET_BYTES = 700 * 1024**2
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+READY_TIMEOUT_S = 240.0
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+BAR_SERVER_RAW = 0.85
+BAR_BATCHING = 2.0
+
+_VOCABULARY = (
+    "the a our their every new old small large quiet busy local early late customer team "
+    "report order system server network river city market village school doctor teacher "
+    "engineer farmer driver student family friend manager office window garden kitchen "
+    "morning evening weekend summer winter train bus bridge road station library museum "
+    "checks sends reads writes builds opens closes moves finds brings keeps shows asks "
+    "answers follows changes carries prepares visits repairs cleans counts measures "
+    "quickly slowly carefully often rarely always never again together alone "
+    "before after during while because although since until near under over behind "
+    "with without for from into about across along between through"
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long and how hard each phase runs."""
+
+    quick: bool
+    threads: int  # the server's default thread budget: every core
+    raw_seconds: float
+    raw_max_batches: int
+    warmup_requests: int
+    warmup_seconds: float
+    load_requests: int
+    load_seconds: float
+    concurrencies: tuple[int, ...]
+    cycle_rounds: int
+
+    @classmethod
+    def make(cls, quick: bool) -> Settings:
+        threads = os.cpu_count() or 1
+        if quick:
+            return cls(True, threads, 6.0, 60, 100, 3.0, 600, 10.0, (32, 64), 2)
+        return cls(False, threads, 20.0, 200, 200, 5.0, 2000, 30.0, (32, 64), 3)
+
+
+def sentences(count: int = 512, seed: int = 7) -> list[str]:
+    """``count`` distinct sentences of 18-22 words (deterministic)."""
+    rng = random.Random(seed)
+    vocabulary = _VOCABULARY.split()
+    out = []
+    for _ in range(count):
+        words = [rng.choice(vocabulary) for _ in range(rng.randint(18, 22))]
+        out.append(" ".join(words).capitalize() + ".")
+    return out
+
+
+# --- phase 1: the raw model, in a subprocess -----------------------------------------
+
+
+def raw_throughput(
+    model: Any, texts: list[str], seconds: float, max_batches: int
+) -> dict[str, Any]:
+    """Sentences/s of ``model.run`` over batches of 32, after a 3-batch warm-up."""
+    from tessera.tasks.types import TextInput
+
+    batches = [
+        [TextInput(t) for t in texts[i : i + BATCH_SIZE]]
+        for i in range(0, len(texts) - BATCH_SIZE + 1, BATCH_SIZE)
+    ]
+    for batch in batches[:3]:
+        model.run(batch)
+    done, start = 0, time.perf_counter()
+    while done < max_batches and time.perf_counter() - start < seconds:
+        model.run(batches[done % len(batches)])
+        done += 1
+    elapsed = time.perf_counter() - start
+    return {
+        "batches": done,
+        "sentences": done * BATCH_SIZE,
+        "seconds": round(elapsed, 3),
+        "sentences_per_s": done * BATCH_SIZE / elapsed,
+        "ms_per_batch": 1000 * elapsed / max(1, done),
+    }
+
+
+def raw_worker(threads: int, seconds: float, max_batches: int) -> dict[str, Any]:
+    """Load the model in this process and measure it at ``threads`` threads, and at
+    the server's per-batch thread share (one worker per thread by default)."""
+    import torch
+
+    from tessera.repository import default_repository_path, read_spec
+    from tessera.runtimes.base import standalone_context
+    from tessera.runtimes.registry import get_loader
+
+    torch.set_num_threads(threads)
+    spec = read_spec(default_repository_path() / EMBED_MODEL)
+    start = time.perf_counter()
+    model = get_loader(spec.adapter).load(spec, standalone_context(threads=threads))
+    load_s = time.perf_counter() - start
+    texts = sentences()
+    result: dict[str, Any] = {"threads": threads, "load_s": round(load_s, 2)}
+    result["main"] = raw_throughput(model, texts, seconds, max_batches)
+    if threads > 1:
+        # What one batch gets in the server by default: threads // workers = 1.
+        torch.set_num_threads(1)
+        result["one_thread"] = raw_throughput(model, texts, seconds / 2, max_batches // 2)
+    model.unload()
+    return result
+
+
+def run_raw(settings: Settings) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--raw-worker"]
+    command += ["--raw-seconds", str(settings.raw_seconds)]
+    command += ["--raw-batches", str(settings.raw_max_batches)]
+    command += ["--threads", str(settings.threads)]
+    log(f"raw: {EMBED_MODEL} in a subprocess, {settings.threads} threads")
+    done = subprocess.run(
+        command, capture_output=True, text=True, env={**os.environ, **OFFLINE_ENV}, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"raw worker failed ({done.returncode}): {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["command"] = shlex.join(command)
+    return result
+
+
+# --- servers -------------------------------------------------------------------------
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[bytes]
+    base_url: str
+    command: list[str]
+    log_path: Path
+    startup_s: float
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def tessera_command() -> list[str]:
+    script = Path(sys.executable).parent / "tessera"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "tessera"]
+
+
+def wait_ready(process: subprocess.Popen[bytes], base_url: str, log_path: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"server exited with {process.returncode}:\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/v2/health/ready", timeout=2).status_code == 200:
+                return
+        time.sleep(0.25)
+    raise RuntimeError(f"server not ready within {READY_TIMEOUT_S:.0f}s")
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """Stop the one server process we started, by its PID."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def running_server(work: Path, label: str, *args: str) -> Iterator[ServerProcess]:
+    port = free_port()
+    command = [*tessera_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--data-dir", str(work / f"data-{label}"), *args]
+    log_path = work / f"server-{label}.log"
+    log(f"server {label}: {shlex.join(command[1:])}")
+    start = time.perf_counter()
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE_ENV}
+        )
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_ready(process, base_url, log_path)
+        yield ServerProcess(process, base_url, command, log_path, time.perf_counter() - start)
+    finally:
+        stop_process(process)
+
+
+def batch1_repository(work: Path) -> Path:
+    """A repository whose all-minilm-l6-v2 descriptor says ``max_batch_size: 1``."""
+    from tessera.repository import default_repository_path
+
+    source = default_repository_path() / EMBED_MODEL / "model.yaml"
+    raw = yaml.safe_load(source.read_text(encoding="utf-8"))
+    raw.setdefault("batching", {})["max_batch_size"] = 1
+    folder = work / "repo-batch1" / EMBED_MODEL
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.yaml").write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return folder.parent
+
+
+# --- phases 2 and 3: closed-loop load ------------------------------------------------
+
+
+@dataclass
+class LoadResult:
+    label: str
+    concurrency: int
+    ok: int
+    failures: int
+    seconds: float
+    req_per_s: float
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    server_cpu_cores: float  # server CPU seconds / wall seconds
+    client_cpu_cores: float  # this process's CPU seconds / wall seconds
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass
+class _Tally:
+    latencies: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    issued: int = 0
+
+
+async def closed_loop(
+    client: httpx.AsyncClient, texts: list[str], concurrency: int, count: int, seconds: float
+) -> tuple[_Tally, float]:
+    """``concurrency`` callers, each sending its next request as soon as the last
+    answers, until ``count`` requests were sent or ``seconds`` passed."""
+    tally = _Tally()
+    deadline = time.perf_counter() + seconds
+
+    async def caller() -> None:
+        while tally.issued < count and time.perf_counter() < deadline:
+            body = {"model": EMBED_MODEL, "input": texts[tally.issued % len(texts)]}
+            tally.issued += 1
+            start = time.perf_counter()
+            try:
+                response = await client.post("/v1/embeddings", json=body)
+            except httpx.HTTPError as e:
+                tally.errors[type(e).__name__] += 1
+                continue
+            if response.status_code == 200 and b'"embedding"' in response.content:
+                tally.latencies.append(time.perf_counter() - start)
+            else:
+                tally.errors[f"http {response.status_code}"] += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return tally, time.perf_counter() - start
+
+
+async def measure_load(
+    base_url: str, pid: int, label: str, concurrency: int, settings: Settings
+) -> LoadResult:
+    texts = sentences()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as client:
+        await closed_loop(
+            client, texts[::-1], concurrency, settings.warmup_requests, settings.warmup_seconds
+        )
+        server = psutil.Process(pid)
+        server_cpu, client_cpu = sum(server.cpu_times()[:2]), time.process_time()
+        tally, elapsed = await closed_loop(
+            client, texts, concurrency, settings.load_requests, settings.load_seconds
+        )
+        server_cpu = sum(server.cpu_times()[:2]) - server_cpu
+        client_cpu = time.process_time() - client_cpu
+    ms = [1000 * s for s in tally.latencies]
+    return LoadResult(
+        label=label,
+        concurrency=concurrency,
+        ok=len(ms),
+        failures=sum(tally.errors.values()),
+        seconds=round(elapsed, 3),
+        req_per_s=len(ms) / elapsed,
+        p50_ms=percentile(ms, 0.50),
+        p99_ms=percentile(ms, 0.99),
+        mean_ms=sum(ms) / len(ms) if ms else float("nan"),
+        server_cpu_cores=server_cpu / elapsed,
+        client_cpu_cores=client_cpu / elapsed,
+        errors=dict(tally.errors),
+    )
+
+
+def run_load_phase(
+    work: Path, label: str, server_args: list[str], concurrencies: tuple[int, ...], s: Settings
+) -> tuple[list[LoadResult], dict[str, Any]]:
+    results = []
+    with running_server(work, label, *server_args) as server:
+        info = {"command": shlex.join(server.command), "startup_s": round(server.startup_s, 2)}
+        for concurrency in concurrencies:
+            log(f"  load on {label}: concurrency {concurrency}")
+            result = asyncio.run(
+                measure_load(server.base_url, server.process.pid, label, concurrency, s)
+            )
+            log(f"    {result.req_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms")
+            results.append(result)
+    return results, info
+
+
+# --- phase 4: every default model under a budget -------------------------------------
+
+
+def ocr_page_png() -> str:
+    from PIL import Image
+
+    from tessera.tasks.samples import sample_page
+
+    buffer = io.BytesIO()
+    Image.fromarray(sample_page()[:, :, ::-1].copy()).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def cycle_plan() -> list[tuple[str, str, dict[str, Any]]]:
+    """(model, path, body): a realistic small request for each default model."""
+    sentence = sentences(1, seed=11)[0]
+    docs = [
+        "The fox is a small wild animal that jumps over fences at night.",
+        "Interest rates rose again this quarter, the central bank said.",
+        "A recipe for bread needs flour, water, yeast and salt.",
+    ]
+    return [
+        (EMBED_MODEL, "/v1/embeddings", {"input": sentence}),
+        ("all-minilm-l6-v2-int8", "/v1/embeddings", {"input": sentence}),
+        ("minilm-rerank", "/v1/rerank", {"query": "What does the fox do?", "documents": docs}),
+        ("intent-minilm", "/v1/classify", {"input": "I need to reset my online banking password"}),
+        ("pp-ocrv6", "/v1/ocr", {"image": ocr_page_png(), "mode": "page"}),
+        ("piper-joe", "/v1/audio/speech", {"input": "Your order has shipped and arrives soon."}),
+        ("bergamot-en-pt", "/v1/translate", {"input": "The weather is nice today."}),
+        ("bergamot-pt-en", "/v1/translate", {"input": "O tempo está bom hoje."}),
+        (
+            "smollm2-135m",
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 8},
+        ),
+    ]
+
+
+def summarise(path: str, response: httpx.Response) -> str:
+    """A few words from a response, to show the answer was real."""
+    if path == "/v1/audio/speech":
+        return f"{len(response.content)} bytes of {response.headers.get('content-type')}"
+    body = response.json()
+    summaries: dict[str, Callable[[], str]] = {
+        "/v1/embeddings": lambda: f"dim {len(body['data'][0]['embedding'])}",
+        "/v1/rerank": lambda: f"top doc {body['results'][0]['index']}",
+        "/v1/classify": lambda: str(body["data"][0]["label"]),
+        "/v1/ocr": lambda: repr(body["text"][:60]),
+        "/v1/translate": lambda: repr(body["data"][0]["translation"]),
+        "/v1/chat/completions": lambda: repr(body["choices"][0]["message"]["content"]),
+    }
+    return summaries[path]()
+
+
+@dataclass
+class CycleRequest:
+    round: int
+    model: str
+    status: int
+    latency_s: float
+    summary: str
+
+
+@dataclass
+class _Poll:
+    max_used: int = 0
+    max_rss: int = 0
+    polls: int = 0
+    errors: int = 0
+
+
+async def poll_residency(client: httpx.AsyncClient, pid: int, poll: _Poll) -> None:
+    server = psutil.Process(pid)
+    while True:
+        try:
+            response = await client.get("/admin/residency")
+            poll.max_used = max(poll.max_used, int(response.json()["used_bytes"]))
+            poll.polls += 1
+        except (httpx.HTTPError, ValueError, KeyError):
+            poll.errors += 1
+        with contextlib.suppress(psutil.Error):
+            poll.max_rss = max(poll.max_rss, server.memory_info().rss)
+        await asyncio.sleep(0.1)
+
+
+async def one_request(
+    client: httpx.AsyncClient, index: int, step: tuple[str, str, dict[str, Any]]
+) -> CycleRequest:
+    model, path, body = step
+    start = time.perf_counter()
+    try:
+        response = await client.post(path, json={**body, "model": model})
+    except httpx.HTTPError as e:
+        return CycleRequest(index, model, 0, time.perf_counter() - start, type(e).__name__)
+    latency = time.perf_counter() - start
+    if response.status_code != 200:
+        return CycleRequest(index, model, response.status_code, latency, response.text[:200])
+    return CycleRequest(index, model, 200, latency, summarise(path, response))
+
+
+async def cycle_models(base_url: str, pid: int, rounds: int) -> dict[str, Any]:
+    plan = cycle_plan()
+    poll = _Poll()
+    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+        for _ in range(5):  # warm-up of the HTTP path only: no model is loaded by it
+            (await client.get("/v1/models")).raise_for_status()
+        poller = asyncio.create_task(poll_residency(client, pid, poll))
+        requests = []
+        try:
+            for index in range(1, rounds + 1):
+                for step in plan:
+                    requests.append(await one_request(client, index, step))
+                    log(f"    round {index} {step[0]}: {requests[-1].status}")
+        finally:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+        final = (await client.get("/admin/residency")).json()
+    return {
+        "requests": [asdict(r) for r in requests],
+        "failures": sum(1 for r in requests if r.status != 200),
+        "polled_max_used_bytes": poll.max_used,
+        "polled_max_rss_bytes": poll.max_rss,
+        "polls": poll.polls,
+        "poll_errors": poll.errors,
+        "residency": final,
+    }
+
+
+def run_cycle_phase(work: Path, settings: Settings) -> dict[str, Any]:
+    with running_server(work, "budget", "--memory-budget", BUDGET) as server:
+        log(f"  cycling {settings.cycle_rounds} rounds under {BUDGET}")
+        result = asyncio.run(
+            cycle_models(server.base_url, server.process.pid, settings.cycle_rounds)
+        )
+        result["command"] = shlex.join(server.command)
+        result["startup_s"] = round(server.startup_s, 2)
+    return result
+
+
+# --- report --------------------------------------------------------------------------
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def version_of(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine_info() -> dict[str, Any]:
+    cpu_model = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    packages = ("tessera", "torch", "onnxruntime", "transformers", "httpx", "uvicorn")
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "memory_bytes": psutil.virtual_memory().total,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {name: version_of(name) for name in packages},
+    }
+
+
+@dataclass
+class Row:
+    figure: str
+    value: str
+    bar: str
+    verdict: str  # PASS, MISS, info, or ERROR
+
+
+def check(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def load_rows(results: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    raw = results.get("raw")
+    loads = {(r["label"], r["concurrency"]): r for r in results.get("load", [])}
+    if raw:
+        raw_rate = raw["main"]["sentences_per_s"]
+        rows.append(
+            Row(f"raw sentences/s ({raw['threads']} threads)", f"{raw_rate:.1f}", "", "info")
+        )
+        if "one_thread" in raw:
+            one = raw["one_thread"]["sentences_per_s"]
+            rows.append(Row("raw sentences/s (1 thread, info)", f"{one:.1f}", "", "info"))
+    for (label, concurrency), r in loads.items():
+        name = f"{label} c{concurrency}"
+        rows.append(Row(f"{name} req/s", f"{r['req_per_s']:.1f}", "", "info"))
+        rows.append(
+            Row(f"{name} p50 / p99 ms", f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f}", "", "info")
+        )
+        rows.append(Row(f"{name} failures", str(r["failures"]), "= 0", check(r["failures"] == 0)))
+        if label == "server" and raw:
+            ratio = r["req_per_s"] / raw["main"]["sentences_per_s"]
+            rows.append(
+                Row(
+                    f"{name} / raw",
+                    f"{ratio:.2f}",
+                    f">= {BAR_SERVER_RAW}",
+                    check(ratio >= BAR_SERVER_RAW),
+                )
+            )
+    batched, single = loads.get(("server", 32)), loads.get(("batch1", 32))
+    if batched and single and single["req_per_s"] > 0:
+        ratio = batched["req_per_s"] / single["req_per_s"]
+        rows.append(
+            Row(
+                "batched / batch-1 (c32)",
+                f"{ratio:.2f}x",
+                f">= {BAR_BATCHING}x",
+                check(ratio >= BAR_BATCHING),
+            )
+        )
+    return rows
+
+
+def cycle_rows(cycle: dict[str, Any]) -> list[Row]:
+    residency = cycle["residency"]
+    budget = residency["budget_bytes"]
+    polled, peak = cycle["polled_max_used_bytes"], residency["peak_used_bytes"]
+    mib = 1024**2
+    return [
+        Row("budget (MiB)", f"{budget / mib:.0f}", "", "info"),
+        Row(
+            "polled max used / budget",
+            f"{polled / budget:.3f} ({polled / mib:.0f} MiB)",
+            "<= 1.0",
+            check(polled <= budget),
+        ),
+        Row(
+            "server peak_used / budget",
+            f"{peak / budget:.3f} ({peak / mib:.0f} MiB)",
+            "<= 1.0",
+            check(peak <= budget),
+        ),
+        Row("server RSS max (info)", f"{cycle['polled_max_rss_bytes'] / mib:.0f} MiB", "", "info"),
+        Row("loads_total", str(residency["loads_total"]), "", "info"),
+        Row(
+            "evictions_total",
+            str(residency["evictions_total"]),
+            ">= 1",
+            check(residency["evictions_total"] >= 1),
+        ),
+        Row("cycle failed requests", str(cycle["failures"]), "= 0", check(cycle["failures"] == 0)),
+    ]
+
+
+def all_rows(results: dict[str, Any]) -> list[Row]:
+    rows = load_rows(results)
+    if results.get("cycle"):
+        rows += cycle_rows(results["cycle"])
+    rows += [Row(f"{phase} phase", "failed to run", "", "ERROR") for phase in results["errors"]]
+    return rows
+
+
+def markdown_table(header: list[str], lines: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(line) + " |" for line in lines]
+    return "\n".join(out)
+
+
+def detail_sections(results: dict[str, Any]) -> list[str]:
+    sections = []
+    if results.get("load"):
+        header = [
+            "server",
+            "conc.",
+            "ok",
+            "fail",
+            "s",
+            "req/s",
+            "p50 ms",
+            "p99 ms",
+            "server CPU",
+            "client CPU",
+        ]
+        lines = [
+            [
+                r["label"],
+                str(r["concurrency"]),
+                str(r["ok"]),
+                str(r["failures"]),
+                f"{r['seconds']:.1f}",
+                f"{r['req_per_s']:.1f}",
+                f"{r['p50_ms']:.0f}",
+                f"{r['p99_ms']:.0f}",
+                f"{r['server_cpu_cores']:.2f} cores",
+                f"{r['client_cpu_cores']:.2f} cores",
+            ]
+            for r in results["load"]
+        ]
+        sections += ["## Load runs", markdown_table(header, lines)]
+    if results.get("cycle"):
+        cycle = results["cycle"]
+        lines = [
+            [
+                str(r["round"]),
+                r["model"],
+                str(r["status"]),
+                f"{1000 * r['latency_s']:.0f}",
+                r["summary"].replace("|", "/"),
+            ]
+            for r in cycle["requests"]
+        ]
+        sections += [
+            "## Cycling requests",
+            markdown_table(["round", "model", "status", "ms", "answer"], lines),
+        ]
+        models = [
+            [
+                m["name"],
+                m["state"],
+                f"{m['bytes'] / 1024**2:.1f}",
+                str(m["loads"]),
+                str(m["evictions"]),
+            ]
+            for m in cycle["residency"]["models"]
+        ]
+        sections += [
+            "## Residency at the end",
+            markdown_table(["model", "state", "MiB", "loads", "evictions"], models),
+        ]
+    return sections
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    rows = all_rows(results)
+    machine = results["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in machine["versions"].items())
+    quick = " (quick)" if results["settings"]["quick"] else ""
+    parts = [
+        f"# Engine benchmark, {results['date']}{quick}",
+        f"Machine: {machine['cpu_count']} CPUs ({machine['cpu_model']}),"
+        f" {machine['memory_bytes'] / 1024**3:.1f} GiB, {machine['platform']},"
+        f" Python {machine['python']}; {versions}.",
+        "The load generator runs on the same cores as the server.",
+        markdown_table(
+            ["figure", "value", "bar", "result"],
+            [[r.figure, r.value, r.bar, r.verdict] for r in rows],
+        ),
+        *detail_sections(results),
+        "## Commands",
+        "\n".join(f"- `{c}`" for c in results["commands"]),
+    ]
+    if results["errors"]:
+        parts += [
+            "## Errors",
+            "\n".join(f"- {k}: `{v[:500]}`" for k, v in results["errors"].items()),
+        ]
+    return "\n\n".join(parts) + "\n"
+
+
+def print_table(rows: list[Row]) -> None:
+    width = max(len(r.figure) for r in rows)
+    value_width = max(len(r.value) for r in rows)
+    for r in rows:
+        print(f"{r.figure:<{width}}  {r.value:>{value_width}}  {r.bar:<8}  {r.verdict}")
+
+
+def output_stem(directory: Path, day: str) -> Path:
+    """``engine-DAY``, or ``engine-DAY-N`` with the first N whose files do not exist."""
+    stem, n = directory / f"engine-{day}", 1
+    while stem.with_suffix(".json").exists() or stem.with_suffix(".md").exists():
+        n += 1
+        stem = directory / f"engine-{day}-{n}"
+    return stem
+
+
+def run_phase(results: dict[str, Any], name: str, fn: Callable[[], None]) -> None:
+    start = time.perf_counter()
+    try:
+        fn()
+    except Exception as e:  # one broken phase must not lose the others' figures
+        log(f"{name} phase failed: {type(e).__name__}: {e}")
+        results["errors"][name] = f"{type(e).__name__}: {e}"
+    results["phase_seconds"][name] = round(time.perf_counter() - start, 1)
+
+
+def run_all(settings: Settings, work: Path) -> dict[str, Any]:
+    now = datetime.now(UTC).astimezone()
+    results: dict[str, Any] = {
+        "date": now.date().isoformat(),
+        "started": now.isoformat(timespec="seconds"),
+        "settings": asdict(settings),
+        "machine": machine_info(),
+        "commands": [shlex.join([sys.executable, *sys.argv])],
+        "errors": {},
+        "phase_seconds": {},
+        "load": [],
+    }
+    preload = ["--preload", EMBED_MODEL]
+
+    def raw() -> None:
+        results["raw"] = run_raw(settings)
+        results["commands"].append(results["raw"]["command"])
+
+    def server(label: str, args: list[str], concurrencies: tuple[int, ...]) -> Callable[[], None]:
+        def phase() -> None:
+            loads, info = run_load_phase(work, label, args, concurrencies, settings)
+            results["load"] += [asdict(r) for r in loads]
+            results["commands"].append(info["command"])
+
+        return phase
+
+    def cycle() -> None:
+        results["cycle"] = run_cycle_phase(work, settings)
+        results["commands"].append(results["cycle"]["command"])
+
+    run_phase(results, "raw", raw)
+    run_phase(results, "server", server("server", preload, settings.concurrencies))
+    batch1 = ["--model-repository", str(batch1_repository(work)), *preload]
+    run_phase(results, "batch1", server("batch1", batch1, (32,)))
+    run_phase(results, "cycle", cycle)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="a shorter run (about 2 minutes)")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--raw-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--raw-seconds", type=float, default=20.0, help=argparse.SUPPRESS)
+    parser.add_argument("--raw-batches", type=int, default=200, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.raw_worker:
+        print(json.dumps(raw_worker(args.threads, args.raw_seconds, args.raw_batches)))
+        return
+    settings = Settings.make(args.quick)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:
+        results = run_all(settings, Path(tmp))
+    results["total_seconds"] = round(time.perf_counter() - start, 1)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = output_stem(args.out_dir, results["date"])
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    stem.with_suffix(".md").write_text(render_markdown(results), encoding="utf-8")
+    print_table(all_rows(results))
+    print(f"\n{results['total_seconds']:.0f} s; wrote {stem}.json and {stem}.md")
+
+
+if __name__ == "__main__":
+    main()

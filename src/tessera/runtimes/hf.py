@@ -1,0 +1,485 @@
+"""Hugging Face text models on torch: encoders (embedding), bi-encoder rerank,
+and sequence classifiers (classify, cross-encoder rerank).
+
+The encoder of a folder (model + tokenizer) is a shared component: an
+embedding model, a bi-encoder reranker and an intent classifier over the same
+folder hold one copy, acquired through ``ctx.shared`` under
+``hf-encoder:{resolved path}:{torch device}``. Each consumer keeps its own
+pooling options; the shared part is only the weights and the tokenizer.
+
+Everything loads from local folders with ``local_files_only=True``: a folder
+that lacks a file fails the load instead of reaching for a hub.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from tessera.errors import InferenceError, InvalidInputError, ModelUnavailableError
+from tessera.runtimes.base import LoadContext, MemoryReport, SharedComponents
+from tessera.runtimes.memory import files_bytes, torch_module_bytes
+from tessera.tasks.types import ClassifyOutput, LabelScore, RerankInput, Task, TextInput
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from tessera.device import Device
+    from tessera.repository.spec import ModelSpec
+
+Pooling = Literal["mean", "cls"]
+_TORCH_METHOD = "torch tensors"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+# What a failing from_pretrained raises: missing files (OSError), unknown or
+# inconsistent configs (ValueError, KeyError), absent optional deps (ImportError).
+LOAD_ERRORS = (OSError, ValueError, KeyError, ImportError, RuntimeError)
+
+
+# --- options -------------------------------------------------------------------------
+
+
+def int_option(spec: ModelSpec, key: str, default: int) -> int:
+    """A positive integer option."""
+    value = spec.options.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelUnavailableError(spec.name, f"option {key} must be a positive integer")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderOptions:
+    """How token vectors become one vector per text."""
+
+    pooling: Pooling = "mean"
+    normalize: bool = True
+    max_length: int = 256
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> EncoderOptions:
+        pooling = spec.options.get("pooling", "mean")
+        if pooling not in ("mean", "cls"):
+            raise ModelUnavailableError(spec.name, "option pooling must be 'mean' or 'cls'")
+        normalize = spec.options.get("normalize", True)
+        if not isinstance(normalize, bool):
+            raise ModelUnavailableError(spec.name, "option normalize must be true or false")
+        return cls(pooling, normalize, int_option(spec, "max_length", 256))
+
+
+def capped_length(config: Any, max_length: int) -> int:
+    """``max_length`` no longer than the model's position table (where it has one)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        return min(max_length, positions)
+    return max_length
+
+
+# --- items ---------------------------------------------------------------------------
+
+
+def texts_of(items: Sequence[Any]) -> list[str]:
+    """The texts of ``TextInput`` items; anything else is a bad request."""
+    texts = []
+    for item in items:
+        if not isinstance(item, TextInput) or not isinstance(item.text, str):
+            raise InvalidInputError(f"expected TextInput items, got {type(item).__name__}")
+        texts.append(item.text)
+    return texts
+
+
+def pairs_of(items: Sequence[Any]) -> list[RerankInput]:
+    for item in items:
+        if not isinstance(item, RerankInput):
+            raise InvalidInputError(f"expected RerankInput items, got {type(item).__name__}")
+    return list(items)
+
+
+def expect_task(spec: ModelSpec, *tasks: Task) -> None:
+    if spec.task not in tasks:
+        allowed = ", ".join(t.value for t in tasks)
+        raise ModelUnavailableError(
+            spec.name, f"adapter {spec.adapter} does {allowed}, not {spec.task.value}"
+        )
+
+
+# --- logits to outputs (numpy; shared with the ONNX classifier) ----------------------
+
+
+def softmax(logits: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    result: npt.NDArray[np.float64] = exp / exp.sum(axis=-1, keepdims=True)
+    return result
+
+
+def sigmoid(logits: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+    result: npt.NDArray[np.float64] = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    return result
+
+
+def top_labels(scores: npt.NDArray[Any], labels: Sequence[str], top_k: int) -> ClassifyOutput:
+    """The ``top_k`` best labels of one row of scores, best first."""
+    order = np.argsort(-scores, kind="stable")[:top_k]
+    return ClassifyOutput(tuple(LabelScore(labels[i], float(scores[i])) for i in order))
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifierHead:
+    """How a classifier's logits become task outputs.
+
+    classify: softmax over labels (sigmoid per label when multi-label), the
+    ``top_k`` best. rerank (a cross-encoder): ``sigmoid(logit)`` with one
+    output, else the softmax probability of label 1 ("relevant").
+    """
+
+    task: Task
+    labels: tuple[str, ...]
+    multi_label: bool = False
+    top_k: int = 5
+
+    @classmethod
+    def from_config(cls, spec: ModelSpec, config: Any) -> ClassifierHead:
+        """From a transformers config (or a config.json mapping)."""
+
+        def get(key: str) -> Any:
+            return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+
+        id2label = get("id2label") or {}
+        num_labels = int(get("num_labels") or len(id2label) or 1)
+        labels = tuple(
+            str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(num_labels)
+        )
+        multi = get("problem_type") == "multi_label_classification"
+        return cls(spec.task, labels, multi, int_option(spec, "top_k", 5))
+
+    def outputs(self, logits: npt.NDArray[Any]) -> list[Any]:
+        if logits.ndim != 2:
+            raise InferenceError(f"expected logits of shape (batch, labels), got {logits.shape}")
+        if self.task is Task.RERANK:
+            scores = sigmoid(logits[:, 0]) if logits.shape[1] == 1 else softmax(logits)[:, 1]
+            return [float(s) for s in scores]
+        probs = sigmoid(logits) if self.multi_label else softmax(logits)
+        return [top_labels(row, self.labels, self.top_k) for row in probs]
+
+
+# --- the shared encoder --------------------------------------------------------------
+
+
+def torch_device_of(device: Device | None) -> str:
+    return device.torch_device() if device is not None else "cpu"
+
+
+def encoder_key(path: Path, torch_device: str) -> str:
+    """The shared-component key of the encoder in ``path`` on ``torch_device``."""
+    return f"hf-encoder:{path.resolve()}:{torch_device}"
+
+
+def hf_weights_bytes(path: Path) -> int:
+    """Bytes of a Hugging Face folder's weights (safetensors preferred, as transformers does)."""
+    if path.is_file():
+        return path.stat().st_size
+    safetensors = files_bytes(path, (".safetensors",))
+    return safetensors or files_bytes(path, _WEIGHT_SUFFIXES) or files_bytes(path)
+
+
+class SentenceEncoder:
+    """A Hugging Face encoder and its tokenizer: texts to pooled float32 vectors.
+
+    Thread-safe. Tokenization is serialised because a fast tokenizer keeps its
+    padding and truncation settings as mutable state (concurrent calls raise
+    "Already borrowed"); the forward pass needs no lock under inference mode.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, device: str) -> None:
+        self.model: Any = model
+        self.tokenizer: Any = tokenizer
+        self.device = device
+        self.num_bytes = torch_module_bytes(model)
+        self._tokenize_lock = threading.Lock()
+
+    @classmethod
+    def from_folder(cls, path: Path, device: str) -> SentenceEncoder:
+        from transformers import AutoModel, AutoTokenizer
+
+        quiet_transformers()
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = AutoModel.from_pretrained(str(path), local_files_only=True)
+        model.to(device).eval()
+        return cls(model, tokenizer, device)
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def tokenize(self, texts: list[str], max_length: int, pairs: list[str] | None = None) -> Any:
+        """A padded batch of torch tensors on the encoder's device."""
+        length = capped_length(self.model.config, max_length)
+        with self._tokenize_lock:
+            batch = self.tokenizer(
+                texts, pairs, padding=True, truncation=True, max_length=length, return_tensors="pt"
+            )
+        return batch.to(self.device)
+
+    def encode(
+        self,
+        texts: Sequence[str],
+        *,
+        pooling: Pooling = "mean",
+        normalize: bool = True,
+        max_length: int = 256,
+    ) -> npt.NDArray[np.float32]:
+        """One vector per text, shape ``(len(texts), dim)``."""
+        import torch
+
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        batch = self.tokenize(list(texts), max_length)
+        with torch.inference_mode():
+            hidden = self.model(**batch).last_hidden_state
+            if pooling == "cls":
+                vectors = hidden[:, 0]
+            else:
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                vectors = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            if normalize:
+                vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+            result: npt.NDArray[np.float32] = vectors.float().cpu().numpy()
+        return result
+
+    def close(self) -> None:
+        """Drop the weights (called when the last user releases the encoder)."""
+        self.model = None
+        self.tokenizer = None
+        empty_device_cache(self.device)
+
+
+def quiet_transformers() -> None:
+    """No per-load "Loading weights" progress bar on a server's stderr (process-wide)."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # untyped upstream
+
+
+def empty_device_cache(device: str) -> None:
+    """Hand freed CUDA blocks back to the card so the budget's view matches the card's."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def acquire_encoder(ctx: LoadContext, path: Path, model_name: str) -> tuple[str, SentenceEncoder]:
+    """The shared encoder of ``path`` on ``ctx``'s device: (key, encoder).
+
+    The caller owns one reference and must ``ctx.shared.release(key)`` once.
+    """
+    device = ctx.device.torch_device()
+    key = encoder_key(path, device)
+
+    def build() -> tuple[SentenceEncoder, int]:
+        try:
+            encoder = SentenceEncoder.from_folder(path, device)
+        except LOAD_ERRORS as e:
+            raise ModelUnavailableError(model_name, f"cannot load encoder {path}: {e}") from e
+        return encoder, encoder.num_bytes
+
+    return key, ctx.shared.acquire(key, build, on_free=SentenceEncoder.close)
+
+
+class SharedEncoderModel:
+    """Base of the loaded models that run on a shared encoder and own ~nothing else."""
+
+    def __init__(
+        self,
+        shared: SharedComponents,
+        key: str,
+        encoder: SentenceEncoder,
+        options: EncoderOptions,
+        own_bytes: int = 0,
+        method: str = _TORCH_METHOD + " (shared encoder)",
+    ) -> None:
+        self._shared = shared
+        self._key = key
+        self._encoder: SentenceEncoder | None = encoder
+        self._options = options
+        self._own_bytes = own_bytes
+        self._method = method
+        self._unload_lock = threading.Lock()
+
+    @property
+    def encoder(self) -> SentenceEncoder:
+        encoder = self._encoder
+        if encoder is None:
+            raise ModelUnavailableError(self._key, "the model was unloaded")
+        return encoder
+
+    def encode(
+        self, texts: Sequence[str], normalize: bool | None = None
+    ) -> npt.NDArray[np.float32]:
+        opts = self._options
+        return self.encoder.encode(
+            texts,
+            pooling=opts.pooling,
+            normalize=opts.normalize if normalize is None else normalize,
+            max_length=opts.max_length,
+        )
+
+    def memory(self) -> MemoryReport:
+        return MemoryReport(
+            own_bytes=self._own_bytes,
+            shared_bytes={self._key: self._shared.bytes_of(self._key)},
+            method=self._method,
+        )
+
+    def unload(self) -> None:
+        with self._unload_lock:
+            if self._encoder is None:
+                return
+            self._encoder = None
+        self._shared.release(self._key)
+
+
+# --- adapters ------------------------------------------------------------------------
+
+
+class HfEncoderModel(SharedEncoderModel):
+    """Embeddings: one float32 vector per ``TextInput``."""
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        vectors = self.encode(texts_of(items))
+        return list(vectors)
+
+
+class BiEncoderRerankModel(SharedEncoderModel):
+    """Rerank by the cosine of the query's and the document's embeddings."""
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        pairs = pairs_of(items)
+        # Encode each distinct text once: a rerank batch repeats its query.
+        index: dict[str, int] = {}
+        for pair in pairs:
+            index.setdefault(pair.query, len(index))
+            index.setdefault(pair.document, len(index))
+        vectors = self.encode(list(index), normalize=True)
+        return [float(vectors[index[p.query]] @ vectors[index[p.document]]) for p in pairs]
+
+
+class _SharedEncoderLoader:
+    """Loads a model that is only a view of the shared encoder of a folder."""
+
+    task = Task.EMBEDDING
+    model_class: type[SharedEncoderModel] = HfEncoderModel
+
+    def encoder_path(self, spec: ModelSpec) -> Path:
+        return spec.option_path("encoder") or spec.resolve_source()
+
+    def estimate_bytes(self, spec: ModelSpec) -> int:
+        """The shared encoder's weights (the engine subtracts shared keys already resident)."""
+        return hf_weights_bytes(self.encoder_path(spec))
+
+    def shared_keys(self, spec: ModelSpec, device: Device | None = None) -> tuple[str, ...]:
+        return (encoder_key(self.encoder_path(spec), torch_device_of(device)),)
+
+    def load(self, spec: ModelSpec, ctx: LoadContext) -> SharedEncoderModel:
+        expect_task(spec, self.task)
+        options = EncoderOptions.from_spec(spec)
+        key, encoder = acquire_encoder(ctx, self.encoder_path(spec), spec.name)
+        return self.model_class(ctx.shared, key, encoder, options)
+
+
+class HfEncoderLoader(_SharedEncoderLoader):
+    """Adapter ``hf-encoder``: any Hugging Face encoder folder, pooled (mean|cls),
+    optionally L2-normalised. Options: pooling, normalize, max_length."""
+
+    task = Task.EMBEDDING
+    model_class = HfEncoderModel
+
+    def encoder_path(self, spec: ModelSpec) -> Path:
+        return spec.resolve_source()
+
+
+class BiEncoderRerankLoader(_SharedEncoderLoader):
+    """Adapter ``bi-encoder-rerank``: score = cosine of the embeddings of query and
+    document from a shared encoder (option ``encoder``, default the source)."""
+
+    task = Task.RERANK
+    model_class = BiEncoderRerankModel
+
+
+class HfSequenceClassifierModel:
+    """A ``*ForSequenceClassification`` model: classify texts or score pairs.
+
+    Held in a ``SentenceEncoder`` for its locked tokenizer; it is not shared.
+    """
+
+    def __init__(self, encoder: SentenceEncoder, head: ClassifierHead, max_length: int) -> None:
+        self._encoder: SentenceEncoder | None = encoder
+        self._head = head
+        self._max_length = max_length
+        self._bytes = encoder.num_bytes
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        import torch
+
+        encoder = self._encoder
+        if encoder is None:
+            raise ModelUnavailableError("hf-sequence-classifier", "the model was unloaded")
+        if not items:
+            return []
+        if self._head.task is Task.RERANK:
+            pairs = pairs_of(items)
+            queries, documents = [p.query for p in pairs], [p.document for p in pairs]
+            batch = encoder.tokenize(queries, self._max_length, documents)
+        else:
+            batch = encoder.tokenize(texts_of(items), self._max_length)
+        with torch.inference_mode():
+            logits = encoder.model(**batch).logits.float().cpu().numpy()
+        return self._head.outputs(logits)
+
+    def memory(self) -> MemoryReport:
+        return MemoryReport(own_bytes=self._bytes, method=_TORCH_METHOD)
+
+    def unload(self) -> None:
+        encoder, self._encoder = self._encoder, None
+        if encoder is not None:
+            encoder.close()
+
+
+class HfSequenceClassifierLoader:
+    """Adapter ``hf-sequence-classifier``: ``AutoModelForSequenceClassification``.
+
+    classify: labels from ``config.id2label``, softmax (sigmoid when
+    ``problem_type`` is multi-label), option top_k (5). rerank: a cross-encoder
+    over (query, document) pairs. Option max_length (512).
+    """
+
+    def estimate_bytes(self, spec: ModelSpec) -> int:
+        return hf_weights_bytes(spec.resolve_source())
+
+    def shared_keys(self, spec: ModelSpec, device: Device | None = None) -> tuple[str, ...]:
+        return ()
+
+    def load(self, spec: ModelSpec, ctx: LoadContext) -> HfSequenceClassifierModel:
+        expect_task(spec, Task.CLASSIFY, Task.RERANK)
+        path = spec.resolve_source()
+        device = ctx.device.torch_device()
+        max_length = int_option(spec, "max_length", 512)
+        try:
+            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+            quiet_transformers()
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                str(path), local_files_only=True
+            )
+        except LOAD_ERRORS as e:
+            raise ModelUnavailableError(spec.name, f"cannot load classifier {path}: {e}") from e
+        model.to(device).eval()
+        head = ClassifierHead.from_config(spec, model.config)
+        return HfSequenceClassifierModel(
+            SentenceEncoder(model, tokenizer, device), head, max_length
+        )

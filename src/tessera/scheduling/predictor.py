@@ -1,0 +1,46 @@
+"""Predicted run time of a batch, from execution times measured per model.
+
+A least-squares line ``run_s = a + b * units`` over a sliding window of
+measured batches (kept up to date while serving). With one distinct batch size
+it scales the mean time per unit. ``predict`` returns ``None`` until there is
+a measurement, and callers then do not cap the batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class BatchTimePredictor:
+    def __init__(self, window: int = 256) -> None:
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+
+    def observe(self, units: float, run_s: float) -> None:
+        if units > 0 and run_s >= 0:
+            self._samples.append((units, run_s))
+
+    @property
+    def num_samples(self) -> int:
+        return len(self._samples)
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per unit), both non-negative."""
+        n = len(self._samples)
+        if n == 0:
+            return None
+        mean_x = sum(x for x, _ in self._samples) / n
+        mean_y = sum(y for _, y in self._samples) / n
+        var_x = sum((x - mean_x) ** 2 for x, _ in self._samples)
+        if var_x <= 1e-12:
+            return 0.0, mean_y / mean_x
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in self._samples) / var_x
+        slope = max(slope, 0.0)
+        intercept = max(mean_y - slope * mean_x, 0.0)
+        return intercept, slope
+
+    def predict(self, units: float) -> float | None:
+        coefficients = self.coefficients()
+        if coefficients is None:
+            return None
+        intercept, slope = coefficients
+        return intercept + slope * units

@@ -1,0 +1,359 @@
+"""The audit log: one row per request (refused ones too), no request content.
+
+Rows live in ``<data_dir>/audit.db``, a SQLite file apart from ``tessera.db``:
+the writer's transactions and the retention deletes never hold the lock that
+tenant and key changes need, and the log can be moved or dropped on its own.
+
+``record`` only appends to an in-memory deque (no I/O, no lock, never blocks);
+a task flushes it every ``flush_interval_s`` in a worker thread, in
+transactions of at most ``max_batch`` rows. If writes fail the rows wait for
+the next flush; past ``max_pending`` rows the oldest are dropped and counted.
+Reads see what has been written: at most one flush interval behind.
+
+Work units count only for requests answered (status < 400): a refused,
+timed-out or failed request is audited but costs its tenant no quota.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import datetime as dt
+import logging
+import math
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tessera.errors import InvalidInputError, TenantError
+from tessera.tenants.db import migrate, open_db
+
+log = logging.getLogger(__name__)
+
+AUDIT_DB_FILE = "audit.db"
+DAY_S = 86_400.0
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE audit (
+            id INTEGER PRIMARY KEY,
+            ts REAL NOT NULL,           -- wall time, seconds since the epoch
+            tenant TEXT,
+            key_prefix TEXT,
+            model TEXT,
+            task TEXT,
+            units REAL NOT NULL,
+            status INTEGER NOT NULL,
+            queue_s REAL NOT NULL,
+            total_s REAL NOT NULL,
+            batch_size INTEGER,
+            request_id TEXT,
+            reason TEXT
+        )""",
+        "CREATE INDEX audit_ts ON audit(ts)",
+        "CREATE INDEX audit_tenant_ts ON audit(tenant, ts)",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One request as the audit log keeps it. ``reason`` says why it was
+    refused or failed (e.g. ``rate``, ``quota``, ``deadline``), never content."""
+
+    ts: float
+    tenant: str | None
+    key_prefix: str | None
+    model: str | None
+    task: str | None
+    units: float
+    status: int
+    queue_s: float
+    total_s: float
+    batch_size: int | None = None
+    request_id: str | None = None
+    reason: str | None = None
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AuditRecord))
+_INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit"
+
+
+@dataclass(frozen=True)
+class AuditStats:
+    recorded: int
+    written: int
+    dropped: int
+    pending: int
+    num_flushes: int
+    num_batches: int
+    num_failures: int
+    purged: int
+
+
+class AuditLog:
+    """Buffered audit rows in ``<data_dir>/audit.db``; see the module notes.
+
+    ``retention_days=None`` keeps rows forever; otherwise rows older than that
+    are deleted at ``start`` and then once every ``purge_interval_s``.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        flush_interval_s: float = 0.5,
+        max_batch: int = 500,
+        retention_days: float | None = 30.0,
+        max_pending: int = 100_000,
+        purge_interval_s: float = 3600.0,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if flush_interval_s <= 0 or max_batch < 1 or max_pending < 1:
+            raise ValueError("flush_interval_s, max_batch and max_pending must be positive")
+        if retention_days is not None and retention_days <= 0:
+            raise ValueError("retention_days must be positive or None")
+        self.path = Path(data_dir) / AUDIT_DB_FILE
+        self.flush_interval_s = flush_interval_s
+        self.max_batch = max_batch
+        self.retention_days = retention_days
+        self.purge_interval_s = purge_interval_s
+        self._wall = wall_clock
+        # synchronous=NORMAL: in WAL mode a crash of the process loses nothing;
+        # a power cut may lose the last flushes, which an audit log can afford.
+        self._conn = open_db(self.path, synchronous="NORMAL")
+        try:
+            migrate(self._conn, MIGRATIONS)
+        except BaseException:
+            self._conn.close()
+            raise
+        self._lock = threading.Lock()  # the connection; never taken by record()
+        self._pending: collections.deque[AuditRecord] = collections.deque(maxlen=max_pending)
+        self._closing = asyncio.Event()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._last_purge = -math.inf
+        self._recorded = self._written = self._dropped = 0
+        self._num_flushes = self._num_batches = self._num_failures = self._purged = 0
+
+    # -- the hot path --------------------------------------------------------
+
+    def record(self, rec: AuditRecord) -> None:
+        """Queue one row; no I/O. Safe from any thread."""
+        # The counters are plain ints: exact on the event loop, close enough
+        # from threads; they feed stats, not decisions.
+        self._recorded += 1
+        if self._closed:
+            self._dropped += 1
+            return
+        if len(self._pending) == self._pending.maxlen:
+            self._dropped += 1  # append pushes out the oldest
+        self._pending.append(rec)
+
+    # -- the writer ----------------------------------------------------------
+
+    async def start(self) -> None:
+        """Apply retention once, then flush in the background until ``close``."""
+        await asyncio.to_thread(self.purge)
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="audit-log")
+
+    async def run(self) -> None:
+        """Flush every ``flush_interval_s`` until ``close`` (then once more)."""
+        while not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.flush_interval_s)
+            try:
+                await self.flush()
+            except Exception:  # the writer must outlive one bad flush
+                log.exception("audit flush failed")
+
+    async def flush(self) -> int:
+        """Write the pending rows now, off the event loop; the number written."""
+        return await asyncio.to_thread(self.write_pending)
+
+    async def close(self) -> None:
+        """Stop the writer, write what is pending, close the database."""
+        if self._closed:
+            return
+        self._closing.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        await self.flush()
+        self._closed = True
+        with self._lock:
+            self._conn.close()
+
+    def write_pending(self) -> int:
+        """Write the rows pending now, in transactions of ``max_batch``; then
+        purge if one is due. Blocking: call from a worker thread."""
+        written = 0
+        with self._lock:
+            self._num_flushes += 1
+            todo = len(self._pending)
+            while todo > 0:
+                chunk = [self._pending.popleft() for _ in range(min(todo, self.max_batch))]
+                todo -= len(chunk)
+                try:
+                    self._insert(chunk)
+                except sqlite3.Error:
+                    self._num_failures += 1
+                    self._pending.extendleft(reversed(chunk))
+                    log.exception("audit log: cannot write %d rows; will retry", len(chunk))
+                    break
+                written += len(chunk)
+                self._num_batches += 1
+            self._written += written
+        if self._wall() - self._last_purge >= self.purge_interval_s:
+            self.purge()
+        return written
+
+    def purge(self) -> int:
+        """Delete rows older than the retention; the number deleted."""
+        self._last_purge = self._wall()
+        if self.retention_days is None:
+            return 0
+        cutoff = self._wall() - self.retention_days * DAY_S
+        with self._lock, self._errors():
+            deleted = self._conn.execute("DELETE FROM audit WHERE ts < ?", (cutoff,)).rowcount
+            self._purged += deleted
+        return deleted
+
+    def _insert(self, chunk: list[AuditRecord]) -> None:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(_INSERT, [dataclasses.astuple(rec) for rec in chunk])
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def stats(self) -> AuditStats:
+        return AuditStats(
+            recorded=self._recorded,
+            written=self._written,
+            dropped=self._dropped,
+            pending=len(self._pending),
+            num_flushes=self._num_flushes,
+            num_batches=self._num_batches,
+            num_failures=self._num_failures,
+            purged=self._purged,
+        )
+
+    # -- reads (blocking; from a worker thread in async code) ----------------
+
+    def query(
+        self,
+        tenant: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = None,
+    ) -> list[AuditRecord]:
+        """Rows with ``since <= ts < until``, of one tenant if given, oldest first."""
+        where, params = _window(since, until)
+        if tenant is not None:
+            where.append("tenant = ?")
+            params.append(tenant)
+        sql = _SELECT + _where(where) + " ORDER BY ts, id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(int(limit))
+        with self._lock, self._errors():
+            rows = self._conn.execute(sql, params).fetchall()
+        return [AuditRecord(*row) for row in rows]
+
+    def usage(self, since: float, until: float | None = None) -> list[dict[str, Any]]:
+        """Per tenant and model: requests, units (answered ones), errors
+        (status >= 400), mean and max total seconds."""
+        where, params = _window(since, until)
+        sql = (
+            "SELECT tenant, model, COUNT(*) AS requests,"
+            " TOTAL(CASE WHEN status < 400 THEN units ELSE 0 END) AS units,"
+            " SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS errors,"
+            " AVG(total_s) AS mean_total_s, MAX(total_s) AS max_total_s"
+            " FROM audit" + _where(where) + " GROUP BY tenant, model ORDER BY tenant, model"
+        )
+        with self._lock, self._errors():
+            rows = self._conn.execute(sql, params).fetchall()
+        return [dict(row) for row in rows]
+
+    def units_since(self, tenant: str, since: float) -> float:
+        """Work units of ``tenant``'s answered requests since ``since`` (as written)."""
+        with self._lock, self._errors():
+            row = self._conn.execute(
+                "SELECT TOTAL(units) FROM audit WHERE tenant = ? AND ts >= ? AND status < 400",
+                (tenant, since),
+            ).fetchone()
+        return float(row[0])
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise TenantError(f"audit log {self.path}: {e}") from e
+
+
+def _window(since: float | None, until: float | None) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    if since is not None:
+        where.append("ts >= ?")
+        params.append(since)
+    if until is not None:
+        where.append("ts < ?")
+        params.append(until)
+    return where, params
+
+
+def _where(conditions: list[str]) -> str:
+    return " WHERE " + " AND ".join(conditions) if conditions else ""
+
+
+# -- times as people write them ------------------------------------------------
+
+_RELATIVE = re.compile(r"-?\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": DAY_S, "w": 7 * DAY_S}
+
+
+def parse_time(text: str, now: float) -> float:
+    """Seconds since the epoch from ISO 8601 (no zone = UTC), ``now``,
+    ``today`` (00:00 UTC), or a time ago such as ``-1h``, ``30m``, ``7d``."""
+    value = text.strip()
+    if value.lower() == "now":
+        return now
+    if value.lower() == "today":
+        return start_of_day_utc(now)
+    relative = _RELATIVE.fullmatch(value)
+    if relative is not None:
+        return now - float(relative.group(1)) * _UNIT_S[relative.group(2)]
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError as e:
+        raise InvalidInputError(
+            f"bad time {text!r}: use ISO 8601 (2024-05-01T12:00:00Z), now, today, or -1h/30m/7d"
+        ) from e
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+def start_of_day_utc(now: float) -> float:
+    day = dt.datetime.fromtimestamp(now, dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return day.timestamp()
+
+
+def iso_time(ts: float) -> str:
+    """``2024-05-01T12:00:00.123Z``."""
+    text = dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="milliseconds")
+    return text.replace("+00:00", "Z")
