@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import random
+import re
 import shlex
 import socket
 import subprocess
@@ -55,7 +56,9 @@ BUDGET = "700MiB"
 BUDGET_BYTES = 700 * 1024**2
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 READY_TIMEOUT_S = 240.0
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# Unbuffered: the server prints its bootstrap admin key on stdout, which goes to a file.
+SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+ADMIN_KEY = re.compile(r"admin API key[^:]*:\s*(\S+)")
 BAR_SERVER_RAW = 0.85
 BAR_BATCHING = 2.0
 
@@ -122,11 +125,16 @@ def raw_throughput(
     for batch in batches[:3]:
         model.run(batch)
     done, start = 0, time.perf_counter()
+    own_cpu, busy = time.process_time(), busy_cpu_seconds()
     while done < max_batches and time.perf_counter() - start < seconds:
         model.run(batches[done % len(batches)])
         done += 1
     elapsed = time.perf_counter() - start
+    own_cpu = time.process_time() - own_cpu
+    other = max(0.0, busy_cpu_seconds() - busy - own_cpu)
     return {
+        "cpu_cores": own_cpu / elapsed,
+        "other_cpu_cores": other / elapsed,
         "batches": done,
         "sentences": done * BATCH_SIZE,
         "seconds": round(elapsed, 3),
@@ -167,7 +175,7 @@ def run_raw(settings: Settings) -> dict[str, Any]:
     command += ["--threads", str(settings.threads)]
     log(f"raw: {EMBED_MODEL} in a subprocess, {settings.threads} threads")
     done = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, **OFFLINE_ENV}, check=False
+        command, capture_output=True, text=True, env={**os.environ, **SERVER_ENV}, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"raw worker failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -186,9 +194,17 @@ class ServerProcess:
     command: list[str]
     log_path: Path
     startup_s: float
+    key: str | None  # the bootstrap admin key when the server requires API keys
 
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:]
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+
+def admin_key(log_path: Path) -> str | None:
+    """The admin key a server with API keys prints once on its first start."""
+    match = ADMIN_KEY.search(log_path.read_text(errors="replace"))
+    return match.group(1) if match else None
 
 
 def free_port() -> int:
@@ -237,12 +253,13 @@ def running_server(work: Path, label: str, *args: str) -> Iterator[ServerProcess
     start = time.perf_counter()
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE_ENV}
+            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV}
         )
     try:
         base_url = f"http://127.0.0.1:{port}"
         wait_ready(process, base_url, log_path)
-        yield ServerProcess(process, base_url, command, log_path, time.perf_counter() - start)
+        startup_s = time.perf_counter() - start
+        yield ServerProcess(process, base_url, command, log_path, startup_s, admin_key(log_path))
     finally:
         stop_process(process)
 
@@ -276,6 +293,7 @@ class LoadResult:
     mean_ms: float
     server_cpu_cores: float  # server CPU seconds / wall seconds
     client_cpu_cores: float  # this process's CPU seconds / wall seconds
+    other_cpu_cores: float  # every other process on the machine (should be ~0)
     errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -295,14 +313,14 @@ class _Tally:
 
 
 async def closed_loop(
-    client: httpx.AsyncClient, texts: list[str], concurrency: int, count: int, seconds: float
+    clients: list[httpx.AsyncClient], texts: list[str], count: int, seconds: float
 ) -> tuple[_Tally, float]:
-    """``concurrency`` callers, each sending its next request as soon as the last
+    """One caller per client, each sending its next request as soon as the last
     answers, until ``count`` requests were sent or ``seconds`` passed."""
     tally = _Tally()
     deadline = time.perf_counter() + seconds
 
-    async def caller() -> None:
+    async def caller(client: httpx.AsyncClient) -> None:
         while tally.issued < count and time.perf_counter() < deadline:
             body = {"model": EMBED_MODEL, "input": texts[tally.issued % len(texts)]}
             tally.issued += 1
@@ -318,26 +336,57 @@ async def closed_loop(
                 tally.errors[f"http {response.status_code}"] += 1
 
     start = time.perf_counter()
-    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    await asyncio.gather(*(caller(client) for client in clients))
     return tally, time.perf_counter() - start
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot."""
+    t = psutil.cpu_times()
+    return sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
+
+
+@dataclass
+class CpuMeter:
+    """CPU cores used by the server, this process, and everything else, over a span."""
+
+    server: psutil.Process
+    start_wall: float = field(default_factory=time.perf_counter)
+    start_server: float = 0.0
+    start_self: float = field(default_factory=time.process_time)
+    start_busy: float = field(default_factory=busy_cpu_seconds)
+
+    def __post_init__(self) -> None:
+        self.start_server = sum(self.server.cpu_times()[:2])
+
+    def cores(self) -> tuple[float, float, float]:
+        """(server, client, other) cores since the meter started."""
+        wall = time.perf_counter() - self.start_wall
+        server = sum(self.server.cpu_times()[:2]) - self.start_server
+        client = time.process_time() - self.start_self
+        other = max(0.0, busy_cpu_seconds() - self.start_busy - server - client)
+        return server / wall, client / wall, other / wall
+
+
 async def measure_load(
-    base_url: str, pid: int, label: str, concurrency: int, settings: Settings
+    server: ServerProcess, label: str, concurrency: int, settings: Settings
 ) -> LoadResult:
     texts = sentences()
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as client:
-        await closed_loop(
-            client, texts[::-1], concurrency, settings.warmup_requests, settings.warmup_seconds
-        )
-        server = psutil.Process(pid)
-        server_cpu, client_cpu = sum(server.cpu_times()[:2]), time.process_time()
+    # One client (one connection) per caller: httpx's shared pool costs ~2-3 ms of
+    # client CPU per request at 32-64 connections, which would starve the server.
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=120)
+            )
+            for _ in range(concurrency)
+        ]
+        await closed_loop(clients, texts[::-1], settings.warmup_requests, settings.warmup_seconds)
+        meter = CpuMeter(psutil.Process(server.process.pid))
         tally, elapsed = await closed_loop(
-            client, texts, concurrency, settings.load_requests, settings.load_seconds
+            clients, texts, settings.load_requests, settings.load_seconds
         )
-        server_cpu = sum(server.cpu_times()[:2]) - server_cpu
-        client_cpu = time.process_time() - client_cpu
+        server_cores, client_cores, other_cores = meter.cores()
     ms = [1000 * s for s in tally.latencies]
     return LoadResult(
         label=label,
@@ -349,8 +398,9 @@ async def measure_load(
         p50_ms=percentile(ms, 0.50),
         p99_ms=percentile(ms, 0.99),
         mean_ms=sum(ms) / len(ms) if ms else float("nan"),
-        server_cpu_cores=server_cpu / elapsed,
-        client_cpu_cores=client_cpu / elapsed,
+        server_cpu_cores=server_cores,
+        client_cpu_cores=client_cores,
+        other_cpu_cores=other_cores,
         errors=dict(tally.errors),
     )
 
@@ -360,12 +410,14 @@ def run_load_phase(
 ) -> tuple[list[LoadResult], dict[str, Any]]:
     results = []
     with running_server(work, label, *server_args) as server:
-        info = {"command": shlex.join(server.command), "startup_s": round(server.startup_s, 2)}
+        info = {
+            "command": shlex.join(server.command),
+            "startup_s": round(server.startup_s, 2),
+            "api_key": server.key is not None,
+        }
         for concurrency in concurrencies:
             log(f"  load on {label}: concurrency {concurrency}")
-            result = asyncio.run(
-                measure_load(server.base_url, server.process.pid, label, concurrency, s)
-            )
+            result = asyncio.run(measure_load(server, label, concurrency, s))
             log(f"    {result.req_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms")
             results.append(result)
     return results, info
@@ -471,10 +523,12 @@ async def one_request(
     return CycleRequest(index, model, 200, latency, summarise(path, response))
 
 
-async def cycle_models(base_url: str, pid: int, rounds: int) -> dict[str, Any]:
+async def cycle_models(server: ServerProcess, rounds: int) -> dict[str, Any]:
     plan = cycle_plan()
     poll = _Poll()
-    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+    pid = server.process.pid
+    headers = server.headers
+    async with httpx.AsyncClient(base_url=server.base_url, headers=headers, timeout=300) as client:
         for _ in range(5):  # warm-up of the HTTP path only: no model is loaded by it
             (await client.get("/v1/models")).raise_for_status()
         poller = asyncio.create_task(poll_residency(client, pid, poll))
@@ -503,11 +557,10 @@ async def cycle_models(base_url: str, pid: int, rounds: int) -> dict[str, Any]:
 def run_cycle_phase(work: Path, settings: Settings) -> dict[str, Any]:
     with running_server(work, "budget", "--memory-budget", BUDGET) as server:
         log(f"  cycling {settings.cycle_rounds} rounds under {BUDGET}")
-        result = asyncio.run(
-            cycle_models(server.base_url, server.process.pid, settings.cycle_rounds)
-        )
+        result = asyncio.run(cycle_models(server, settings.cycle_rounds))
         result["command"] = shlex.join(server.command)
         result["startup_s"] = round(server.startup_s, 2)
+        result["api_key"] = server.key is not None
     return result
 
 
@@ -643,67 +696,98 @@ def markdown_table(header: list[str], lines: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def cores(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def raw_section(raw: dict[str, Any]) -> list[str]:
+    header = ["threads", "batches", "s", "sentences/s", "ms/batch", "own CPU", "other CPU"]
+    runs = [(raw["threads"], raw["main"])]
+    if "one_thread" in raw:
+        runs.append((1, raw["one_thread"]))
+    lines = [
+        [
+            str(threads),
+            str(r["batches"]),
+            f"{r['seconds']:.1f}",
+            f"{r['sentences_per_s']:.1f}",
+            f"{r['ms_per_batch']:.1f}",
+            cores(r["cpu_cores"]),
+            cores(r["other_cpu_cores"]),
+        ]
+        for threads, r in runs
+    ]
+    title = f"## Raw model (batches of {BATCH_SIZE}, load {raw['load_s']} s; CPU in cores)"
+    return [title, markdown_table(header, lines)]
+
+
+def load_section(loads: list[dict[str, Any]]) -> list[str]:
+    header = ["server", "conc.", "ok", "fail", "s", "req/s", "p50 ms", "p99 ms"]
+    header += ["server CPU", "client CPU", "other CPU", "errors"]
+    lines = [
+        [
+            r["label"],
+            str(r["concurrency"]),
+            str(r["ok"]),
+            str(r["failures"]),
+            f"{r['seconds']:.1f}",
+            f"{r['req_per_s']:.1f}",
+            f"{r['p50_ms']:.0f}",
+            f"{r['p99_ms']:.0f}",
+            cores(r["server_cpu_cores"]),
+            cores(r["client_cpu_cores"]),
+            cores(r["other_cpu_cores"]),
+            ", ".join(f"{k}: {v}" for k, v in r["errors"].items()),
+        ]
+        for r in loads
+    ]
+    return ["## Load runs (CPU in cores)", markdown_table(header, lines)]
+
+
+def cycle_sections(cycle: dict[str, Any]) -> list[str]:
+    lines = [
+        [
+            str(r["round"]),
+            r["model"],
+            str(r["status"]),
+            f"{1000 * r['latency_s']:.0f}",
+            r["summary"].replace("|", "/").replace("\n", " / "),
+        ]
+        for r in cycle["requests"]
+    ]
+    models = [
+        [m["name"], m["state"], f"{m['bytes'] / 1024**2:.1f}", str(m["loads"]), str(m["evictions"])]
+        for m in cycle["residency"]["models"]
+    ]
+    polls = f"{cycle['polls']} polls of /admin/residency, {cycle['poll_errors']} failed"
+    return [
+        f"## Cycling requests ({polls})",
+        markdown_table(["round", "model", "status", "ms", "answer"], lines),
+        "## Residency at the end",
+        markdown_table(["model", "state", "MiB", "loads", "evictions"], models),
+    ]
+
+
+def noise_note(results: dict[str, Any]) -> str:
+    """A warning when other processes used the cores during a measurement."""
+    others = [r["other_cpu_cores"] for r in results.get("load", [])]
+    raw = results.get("raw")
+    if raw:
+        others += [raw["main"]["other_cpu_cores"]]
+    worst = max(others, default=0.0)
+    if worst > 0.2:
+        return f"**Warning:** other processes used up to {worst:.2f} cores during a measurement."
+    return f"Other processes used at most {worst:.2f} cores during the measurements."
+
+
 def detail_sections(results: dict[str, Any]) -> list[str]:
     sections = []
+    if results.get("raw"):
+        sections += raw_section(results["raw"])
     if results.get("load"):
-        header = [
-            "server",
-            "conc.",
-            "ok",
-            "fail",
-            "s",
-            "req/s",
-            "p50 ms",
-            "p99 ms",
-            "server CPU",
-            "client CPU",
-        ]
-        lines = [
-            [
-                r["label"],
-                str(r["concurrency"]),
-                str(r["ok"]),
-                str(r["failures"]),
-                f"{r['seconds']:.1f}",
-                f"{r['req_per_s']:.1f}",
-                f"{r['p50_ms']:.0f}",
-                f"{r['p99_ms']:.0f}",
-                f"{r['server_cpu_cores']:.2f} cores",
-                f"{r['client_cpu_cores']:.2f} cores",
-            ]
-            for r in results["load"]
-        ]
-        sections += ["## Load runs", markdown_table(header, lines)]
+        sections += load_section(results["load"])
     if results.get("cycle"):
-        cycle = results["cycle"]
-        lines = [
-            [
-                str(r["round"]),
-                r["model"],
-                str(r["status"]),
-                f"{1000 * r['latency_s']:.0f}",
-                r["summary"].replace("|", "/"),
-            ]
-            for r in cycle["requests"]
-        ]
-        sections += [
-            "## Cycling requests",
-            markdown_table(["round", "model", "status", "ms", "answer"], lines),
-        ]
-        models = [
-            [
-                m["name"],
-                m["state"],
-                f"{m['bytes'] / 1024**2:.1f}",
-                str(m["loads"]),
-                str(m["evictions"]),
-            ]
-            for m in cycle["residency"]["models"]
-        ]
-        sections += [
-            "## Residency at the end",
-            markdown_table(["model", "state", "MiB", "loads", "evictions"], models),
-        ]
+        sections += cycle_sections(results["cycle"])
     return sections
 
 
@@ -717,7 +801,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"Machine: {machine['cpu_count']} CPUs ({machine['cpu_model']}),"
         f" {machine['memory_bytes'] / 1024**3:.1f} GiB, {machine['platform']},"
         f" Python {machine['python']}; {versions}.",
-        "The load generator runs on the same cores as the server.",
+        "The load generator runs on the same cores as the server. " + noise_note(results),
         markdown_table(
             ["figure", "value", "bar", "result"],
             [[r.figure, r.value, r.bar, r.verdict] for r in rows],
@@ -771,6 +855,7 @@ def run_all(settings: Settings, work: Path) -> dict[str, Any]:
         "errors": {},
         "phase_seconds": {},
         "load": [],
+        "servers": {},
     }
     preload = ["--preload", EMBED_MODEL]
 
@@ -782,6 +867,7 @@ def run_all(settings: Settings, work: Path) -> dict[str, Any]:
         def phase() -> None:
             loads, info = run_load_phase(work, label, args, concurrencies, settings)
             results["load"] += [asdict(r) for r in loads]
+            results["servers"][label] = info
             results["commands"].append(info["command"])
 
         return phase

@@ -20,6 +20,11 @@ class Server:
     base_url: str
     port: int
     log_path: Path
+    key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
@@ -31,7 +36,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(tmp: Path, *args: str) -> tuple[subprocess.Popen[bytes], Server]:
+def start_server(
+    tmp: Path, *args: str, key: str | None = None
+) -> tuple[subprocess.Popen[bytes], Server]:
+    """Start ``tessera serve`` with ``args`` (a later ``--data-dir`` wins) and wait
+    until it is ready."""
     port = free_port()
     log_path = tmp / f"server-{port}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -39,7 +48,7 @@ def start_server(tmp: Path, *args: str) -> tuple[subprocess.Popen[bytes], Server
     command += ["--data-dir", str(tmp / "data"), *args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = Server(f"http://127.0.0.1:{port}", port, log_path)
+    server = Server(f"http://127.0.0.1:{port}", port, log_path, key)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:

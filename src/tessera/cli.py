@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tessera.config import ServerConfig, build_config, read_config_file
 from tessera.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tessera.engine import Engine
+    from tessera.tenants import AuditLog, TenantStore
 
 app = typer.Typer(help="Serve many small AI models, for many tenants, from one device.")
 models_app = typer.Typer(help="The model repository.")
@@ -52,6 +57,10 @@ def serve(
         list[str] | None, typer.Option(help="Model to load at start (repeatable).")
     ] = None,
     model_repository: RepoOpt = None,
+    scheduling: Annotated[str | None, typer.Option(help="fair (across tenants) or fifo.")] = None,
+    no_auth: Annotated[
+        bool, typer.Option("--no-auth", help="Serve without API keys (trusted networks only).")
+    ] = False,
     config: ConfigOpt = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
 ) -> None:
@@ -68,6 +77,8 @@ def serve(
         num_workers=workers,
         preload=preload,
         model_repositories=model_repository,
+        scheduling=scheduling,
+        auth=False if no_auth else None,
     )
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -84,17 +95,42 @@ def serve(
         raise typer.Exit(2) from e
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = Engine(repository, settings.engine)
+    store, audit_log = _tenancy(settings, engine) if settings.auth else (None, None)
     typer.echo(
         f"tessera on {engine.device.name}: {len(repository)} models,"
         f" budget {engine.residency.table.budget_bytes} bytes,"
         f" {engine.executor.num_workers} workers x {engine.executor.threads_per_worker} threads"
     )
+    app_ = create_app(
+        engine,
+        max_body_bytes=settings.max_body_bytes,
+        tenant_store=store,
+        audit_log=audit_log,
+        tiers=settings.tiers,
+    )
     uvicorn.run(
-        create_app(engine, max_body_bytes=settings.max_body_bytes),
+        app_,
         host=settings.host,
         port=settings.port,
         log_level=log_level.lower(),
     )
+
+
+def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, AuditLog]:
+    """Open the tenant store and audit log; on first start make tenant ``default``
+    and an admin key, printed once; seed today's quota use from the audit log."""
+    from tessera.tenants import AuditLog, TenantStore
+
+    store = TenantStore(settings.data_dir)
+    audit_log = AuditLog(settings.data_dir, retention_days=settings.audit_retention_days)
+    bootstrap = store.ensure_bootstrap()
+    if bootstrap is not None:
+        typer.echo(f"created tenant {bootstrap.tenant.name!r} (tier {bootstrap.tenant.tier})")
+        typer.echo(f"admin API key (shown once, keep it): {bootstrap.key}")
+    day_start = time.time() // 86_400 * 86_400
+    for tenant in store.list_tenants():
+        engine.admission.seed_usage(tenant.name, audit_log.units_since(tenant.name, day_start))
+    return store, audit_log
 
 
 @models_app.command("list")

@@ -17,6 +17,13 @@ A config file may hold any of::
     model_repositories: [./my-models]
     include_default_models: true
     preload: [all-minilm-l6-v2]  # default: the models whose model.yaml says preload
+    scheduling: fair             # fair (weighted across tenants) | fifo
+    tiers:                       # weights and latency targets; these are the defaults
+      vip: {weight: 4, latency_target_ms: 250}
+      standard: {weight: 2}
+      batch: {weight: 1}
+    auth: true                   # API keys from the tenant store under data_dir
+    audit_retention_days: 30
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from tessera.engine import EngineConfig
 from tessera.errors import ConfigError
 from tessera.gateway.app import DEFAULT_MAX_BODY_BYTES
 from tessera.repository import ModelRepository, default_repository_path
+from tessera.scheduling import DEFAULT_TIERS, TierSpec, parse_tiers
 from tessera.units import parse_bytes
 
 
@@ -43,6 +51,9 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     model_repositories: tuple[Path, ...] = ()
     include_default_models: bool = True
+    tiers: dict[str, TierSpec] = field(default_factory=lambda: dict(DEFAULT_TIERS))
+    auth: bool = True
+    audit_retention_days: float | None = 30.0
 
     def repository(self) -> ModelRepository:
         folders = [default_repository_path()] if self.include_default_models else []
@@ -57,6 +68,7 @@ _ENGINE_KEYS = {
     "max_queue",
     "default_timeout_s",
     "residency_wait_s",
+    "scheduling",
 }
 
 
@@ -107,4 +119,7 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         max_body_bytes=parse_bytes(values.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)),
         model_repositories=tuple(Path(p) for p in values.get("model_repositories", ())),
         include_default_models=bool(values.get("include_default_models", True)),
+        tiers=parse_tiers(values.get("tiers")),
+        auth=bool(values.get("auth", True)),
+        audit_retention_days=values.get("audit_retention_days", 30.0),
     )

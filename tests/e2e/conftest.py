@@ -8,14 +8,29 @@ from collections.abc import Iterator
 import pytest
 
 from serverproc import Server, start_server, stop_server
+from tessera.tenants import TenantStore
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def admin_key(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An admin key of tenant ``acceptance``, made in the data dir before the server starts."""
+    data_dir = tmp_path_factory.getbasetemp() / "server-data"
+    with TenantStore(data_dir) as store:
+        store.add_tenant("acceptance", tier="standard")
+        return store.create_key("acceptance", admin=True).key
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, admin_key: str) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("server")
-    process, server = start_server(tmp, "--memory-budget", "3GiB", "--preload", "all-minilm-l6-v2")
+    data_dir = tmp_path_factory.getbasetemp() / "server-data"
+    process, server = start_server(
+        tmp,
+        *("--memory-budget", "3GiB", "--preload", "all-minilm-l6-v2"),
+        *("--data-dir", str(data_dir)),
+        key=admin_key,
+    )
     try:
         yield server
     finally:
         stop_server(process)
-        assert process.returncode is not None

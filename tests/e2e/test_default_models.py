@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def oai(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0)
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -58,20 +58,24 @@ def test_openai_client_chat_plain_and_streaming(oai: openai.OpenAI) -> None:
 
 def test_tritonclient_infer_embedding(server: Server) -> None:
     client = triton_http.InferenceServerClient(url=f"127.0.0.1:{server.port}")
+    headers = server.headers
     assert client.is_server_live()
     assert client.is_server_ready()
-    assert client.is_model_ready("all-minilm-l6-v2")
+    assert client.is_model_ready("all-minilm-l6-v2", headers=headers)
     texts = np.array([b"hello world", b"good morning"], dtype=object)
     tensor = triton_http.InferInput("TEXT", [2], "BYTES")
     tensor.set_data_from_numpy(texts)
     result = client.infer(
-        "all-minilm-l6-v2", [tensor], outputs=[triton_http.InferRequestedOutput("EMBEDDING")]
+        "all-minilm-l6-v2",
+        [tensor],
+        outputs=[triton_http.InferRequestedOutput("EMBEDDING")],
+        headers=headers,
     )
     embeddings = result.as_numpy("EMBEDDING")
     assert embeddings is not None
     assert embeddings.shape == (2, 384)
     assert embeddings.dtype == np.float32
-    metadata = client.get_model_metadata("all-minilm-l6-v2")
+    metadata = client.get_model_metadata("all-minilm-l6-v2", headers=headers)
     assert metadata["outputs"][0]["datatype"] == "FP32"
 
 
@@ -90,6 +94,7 @@ def test_rerank_puts_relevant_document_first(server: Server) -> None:
             "return_documents": True,
         },
         timeout=60,
+        headers=server.headers,
     )
     assert r.status_code == 200, r.text
     results = r.json()["results"]
@@ -102,6 +107,7 @@ def test_classify_intent(server: Server) -> None:
         f"{server.base_url}/v1/classify",
         json={"model": "intent-minilm", "input": ["I want to talk to a human agent"], "top_k": 3},
         timeout=60,
+        headers=server.headers,
     )
     assert r.status_code == 200, r.text
     result = r.json()["data"][0]
@@ -124,6 +130,7 @@ def test_ocr_page_json_and_line_multipart(server: Server) -> None:
         f"{server.base_url}/v1/ocr",
         json={"model": "pp-ocrv6", "image": base64.b64encode(_png(page)).decode()},
         timeout=120,
+        headers=server.headers,
     )
     assert r.status_code == 200, r.text
     body = r.json()
@@ -136,6 +143,7 @@ def test_ocr_page_json_and_line_multipart(server: Server) -> None:
         files={"file": ("line.png", _png(line), "image/png")},
         data={"model": "pp-ocrv6", "mode": "line"},
         timeout=120,
+        headers=server.headers,
     )
     assert r.status_code == 200, r.text
     assert "Total" in r.json()["text"]
@@ -160,6 +168,7 @@ def test_translate_both_directions(server: Server) -> None:
             "input": ["The cat is on the table.", "The book is in the car."],
         },
         timeout=60,
+        headers=server.headers,
     )
     assert r.status_code == 200, r.text
     first, second = (d["translation"] for d in r.json()["data"])
@@ -169,6 +178,7 @@ def test_translate_both_directions(server: Server) -> None:
         f"{server.base_url}/v1/translate",
         json={"model": "bergamot-pt-en", "input": "O gato está na mesa."},
         timeout=60,
+        headers=server.headers,
     )
     assert "cat" in r.json()["data"][0]["translation"].lower()
 
@@ -181,13 +191,14 @@ def test_bad_input_gets_json_errors(server: Server, oai: openai.OpenAI) -> None:
     r = httpx.post(
         f"{server.base_url}/v1/ocr",
         json={"model": "pp-ocrv6", "image": base64.b64encode(b"GIF89a broken").decode()},
+        headers=server.headers,
     )
     assert r.status_code == 415
     assert r.json()["error"]["message"]
 
 
 def test_residency_shows_what_is_loaded(server: Server) -> None:
-    body = httpx.get(f"{server.base_url}/admin/residency").json()
+    body = httpx.get(f"{server.base_url}/admin/residency", headers=server.headers).json()
     assert body["budget_bytes"] == 3 * 1024**3
     assert 0 < body["used_bytes"] <= body["budget_bytes"]
     models = {m["name"]: m for m in body["models"]}

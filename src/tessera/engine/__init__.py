@@ -1,6 +1,13 @@
 """Wiring of the core request path: batchers, residency and the compute executor."""
 
-from tessera.engine.engine import Caller, Engine, EngineConfig, ModelCounters, RequestTrace
+from tessera.engine.engine import (
+    Caller,
+    Engine,
+    EngineConfig,
+    ModelCounters,
+    RequestTrace,
+    Submission,
+)
 from tessera.engine.executor import BatchRun, ComputeExecutor
 from tessera.engine.host import EngineHost
 
@@ -13,4 +20,5 @@ __all__ = [
     "EngineHost",
     "ModelCounters",
     "RequestTrace",
+    "Submission",
 ]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tessera.admission import AdmissionController, TenantLimits
+from tessera.admission import Admission, AdmissionController, TenantLimits
 from tessera.batching import ModelBatcher, PendingRequest, make_queue
 from tessera.clock import Clock, MonotonicClock
 from tessera.device import Device, make_device
@@ -75,6 +75,15 @@ class RequestTrace:
     queued_s: float = 0.0
     run_s: float = 0.0
     batch_size: int = 0
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A queued request, and the admission to release once it is answered."""
+
+    model: str
+    request: PendingRequest
+    admission: Admission | None
 
 
 @dataclass
@@ -185,11 +194,22 @@ class Engine:
         caller: Caller | None = None,
         trace: RequestTrace | None = None,
     ) -> list[Any]:
-        """Run ``items`` on model ``name`` and return one output per item.
+        """Run ``items`` on model ``name`` and return one output per item."""
+        submission = self.submit(name, task, items, timeout_s=timeout_s, caller=caller)
+        return await self.wait(submission, trace)
 
-        Refusals happen here, before the request costs anything: validation,
+    def submit(
+        self,
+        name: str,
+        task: Task,
+        items: Sequence[Any],
+        *,
+        timeout_s: float | None = None,
+        caller: Caller | None = None,
+    ) -> Submission:
+        """Queue a request, or refuse it now, before it costs anything: validation,
         the caller's admission (rate, concurrency, quota), the model's queue bound.
-        """
+        The caller must ``wait`` on the submission (that releases the admission)."""
         spec = self.spec_for(name, task)
         if not items:
             raise InvalidInputError("input must not be empty")
@@ -200,30 +220,36 @@ class Engine:
             )
         self.residency.raise_if_failed(name)
         units = sum(work_units(item) for item in items)
-        if trace is not None:
-            trace.units = units
         admission = self.admission.admit(caller.limits, units) if caller is not None else None
         try:
             request = self._submit(spec, list(items), units, timeout_s, caller)
-            counters = self.counters.setdefault(name, ModelCounters())
-            counters.num_requests += 1
-            counters.num_items += len(items)
-            timeout = request.deadline - request.arrival if request.deadline else None
-            try:
-                outputs = await asyncio.wait_for(request.future, timeout=timeout)
-            except TimeoutError as e:
-                raise DeadlineExceededError(
-                    f"no answer from model {name!r} within {timeout:.3g}s"
-                ) from e
-            finally:
-                if trace is not None:
-                    trace.queued_s = request.queued_s
-                    trace.run_s = request.run_s
-                    trace.batch_size = request.batch_size
-            return outputs
-        finally:
+        except BaseException:
             if admission is not None:
                 self.admission.release(admission)
+            raise
+        counters = self.counters.setdefault(name, ModelCounters())
+        counters.num_requests += 1
+        counters.num_items += len(items)
+        return Submission(name, request, admission)
+
+    async def wait(self, submission: Submission, trace: RequestTrace | None = None) -> list[Any]:
+        """The outputs of a submitted request, within its deadline."""
+        request = submission.request
+        timeout = request.deadline - request.arrival if request.deadline else None
+        try:
+            return await asyncio.wait_for(request.future, timeout=timeout)
+        except TimeoutError as e:
+            raise DeadlineExceededError(
+                f"no answer from model {submission.model!r} within {timeout:.3g}s"
+            ) from e
+        finally:
+            if submission.admission is not None:
+                self.admission.release(submission.admission)
+            if trace is not None:
+                trace.units = request.units
+                trace.queued_s = request.queued_s
+                trace.run_s = request.run_s
+                trace.batch_size = request.batch_size
 
     def _submit(
         self,

@@ -11,21 +11,34 @@ from fastapi import FastAPI
 
 from tessera import __version__
 from tessera.engine import Engine
-from tessera.gateway import admin, kserve, openai_api, tasks_api
+from tessera.gateway import admin, kserve, openai_api, tasks_api, tenants_admin
 from tessera.gateway.common import BodyLimitMiddleware
+from tessera.gateway.context import RequestContextMiddleware
 from tessera.gateway.errors import install_error_handlers
+from tessera.scheduling import DEFAULT_TIERS, TierSpec
+from tessera.tenants import AuditLog, TenantStore
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
-def create_app(engine: Engine, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def create_app(
+    engine: Engine,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    tenant_store: TenantStore | None = None,
+    audit_log: AuditLog | None = None,
+    tiers: dict[str, TierSpec] | None = None,
+) -> FastAPI:
     """An app serving ``engine``; preloading starts with the app and runs in the
-    background, so liveness answers at once and readiness once it is done."""
+    background, so liveness answers at once and readiness once it is done.
+    With a ``tenant_store`` every route but the health probes needs an API key."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if audit_log is not None:
+            await audit_log.start()
         preload = asyncio.create_task(engine.preload(), name="preload")
         try:
             yield
@@ -34,11 +47,17 @@ def create_app(engine: Engine, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) 
             with contextlib.suppress(asyncio.CancelledError):
                 await preload
             await engine.close()
+            if audit_log is not None:
+                await audit_log.close()
 
     app = FastAPI(title="tessera", version=__version__, lifespan=lifespan)
     app.state.engine = engine
+    app.state.tenant_store = tenant_store
+    app.state.audit_log = audit_log
+    app.state.tiers = tiers or dict(DEFAULT_TIERS)
     install_error_handlers(app)
-    for module in (openai_api, tasks_api, kserve, admin):
+    for module in (openai_api, tasks_api, kserve, admin, tenants_admin):
         app.include_router(module.router)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+    app.add_middleware(RequestContextMiddleware)
     return app

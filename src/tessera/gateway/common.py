@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tessera.engine import Engine
-from tessera.errors import RequestCancelledError
+from tessera.admission import TenantLimits
+from tessera.engine import Caller, Engine, Submission
+from tessera.errors import PermissionDeniedError, RequestCancelledError
 from tessera.gateway.errors import error_body
+from tessera.scheduling import DEFAULT_TIERS, TierSpec
+from tessera.tasks.types import Task
+from tessera.tenants import Principal
 
 T = TypeVar("T")
 
@@ -20,6 +24,51 @@ T = TypeVar("T")
 def engine_of(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
+
+
+def principal_of(request: Request) -> Principal | None:
+    principal: Principal | None = getattr(request.state, "principal", None)
+    return principal
+
+
+def visible_models(request: Request) -> list[str]:
+    """The models the caller may use (all of them when auth is off)."""
+    names = engine_of(request).repository.names()
+    principal = principal_of(request)
+    return [n for n in names if principal is None or principal.tenant.allows(n)]
+
+
+def caller_of(request: Request, model: str) -> Caller | None:
+    """The caller's tenant limits and tier; 403 if it may not use ``model``."""
+    principal = principal_of(request)
+    if principal is None:
+        return None
+    tenant = principal.tenant
+    if not tenant.allows(model):
+        raise PermissionDeniedError(f"tenant {tenant.name!r} may not use model {model!r}")
+    tiers: dict[str, TierSpec] = getattr(request.app.state, "tiers", DEFAULT_TIERS)
+    tier = tiers.get(tenant.tier, TierSpec(tenant.tier, 1.0))
+    limits = TenantLimits(
+        tenant.name, tenant.qps, tenant.burst, tenant.max_concurrency, tenant.daily_units
+    )
+    return Caller(limits, tier.name, tier.weight, tier.latency_target_s)
+
+
+def submit_task(request: Request, model: str, task: Task, items: list[Any]) -> Submission:
+    """Admit and queue a request for ``model`` (refusals raise here)."""
+    info = request.state.audit
+    info.model, info.task = model, task.value
+    caller = caller_of(request, model)
+    return engine_of(request).submit(
+        model, task, items, timeout_s=timeout_of(request), caller=caller
+    )
+
+
+async def run_task(request: Request, model: str, task: Task, items: list[Any]) -> list[Any]:
+    """Submit a request and await its outputs, unless the client goes away first."""
+    submission = submit_task(request, model, task, items)
+    engine = engine_of(request)
+    return await unless_disconnected(request, engine.wait(submission, request.state.audit.trace))
 
 
 def timeout_of(request: Request) -> float | None:

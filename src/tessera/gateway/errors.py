@@ -15,15 +15,23 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tessera.errors import (
+    ApiKeyNotFoundError,
+    AuthenticationError,
     DeadlineExceededError,
     InferenceError,
     InvalidInputError,
+    InvalidTenantError,
     ModelNotFoundError,
     ModelUnavailableError,
     OverloadedError,
     PayloadTooLargeError,
+    PermissionDeniedError,
+    RateLimitedError,
     RequestCancelledError,
     TaskMismatchError,
+    TenantError,
+    TenantExistsError,
+    TenantNotFoundError,
     TesseraError,
     UnsupportedMediaError,
 )
@@ -41,6 +49,14 @@ _STATUS: list[tuple[type[TesseraError], int, str]] = [
     (DeadlineExceededError, 504, "deadline_exceeded"),
     (RequestCancelledError, 499, "cancelled"),
     (InferenceError, 500, "inference_error"),
+    (AuthenticationError, 401, "authentication_error"),
+    (PermissionDeniedError, 403, "permission_denied"),
+    (RateLimitedError, 429, "rate_limit_exceeded"),
+    (TenantNotFoundError, 404, "tenant_not_found"),
+    (ApiKeyNotFoundError, 404, "key_not_found"),
+    (TenantExistsError, 409, "tenant_exists"),
+    (InvalidTenantError, 422, "invalid_request_error"),
+    (TenantError, 503, "tenant_store_unavailable"),
 ]
 
 
@@ -59,7 +75,29 @@ def status_of(error: TesseraError) -> tuple[int, str]:
 def error_headers(error: TesseraError) -> dict[str, str]:
     if isinstance(error, OverloadedError):
         return {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
+    if isinstance(error, RateLimitedError):
+        headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
+        if error.limit is not None:
+            headers["x-ratelimit-limit"] = f"{error.limit:g}"
+        if error.remaining is not None:
+            headers["x-ratelimit-remaining"] = f"{math.floor(error.remaining):d}"
+        if error.reset_s is not None:
+            headers["x-ratelimit-reset"] = f"{math.ceil(error.reset_s):d}s"
+        return headers
     return {}
+
+
+def reject_reason(error: TesseraError) -> str | None:
+    """The reason a refused request is counted under (audit, metrics)."""
+    if isinstance(error, RateLimitedError):
+        return error.reason
+    if isinstance(error, OverloadedError):
+        return "queue_full"
+    if isinstance(error, DeadlineExceededError):
+        return "deadline"
+    if isinstance(error, AuthenticationError | PermissionDeniedError):
+        return "auth"
+    return None
 
 
 def error_response(error: TesseraError) -> JSONResponse:
@@ -71,6 +109,9 @@ def error_response(error: TesseraError) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(TesseraError)
     async def _tessera(request: Request, exc: TesseraError) -> JSONResponse:
+        info = getattr(request.state, "audit", None)
+        if info is not None:
+            info.reason = reject_reason(exc) or type(exc).__name__
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)

@@ -17,9 +17,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from tessera import __version__
-from tessera.errors import InvalidInputError, TesseraError
-from tessera.gateway.common import engine_of, timeout_of, unless_disconnected
-from tessera.gateway.errors import error_headers, status_of
+from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
+from tessera.gateway.common import engine_of, run_task, visible_models
+from tessera.gateway.errors import error_headers, reject_reason, status_of
 from tessera.repository.spec import ModelSpec
 from tessera.residency import ModelState
 from tessera.tasks.types import ClassifyOutput, Task, TextInput
@@ -66,10 +66,9 @@ def _io_metadata(spec: ModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
 @router.get("/v2/models/{name}", response_model=None)
 @router.get("/v2/models/{name}/versions/{version}", response_model=None)
 async def model_metadata(name: str, request: Request, version: str | None = None) -> Response:
-    try:
-        spec = engine_of(request).repository.get(name)
-    except TesseraError as e:
-        return _kserve_error(e)
+    if name not in visible_models(request):
+        return _kserve_error(ModelNotFoundError(name))
+    spec = engine_of(request).repository.get(name)
     inputs, outputs = _io_metadata(spec)
     return JSONResponse(
         {
@@ -87,7 +86,7 @@ async def model_metadata(name: str, request: Request, version: str | None = None
 async def model_ready(name: str, request: Request, version: str | None = None) -> Response:
     """200 when the model can serve now: resident, or loadable on demand (not failed)."""
     engine = engine_of(request)
-    if name not in engine.repository:
+    if name not in visible_models(request):
         return Response(status_code=404)
     return Response(status_code=503 if engine.residency.state(name) is ModelState.FAILED else 200)
 
@@ -174,10 +173,9 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         items = [TextInput(t) for t in texts]
         if spec.task not in (Task.EMBEDDING, Task.CLASSIFY):
             raise InvalidInputError(f"infer serves embedding and classify models, not {spec.task}")
-        outputs_raw = await unless_disconnected(
-            request, engine.infer(name, spec.task, items, timeout_s=timeout_of(request))
-        )
+        outputs_raw = await run_task(request, name, spec.task, items)
     except TesseraError as e:
+        request.state.audit.reason = reject_reason(e) or type(e).__name__
         return _kserve_error(e)
     arrays: list[tuple[str, np.ndarray[Any, Any], str]]
     if spec.task is Task.EMBEDDING:

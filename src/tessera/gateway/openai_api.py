@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tessera.errors import InvalidInputError, TesseraError
-from tessera.gateway.common import engine_of, timeout_of, unless_disconnected
+from tessera.gateway.common import engine_of, run_task, submit_task, visible_models
 from tessera.gateway.errors import error_body, status_of
 from tessera.tasks.types import (
     ChatInput,
@@ -57,13 +57,8 @@ class EmbeddingRequest(BaseModel):
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
-    engine = engine_of(request)
-    texts = texts_of(body.input)
-    items = [TextInput(t) for t in texts]
-    vectors = await unless_disconnected(
-        request,
-        engine.infer(body.model, Task.EMBEDDING, items, timeout_s=timeout_of(request)),
-    )
+    items = [TextInput(t) for t in texts_of(body.input)]
+    vectors = await run_task(request, body.model, Task.EMBEDDING, items)
     data = []
     for index, vector in enumerate(vectors):
         array = np.asarray(vector, dtype=np.float32)
@@ -144,20 +139,26 @@ def _usage(output: ChatOutput) -> dict[str, int]:
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatRequest, request: Request) -> Response:
-    engine = engine_of(request)
-    engine.spec_for(body.model, Task.GENERATE)
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     if body.stream:
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue[str] = asyncio.Queue()
+
+        def on_text(text: str) -> None:
+            loop.call_soon_threadsafe(pieces.put_nowait, text)
+
+        # Submitted here so that a refusal is an HTTP status, not a stream event;
+        # the wait runs as its own task so the admission is released even if
+        # the stream is never read.
+        submission = submit_task(request, body.model, Task.GENERATE, [chat_input(body, on_text)])
+        work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
         return StreamingResponse(
-            _stream_chat(body, request, completion_id, created),
+            _stream_chat(body.model, work, pieces, completion_id, created),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    (output,) = await unless_disconnected(
-        request,
-        engine.infer(body.model, Task.GENERATE, [chat_input(body)], timeout_s=timeout_of(request)),
-    )
+    (output,) = await run_task(request, body.model, Task.GENERATE, [chat_input(body)])
     return JSONResponse(
         {
             "id": completion_id,
@@ -192,27 +193,20 @@ def _chunk(
 
 
 async def _stream_chat(
-    body: ChatRequest, request: Request, completion_id: str, created: int
+    model: str,
+    work: asyncio.Future[list[Any]],
+    pieces: asyncio.Queue[str],
+    completion_id: str,
+    created: int,
 ) -> AsyncIterator[str]:
-    engine = engine_of(request)
-    loop = asyncio.get_running_loop()
-    pieces: asyncio.Queue[str] = asyncio.Queue()
-
-    def on_text(text: str) -> None:
-        loop.call_soon_threadsafe(pieces.put_nowait, text)
-
-    work = asyncio.ensure_future(
-        engine.infer(
-            body.model, Task.GENERATE, [chat_input(body, on_text)], timeout_s=timeout_of(request)
-        )
-    )
     try:
-        yield _chunk(completion_id, created, body.model, {"role": "assistant", "content": ""})
+        yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""})
         while not work.done() or not pieces.empty():
             getter = asyncio.ensure_future(pieces.get())
-            await asyncio.wait({getter, work}, return_when=asyncio.FIRST_COMPLETED)
+            waiting: set[asyncio.Future[Any]] = {getter, work}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if getter.done():
-                yield _chunk(completion_id, created, body.model, {"content": getter.result()})
+                yield _chunk(completion_id, created, model, {"content": getter.result()})
             else:
                 getter.cancel()
         try:
@@ -221,9 +215,7 @@ async def _stream_chat(
             status, kind = status_of(e)
             yield f"data: {json.dumps(error_body(status, str(e), kind))}\n\n"
             return
-        while not pieces.empty():
-            yield _chunk(completion_id, created, body.model, {"content": pieces.get_nowait()})
-        yield _chunk(completion_id, created, body.model, {}, finish_reason=output.finish_reason)
+        yield _chunk(completion_id, created, model, {}, finish_reason=output.finish_reason)
         yield "data: [DONE]\n\n"
     finally:
         if not work.done():
@@ -252,18 +244,9 @@ def wav_bytes(output: SpeechOutput) -> bytes:
 
 @router.post("/v1/audio/speech", response_model=None)
 async def speech(body: SpeechRequest, request: Request) -> Response:
-    engine = engine_of(request)
     if not body.input.strip():
         raise InvalidInputError("input must not be blank")
-    (output,) = await unless_disconnected(
-        request,
-        engine.infer(
-            body.model,
-            Task.TTS,
-            [SpeechInput(body.input, body.speed)],
-            timeout_s=timeout_of(request),
-        ),
-    )
+    (output,) = await run_task(request, body.model, Task.TTS, [SpeechInput(body.input, body.speed)])
     if body.response_format == "pcm":
         pcm = np.asarray(output.samples, dtype="<i2").tobytes()
         return Response(
@@ -275,6 +258,7 @@ async def speech(body: SpeechRequest, request: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     engine = engine_of(request)
+    allowed = set(visible_models(request))
     data = [
         {
             "id": spec.name,
@@ -285,6 +269,7 @@ async def list_models(request: Request) -> JSONResponse:
             "state": engine.residency.state(spec.name).value,
         }
         for spec in engine.repository
+        if spec.name in allowed
     ]
     return JSONResponse({"object": "list", "data": data})
 

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tessera.errors import InvalidInputError
-from tessera.gateway.common import engine_of, timeout_of, unless_disconnected
+from tessera.gateway.common import engine_of, run_task
 from tessera.gateway.openai_api import texts_of
 from tessera.tasks.image import decode_base64, decode_image
 from tessera.tasks.types import (
@@ -44,14 +44,11 @@ class RerankRequest(BaseModel):
 
 @router.post("/v1/rerank")
 async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
-    engine = engine_of(request)
     if not body.query.strip():
         raise InvalidInputError("query must not be blank")
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
     items = [RerankInput(body.query, text) for text in texts]
-    scores = await unless_disconnected(
-        request, engine.infer(body.model, Task.RERANK, items, timeout_s=timeout_of(request))
-    )
+    scores = await run_task(request, body.model, Task.RERANK, items)
     ranked = sorted(range(len(texts)), key=lambda i: float(scores[i]), reverse=True)
     results: list[dict[str, Any]] = []
     for index in ranked[: body.top_n or len(ranked)]:
@@ -74,11 +71,8 @@ class ClassifyRequest(BaseModel):
 
 @router.post("/v1/classify")
 async def classify(body: ClassifyRequest, request: Request) -> JSONResponse:
-    engine = engine_of(request)
     items = [TextInput(t) for t in texts_of(body.input)]
-    outputs: list[ClassifyOutput] = await unless_disconnected(
-        request, engine.infer(body.model, Task.CLASSIFY, items, timeout_s=timeout_of(request))
-    )
+    outputs: list[ClassifyOutput] = await run_task(request, body.model, Task.CLASSIFY, items)
     data = []
     for index, output in enumerate(outputs):
         top = output.labels[: body.top_k]
@@ -116,12 +110,9 @@ def _ocr_body(model: str, output: OcrOutput) -> dict[str, Any]:
 async def _ocr(
     request: Request, model: str, raw: bytes, mode: Literal["page", "line"]
 ) -> JSONResponse:
-    engine = engine_of(request)
-    engine.spec_for(model, Task.OCR)
+    engine_of(request).spec_for(model, Task.OCR)
     item = OcrInput(decode_image(raw), mode)
-    (output,) = await unless_disconnected(
-        request, engine.infer(model, Task.OCR, [item], timeout_s=timeout_of(request))
-    )
+    (output,) = await run_task(request, model, Task.OCR, [item])
     return JSONResponse(_ocr_body(model, output))
 
 
@@ -162,10 +153,7 @@ class TranslateRequest(BaseModel):
 
 @router.post("/v1/translate")
 async def translate(body: TranslateRequest, request: Request) -> JSONResponse:
-    engine = engine_of(request)
     items = [TranslateInput(t) for t in texts_of(body.input)]
-    outputs = await unless_disconnected(
-        request, engine.infer(body.model, Task.TRANSLATE, items, timeout_s=timeout_of(request))
-    )
+    outputs = await run_task(request, body.model, Task.TRANSLATE, items)
     data = [{"index": i, "translation": str(text)} for i, text in enumerate(outputs)]
     return JSONResponse({"object": "list", "model": body.model, "data": data})

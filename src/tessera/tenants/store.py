@@ -101,7 +101,7 @@ class Tenant:
     burst: int | None
     max_concurrency: int | None
     daily_units: float | None
-    models: tuple[str, ...] | None  # None = every model
+    models: tuple[str, ...] | None  # None = every model; () = none
     created_at: float
 
     def allows(self, model: str) -> bool:
@@ -160,7 +160,10 @@ class TenantStore:
         self.data_dir = Path(data_dir)
         self.path = self.data_dir / DB_FILE
         self._wall = wall_clock
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create the data dir {self.data_dir}: {e}") from e
         self._secret = load_secret(self.data_dir / SECRET_FILE)
         self._writer = open_db(self.path)
         try:
@@ -405,7 +408,8 @@ class TenantStore:
 def check_name(name: object) -> str:
     if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None:
         raise InvalidTenantError(
-            f"bad tenant name {name!r}: use 1-64 of A-Z a-z 0-9 _ . - (not first)"
+            f"bad tenant name {name!r}: use 1-64 of A-Z a-z 0-9 _ . -,"
+            " starting with a letter or digit"
         )
     return name
 

@@ -1,0 +1,222 @@
+"""Acceptance for tenants: a real server process over fake models, real HTTP,
+real SQLite. Keys, permissions, limits, queue bounds and the audit log."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import yaml
+
+from serverproc import Server, start_server, stop_server
+from tessera.tenants import TenantStore
+
+MODELS = {
+    "echo": {"task": "embedding", "options": {"own_bytes": 1000}},
+    "slow": {
+        "task": "embedding",
+        "options": {"own_bytes": 1000, "run_s": 0.5},
+        "batching": {"max_batch_size": 1, "max_wait_ms": 0},
+    },
+    "secret-model": {"task": "embedding", "options": {"own_bytes": 1000}},
+}
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    data_dir = tmp_path_factory.getbasetemp() / "tenants-data"
+    with TenantStore(data_dir) as store:
+        store.add_tenant("ops", tier="standard")
+        store.add_tenant("acme", tier="standard", models=("echo", "slow"))
+        store.add_tenant("limited", tier="batch", qps=2, burst=2, models=("echo",))
+        return {
+            "admin": store.create_key("ops", admin=True).key,
+            "acme": store.create_key("acme").key,
+            "limited": store.create_key("limited").key,
+        }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("tenants")
+    repo = tmp / "repo"
+    for name, extra in MODELS.items():
+        (repo / name).mkdir(parents=True)
+        descriptor = {"name": name, "runtime": "torch", "adapter": "fake", **extra}
+        (repo / name / "model.yaml").write_text(yaml.safe_dump(descriptor))
+    config = tmp / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "include_default_models": False,
+                "model_repositories": [str(repo)],
+                "max_queue": 3,
+                "preload": ["echo"],
+            }
+        )
+    )
+    data_dir = tmp_path_factory.getbasetemp() / "tenants-data"
+    process, server = start_server(
+        tmp, "--config", str(config), "--data-dir", str(data_dir), key=keys["acme"]
+    )
+    try:
+        yield server
+    finally:
+        stop_server(process)
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def embed(server: Server, key: str | None, model: str = "echo") -> httpx.Response:
+    headers = bearer(key) if key else {}
+    return httpx.post(
+        f"{server.base_url}/v1/embeddings",
+        json={"model": model, "input": "hello"},
+        headers=headers,
+        timeout=30,
+    )
+
+
+def test_missing_and_wrong_keys_are_401(server: Server) -> None:
+    assert embed(server, None).status_code == 401
+    assert embed(server, "tsk_nothere_xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx").status_code == 401
+    assert embed(server, "garbage").status_code == 401
+    r = httpx.post(
+        f"{server.base_url}/v1/embeddings",
+        json={"model": "echo", "input": "x"},
+        headers={"x-api-key": server.key or ""},
+    )
+    assert r.status_code == 200
+    assert httpx.get(f"{server.base_url}/v2/health/live").status_code == 200
+
+
+def test_model_outside_tenant_list_is_403_and_hidden(server: Server, keys: dict[str, str]) -> None:
+    r = embed(server, keys["acme"], model="secret-model")
+    assert r.status_code == 403
+    assert "secret-model" in r.json()["error"]["message"]
+    listed = httpx.get(f"{server.base_url}/v1/models", headers=bearer(keys["acme"])).json()
+    assert {m["id"] for m in listed["data"]} == {"echo", "slow"}
+    r = httpx.get(f"{server.base_url}/v2/models/secret-model", headers=bearer(keys["acme"]))
+    assert r.status_code == 404
+
+
+def test_admin_routes_need_an_admin_key(server: Server, keys: dict[str, str]) -> None:
+    assert (
+        httpx.get(f"{server.base_url}/admin/tenants", headers=bearer(keys["acme"])).status_code
+        == 403
+    )
+    r = httpx.get(f"{server.base_url}/admin/tenants", headers=bearer(keys["admin"]))
+    assert r.status_code == 200
+    assert {"ops", "acme", "limited"} <= {t["name"] for t in r.json()["tenants"]}
+
+
+def test_revoked_key_is_refused_within_a_second(server: Server, keys: dict[str, str]) -> None:
+    created = httpx.post(
+        f"{server.base_url}/admin/keys", json={"tenant": "acme"}, headers=bearer(keys["admin"])
+    ).json()
+    key = created["key"]
+    assert embed(server, key).status_code == 200
+    r = httpx.delete(
+        f"{server.base_url}/admin/keys/{created['prefix']}", headers=bearer(keys["admin"])
+    )
+    assert r.status_code == 200
+    revoked_at = time.monotonic()
+    status = embed(server, key).status_code
+    while status != 401 and time.monotonic() - revoked_at < 1.0:
+        status = embed(server, key).status_code
+    assert status == 401
+
+
+async def test_burst_over_qps_gets_429_with_retry_after(
+    server: Server, keys: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        responses = await asyncio.gather(
+            *(
+                client.post(
+                    "/v1/embeddings",
+                    json={"model": "echo", "input": f"t{i}"},
+                    headers=bearer(keys["limited"]),
+                )
+                for i in range(12)
+            )
+        )
+    refused = [r for r in responses if r.status_code == 429]
+    assert len(refused) >= 8
+    assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
+    assert refused[0].headers["x-ratelimit-limit"] == "2"
+    assert "x-ratelimit-remaining" in refused[0].headers
+    assert "rate" in refused[0].json()["error"]["message"]
+
+
+async def test_full_model_queue_is_503_with_retry_after(
+    server: Server, keys: dict[str, str]
+) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        responses = await asyncio.gather(
+            *(
+                client.post(
+                    "/v1/embeddings",
+                    json={"model": "slow", "input": f"s{i}"},
+                    headers=bearer(keys["acme"]),
+                )
+                for i in range(8)
+            )
+        )
+    statuses = [r.status_code for r in responses]
+    assert 503 in statuses
+    assert 200 in statuses
+    full = next(r for r in responses if r.status_code == 503)
+    assert int(full.headers["retry-after"]) >= 1
+
+
+def test_sqlite_holds_no_plaintext_key(
+    keys: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    data_dir = tmp_path_factory.getbasetemp() / "tenants-data"
+    blobs = b"".join(p.read_bytes() for p in data_dir.iterdir() if p.is_file())
+    for key in keys.values():
+        secret = key.rsplit("_", 1)[-1]
+        assert key.encode() not in blobs
+        assert secret.encode() not in blobs
+
+
+def test_audit_rows_for_every_request_including_refused(
+    server: Server, keys: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    marker = "audit-check"
+    r = httpx.post(
+        f"{server.base_url}/v1/embeddings",
+        json={"model": "echo", "input": "x"},
+        headers={**bearer(keys["acme"]), "x-request-id": marker},
+    )
+    assert r.headers["x-request-id"] == marker
+    httpx.post(
+        f"{server.base_url}/v1/embeddings",
+        json={"model": "echo", "input": "x"},
+        headers={"x-request-id": marker + "-401"},
+    )
+    data_dir = tmp_path_factory.getbasetemp() / "tenants-data"
+    deadline = time.monotonic() + 5
+    rows: list[tuple[object, ...]] = []
+    while time.monotonic() < deadline:
+        with sqlite3.connect(data_dir / "audit.db") as conn:
+            rows = conn.execute(
+                "SELECT request_id, tenant, status, model FROM audit WHERE request_id LIKE ?",
+                (marker + "%",),
+            ).fetchall()
+        if len(rows) == 2:
+            break
+        time.sleep(0.2)
+    by_id = {row[0]: row for row in rows}
+    assert by_id[marker][1:] == ("acme", 200, "echo")
+    assert by_id[marker + "-401"][2] == 401
+    with sqlite3.connect(data_dir / "audit.db") as conn:
+        statuses = {row[0] for row in conn.execute("SELECT DISTINCT status FROM audit")}
+    assert {200, 401, 403} <= statuses

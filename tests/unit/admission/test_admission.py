@@ -1,0 +1,81 @@
+"""Tenant admission with a fake clock and a fake wall clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera.admission import AdmissionController, TenantLimits
+from tessera.clock import FakeClock
+from tessera.errors import RateLimitedError
+
+
+class Wall:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(wall_start: float = 1_000_000.0) -> tuple[AdmissionController, FakeClock, Wall]:
+    clock, wall = FakeClock(), Wall(wall_start)
+    return AdmissionController(clock, wall), clock, wall
+
+
+def test_token_bucket_allows_burst_then_refills_at_rate() -> None:
+    controller, clock, _ = make()
+    limits = TenantLimits("t", qps=2.0, burst=2)
+    controller.admit(limits, 1)
+    controller.admit(limits, 1)
+    for _ in range(10):
+        with pytest.raises(RateLimitedError) as info:
+            controller.admit(limits, 1)
+        assert info.value.reason == "rate"
+        assert 0 < info.value.retry_after_s <= 0.5
+        assert info.value.limit == 2.0
+    clock.advance(0.5)
+    controller.admit(limits, 1)
+    with pytest.raises(RateLimitedError):
+        controller.admit(limits, 1)
+
+
+def test_concurrency_limit_counts_in_flight_until_released() -> None:
+    controller, _, _ = make()
+    limits = TenantLimits("t", max_concurrency=2)
+    first = controller.admit(limits, 1)
+    controller.admit(limits, 1)
+    with pytest.raises(RateLimitedError) as info:
+        controller.admit(limits, 1)
+    assert info.value.reason == "concurrency"
+    controller.release(first)
+    controller.admit(limits, 1)
+    assert controller.in_flight("t") == 2
+
+
+def test_daily_quota_in_work_units_resets_at_utc_midnight() -> None:
+    day = 86_400.0
+    controller, _, wall = make(wall_start=10 * day + 100)
+    limits = TenantLimits("t", daily_units=100)
+    controller.admit(limits, 60)
+    with pytest.raises(RateLimitedError) as info:
+        controller.admit(limits, 50)
+    assert info.value.reason == "quota"
+    assert "daily quota" in str(info.value)
+    assert info.value.reset_s == pytest.approx(day - 100)
+    wall.now = 11 * day + 1
+    controller.admit(limits, 90)
+
+
+def test_quota_seeded_from_audit_after_restart() -> None:
+    controller, _, _ = make()
+    controller.seed_usage("t", 95)
+    with pytest.raises(RateLimitedError):
+        controller.admit(TenantLimits("t", daily_units=100), 10)
+
+
+def test_changed_limits_apply_without_restart() -> None:
+    controller, _, _ = make()
+    controller.admit(TenantLimits("t", qps=1.0, burst=1), 1)
+    with pytest.raises(RateLimitedError):
+        controller.admit(TenantLimits("t", qps=1.0, burst=1), 1)
+    controller.admit(TenantLimits("t", qps=100.0, burst=50), 1)
