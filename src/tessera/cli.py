@@ -12,6 +12,7 @@ import typer
 
 from tessera.config import ServerConfig, build_config, read_config_file
 from tessera.errors import ConfigError
+from tessera.tenants.cli import register as register_tenant_commands
 
 if TYPE_CHECKING:
     from tessera.engine import Engine
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Serve many small AI models, for many tenants, from one device.")
 models_app = typer.Typer(help="The model repository.")
 app.add_typer(models_app, name="models")
+register_tenant_commands(app)
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML config file.")]
 RepoOpt = Annotated[
@@ -120,6 +122,7 @@ def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, Audit
     """Open the tenant store and audit log; on first start make tenant ``default``
     and an admin key, printed once; seed today's quota use from the audit log."""
     from tessera.tenants import AuditLog, TenantStore
+    from tessera.tenants.audit import start_of_day_utc
 
     store = TenantStore(settings.data_dir)
     audit_log = AuditLog(settings.data_dir, retention_days=settings.audit_retention_days)
@@ -127,7 +130,7 @@ def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, Audit
     if bootstrap is not None:
         typer.echo(f"created tenant {bootstrap.tenant.name!r} (tier {bootstrap.tenant.tier})")
         typer.echo(f"admin API key (shown once, keep it): {bootstrap.key}")
-    day_start = time.time() // 86_400 * 86_400
+    day_start = start_of_day_utc(time.time())
     for tenant in store.list_tenants():
         engine.admission.seed_usage(tenant.name, audit_log.units_since(tenant.name, day_start))
     return store, audit_log

@@ -49,6 +49,8 @@ def create_app(
             await engine.close()
             if audit_log is not None:
                 await audit_log.close()
+            if tenant_store is not None:
+                tenant_store.close()
 
     app = FastAPI(title="tessera", version=__version__, lifespan=lifespan)
     app.state.engine = engine
