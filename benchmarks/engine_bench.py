@@ -834,6 +834,22 @@ def output_stem(directory: Path, day: str) -> Path:
     return stem
 
 
+def wait_for_quiet(max_wait_s: float, threshold: float = 0.15) -> dict[str, Any]:
+    """Wait, at most ``max_wait_s``, until the machine has been idle (under
+    ``threshold`` of all cores busy) for 3 s in a row: another process's load
+    would distort every figure."""
+    start, quiet, busy = time.perf_counter(), 0, 0.0
+    while quiet < 3 and time.perf_counter() - start < max_wait_s:
+        busy = psutil.cpu_percent(interval=1.0) / 100
+        quiet = quiet + 1 if busy < threshold else 0
+        if quiet == 0 and int(time.perf_counter() - start) % 15 == 0:
+            log(f"waiting for a quiet machine: {100 * busy:.0f}% busy")
+    waited = round(time.perf_counter() - start, 1)
+    if quiet < 3:
+        log(f"the machine is still busy ({100 * busy:.0f}%) after {waited} s: measuring anyway")
+    return {"waited_s": waited, "quiet": quiet >= 3, "busy_fraction": round(busy, 3)}
+
+
 def run_phase(results: dict[str, Any], name: str, fn: Callable[[], None]) -> None:
     start = time.perf_counter()
     try:
@@ -888,6 +904,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a shorter run (about 2 minutes)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="wait at most S seconds for other processes to leave the CPUs idle (0: don't)",
+    )
     parser.add_argument("--raw-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--raw-seconds", type=float, default=20.0, help=argparse.SUPPRESS)
     parser.add_argument("--raw-batches", type=int, default=200, help=argparse.SUPPRESS)
@@ -897,10 +920,12 @@ def main() -> None:
         print(json.dumps(raw_worker(args.threads, args.raw_seconds, args.raw_batches)))
         return
     settings = Settings.make(args.quick)
+    quiet = wait_for_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:
         results = run_all(settings, Path(tmp))
     results["total_seconds"] = round(time.perf_counter() - start, 1)
+    results["quiet_before_start"] = quiet
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = output_stem(args.out_dir, results["date"])
     stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

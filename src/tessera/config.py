@@ -72,6 +72,21 @@ _ENGINE_KEYS = {
 }
 
 
+_SERVER_KEYS = {
+    "host",
+    "port",
+    "data_dir",
+    "memory_budget",
+    "max_body_bytes",
+    "model_repositories",
+    "include_default_models",
+    "preload",
+    "tiers",
+    "auth",
+    "audit_retention_days",
+}
+
+
 def read_config_file(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
@@ -87,20 +102,7 @@ def read_config_file(path: Path | None) -> dict[str, Any]:
 def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> ServerConfig:
     """Merge a config file's values with command-line overrides (None = unset)."""
     values = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
-    unknown = (
-        set(values)
-        - _ENGINE_KEYS
-        - {
-            "host",
-            "port",
-            "data_dir",
-            "memory_budget",
-            "max_body_bytes",
-            "model_repositories",
-            "include_default_models",
-            "preload",
-        }
-    )
+    unknown = set(values) - _ENGINE_KEYS - _SERVER_KEYS
     if unknown:
         raise ConfigError(f"unknown config keys: {sorted(unknown)}")
     engine_values = {k: values[k] for k in _ENGINE_KEYS if k in values}

@@ -1,9 +1,9 @@
 """One model's batcher: the single owner of that model's queue.
 
 Loop invariant: a batch is formed only when an execution slot is free (at
-most ``max_concurrent_batches`` run at once), so requests that arrive while
-the model is busy join the next batch instead of waiting behind many small
-ones. A batch closes when it is full (``max_batch_size`` items or
+most ``max_concurrent_batches`` run at once: the spec's, else the caller's),
+so requests that arrive while the model is busy join the next batch instead
+of waiting behind many small ones. A batch closes when it is full (``max_batch_size`` items or
 ``max_batch_units`` work units) or when its oldest request has waited
 ``max_wait_ms``. Requests whose caller has gone or whose deadline passed are
 dropped before the batch is formed; the deadline ones fail with 504.
@@ -34,6 +34,7 @@ class ModelBatcher:
         *,
         max_queue: int = 100,
         queue: RequestQueue | None = None,
+        max_concurrent_batches: int = 1,
     ) -> None:
         self.name = name
         self.batching = batching
@@ -42,7 +43,7 @@ class ModelBatcher:
         self.max_queue = max_queue
         self._queue: RequestQueue = queue if queue is not None else FifoQueue()
         self._arrived = asyncio.Event()
-        self._slots = asyncio.Semaphore(batching.max_concurrent_batches)
+        self._slots = asyncio.Semaphore(batching.max_concurrent_batches or max_concurrent_batches)
         self._loop_task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self.num_batches = 0

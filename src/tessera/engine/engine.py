@@ -181,6 +181,7 @@ class Engine:
                 self.clock,
                 max_queue=self.config.max_queue,
                 queue=make_queue(self.config.scheduling, predictor),
+                max_concurrent_batches=self.executor.num_workers,
             )
         return batcher
 

@@ -14,13 +14,16 @@ from tessera.residency import ActivationStats, Footprint
 from tessera.runtimes.base import LoadContext, LoadedModel, ModelLoader, SharedComponents
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.samples import warmup_items
-from tessera.tasks.types import work_units
+from tessera.tasks.types import Task, work_units
 
 from .executor import ComputeExecutor
 
 log = logging.getLogger(__name__)
 
 MAX_WARMUP_ITEMS = 8
+# Tasks whose items are heavy (a page, a sentence of speech, a generation)
+# warm up on one item: enough to measure a peak per unit, cheap on a cold load.
+ONE_ITEM_WARMUP = frozenset({Task.OCR, Task.TTS, Task.GENERATE})
 
 
 class EngineHost:
@@ -80,7 +83,8 @@ class EngineHost:
 
     def _load_sync(self, spec: ModelSpec) -> LoadedModel:
         model = self.loader(spec).load(spec, self._ctx)
-        items = warmup_items(spec.task, min(MAX_WARMUP_ITEMS, spec.batching.max_batch_size))
+        num_items = min(MAX_WARMUP_ITEMS, spec.batching.max_batch_size)
+        items = warmup_items(spec.task, 1 if spec.task in ONE_ITEM_WARMUP else num_items)
         try:
             measured = self.executor.measure_exclusive(lambda: model.run(items))
         except BaseException:

@@ -34,7 +34,9 @@ class BatchingSpec:
     max_batch_size: int = 32
     max_batch_units: float = 8192.0
     max_wait_ms: float = 5.0
-    max_concurrent_batches: int = 1
+    # Batches of this model that may run at once; None: one per compute worker.
+    # Models whose engine is not thread-safe set 1.
+    max_concurrent_batches: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,11 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         max_batch_size=max_batch_size,
         max_batch_units=_number({"u": units}, "u", 8192, where) or 8192.0,
         max_wait_ms=_number(batching_raw, "max_wait_ms", 5.0, where) or 0.0,
-        max_concurrent_batches=_int(batching_raw, "max_concurrent_batches", 1, where),
+        max_concurrent_batches=(
+            _int(batching_raw, "max_concurrent_batches", 1, where)
+            if "max_concurrent_batches" in batching_raw
+            else None
+        ),
     )
     memory_raw = raw.get("memory") or {}
     max_bytes = memory_raw.get("max_bytes")
