@@ -825,12 +825,12 @@ def print_table(rows: list[Row]) -> None:
         print(f"{r.figure:<{width}}  {r.value:>{value_width}}  {r.bar:<8}  {r.verdict}")
 
 
-def output_stem(directory: Path, day: str) -> Path:
-    """``engine-DAY``, or ``engine-DAY-N`` with the first N whose files do not exist."""
-    stem, n = directory / f"engine-{day}", 1
+def output_stem(directory: Path, day: str, name: str = "engine") -> Path:
+    """``NAME-DAY``, or ``NAME-DAY-N`` with the first N whose files do not exist."""
+    stem, n = directory / f"{name}-{day}", 1
     while stem.with_suffix(".json").exists() or stem.with_suffix(".md").exists():
         n += 1
-        stem = directory / f"engine-{day}-{n}"
+        stem = directory / f"{name}-{day}-{n}"
     return stem
 
 

@@ -10,6 +10,7 @@ import asyncio
 import functools
 import logging
 import os
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,8 @@ from .executor import ComputeExecutor
 from .host import EngineHost
 
 log = logging.getLogger(__name__)
+
+RECENT_BATCHES = 1024
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,10 @@ class ModelCounters:
     num_items: int = 0
     num_batches: int = 0
     num_failures: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
+    # The most recent batches: (items, run seconds), for /admin/batches.
+    recent_batches: deque[tuple[int, float]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_BATCHES)
+    )
 
 
 class Engine:
@@ -278,8 +284,19 @@ class Engine:
         return request
 
     async def _execute(self, spec: ModelSpec, batch: list[PendingRequest]) -> None:
-        items = [item for request in batch for item in request.items]
+        """Run a batch; one whose measured activation room cannot fit beside the
+        model in the budget runs as smaller batches, one after the other."""
         units = sum(request.units for request in batch)
+        need = self.host.activation(spec.name).reserve_bytes(units)
+        if len(batch) > 1 and need > self.residency.activation_room(spec):
+            half = len(batch) // 2
+            await self._execute(spec, batch[:half])
+            await self._execute(spec, batch[half:])
+            return
+        await self._run(spec, batch, units)
+
+    async def _run(self, spec: ModelSpec, batch: list[PendingRequest], units: float) -> None:
+        items = [item for request in batch for item in request.items]
         stats = self.host.activation(spec.name)
         counters = self.counters.setdefault(spec.name, ModelCounters())
         try:
@@ -303,8 +320,7 @@ class Engine:
             stats.observe(run.peak_bytes, units)
         self.predictors.setdefault(spec.name, BatchTimePredictor()).observe(units, run.run_s)
         counters.num_batches += 1
-        counters.batch_sizes.append(len(items))
-        del counters.batch_sizes[:-1024]
+        counters.recent_batches.append((len(items), run.run_s))
         start = 0
         for request in batch:
             request.batch_size, request.run_s = len(items), run.run_s

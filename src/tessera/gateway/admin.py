@@ -64,3 +64,35 @@ async def unload(name: str, request: Request) -> JSONResponse:
     engine.repository.get(name)
     unloaded = await engine.residency.unload(name)
     return JSONResponse({"name": name, "state": "unloaded", "was_loaded": unloaded})
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@router.get("/batches")
+async def batches(request: Request) -> JSONResponse:
+    """Recent batches per model: how many, their sizes and run times."""
+    engine = engine_of(request)
+    models = []
+    for name, counters in sorted(engine.counters.items()):
+        recent = list(counters.recent_batches)
+        sizes = [float(size) for size, _ in recent]
+        run_s = [seconds for _, seconds in recent]
+        models.append(
+            {
+                "name": name,
+                "num_batches": counters.num_batches,
+                "num_requests": counters.num_requests,
+                "num_failures": counters.num_failures,
+                "window": len(recent),
+                "mean_batch_size": sum(sizes) / len(sizes) if sizes else None,
+                "max_batch_size": max(sizes, default=None),
+                "run_s_p50": _quantile(run_s, 0.5),
+                "run_s_p99": _quantile(run_s, 0.99),
+            }
+        )
+    return JSONResponse({"models": models})

@@ -166,6 +166,15 @@ class ResidencyManager:
         entry = self.table.entries.get(name)
         return entry.error if entry is not None else None
 
+    def activation_room(self, spec: ModelSpec) -> int:
+        """The most activation bytes a batch of ``spec`` could reserve with the
+        model resident and nothing else: the budget (or its cap) less its weights."""
+        weights = self._expected(spec).total_bytes
+        room = self.table.budget_bytes - weights
+        if spec.max_bytes is not None:
+            room = min(room, spec.max_bytes - weights)
+        return room
+
     def measured(self, name: str) -> Footprint | None:
         return self._measured.get(name)
 

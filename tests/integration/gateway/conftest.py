@@ -50,7 +50,7 @@ async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
     repository = ModelRepository.from_folders([write_repository(tmp_path / "repo", FAKE_MODELS)])
     engine = Engine(
         repository,
-        EngineConfig(memory_budget_bytes=100_000, device="cpu", num_threads=2, max_queue=8),
+        EngineConfig(memory_budget_bytes=64 * 1024**2, device="cpu", num_threads=2, max_queue=8),
     )
     await engine.preload()
     yield engine
