@@ -27,6 +27,7 @@ from tessera.errors import (
     TaskMismatchError,
     TesseraError,
 )
+from tessera.metrics import NullSink, StatsSink
 from tessera.repository import ModelRepository, ModelSpec
 from tessera.residency import ResidencyManager, make_eviction_policy
 from tessera.scheduling import BatchTimePredictor
@@ -109,6 +110,7 @@ class Engine:
         *,
         clock: Clock | None = None,
         device: Device | None = None,
+        stats: StatsSink | None = None,
     ) -> None:
         self.repository = repository
         self.config = config
@@ -117,7 +119,8 @@ class Engine:
         num_threads = config.num_threads or os.cpu_count() or 1
         num_workers = config.num_workers or num_threads
         self.executor = ComputeExecutor(self.device, num_threads, num_workers)
-        self.host = EngineHost(self.device, self.executor)
+        self.stats: StatsSink = stats or NullSink()
+        self.host = EngineHost(self.device, self.executor, self.stats)
         budget = config.memory_budget_bytes or self.device.default_budget_bytes()
         self.residency = ResidencyManager(
             budget,
@@ -321,6 +324,7 @@ class Engine:
         self.predictors.setdefault(spec.name, BatchTimePredictor()).observe(units, run.run_s)
         counters.num_batches += 1
         counters.recent_batches.append((len(items), run.run_s))
+        self.stats.on_batch(spec.name, len(items), run.run_s)
         start = 0
         for request in batch:
             request.batch_size, request.run_s = len(items), run.run_s

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tessera.device import Device
+from tessera.metrics import NullSink, StatsSink
 from tessera.repository.spec import ModelSpec
 from tessera.residency import ActivationStats, Footprint
 from tessera.runtimes.base import LoadContext, LoadedModel, ModelLoader, SharedComponents
@@ -29,9 +31,16 @@ ONE_ITEM_WARMUP = frozenset({Task.OCR, Task.TTS, Task.GENERATE})
 class EngineHost:
     """Implements ``residency.ModelHost`` with real loaders and the compute executor."""
 
-    def __init__(self, device: Device, executor: ComputeExecutor, max_concurrent_loads: int = 2):
+    def __init__(
+        self,
+        device: Device,
+        executor: ComputeExecutor,
+        stats: StatsSink | None = None,
+        max_concurrent_loads: int = 2,
+    ):
         self.device = device
         self.executor = executor
+        self.stats: StatsSink = stats or NullSink()
         self.shared = SharedComponents()
         self.activations: dict[str, ActivationStats] = {}
         self._loaders: dict[str, ModelLoader] = {}
@@ -79,7 +88,14 @@ class EngineHost:
         loop = asyncio.get_running_loop()
         if spec.runtime == "torch":
             self.configure_threads()
-        return await loop.run_in_executor(self._load_pool, self._load_sync, spec)
+        start = time.perf_counter()
+        try:
+            model = await loop.run_in_executor(self._load_pool, self._load_sync, spec)
+        except BaseException:
+            self.stats.on_load(spec.name, time.perf_counter() - start, ok=False)
+            raise
+        self.stats.on_load(spec.name, time.perf_counter() - start, ok=True)
+        return model
 
     def _load_sync(self, spec: ModelSpec) -> LoadedModel:
         model = self.loader(spec).load(spec, self._ctx)

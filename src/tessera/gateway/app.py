@@ -57,6 +57,7 @@ def create_app(
     app.state.tenant_store = tenant_store
     app.state.audit_log = audit_log
     app.state.tiers = tiers or dict(DEFAULT_TIERS)
+    app.state.stats = engine.stats
     install_error_handlers(app)
     for module in (openai_api, tasks_api, kserve, admin, tenants_admin):
         app.include_router(module.router)

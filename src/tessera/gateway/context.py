@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.engine import RequestTrace
 from tessera.gateway.errors import error_body
+from tessera.metrics import RequestEvent, StatsSink
 from tessera.tenants import AuditRecord, Principal
 
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/v2", "/openapi.json", "/docs"})
@@ -117,21 +118,39 @@ class RequestContextMiddleware:
         started: float,
         path: str,
     ) -> None:
-        audit_log = getattr(app_state, "audit_log", None)
-        if audit_log is None or not (path.startswith("/v1/") or path.startswith("/v2/models")):
+        if not (path.startswith("/v1/") or path.startswith("/v2/models")) or path == "/v1/models":
             return
         principal: Principal | None = state.get("principal")
+        tenant = principal.tenant.name if principal else None
+        total_s = time.monotonic() - started
+        stats: StatsSink | None = getattr(app_state, "stats", None)
+        if stats is not None:
+            stats.on_request(
+                RequestEvent(
+                    model=info.model,
+                    task=info.task,
+                    tier=principal.tenant.tier if principal else None,
+                    tenant=tenant,
+                    status=status,
+                    total_s=total_s,
+                    queue_s=info.trace.queued_s,
+                    reason=info.reason,
+                )
+            )
+        audit_log = getattr(app_state, "audit_log", None)
+        if audit_log is None:
+            return
         audit_log.record(
             AuditRecord(
                 ts=time.time(),
-                tenant=principal.tenant.name if principal else None,
+                tenant=tenant,
                 key_prefix=principal.key_prefix if principal else None,
                 model=info.model,
                 task=info.task,
                 units=info.trace.units,
                 status=status,
                 queue_s=info.trace.queued_s,
-                total_s=time.monotonic() - started,
+                total_s=total_s,
                 batch_size=info.trace.batch_size or None,
                 request_id=state.get("request_id"),
                 reason=info.reason,

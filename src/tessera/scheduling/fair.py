@@ -12,9 +12,15 @@ Invariants:
   lift of VTC, Sheng et al. 2024).
 - Requests of a latency tier (``latency_target_s`` set) go before all others,
   earliest deadline first. While any of them is in the batch, the batch stops
-  growing once its predicted run time (``BatchTimePredictor``) would exceed the
-  smallest remaining latency budget among them; with none waiting, batches
-  grow to their full size again.
+  growing once its predicted run time (``BatchTimePredictor``) would exceed
+  half the smallest remaining latency budget among them (the other half is
+  margin for the prediction, the HTTP round trip and the other worker).
+- A latency-tier request that arrives must first wait for a running batch to
+  end. So while such a tier is active (one of its requests arrived in the last
+  ``latency_horizon_s``), every batch is capped to a quarter of its target; a
+  single request is still taken whole. Once the tier has been quiet for the
+  horizon, batches grow to their full size again (Clockwork's and Nexus's idea:
+  size batches from measured execution times to meet the tightest target).
 """
 
 from __future__ import annotations
@@ -25,17 +31,26 @@ from collections.abc import Callable, Iterator
 from tessera.batching.request import PendingRequest
 from tessera.scheduling.predictor import BatchTimePredictor
 
+LATENCY_SHARE_IN_BATCH = 0.5
+LATENCY_SHARE_WHILE_ACTIVE = 0.25
+
 
 class FairQueue:
-    def __init__(self, predictor: BatchTimePredictor | None = None) -> None:
+    def __init__(
+        self, predictor: BatchTimePredictor | None = None, latency_horizon_s: float = 2.0
+    ) -> None:
         self._predictor = predictor
+        self._latency_horizon_s = latency_horizon_s
         self._queues: dict[str, deque[PendingRequest]] = {}
         self.counters: dict[str, float] = {}
         self._len = 0
+        self._latency_seen: dict[float, float] = {}  # latency target -> last arrival
 
     # -- RequestQueue -----------------------------------------------------
 
     def push(self, request: PendingRequest) -> None:
+        if request.latency_target_s is not None:
+            self._latency_seen[request.latency_target_s] = request.arrival
         queue = self._queues.get(request.tenant)
         if not queue:
             self._lift(request.tenant)
@@ -46,7 +61,9 @@ class FairQueue:
     def pop_batch(self, max_items: int, max_units: float, now: float) -> list[PendingRequest]:
         batch: list[PendingRequest] = []
         num_items, units = 0, 0.0
-        budget_s: float | None = None  # smallest remaining latency budget in the batch
+        # The batch's run-time budget: a share of the tightest active target,
+        # then of the smallest remaining budget of a latency request in it.
+        budget_s = self._active_cap(now)
         while self._len:
             tenant = self._next_tenant()
             head = self._queues[tenant][0]
@@ -54,6 +71,8 @@ class FairQueue:
             if batch and not fits:
                 break
             head_budget = _remaining(head, now)
+            if head_budget is not None:
+                head_budget *= LATENCY_SHARE_IN_BATCH
             new_budget = _min_optional(budget_s, head_budget)
             if (
                 batch
@@ -90,6 +109,14 @@ class FairQueue:
             yield from queue
 
     # -- internals --------------------------------------------------------
+
+    def _active_cap(self, now: float) -> float | None:
+        active = [
+            target
+            for target, seen in self._latency_seen.items()
+            if now - seen <= self._latency_horizon_s
+        ]
+        return min(active) * LATENCY_SHARE_WHILE_ACTIVE if active else None
 
     def _backlogged(self) -> list[str]:
         return [tenant for tenant, queue in self._queues.items() if queue]

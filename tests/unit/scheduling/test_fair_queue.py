@@ -109,10 +109,15 @@ def test_latency_tier_batch_fits_remaining_budget(loop: Loop) -> None:
     assert predicted is not None
     assert predicted <= vip.arrival + 0.100 - now
     assert len(batch) < 33  # capped below what the size limits allow
-    # With no latency-tier request waiting, batches grow back to full size.
+    # While the tier is active, later batches stay within a quarter of its target...
+    capped = queue.pop_batch(64, 10_000, now=now)
+    capped_time = predictor.predict(sum(r.units for r in capped))
+    assert capped_time is not None
+    assert capped_time <= 0.100 / 4 + 1e-9
+    # ...and once it has been quiet for the horizon, batches grow back to full size.
     waiting = len(queue)
-    assert waiting > len(batch)
-    assert len(queue.pop_batch(64, 10_000, now=now)) == waiting
+    assert waiting > len(capped)
+    assert len(queue.pop_batch(64, 10_000, now=now + 2.5)) == waiting
 
 
 def test_predictor_fits_fixed_and_per_unit_cost() -> None:
