@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import typer
 
 from tessera.config import ServerConfig, build_config, read_config_file
 from tessera.errors import ConfigError
+from tessera.logs import configure_logging
 from tessera.tenants.cli import register as register_tenant_commands
 
 if TYPE_CHECKING:
@@ -65,6 +65,9 @@ def serve(
     ] = False,
     config: ConfigOpt = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
+    log_format: Annotated[
+        str, typer.Option(help="text, or json: one object a line with the request id.")
+    ] = "text",
 ) -> None:
     """Start the server."""
     _offline()
@@ -82,13 +85,16 @@ def serve(
         scheduling=scheduling,
         auth=False if no_auth else None,
     )
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        configure_logging(log_level, log_format)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
     import uvicorn
 
     from tessera.engine import Engine
     from tessera.gateway import create_app
+    from tessera.progress import PreloadReporter
 
     try:
         repository = settings.repository()
@@ -109,12 +115,14 @@ def serve(
         tenant_store=store,
         audit_log=audit_log,
         tiers=settings.tiers,
+        preload_progress=PreloadReporter(),
     )
     uvicorn.run(
         app_,
         host=settings.host,
         port=settings.port,
         log_level=log_level.lower(),
+        log_config=None,
     )
 
 

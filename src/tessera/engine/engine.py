@@ -13,7 +13,7 @@ import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tessera.admission import Admission, AdmissionController, TenantLimits
 from tessera.batching import ModelBatcher, PendingRequest, make_queue
@@ -55,6 +55,16 @@ class EngineConfig:
     residency_wait_s: float = 30.0
     preload: tuple[str, ...] | None = None  # None: the models marked preload
     scheduling: str = "fair"  # fair | fifo
+
+
+class PreloadProgress(Protocol):
+    """Told as preload models finish loading (the CLI draws a progress bar)."""
+
+    def start(self, names: list[str]) -> None: ...
+
+    def loaded(self, name: str, error: BaseException | None) -> None: ...
+
+    def finish(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -145,13 +155,26 @@ class Engine:
             return list(self.config.preload)
         return [spec.name for spec in self.repository if spec.preload]
 
-    async def preload(self) -> None:
+    async def preload(self, progress: PreloadProgress | None = None) -> None:
         """Load and warm the preload models; ``ready`` once all have."""
         names = self.preload_names()
-        results = await asyncio.gather(
-            *(self.residency.ensure_loaded(self.repository.get(n)) for n in names),
-            return_exceptions=True,
-        )
+        if progress is not None:
+            progress.start(names)
+
+        async def load(name: str) -> None:
+            error: BaseException | None = None
+            try:
+                await self.residency.ensure_loaded(self.repository.get(name))
+            except Exception as e:
+                error = e
+                raise
+            finally:
+                if progress is not None:
+                    progress.loaded(name, error)
+
+        results = await asyncio.gather(*(load(n) for n in names), return_exceptions=True)
+        if progress is not None:
+            progress.finish()
         failures = [
             f"{n}: {r}" for n, r in zip(names, results, strict=True) if isinstance(r, BaseException)
         ]

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from tessera import __version__
 from tessera.engine import Engine
+from tessera.engine.engine import PreloadProgress
 from tessera.gateway import admin, kserve, openai_api, tasks_api, tenants_admin
 from tessera.gateway.common import BodyLimitMiddleware
 from tessera.gateway.context import RequestContextMiddleware
@@ -30,6 +31,7 @@ def create_app(
     tenant_store: TenantStore | None = None,
     audit_log: AuditLog | None = None,
     tiers: dict[str, TierSpec] | None = None,
+    preload_progress: PreloadProgress | None = None,
 ) -> FastAPI:
     """An app serving ``engine``; preloading starts with the app and runs in the
     background, so liveness answers at once and readiness once it is done.
@@ -39,7 +41,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if audit_log is not None:
             await audit_log.start()
-        preload = asyncio.create_task(engine.preload(), name="preload")
+        preload = asyncio.create_task(engine.preload(preload_progress), name="preload")
         try:
             yield
         finally:

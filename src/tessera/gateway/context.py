@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.engine import RequestTrace
 from tessera.gateway.errors import error_body
+from tessera.logs import request_id as request_id_var
 from tessera.metrics import RequestEvent, StatsSink
 from tessera.tenants import AuditRecord, Principal
 
@@ -63,6 +64,7 @@ class RequestContextMiddleware:
             (v.decode("latin-1") for k, v in headers if k == b"x-request-id"), uuid.uuid4().hex
         )[:128]
         state["request_id"] = request_id
+        token = request_id_var.set(request_id)
         info = state["audit"] = AuditInfo()
         started = time.monotonic()
         status = 500
@@ -86,6 +88,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             self._audit(app_state, state, info, status, started, scope["path"])
+            request_id_var.reset(token)
 
     def _authenticate(
         self,
