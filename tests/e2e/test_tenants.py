@@ -20,7 +20,7 @@ MODELS = {
     "slow": {
         "task": "embedding",
         "options": {"own_bytes": 1000, "run_s": 0.5},
-        "batching": {"max_batch_size": 1, "max_wait_ms": 0},
+        "batching": {"max_batch_size": 1, "max_wait_ms": 0, "max_concurrent_batches": 1},
     },
     "secret-model": {"task": "embedding", "options": {"own_bytes": 1000}},
 }
@@ -220,3 +220,29 @@ def test_audit_rows_for_every_request_including_refused(
     with sqlite3.connect(data_dir / "audit.db") as conn:
         statuses = {row[0] for row in conn.execute("SELECT DISTINCT status FROM audit")}
     assert {200, 401, 403} <= statuses
+
+
+async def test_requests_of_callers_that_hang_up_are_dropped_before_running(
+    server: Server, keys: dict[str, str]
+) -> None:
+    admin = bearer(keys["admin"])
+
+    def slow_batches() -> int:
+        stats = httpx.get(f"{server.base_url}/admin/batches", headers=admin).json()
+        return int(next(m for m in stats["models"] if m["name"] == "slow")["num_batches"])
+
+    before = slow_batches()
+    async with httpx.AsyncClient(base_url=server.base_url, headers=bearer(keys["acme"])) as client:
+        # One request keeps "slow" busy for 0.5 s; three more give up after 0.1 s.
+        running = asyncio.ensure_future(
+            client.post("/v1/embeddings", json={"model": "slow", "input": "kept"}, timeout=30)
+        )
+        await asyncio.sleep(0.05)
+        for i in range(3):
+            with pytest.raises(httpx.TimeoutException):
+                await client.post(
+                    "/v1/embeddings", json={"model": "slow", "input": f"gone{i}"}, timeout=0.1
+                )
+        assert (await running).status_code == 200
+    await asyncio.sleep(1.0)  # time for a wrongly kept request to have run
+    assert slow_batches() - before == 1

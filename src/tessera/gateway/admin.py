@@ -28,6 +28,7 @@ async def residency(request: Request) -> JSONResponse:
             "evictions": 0,
             "pins": 0,
             "error": None,
+            "measured_by": None,
         }
         for name in engine.repository.names()
         if name not in known

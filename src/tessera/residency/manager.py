@@ -65,6 +65,7 @@ class ModelResidency:
     evictions: int
     pins: int
     error: str | None
+    measured_by: str | None  # how the runtime measured its bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,7 @@ class ResidencyManager:
         self._specs: dict[str, ModelSpec] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._measured: dict[str, Footprint] = {}
+        self._methods: dict[str, str] = {}
         self._failed_at: dict[str, float] = {}
         self._changed = asyncio.Event()
         self.peak_used_bytes = 0
@@ -196,6 +198,7 @@ class ResidencyManager:
                     evictions=e.evictions,
                     pins=e.pins,
                     error=e.error,
+                    measured_by=self._methods.get(e.name),
                 )
                 for e in entries
             ),
@@ -317,6 +320,7 @@ class ResidencyManager:
         report = model.memory()
         measured = Footprint(report.own_bytes, dict(report.shared_bytes))
         self._measured[spec.name] = measured
+        self._methods[spec.name] = report.method
         try:
             self._check_fits(spec, measured, 0)
         except ModelTooLargeError as e:

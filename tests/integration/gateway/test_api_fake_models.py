@@ -161,7 +161,9 @@ async def test_concurrent_callers_are_batched(client: httpx.AsyncClient, engine:
         np.testing.assert_allclose(
             response.json()["data"][0]["embedding"], fake_embedding(text), rtol=1e-6
         )
-    assert 1 <= engine.counters["embed"].num_batches < len(texts)
+    num_batches = engine.counters["embed"].num_batches
+    assert num_batches >= 1
+    assert num_batches < len(texts)
 
 
 async def test_deadline_and_full_queue(client: httpx.AsyncClient) -> None:
@@ -244,7 +246,8 @@ async def test_admin_batches_reports_recent_batch_sizes_and_times(
     models = {m["name"]: m for m in (await client.get("/admin/batches")).json()["models"]}
     embed = models["embed"]
     assert embed["num_requests"] >= 6
-    assert 1 <= embed["num_batches"] <= 6
+    assert embed["num_batches"] >= 1
+    assert embed["num_batches"] <= 6
     assert embed["mean_batch_size"] * embed["window"] >= 6
     assert embed["run_s_p99"] >= embed["run_s_p50"] >= 0
 
