@@ -66,8 +66,8 @@ def serve(
     config: ConfigOpt = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
     log_format: Annotated[
-        str, typer.Option(help="text, or json: one object a line with the request id.")
-    ] = "text",
+        str | None, typer.Option(help="text, or json: one object a line with the request id.")
+    ] = None,
 ) -> None:
     """Start the server."""
     _offline()
@@ -84,9 +84,10 @@ def serve(
         model_repositories=model_repository,
         scheduling=scheduling,
         auth=False if no_auth else None,
+        log_format=log_format,
     )
     try:
-        configure_logging(log_level, log_format)
+        configure_logging(log_level, settings.log_format)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
@@ -116,6 +117,8 @@ def serve(
         audit_log=audit_log,
         tiers=settings.tiers,
         preload_progress=PreloadReporter(),
+        per_tenant_labels=settings.per_tenant_labels,
+        metrics_public=settings.metrics_public,
     )
     uvicorn.run(
         app_,

@@ -24,6 +24,9 @@ A config file may hold any of::
       batch: {weight: 1}
     auth: true                   # API keys from the tenant store under data_dir
     audit_retention_days: 30
+    metrics_public: false        # true: /metrics needs no key (else an admin key)
+    per_tenant_labels: false     # true: a tenant label on tessera_requests_total (at most 50)
+    log_format: text             # text | json (one object a line, with the request id)
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ class ServerConfig:
     tiers: dict[str, TierSpec] = field(default_factory=lambda: dict(DEFAULT_TIERS))
     auth: bool = True
     audit_retention_days: float | None = 30.0
+    metrics_public: bool = False
+    per_tenant_labels: bool = False
+    log_format: str = "text"
 
     def repository(self) -> ModelRepository:
         folders = [default_repository_path()] if self.include_default_models else []
@@ -84,6 +90,9 @@ _SERVER_KEYS = {
     "tiers",
     "auth",
     "audit_retention_days",
+    "metrics_public",
+    "per_tenant_labels",
+    "log_format",
 }
 
 
@@ -124,4 +133,7 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         tiers=parse_tiers(values.get("tiers")),
         auth=bool(values.get("auth", True)),
         audit_retention_days=values.get("audit_retention_days", 30.0),
+        metrics_public=bool(values.get("metrics_public", False)),
+        per_tenant_labels=bool(values.get("per_tenant_labels", False)),
+        log_format=str(values.get("log_format", "text")),
     )

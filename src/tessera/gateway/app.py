@@ -12,10 +12,11 @@ from fastapi import FastAPI
 from tessera import __version__
 from tessera.engine import Engine
 from tessera.engine.engine import PreloadProgress
-from tessera.gateway import admin, kserve, openai_api, tasks_api, tenants_admin
+from tessera.gateway import admin, dashboard, kserve, openai_api, tasks_api, tenants_admin
 from tessera.gateway.common import BodyLimitMiddleware
 from tessera.gateway.context import RequestContextMiddleware
 from tessera.gateway.errors import install_error_handlers
+from tessera.gateway.observability import install_observability
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tenants import AuditLog, TenantStore
 
@@ -32,10 +33,13 @@ def create_app(
     audit_log: AuditLog | None = None,
     tiers: dict[str, TierSpec] | None = None,
     preload_progress: PreloadProgress | None = None,
+    per_tenant_labels: bool = False,
+    metrics_public: bool = False,
 ) -> FastAPI:
     """An app serving ``engine``; preloading starts with the app and runs in the
     background, so liveness answers at once and readiness once it is done.
-    With a ``tenant_store`` every route but the health probes needs an API key."""
+    With a ``tenant_store`` every route but the health probes (and the live
+    page's static files, and ``/metrics`` if ``metrics_public``) needs an API key."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -59,10 +63,12 @@ def create_app(
     app.state.tenant_store = tenant_store
     app.state.audit_log = audit_log
     app.state.tiers = tiers or dict(DEFAULT_TIERS)
-    app.state.stats = engine.stats
     install_error_handlers(app)
-    for module in (openai_api, tasks_api, kserve, admin, tenants_admin):
+    for module in (openai_api, tasks_api, kserve, admin, tenants_admin, dashboard):
         app.include_router(module.router)
+    install_observability(
+        app, engine, per_tenant_labels=per_tenant_labels, metrics_public=metrics_public
+    )
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(RequestContextMiddleware)
     return app

@@ -3,7 +3,8 @@
 - ``x-request-id`` is taken from the request or made, and returned.
 - When the app has a tenant store, every route but the health probes needs
   an API key (``Authorization: Bearer KEY`` or ``x-api-key``): none, unknown
-  or revoked → 401; ``/admin`` needs an admin key → 403. Keys are checked
+  or revoked → 401; ``/admin`` and ``/metrics`` need an admin key → 403
+  (``/metrics`` is public where ``app.state.metrics_public`` is set). Keys are checked
   against the store on each request, so revocations apply at once.
 - One audit row per request, refused ones included, written off the hot path
   by ``AuditLog``; routes add the model, task and trace in ``request.state``.
@@ -26,6 +27,21 @@ from tessera.metrics import RequestEvent, StatsSink
 from tessera.tenants import AuditRecord, Principal
 
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/v2", "/openapi.json", "/docs"})
+# The live page and its assets hold no data (the page asks /admin/* with a key).
+DASHBOARD_PATH = "/dashboard"
+METRICS_PATH = "/metrics"
+
+
+def public_paths(app_state: Any) -> frozenset[str]:
+    """The routes open without a key: ``/metrics`` too where ``metrics_public`` is
+    set, else it needs an admin key like ``/admin``."""
+    if getattr(app_state, "metrics_public", False):
+        return PUBLIC_PATHS | {METRICS_PATH}
+    return PUBLIC_PATHS
+
+
+def is_dashboard(path: str) -> bool:
+    return path == DASHBOARD_PATH or path.startswith(DASHBOARD_PATH + "/")
 
 
 @dataclass
@@ -99,7 +115,7 @@ class RequestContextMiddleware:
     ) -> tuple[int, str] | None:
         store = getattr(app_state, "tenant_store", None)
         path: str = scope["path"]
-        if store is None or path in PUBLIC_PATHS:
+        if store is None or path in public_paths(app_state) or is_dashboard(path):
             return None
         key = api_key(headers)
         if key is None:
@@ -108,7 +124,7 @@ class RequestContextMiddleware:
         if principal is None:
             return 401, "invalid or revoked API key"
         state["principal"] = principal
-        if path.startswith("/admin") and not principal.admin:
+        if (path.startswith("/admin") or path == METRICS_PATH) and not principal.admin:
             return 403, "this route needs an admin key"
         return None
 

@@ -15,14 +15,19 @@ from tessera.gateway import create_app
 from tessera.repository import ModelRepository
 
 FAKE_MODELS: dict[str, dict[str, Any]] = {
-    "embed": {"task": "embedding", "preload": True, "max_inputs": 4},
+    "embed": {"task": "embedding", "preload": True, "max_inputs": 4, "latency_target_ms": 1000},
     "rerank": {"task": "rerank"},
     "intent": {"task": "classify"},
     "ocr": {"task": "ocr"},
     "tts": {"task": "tts"},
     "mt": {"task": "translate"},
     "chat": {"task": "generate"},
-    "slow": {"task": "embedding", "options": {"run_s": 0.1}, "batching": {"max_batch_size": 1}},
+    "slow": {
+        "task": "embedding",
+        "options": {"run_s": 0.1},
+        "batching": {"max_batch_size": 1},
+        "latency_target_ms": 50,  # it runs 0.1 s: always over
+    },
     "broken": {"task": "embedding", "options": {"fail_load": True}},
     "huge": {"task": "embedding", "options": {"own_bytes": 10**12}},
 }

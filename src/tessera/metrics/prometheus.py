@@ -1,0 +1,279 @@
+"""The ``tessera_*`` Prometheus families: events from the sink, gauges at scrape time.
+
+``PrometheusMetrics`` is a ``StatsSink`` with a registry of its own (never the
+process-global one, so two engines in one process do not collide). Request,
+batch and load events feed counters and histograms; memory, residency, queue
+depths and the device are read from the engine by ``EngineCollector`` when
+Prometheus scrapes, so they are never stale and cost nothing between scrapes.
+
+Label cardinality is bounded: ``model`` is a repository name (else "unknown"),
+``tier`` a configured tier (or "none" when auth is off), ``status`` an HTTP
+code, ``reason`` one of six; ``tenant`` only with ``per_tenant_labels``, and at
+most ``max_tenant_labels`` distinct values (later ones become "other").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tessera.metrics.rolling import NONE_LABEL, REJECT_REASONS, model_label
+from tessera.metrics.stats import RequestEvent
+
+if TYPE_CHECKING:
+    from tessera.engine import Engine
+
+log = logging.getLogger(__name__)
+
+# 5 ms .. 60 s, with bounds at the usual latency targets (200/300 ms, 2/3/10 s)
+# so histogram_quantile is exact where the SLO alerts compare.
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_DURATION_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+MODEL_STATES = ("unloaded", "loading", "ready", "unloading", "failed")
+RESIDENT_STATES = frozenset({"loading", "ready", "unloading"})
+OTHER_TENANT = "other"
+DEFAULT_MAX_TENANT_LABELS = 50
+
+
+class PrometheusMetrics:
+    """A ``StatsSink`` that keeps the ``tessera_*`` families in ``registry``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        per_tenant_labels: bool = False,
+        max_tenant_labels: int = DEFAULT_MAX_TENANT_LABELS,
+    ) -> None:
+        self.engine = engine
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.per_tenant_labels = per_tenant_labels
+        self.max_tenant_labels = max_tenant_labels
+        self._tenants: set[str] = set()
+        self._tenant_lock = threading.Lock()
+        self.targets_s: dict[str, float] = {
+            spec.name: spec.latency_target_ms / 1000.0
+            for spec in engine.repository
+            if spec.latency_target_ms is not None
+        }
+        self._make_families()
+        self.registry.register(EngineCollector(engine, self.targets_s))
+
+    def _make_families(self) -> None:
+        r = self.registry
+        request_labels = ["model", "task", "tier", "status"]
+        if self.per_tenant_labels:
+            request_labels.append("tenant")
+        self.requests = Counter(
+            "tessera_requests", "Inference requests, answered or refused, by HTTP status.",
+            request_labels, registry=r,
+        )  # fmt: skip
+        self.request_duration = Histogram(
+            "tessera_request_duration_seconds", "Time to answer a request (status < 400).",
+            ["model", "tier"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_duration = Histogram(
+            "tessera_queue_duration_seconds", "Time an answered request waited in its queue.",
+            ["model", "tier"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.batch_size = Histogram(
+            "tessera_batch_size", "Items per batch run.",
+            ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.batch_duration = Histogram(
+            "tessera_batch_duration_seconds", "Time to run one batch on the device.",
+            ["model"], buckets=BATCH_DURATION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.load_duration = Histogram(
+            "tessera_model_load_seconds", "Time to load and warm a model (successful loads).",
+            ["model"], buckets=LOAD_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.load_failures = Counter(
+            "tessera_model_load_failures", "Loads that failed.", ["model"], registry=r
+        )
+        self.rejected = Counter(
+            "tessera_rejected_requests", "Requests refused, by reason.", ["reason"], registry=r
+        )
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason)  # present at 0 before the first refusal
+        self.slo_requests = Counter(
+            "tessera_slo_requests",
+            "Answered requests of a model with a latency target, by whether within it.",
+            ["model", "within"], registry=r,
+        )  # fmt: skip
+
+    # -- StatsSink -----------------------------------------------------------
+
+    def on_request(self, event: RequestEvent) -> None:
+        model = model_label(event.model, self.engine.repository)
+        tier = event.tier or NONE_LABEL
+        labels = [model, event.task or NONE_LABEL, tier, str(event.status)]
+        if self.per_tenant_labels:
+            labels.append(self._tenant_label(event.tenant))
+        self.requests.labels(*labels).inc()
+        if event.reason in REJECT_REASONS:
+            self.rejected.labels(event.reason).inc()
+        if event.status >= 400:
+            return
+        self.request_duration.labels(model, tier).observe(event.total_s)
+        self.queue_duration.labels(model, tier).observe(event.queue_s)
+        target_s = self.targets_s.get(model)
+        if target_s is not None:
+            within = "true" if event.total_s <= target_s else "false"
+            self.slo_requests.labels(model, within).inc()
+
+    def on_batch(self, model: str, size: int, run_s: float) -> None:
+        self.batch_size.labels(model).observe(size)
+        self.batch_duration.labels(model).observe(run_s)
+
+    def on_load(self, model: str, seconds: float, ok: bool) -> None:
+        if ok:
+            self.load_duration.labels(model).observe(seconds)
+        else:
+            self.load_failures.labels(model).inc()
+
+    # -- exposition ------------------------------------------------------------
+
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """The registry in the format ``accept`` asks for, and its content type."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+    def family_names(self) -> set[str]:
+        """Every family name as a query sees it (counters with ``_total``)."""
+        names = set()
+        for family in self.registry.collect():
+            names.add(family.name + "_total" if family.type == "counter" else family.name)
+        return names
+
+    def _tenant_label(self, tenant: str | None) -> str:
+        if tenant is None:
+            return NONE_LABEL
+        with self._tenant_lock:
+            if tenant in self._tenants:
+                return tenant
+            if len(self._tenants) < self.max_tenant_labels:
+                self._tenants.add(tenant)
+                return tenant
+        return OTHER_TENANT
+
+
+class EngineCollector(Collector):
+    """Gauges read from the engine at scrape time (on the event loop, like the engine)."""
+
+    def __init__(self, engine: Engine, targets_s: Mapping[str, float]) -> None:
+        self.engine = engine
+        self.targets_s = targets_s
+        self._process = psutil.Process()
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names are only known at collect; registering must not scrape
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._residency()
+        yield from self._queues_and_slo()
+        yield from self._device()
+        yield from self._process_metrics()
+
+    def _residency(self) -> Iterable[Metric]:
+        stats = self.engine.residency.stats()
+        yield GaugeMetricFamily(
+            "tessera_memory_budget_bytes", "The byte budget models share.", stats.budget_bytes
+        )
+        yield GaugeMetricFamily(
+            "tessera_memory_used_bytes", "Bytes of the budget in use.", stats.used_bytes
+        )
+        yield GaugeMetricFamily(
+            "tessera_memory_peak_used_bytes", "Most bytes ever in use.", stats.peak_used_bytes
+        )
+        resident = GaugeMetricFamily(
+            "tessera_model_resident_bytes", "Bytes a model holds (0 unless resident).",
+            labels=["model"],
+        )  # fmt: skip
+        state = GaugeMetricFamily(
+            "tessera_model_state", "1 for the model's current state.", labels=["model", "state"]
+        )
+        loads = CounterMetricFamily("tessera_model_loads", "Model loads.", labels=["model"])
+        evictions = CounterMetricFamily(
+            "tessera_model_evictions", "Models evicted to make room.", labels=["model"]
+        )
+        by_name = {m.name: m for m in stats.models}
+        for name in self.engine.repository.names():
+            entry = by_name.get(name)
+            current = entry.state if entry is not None else "unloaded"
+            held = entry.bytes if entry is not None and current in RESIDENT_STATES else 0
+            resident.add_metric([name], held)
+            for s in MODEL_STATES:
+                state.add_metric([name, s], 1.0 if s == current else 0.0)
+            loads.add_metric([name], entry.loads if entry is not None else 0)
+            evictions.add_metric([name], entry.evictions if entry is not None else 0)
+        yield from (resident, state, loads, evictions)
+
+    def _queues_and_slo(self) -> Iterable[Metric]:
+        depth = GaugeMetricFamily(
+            "tessera_queue_depth", "Requests waiting for a model.", labels=["model"]
+        )
+        for name in self.engine.repository.names():
+            depth.add_metric([name], self.engine.queue_depth(name))
+        yield depth
+        target = GaugeMetricFamily(
+            "tessera_slo_target_seconds", "A model's latency target (model.yaml).",
+            labels=["model"],
+        )  # fmt: skip
+        for name, seconds in sorted(self.targets_s.items()):
+            target.add_metric([name], seconds)
+        yield target
+
+    def _device(self) -> Iterable[Metric]:
+        try:
+            stats = self.engine.device.stats()
+        except Exception:  # a failing NVML must not fail the whole scrape
+            log.warning("device stats failed; device metrics skipped", exc_info=True)
+            return
+        yield GaugeMetricFamily(
+            "tessera_device_memory_used_bytes",
+            "Memory in use on the device (process RSS on CPU).",
+            stats.used_bytes,
+        )
+        yield GaugeMetricFamily(
+            "tessera_device_memory_total_bytes", "The device's memory.", stats.total_bytes
+        )
+        if stats.utilization is not None:
+            yield GaugeMetricFamily(
+                "tessera_device_utilization_ratio", "Device busy share, 0..1.", stats.utilization
+            )
+        if stats.temperature_c is not None:
+            yield GaugeMetricFamily(
+                "tessera_device_temperature_celsius", "Device temperature.", stats.temperature_c
+            )
+
+    def _process_metrics(self) -> Iterable[Metric]:
+        try:
+            rss = self._process.memory_info().rss
+            times = self._process.cpu_times()
+        except psutil.Error:
+            log.warning("process stats failed", exc_info=True)
+            return
+        yield GaugeMetricFamily(
+            "tessera_process_resident_bytes", "Resident memory of the tessera process.", rss
+        )
+        yield CounterMetricFamily(
+            "tessera_process_cpu_seconds",
+            "CPU time of the tessera process (user + system).",
+            times.user + times.system,
+        )
