@@ -32,6 +32,8 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) lint
+	# The live page's browser test drives Debian's Chromium (installed if absent).
+	bash scripts/ensure-chromium.sh
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

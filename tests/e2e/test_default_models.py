@@ -203,4 +203,5 @@ def test_residency_shows_what_is_loaded(server: Server) -> None:
     assert 0 < body["used_bytes"] <= body["budget_bytes"]
     models = {m["name"]: m for m in body["models"]}
     assert models["all-minilm-l6-v2"]["state"] == "ready"
-    assert models["all-minilm-l6-v2"]["bytes"] > 80_000_000
+    assert models["all-minilm-l6-v2"]["weights_bytes"] > 80_000_000
+    assert sum(m["bytes"] for m in models.values()) <= body["used_bytes"]

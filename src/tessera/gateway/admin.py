@@ -23,6 +23,7 @@ async def residency(request: Request) -> JSONResponse:
             "name": name,
             "state": "unloaded",
             "bytes": 0,
+            "weights_bytes": 0,
             "last_used": None,
             "loads": 0,
             "evictions": 0,

@@ -29,7 +29,13 @@ from tessera.clock import Clock
 from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
 from tessera.repository.spec import ModelSpec
 from tessera.residency.policy import EvictionPolicy
-from tessera.residency.table import ModelEntry, ModelState, Reservation, ResidencyTable
+from tessera.residency.table import (
+    HOLDING,
+    ModelEntry,
+    ModelState,
+    Reservation,
+    ResidencyTable,
+)
 from tessera.runtimes.base import LoadedModel
 
 
@@ -57,9 +63,16 @@ class ModelHost(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ModelResidency:
+    """One model's residency. ``bytes`` is its share of the budget in use: its
+    own bytes and reserved activations plus an equal part of each shared
+    component among the resident models that use it (so the models' ``bytes``
+    add up to ``used_bytes``, but for rounding); ``weights_bytes`` counts its
+    shared components whole."""
+
     name: str
     state: str
     bytes: int
+    weights_bytes: int
     last_used: float
     loads: int
     evictions: int
@@ -182,6 +195,18 @@ class ResidencyManager:
 
     def stats(self) -> ResidencyStats:
         entries = list(self.table.entries.values())
+        holders: dict[str, int] = {}
+        for e in entries:
+            if e.state in HOLDING:
+                for key in e.shared:
+                    holders[key] = holders.get(key, 0) + 1
+
+        def share(e: ModelEntry) -> int:
+            if e.state not in HOLDING:
+                return 0
+            split = sum(num // holders[key] for key, num in e.shared.items())
+            return e.own_bytes + e.activation_bytes + split
+
         return ResidencyStats(
             budget_bytes=self.table.budget_bytes,
             used_bytes=self.table.used_bytes(),
@@ -192,7 +217,8 @@ class ResidencyManager:
                 ModelResidency(
                     name=e.name,
                     state=e.state.value,
-                    bytes=e.weights_bytes + e.activation_bytes,
+                    bytes=share(e),
+                    weights_bytes=e.weights_bytes,
                     last_used=e.last_used,
                     loads=e.loads,
                     evictions=e.evictions,

@@ -205,3 +205,16 @@ async def _run_ops(ops: list[tuple[str, object, int]]) -> None:
 @given(st.lists(op, max_size=40))
 def test_budget_never_exceeded_under_random_sequences(ops: list[tuple[str, object, int]]) -> None:
     asyncio.run(_run_ops(ops))
+
+
+async def test_models_bytes_split_shared_components_and_add_up_to_used() -> None:
+    manager, _host = make_manager(10_000)
+    enc = {"encoder": 900}
+    await manager.ensure_loaded(make_spec("embed", 0, shared=enc))
+    await manager.ensure_loaded(make_spec("rerank", 10, shared=enc))
+    await manager.ensure_loaded(make_spec("intent", 50, shared=enc))
+    stats = manager.stats()
+    by_name = {m.name: m for m in stats.models}
+    assert by_name["intent"].bytes == 50 + 300
+    assert by_name["intent"].weights_bytes == 950
+    assert sum(m.bytes for m in stats.models) == stats.used_bytes == 960

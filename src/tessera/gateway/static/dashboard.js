@@ -165,8 +165,10 @@
     const resident = residency.models.filter((m) => m.bytes > 0 && m.state !== "unloaded");
     const segments = resident.map((m) => ({ name: m.name, bytes: m.bytes, color: colorOf(m.name) }));
     const counted = resident.reduce((sum, m) => sum + m.bytes, 0);
-    if (used > counted) {
-      segments.push({ name: "shared / other", bytes: used - counted, color: "#9aa1ad" });
+    // Models' bytes split shared components between them and add up to the
+    // used bytes but for rounding; show only a real remainder.
+    if (used - counted > 1024 * 1024) {
+      segments.push({ name: "other", bytes: used - counted, color: "#9aa1ad" });
     }
     const bar = $("budget-bar");
     bar.setAttribute("aria-label", `memory budget: ${share.toFixed(1)}% used`);
