@@ -22,6 +22,7 @@ import pytest
 import yaml
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, Response, sync_playwright
 
+from builders import write_fake_repository
 from serverproc import Server, start_server, stop_server
 from tessera.tenants import TenantStore
 
@@ -73,18 +74,17 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("dashboard")
-    repo = tmp / "repo"
-    for name, model in MODELS.items():
-        (repo / name).mkdir(parents=True)
-        descriptor = {
-            "name": name,
-            "task": model["task"],
-            "runtime": "torch",
-            "adapter": "fake",
-            "batching": {"max_batch_size": 32, "max_wait_ms": 10},
-            "options": {"own_bytes": model["own"] * MIB, "run_s": 0.004},
-        }
-        (repo / name / "model.yaml").write_text(yaml.safe_dump(descriptor))
+    repo = write_fake_repository(
+        tmp / "repo",
+        {
+            name: {
+                "task": model["task"],
+                "options": {"own_bytes": model["own"] * MIB, "run_s": 0.004},
+            }
+            for name, model in MODELS.items()
+        },
+        batching={"max_batch_size": 32, "max_wait_ms": 10},
+    )
     config = tmp / "config.yaml"
     config.write_text(
         yaml.safe_dump(

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import yaml
 
+from builders import write_fake_repository
 from serverproc import Server, start_server, stop_server
 from tessera.tenants import TenantStore
 
@@ -43,11 +44,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("tenants")
-    repo = tmp / "repo"
-    for name, extra in MODELS.items():
-        (repo / name).mkdir(parents=True)
-        descriptor = {"name": name, "runtime": "torch", "adapter": "fake", **extra}
-        (repo / name / "model.yaml").write_text(yaml.safe_dump(descriptor))
+    repo = write_fake_repository(tmp / "repo", MODELS)
     config = tmp / "config.yaml"
     config.write_text(
         yaml.safe_dump(

@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
+from builders import write_fake_repository
 from tessera.engine import Engine, EngineConfig
 from tessera.gateway import create_app
 from tessera.repository import ModelRepository
@@ -33,26 +33,11 @@ FAKE_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
-def write_repository(root: Path, models: dict[str, dict[str, Any]]) -> Path:
-    for name, extra in models.items():
-        folder = root / name
-        folder.mkdir(parents=True)
-        options = {"own_bytes": 1000, **extra.get("options", {})}
-        descriptor = {
-            "name": name,
-            "runtime": "torch",
-            "adapter": "fake",
-            "batching": {"max_batch_size": 16, "max_wait_ms": 20},
-            **extra,
-            "options": options,
-        }
-        (folder / "model.yaml").write_text(yaml.safe_dump(descriptor))
-    return root
-
-
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
-    repository = ModelRepository.from_folders([write_repository(tmp_path / "repo", FAKE_MODELS)])
+    repository = ModelRepository.from_folders(
+        [write_fake_repository(tmp_path / "repo", FAKE_MODELS)]
+    )
     engine = Engine(
         repository,
         EngineConfig(memory_budget_bytes=64 * 1024**2, device="cpu", num_threads=2, max_queue=8),
