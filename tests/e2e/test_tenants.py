@@ -224,11 +224,11 @@ async def test_requests_of_callers_that_hang_up_are_dropped_before_running(
 ) -> None:
     admin = bearer(keys["admin"])
 
-    def slow_batches() -> int:
+    def slow_stats() -> dict[str, int]:
         stats = httpx.get(f"{server.base_url}/admin/batches", headers=admin).json()
-        return int(next(m for m in stats["models"] if m["name"] == "slow")["num_batches"])
+        return dict(next(m for m in stats["models"] if m["name"] == "slow"))
 
-    before = slow_batches()
+    before = slow_stats()
     async with httpx.AsyncClient(base_url=server.base_url, headers=bearer(keys["acme"])) as client:
         # One request keeps "slow" busy for 0.5 s; three more give up after 0.1 s.
         running = asyncio.ensure_future(
@@ -242,4 +242,6 @@ async def test_requests_of_callers_that_hang_up_are_dropped_before_running(
                 )
         assert (await running).status_code == 200
     await asyncio.sleep(1.0)  # time for a wrongly kept request to have run
-    assert slow_batches() - before == 1
+    after = slow_stats()
+    assert after["num_batches"] - before["num_batches"] == 1
+    assert after["num_dropped"] - before["num_dropped"] == 3

@@ -356,6 +356,11 @@ class Engine:
                 request.future.set_result(run.outputs[start:end])
             start = end
 
+    def num_dropped(self, name: str) -> int:
+        """Requests dropped before running: their caller had gone or their deadline passed."""
+        batcher = self._batchers.get(name)
+        return batcher.num_dropped if batcher is not None else 0
+
     def queue_depth(self, name: str) -> int:
         batcher = self._batchers.get(name)
         return batcher.depth if batcher is not None else 0

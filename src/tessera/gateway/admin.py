@@ -89,6 +89,8 @@ async def batches(request: Request) -> JSONResponse:
                 "name": name,
                 "num_batches": counters.num_batches,
                 "num_requests": counters.num_requests,
+                "num_items": counters.num_items,
+                "num_dropped": engine.num_dropped(name),
                 "num_failures": counters.num_failures,
                 "window": len(recent),
                 "mean_batch_size": sum(sizes) / len(sizes) if sizes else None,
