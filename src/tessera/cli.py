@@ -60,6 +60,9 @@ def serve(
     ] = None,
     model_repository: RepoOpt = None,
     scheduling: Annotated[str | None, typer.Option(help="fair (across tenants) or fifo.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Also serve /metrics on this port, without a key.")
+    ] = None,
     no_auth: Annotated[
         bool, typer.Option("--no-auth", help="Serve without API keys (trusted networks only).")
     ] = False,
@@ -85,6 +88,7 @@ def serve(
         scheduling=scheduling,
         auth=False if no_auth else None,
         log_format=log_format,
+        metrics_port=metrics_port,
     )
     try:
         configure_logging(log_level, settings.log_format)
@@ -120,6 +124,14 @@ def serve(
         per_tenant_labels=settings.per_tenant_labels,
         metrics_public=settings.metrics_public,
     )
+    if settings.metrics_port is not None:
+        # A scrape-only listener (prometheus_client's own thread): no key, no other routes.
+        from prometheus_client import start_http_server
+
+        start_http_server(
+            settings.metrics_port, addr=settings.host, registry=app_.state.metrics.registry
+        )
+        typer.echo(f"metrics on http://{settings.host}:{settings.metrics_port}/metrics")
     uvicorn.run(
         app_,
         host=settings.host,
@@ -172,6 +184,37 @@ def models_list(model_repository: RepoOpt = None, config: ConfigOpt = None) -> N
             spec.licence,
         )
     Console(width=200).print(table)
+
+
+@app.command()
+def bench(
+    model: Annotated[str, typer.Option(help="The model to send requests to.")],
+    url: Annotated[str, typer.Option(help="A running tessera.")] = "http://127.0.0.1:8000",
+    key: Annotated[
+        str | None, typer.Option(envvar="TESSERA_KEY", help="API key (or TESSERA_KEY).")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Closed-loop callers.")] = 8,
+    rate: Annotated[
+        float | None, typer.Option(min=0.001, help="Open loop: requests a second (Poisson).")
+    ] = None,
+    requests: Annotated[int, typer.Option(min=1, help="At most this many requests.")] = 200,
+    duration: Annotated[float, typer.Option(min=0.1, help="At most this many seconds.")] = 30.0,
+    out: Annotated[Path | None, typer.Option(help="Write the result as JSON here.")] = None,
+) -> None:
+    """Drive a running tessera with a bounded load; report throughput and latency."""
+    import asyncio
+
+    import httpx
+
+    from tessera.bench import BenchPlan, report, run_bench
+
+    plan = BenchPlan(url, model, key, concurrency, rate, requests, duration)
+    try:
+        result = asyncio.run(run_bench(plan))
+    except (ValueError, OSError, httpx.HTTPError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    report(result, out)
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ A config file may hold any of::
     auth: true                   # API keys from the tenant store under data_dir
     audit_retention_days: 30
     metrics_public: false        # true: /metrics needs no key (else an admin key)
+    metrics_port: null           # a port: also serve /metrics there, without a key, on host
     per_tenant_labels: false     # true: a tenant label on tessera_requests_total (at most 50)
     log_format: text             # text | json (one object a line, with the request id)
 """
@@ -58,6 +59,7 @@ class ServerConfig:
     auth: bool = True
     audit_retention_days: float | None = 30.0
     metrics_public: bool = False
+    metrics_port: int | None = None
     per_tenant_labels: bool = False
     log_format: str = "text"
 
@@ -91,6 +93,7 @@ _SERVER_KEYS = {
     "auth",
     "audit_retention_days",
     "metrics_public",
+    "metrics_port",
     "per_tenant_labels",
     "log_format",
 }
@@ -134,6 +137,7 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         auth=bool(values.get("auth", True)),
         audit_retention_days=values.get("audit_retention_days", 30.0),
         metrics_public=bool(values.get("metrics_public", False)),
+        metrics_port=int(values["metrics_port"]) if values.get("metrics_port") else None,
         per_tenant_labels=bool(values.get("per_tenant_labels", False)),
         log_format=str(values.get("log_format", "text")),
     )

@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from builders import write_fake_repository
-from serverproc import Server, start_server, stop_server
+from serverproc import Server, free_port, start_server, stop_server
 from tessera.tenants import TenantStore
 
+METRICS_PORT = free_port()
 MODELS = {
     "echo": {"task": "embedding", "options": {"own_bytes": 1000}},
     "slow": {
@@ -53,6 +54,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, keys: dict[str, str]) -> It
                 "model_repositories": [str(repo)],
                 "max_queue": 3,
                 "preload": ["echo"],
+                "metrics_port": METRICS_PORT,
             }
         )
     )
@@ -245,3 +247,11 @@ async def test_requests_of_callers_that_hang_up_are_dropped_before_running(
     after = slow_stats()
     assert after["num_batches"] - before["num_batches"] == 1
     assert after["num_dropped"] - before["num_dropped"] == 3
+
+
+def test_metrics_port_serves_metrics_without_a_key(server: Server, keys: dict[str, str]) -> None:
+    embed(server, keys["acme"])
+    assert httpx.get(f"{server.base_url}/metrics").status_code == 401
+    text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+    assert "tessera_memory_budget_bytes" in text
+    assert 'tessera_requests_total{model="echo"' in text
