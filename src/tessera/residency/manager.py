@@ -322,9 +322,7 @@ class ResidencyManager:
             need = self.table.extra_bytes(spec.name, expected.own_bytes, expected.shared)
             if not await self._make_room(need - self.table.free_bytes(), {spec.name}):
                 await self._wait_change(deadline, spec.name)
-            if self.state(spec.name) is not ModelState.UNLOADED and (
-                self.state(spec.name) is not ModelState.FAILED
-            ):
+            if self.state(spec.name) not in (ModelState.UNLOADED, ModelState.FAILED):
                 return  # another caller started this load meanwhile
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[spec.name] = done
