@@ -18,6 +18,7 @@ A config file may hold any of::
     include_default_models: true
     preload: [all-minilm-l6-v2]  # default: the models whose model.yaml says preload
     scheduling: fair             # fair (weighted across tenants) | fifo
+    fair_quantum_ms: 25          # 2+ tenants on a model: cap a batch's run time (null: off)
     tiers:                       # weights and latency targets; these are the defaults
       vip: {weight: 4, latency_target_ms: 250}
       standard: {weight: 2}
@@ -78,6 +79,8 @@ _ENGINE_KEYS = {
     "residency_wait_s",
     "scheduling",
 }
+# Keys given in one unit in the file and another in EngineConfig.
+_MS_KEYS = {"fair_quantum_ms": "fair_quantum_s"}
 
 
 _SERVER_KEYS = {
@@ -96,6 +99,7 @@ _SERVER_KEYS = {
     "metrics_port",
     "per_tenant_labels",
     "log_format",
+    *_MS_KEYS,
 }
 
 
@@ -118,6 +122,10 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
     if unknown:
         raise ConfigError(f"unknown config keys: {sorted(unknown)}")
     engine_values = {k: values[k] for k in _ENGINE_KEYS if k in values}
+    for key, field_name in _MS_KEYS.items():
+        if key in file_values or key in values:
+            raw = values.get(key)
+            engine_values[field_name] = float(raw) / 1000 if raw is not None else None
     budget = values.get("memory_budget")
     preload = values.get("preload")
     engine = EngineConfig(

@@ -79,13 +79,16 @@ class FifoQueue:
 
 
 def make_queue(
-    name: QueuePolicyName | str, predictor: BatchTimePredictor | None = None
+    name: QueuePolicyName | str,
+    predictor: BatchTimePredictor | None = None,
+    quantum_s: float | None = None,
 ) -> RequestQueue:
-    """A queue by policy name; ``fair`` uses ``predictor`` for latency tiers."""
+    """A queue by policy name; ``fair`` uses ``predictor`` to size batches for
+    latency tiers and for its ``quantum_s`` when tenants share the model."""
     match QueuePolicyName(name):
         case QueuePolicyName.FIFO:
             return FifoQueue()
         case QueuePolicyName.FAIR:
             from tessera.scheduling.fair import FairQueue
 
-            return FairQueue(predictor)
+            return FairQueue(predictor, quantum_s=quantum_s)

@@ -55,6 +55,9 @@ class EngineConfig:
     residency_wait_s: float = 30.0
     preload: tuple[str, ...] | None = None  # None: the models marked preload
     scheduling: str = "fair"  # fair | fifo
+    # While two or more tenants use a model, cap a batch's predicted run time
+    # here (the fair queue's quantum); None: full batches whatever the mix.
+    fair_quantum_s: float | None = 0.025
 
 
 class PreloadProgress(Protocol):
@@ -212,7 +215,7 @@ class Engine:
                 functools.partial(self._execute, spec),
                 self.clock,
                 max_queue=self.config.max_queue,
-                queue=make_queue(self.config.scheduling, predictor),
+                queue=make_queue(self.config.scheduling, predictor, self.config.fair_quantum_s),
                 max_concurrent_batches=self.executor.num_workers,
             )
         return batcher

@@ -21,6 +21,12 @@ Invariants:
   single request is still taken whole. Once the tier has been quiet for the
   horizon, batches grow to their full size again (Clockwork's and Nexus's idea:
   size batches from measured execution times to meet the tightest target).
+- Batches are the quantum of service: a request cannot join one that runs.
+  So while two or more tenants are active on the model (an arrival in the last
+  ``latency_horizon_s``), a batch's predicted run time is capped at
+  ``quantum_s``, and a tenant that arrives waits about one quantum for a
+  worker, not one full batch (VTC gets the same from one decoding step). One
+  tenant alone gets full batches. ``quantum_s=None`` turns the cap off.
 """
 
 from __future__ import annotations
@@ -37,9 +43,14 @@ LATENCY_SHARE_WHILE_ACTIVE = 0.25
 
 class FairQueue:
     def __init__(
-        self, predictor: BatchTimePredictor | None = None, latency_horizon_s: float = 2.0
+        self,
+        predictor: BatchTimePredictor | None = None,
+        latency_horizon_s: float = 2.0,
+        quantum_s: float | None = None,
     ) -> None:
         self._predictor = predictor
+        self._quantum_s = quantum_s
+        self._tenant_seen: dict[str, float] = {}  # tenant -> last arrival
         self._latency_horizon_s = latency_horizon_s
         self._queues: dict[str, deque[PendingRequest]] = {}
         self.counters: dict[str, float] = {}
@@ -51,6 +62,7 @@ class FairQueue:
     def push(self, request: PendingRequest) -> None:
         if request.latency_target_s is not None:
             self._latency_seen[request.latency_target_s] = request.arrival
+        self._tenant_seen[request.tenant] = request.arrival
         queue = self._queues.get(request.tenant)
         if not queue:
             self._lift(request.tenant)
@@ -111,12 +123,14 @@ class FairQueue:
     # -- internals --------------------------------------------------------
 
     def _active_cap(self, now: float) -> float | None:
-        active = [
-            target
-            for target, seen in self._latency_seen.items()
-            if now - seen <= self._latency_horizon_s
-        ]
-        return min(active) * LATENCY_SHARE_WHILE_ACTIVE if active else None
+        horizon = self._latency_horizon_s
+        targets = [t for t, seen in self._latency_seen.items() if now - seen <= horizon]
+        cap = min(targets) * LATENCY_SHARE_WHILE_ACTIVE if targets else None
+        if self._quantum_s is not None:
+            active = sum(1 for seen in self._tenant_seen.values() if now - seen <= horizon)
+            if active >= 2:
+                cap = _min_optional(cap, self._quantum_s)
+        return cap
 
     def _backlogged(self) -> list[str]:
         return [tenant for tenant, queue in self._queues.items() if queue]
@@ -131,7 +145,12 @@ class FairQueue:
         urgent = [t for t in backlogged if self._queues[t][0].latency_target_s is not None]
         if urgent:
             return min(urgent, key=lambda t: _deadline(self._queues[t][0]))
-        return min(backlogged, key=lambda t: (self.counters[t], self._queues[t][0].arrival))
+        # Ties (a tenant just lifted to the smallest counter) go to the lighter
+        # backlog: a newcomer with one request runs before a flooder's next one.
+        return min(
+            backlogged,
+            key=lambda t: (self.counters[t], len(self._queues[t]), self._queues[t][0].arrival),
+        )
 
     def _take(self, tenant: str) -> None:
         request = self._queues[tenant].popleft()

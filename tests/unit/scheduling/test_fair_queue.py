@@ -126,3 +126,25 @@ def test_predictor_fits_fixed_and_per_unit_cost() -> None:
     for units in (10, 20, 30):
         predictor.observe(units, 0.01 + units * 0.002)
     assert predictor.predict(50) == pytest.approx(0.11)
+
+
+def test_quantum_caps_batches_only_while_tenants_share_the_model(loop: Loop) -> None:
+    predictor = BatchTimePredictor()
+    for units in (10, 80, 320):
+        predictor.observe(units, units * 0.001)  # 1 ms per unit
+    queue = FairQueue(predictor, quantum_s=0.025)
+    for i in range(20):
+        queue.push(request(loop, "flood", units=10, arrival=0.0 + i * 1e-4))
+    # One tenant alone: full batches.
+    assert len(queue.pop_batch(8, 10_000, now=0.01)) == 8
+    queue.push(request(loop, "quiet", units=5, arrival=0.02))
+    shared = queue.pop_batch(8, 10_000, now=0.02)
+    assert shared[0].tenant == "quiet"
+    time_s = predictor.predict(sum(r.units for r in shared))
+    assert time_s is not None
+    assert time_s <= 0.025 + 1e-9
+    assert len(shared) < 8
+    # Once the quiet tenant has been away for the horizon, batches grow again.
+    waiting = len(queue)
+    assert waiting > 8
+    assert len(queue.pop_batch(8, 10_000, now=5.0)) == 8
