@@ -132,20 +132,23 @@ def test_revoked_key_is_refused_within_a_second(server: Server, keys: dict[str, 
     assert status == 401
 
 
+async def burst(server: Server, key: str, model: str, count: int) -> list[httpx.Response]:
+    """``count`` simultaneous one-sentence requests from one tenant."""
+    async with httpx.AsyncClient(
+        base_url=server.base_url, headers=bearer(key), timeout=30
+    ) as client:
+        return await asyncio.gather(
+            *(
+                client.post("/v1/embeddings", json={"model": model, "input": f"t{i}"})
+                for i in range(count)
+            )
+        )
+
+
 async def test_burst_over_qps_gets_429_with_retry_after(
     server: Server, keys: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
-        responses = await asyncio.gather(
-            *(
-                client.post(
-                    "/v1/embeddings",
-                    json={"model": "echo", "input": f"t{i}"},
-                    headers=bearer(keys["limited"]),
-                )
-                for i in range(12)
-            )
-        )
+    responses = await burst(server, keys["limited"], "echo", 12)
     refused = [r for r in responses if r.status_code == 429]
     assert len(refused) >= 8
     assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
@@ -157,17 +160,7 @@ async def test_burst_over_qps_gets_429_with_retry_after(
 async def test_full_model_queue_is_503_with_retry_after(
     server: Server, keys: dict[str, str]
 ) -> None:
-    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
-        responses = await asyncio.gather(
-            *(
-                client.post(
-                    "/v1/embeddings",
-                    json={"model": "slow", "input": f"s{i}"},
-                    headers=bearer(keys["acme"]),
-                )
-                for i in range(8)
-            )
-        )
+    responses = await burst(server, keys["acme"], "slow", 8)
     statuses = [r.status_code for r in responses]
     assert 503 in statuses
     assert 200 in statuses
