@@ -16,7 +16,7 @@ request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 class RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        record.request_id = request_id.get()
+        record.request_id = request_id.get() or "-"
         return True
 
 
@@ -31,8 +31,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        rid = getattr(record, "request_id", None)
-        if rid is not None:
+        rid = getattr(record, "request_id", "-")
+        if rid != "-":
             payload["request_id"] = rid
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)

@@ -24,6 +24,10 @@ def test_json_log_line_has_request_id() -> None:
     assert line["level"] == "warning"
     assert line["request_id"] == "abc123"
     assert line["ts"].endswith("Z")
+    outside = logging.LogRecord("tessera.x", logging.INFO, __file__, 1, "idle", (), None)
+    RequestIdFilter().filter(outside)
+    assert outside.request_id == "-"
+    assert "request_id" not in json.loads(JsonFormatter().format(outside))
 
 
 def test_preload_progress_prints_plain_lines_when_not_a_tty() -> None:
