@@ -1,4 +1,4 @@
-"""Parsing and printing of byte sizes (``700MiB``, ``1.5GB``, ``123456``)."""
+"""Parsing of byte sizes (``700MiB``, ``1.5GB``, ``123456``)."""
 
 from __future__ import annotations
 
@@ -37,13 +37,3 @@ def parse_bytes(value: str | int | float) -> int:
     if match is None or match.group(2).lower() not in _UNITS:
         raise ConfigError(f"not a size: {value!r} (use bytes or e.g. 700MiB, 1.5GB)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-
-
-def format_bytes(num_bytes: int) -> str:
-    """Print a byte count in binary units, e.g. ``1.5 GiB``."""
-    size = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")

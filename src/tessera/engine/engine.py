@@ -322,14 +322,16 @@ class Engine:
             await self._execute(spec, batch[:half])
             await self._execute(spec, batch[half:])
             return
-        await self._run(spec, batch, units)
+        await self._run(spec, batch, units, need)
 
-    async def _run(self, spec: ModelSpec, batch: list[PendingRequest], units: float) -> None:
+    async def _run(
+        self, spec: ModelSpec, batch: list[PendingRequest], units: float, activation_bytes: int
+    ) -> None:
         items = [item for request in batch for item in request.items]
         stats = self.host.activation(spec.name)
         counters = self.counters.setdefault(spec.name, ModelCounters())
         try:
-            async with self.residency.lease(spec, stats.reserve_bytes(units)) as lease:
+            async with self.residency.lease(spec, activation_bytes) as lease:
                 run = await self.executor.run(lease.model.run, items)
             if len(run.outputs) != len(items):
                 raise InferenceError(

@@ -16,7 +16,7 @@ version folder.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +65,6 @@ class ModelSpec:
     options: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     licence: str = ""
-
-    def with_version(self, version: int) -> ModelSpec:
-        if version not in self.versions:
-            raise ConfigError(f"model {self.name!r} has no version {version}")
-        return replace(self, version=version)
 
     def resolve_source(self) -> Path:
         """The path of the weights (a folder or a file); raises if absent."""

@@ -28,6 +28,3 @@ class ActivationStats:
         if not self._per_unit:
             return 0
         return math.ceil(max(self._per_unit) * units)
-
-    def peak_per_unit(self) -> float:
-        return max(self._per_unit, default=0.0)
