@@ -165,7 +165,7 @@ class ResidencyManager:
             if entry is None or entry.state in (ModelState.UNLOADED, ModelState.FAILED):
                 return False
             if entry.state is ModelState.READY and entry.pins == 0:
-                self.table.begin_unload(name, eviction=False)
+                self._begin_unload(name, eviction=False)
                 await self._unload(name)
                 return True
             if entry.state is ModelState.READY:
@@ -296,13 +296,19 @@ class ResidencyManager:
         if not victims:
             return False
         for name in victims:
-            self.table.begin_unload(name, eviction=True)
+            self._begin_unload(name, eviction=True)
         await asyncio.gather(*(self._unload(name) for name in victims))
         return True
 
+    def _begin_unload(self, name: str, eviction: bool) -> None:
+        """Mark ``name`` unloading and register the unload in the same step: a
+        caller that finds it unloading waits on that (gather starts the unloads
+        only after other tasks have had a turn)."""
+        self.table.begin_unload(name, eviction=eviction)
+        self._inflight[name] = asyncio.get_running_loop().create_future()
+
     async def _unload(self, name: str) -> None:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inflight[name] = done
+        done = self._inflight[name]
         model = self._models.pop(name)
         try:
             await self._host.unload(self._specs[name], model)

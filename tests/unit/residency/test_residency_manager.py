@@ -70,6 +70,20 @@ async def test_evicts_least_recently_used_idle_model() -> None:
     assert manager.table.used_bytes() <= 1000
 
 
+async def test_a_model_being_evicted_can_be_asked_for_at_once() -> None:
+    # Eviction once marked its victims unloading before registering their
+    # unloads; a request for a victim in between failed with a KeyError (a 500).
+    manager, host = make_manager(1000)
+    for name in ("a", "b"):
+        await manager.ensure_loaded(make_spec(name, 400))
+    big = asyncio.ensure_future(manager.ensure_loaded(make_spec("c", 900)))
+    again = asyncio.ensure_future(manager.ensure_loaded(make_spec("a", 400)))
+    await asyncio.gather(big, again)
+    assert host.loads["a"] == 2
+    assert sorted(host.on_unload[:2]) == ["a", "b"]
+    assert manager.table.used_bytes() <= 1000
+
+
 async def test_pinned_model_is_never_evicted_and_caller_gets_overloaded() -> None:
     manager, host = make_manager(1000)
     lease = await manager.acquire(make_spec("a", 600), 0)
