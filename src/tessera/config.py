@@ -6,6 +6,7 @@ A config file may hold any of::
     host: 127.0.0.1
     port: 8000
     data_dir: ./data
+    cache_dir: ./data/cache      # converted weights between loads; default: <data_dir>/cache
     memory_budget: 700MiB        # bytes or a size; default: the device's share
     device: auto                 # auto | cpu | cuda | cuda:N
     num_threads: 2               # the process's thread budget; default: all cores
@@ -87,6 +88,7 @@ _SERVER_KEYS = {
     "host",
     "port",
     "data_dir",
+    "cache_dir",
     "memory_budget",
     "max_body_bytes",
     "model_repositories",
@@ -128,15 +130,19 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
             engine_values[field_name] = float(raw) / 1000 if raw is not None else None
     budget = values.get("memory_budget")
     preload = values.get("preload")
+    data_dir = Path(values.get("data_dir", "data"))
+    # Absent: under data_dir; an explicit null in the file: no cache.
+    cache_dir = values.get("cache_dir", data_dir / "cache")
     engine = EngineConfig(
         memory_budget_bytes=parse_bytes(budget) if budget is not None else None,
         preload=tuple(preload) if preload is not None else None,
+        cache_dir=Path(cache_dir) if cache_dir is not None else None,
         **engine_values,
     )
     return ServerConfig(
         host=str(values.get("host", "127.0.0.1")),
         port=int(values.get("port", 8000)),
-        data_dir=Path(values.get("data_dir", "data")),
+        data_dir=data_dir,
         engine=engine,
         max_body_bytes=parse_bytes(values.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)),
         model_repositories=tuple(Path(p) for p in values.get("model_repositories", ())),

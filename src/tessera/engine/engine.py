@@ -13,6 +13,7 @@ import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from tessera.admission import Admission, AdmissionController, TenantLimits
@@ -58,6 +59,9 @@ class EngineConfig:
     # While two or more tenants use a model, cap a batch's predicted run time
     # here (the fair queue's quantum); None: full batches whatever the mix.
     fair_quantum_s: float | None = 0.025
+    # Where loaders keep converted weights (a GGUF model's) between loads and
+    # restarts; None: no cache.
+    cache_dir: Path | None = None
 
 
 class PreloadProgress(Protocol):
@@ -133,7 +137,7 @@ class Engine:
         num_workers = config.num_workers or num_threads
         self.executor = ComputeExecutor(self.device, num_threads, num_workers)
         self.stats: StatsSink = stats or NullSink()
-        self.host = EngineHost(self.device, self.executor, self.stats)
+        self.host = EngineHost(self.device, self.executor, self.stats, cache_dir=config.cache_dir)
         budget = config.memory_budget_bytes or self.device.default_budget_bytes()
         self.residency = ResidencyManager(
             budget,

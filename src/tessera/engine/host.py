@@ -8,6 +8,7 @@ import gc
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from tessera.device import Device
 from tessera.metrics import NullSink, StatsSink
@@ -37,6 +38,7 @@ class EngineHost:
         executor: ComputeExecutor,
         stats: StatsSink | None = None,
         max_concurrent_loads: int = 2,
+        cache_dir: Path | None = None,
     ):
         self.device = device
         self.executor = executor
@@ -52,6 +54,7 @@ class EngineHost:
             threads=executor.threads_per_worker,
             shared=self.shared,
             measure=executor.measure_exclusive,
+            cache_dir=cache_dir,
         )
         self._torch_configured = False
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -72,12 +73,15 @@ class LoadedModel(Protocol):
 @dataclass(frozen=True)
 class LoadContext:
     """What a loader may use: the device, its thread share, shared components,
-    and a way to measure process memory around a call (exclusive of batches)."""
+    a way to measure process memory around a call (exclusive of batches), and
+    ``cache_dir``: a folder where loaders may keep converted weights between
+    loads and restarts (None: no cache)."""
 
     device: Device
     threads: int
     shared: SharedComponents
     measure: Callable[[Callable[[], Any]], Measured]
+    cache_dir: Path | None = None
 
 
 class ModelLoader(Protocol):

@@ -26,15 +26,30 @@ Options (model.yaml ``options``):
 - ``stop_tokens``: extra end-of-turn token strings that end generation, for
   models whose turn ends with something other than the EOS token.
 - ``max_tokens_limit``: refuse items whose ``max_tokens`` is larger.
+
+Dequantizing a GGUF takes ~20 s on a small CPU, so when the load context has a
+``cache_dir`` the converted model and tokenizer are kept there as safetensors,
+in ``<cache_dir>/causal-lm/<key>`` (the key hashes the GGUF's path, size and
+mtime, the ``dtype`` option and the transformers version), and later loads
+read that instead (well under a second). An entry is written in a temporary
+folder beside it and renamed into place complete, its marker file last; a
+folder without the marker is ignored and rebuilt. Failing to write the cache
+only logs a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import inspect
+import json
 import logging
+import os
+import shutil
 import struct
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +66,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+# Converted GGUF models live in <cache_dir>/causal-lm/<key>/; an entry is
+# complete when this marker is in it (written last, renamed into place with it).
+_CACHE_SUBDIR = "causal-lm"
+_CACHE_MARKER = "tessera-complete.json"
 
 # torch's sampling RNG is process-global: a seeded run holds this lock from
 # seeding to its last token, and so does every sampling run of this adapter,
@@ -85,8 +105,9 @@ class CausalLmLoader:
         source = spec.resolve_source()
         folder, gguf_file = _locate(spec, source)
         try:
-            tokenizer = _load_tokenizer(spec, folder, gguf_file)
-            model = _load_model(spec, folder, gguf_file, ctx.device.torch_device())
+            model, tokenizer = _load_weights(spec, folder, gguf_file, ctx.cache_dir)
+            _configure_tokenizer(spec, tokenizer)
+            model = model.to(ctx.device.torch_device())
         except ModelUnavailableError:
             raise
         except Exception as e:  # any load failure is this model's, reported as such
@@ -115,10 +136,58 @@ def _dtype_option(spec: ModelSpec) -> str | None:
     return None if dtype is None else str(dtype)
 
 
-def _load_tokenizer(spec: ModelSpec, folder: Path, gguf_file: str | None) -> Any:
-    from transformers import AutoTokenizer
+def _load_weights(
+    spec: ModelSpec, folder: Path, gguf_file: str | None, cache_dir: Path | None
+) -> tuple[Any, Any]:
+    """The model (on the CPU, in eval mode) and its tokenizer as saved: from the
+    cache entry when one is complete, else from the source (a GGUF's then cached)."""
+    if gguf_file is None or cache_dir is None:
+        return _from_pretrained(spec, folder, gguf_file)
+    key, identity = _cache_key(folder / gguf_file, _dtype_option(spec))
+    entry = cache_dir / _CACHE_SUBDIR / key
+    if (entry / _CACHE_MARKER).is_file():
+        try:
+            return _from_pretrained(spec, entry, None, in_memory=True)
+        except Exception as e:  # a damaged entry: fall back to the GGUF and rebuild it
+            logger.warning("cannot load the cached %s (%s); converting %s", entry, e, gguf_file)
+            with contextlib.suppress(OSError):
+                (entry / _CACHE_MARKER).unlink()  # incomplete now: rebuilt below
+    model, tokenizer = _from_pretrained(spec, folder, gguf_file)
+    _write_cache_entry(entry, model, tokenizer, identity)
+    return model, tokenizer
+
+
+def _from_pretrained(
+    spec: ModelSpec, folder: Path, gguf_file: str | None, *, in_memory: bool = False
+) -> tuple[Any, Any]:
+    """Model and tokenizer from a Hugging Face folder, or from a GGUF file in it.
+
+    ``in_memory``: read the safetensors into process memory rather than map
+    them, as a GGUF's conversion is; mapped weights would be paged in by the
+    first batch, which the engine would count as that batch's activations.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, local_files_only=True)
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    load_options = inspect.signature(PreTrainedModel.from_pretrained).parameters
+    if in_memory and "disable_mmap" in load_options:  # transformers 5; older ones map
+        kwargs["disable_mmap"] = True
+    dtype = _dtype_option(spec)
+    if dtype is not None:
+        import torch
+
+        kwargs["dtype"] = dtype if dtype == "auto" else getattr(torch, dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    model.eval()
+    return model, tokenizer
+
+
+def _configure_tokenizer(spec: ModelSpec, tokenizer: Any) -> None:
+    """The chat template option and left padding (after loading, from either place,
+    so that the cache holds the tokenizer as the source has it)."""
     template = spec.options.get("chat_template")
     if template is not None:
         tokenizer.chat_template = str(template)
@@ -130,23 +199,92 @@ def _load_tokenizer(spec: ModelSpec, folder: Path, gguf_file: str | None) -> Any
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
-def _load_model(spec: ModelSpec, folder: Path, gguf_file: str | None, device: str) -> Any:
-    from transformers import AutoModelForCausalLM
+def _cache_key(gguf: Path, dtype: str | None) -> tuple[str, dict[str, Any]]:
+    """The cache entry's name for a GGUF file and dtype option, and what it hashes."""
+    from importlib.metadata import version
 
-    kwargs: dict[str, Any] = {"local_files_only": True}
-    if gguf_file is not None:
-        kwargs["gguf_file"] = gguf_file
-    dtype = _dtype_option(spec)
-    if dtype is not None:
-        import torch
+    path = gguf.resolve()
+    stat = path.stat()
+    identity: dict[str, Any] = {
+        "gguf": str(path),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "dtype": dtype,
+        "transformers": version("transformers"),
+    }
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return digest[:16], identity
 
-        kwargs["dtype"] = dtype if dtype == "auto" else getattr(torch, dtype)
-    model: Any = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
-    model.eval()
-    return model.to(device)
+
+def _write_cache_entry(entry: Path, model: Any, tokenizer: Any, identity: dict[str, Any]) -> None:
+    """Save the converted model into ``entry``, complete or not at all; a failure
+    is logged, never raised (the model is served either way)."""
+    if not all(t.is_floating_point() for t in model.state_dict().values()):
+        # transformers kept the GGUF blocks packed (a kernel for them is installed):
+        # there is nothing converted to keep.
+        logger.info("not caching %s: its weights stay quantized", identity["gguf"])
+        return
+    tmp = entry.with_name(f".{entry.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.mkdir(parents=True)
+        # transformers refuses to save a model loaded through its GGUF quantizer,
+        # though the weights are plain tensors now; drop the quantizer as its
+        # dequantize() does, which leaves the model as if loaded from safetensors.
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:
+            quantizer.remove_quantization_config(model)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for path in tmp.iterdir():
+            _fsync(path)  # the data is on disk before the marker that vouches for it
+        marker = tmp / _CACHE_MARKER
+        marker.write_text(json.dumps(identity, indent=2), encoding="utf-8")
+        _fsync(marker)
+        _publish(tmp, entry)
+    except Exception as e:  # a full disk, a read-only folder, a transformers refusal
+        logger.warning("cannot cache the converted %s in %s: %s", identity["gguf"], entry, e)
+    finally:
+        _remove(tmp)  # gone already if published
+
+
+def _publish(tmp: Path, entry: Path) -> None:
+    """Rename the finished ``tmp`` to ``entry``: atomic, so readers see all or nothing."""
+    try:
+        tmp.rename(entry)  # replaces an empty folder, refuses a non-empty one
+        return
+    except OSError:
+        if (entry / _CACHE_MARKER).is_file():
+            return  # another server published it first; its entry is as good as this one
+        if not entry.exists():
+            raise
+    # A partial entry (a crash, a damaged entry) is in the way: move it aside in
+    # one step, so that no reader sees it half removed, then try once more.
+    stale = entry.with_name(f".{entry.name}.{uuid.uuid4().hex[:8]}.stale")
+    entry.rename(stale)
+    _remove(stale)
+    try:
+        tmp.rename(entry)
+    except OSError:
+        if not (entry / _CACHE_MARKER).is_file():
+            raise
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def _gguf_num_elements(path: Path) -> int | None:
