@@ -5,11 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tessera-installed
 ARGS ?=
 PYTEST_ARGS ?=
+SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-neighbor
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test venv lint bench clean
+.PHONY: serve test venv lint bench bench-peers bench-all clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +39,15 @@ test: $(STAMP) lint
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_bench.py $(ARGS)
+
+# The peer servers of the benchmarks, each in its own venv under ~/.cache/tessera/peers
+# (TESSERA_PEERS_DIR); not part of `make test`.
+bench-peers: $(STAMP)
+	bash scripts/bench-peers.sh
+
+# Every shipped scenario, one after the other (about 40 minutes on 2 cores).
+bench-all: $(STAMP)
+	$(BIN)/tessera bench $(foreach s,$(SCENARIOS),--scenario benchmarks/scenarios/$(s).yaml) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

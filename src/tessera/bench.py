@@ -101,7 +101,7 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 1)
 
 
-class _Progress:
+class BenchProgress:
     """A rich bar on a terminal, a plain line every few seconds otherwise."""
 
     def __init__(self, total: int, stream: TextIO) -> None:
@@ -148,7 +148,7 @@ async def run_bench(plan: BenchPlan, stream: TextIO = sys.stderr) -> BenchResult
         latencies: list[float] = []
         statuses: Counter[str] = Counter()
         issued = 0
-        progress = _Progress(plan.requests, stream)
+        progress = BenchProgress(plan.requests, stream)
         deadline = time.perf_counter() + plan.duration_s
 
         async def one(n: int) -> None:

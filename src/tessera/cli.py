@@ -188,7 +188,22 @@ def models_list(model_repository: RepoOpt = None, config: ConfigOpt = None) -> N
 
 @app.command()
 def bench(
-    model: Annotated[str, typer.Option(help="The model to send requests to.")],
+    model: Annotated[str | None, typer.Option(help="The model to send requests to.")] = None,
+    scenario: Annotated[
+        list[Path] | None,
+        typer.Option(help="Run a scenario file instead: it starts its own servers (repeatable)."),
+    ] = None,
+    only: Annotated[
+        list[str] | None, typer.Option(help="With --scenario: only this configuration.")
+    ] = None,
+    quick: Annotated[bool, typer.Option(help="With --scenario: a quarter of its bounds.")] = False,
+    out_dir: Annotated[Path, typer.Option(help="With --scenario: where results go.")] = Path(
+        "benchmarks/results"
+    ),
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(help="With --scenario: keep the servers' data and logs under this folder."),
+    ] = None,
     url: Annotated[str, typer.Option(help="A running tessera.")] = "http://127.0.0.1:8000",
     key: Annotated[
         str | None, typer.Option(envvar="TESSERA_KEY", help="API key (or TESSERA_KEY).")
@@ -201,12 +216,23 @@ def bench(
     duration: Annotated[float, typer.Option(min=0.1, help="At most this many seconds.")] = 30.0,
     out: Annotated[Path | None, typer.Option(help="Write the result as JSON here.")] = None,
 ) -> None:
-    """Drive a running tessera with a bounded load; report throughput and latency."""
+    """Drive a running tessera with a bounded load; report throughput and latency.
+
+    With --scenario, serve a scenario's workload with each of its configurations
+    (tessera, baselines, peer servers) and write JSON, Markdown and plots.
+    """
     import asyncio
 
     import httpx
 
     from tessera.bench import BenchPlan, report, run_bench
+
+    if scenario:
+        _bench_scenarios(scenario, out_dir, set(only) if only else None, quick, work_dir)
+        return
+    if model is None:
+        typer.echo("error: give --model (a running tessera) or --scenario FILE", err=True)
+        raise typer.Exit(2)
 
     plan = BenchPlan(url, model, key, concurrency, rate, requests, duration)
     try:
@@ -215,6 +241,21 @@ def bench(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     report(result, out)
+
+
+def _bench_scenarios(
+    paths: list[Path], out_dir: Path, only: set[str] | None, quick: bool, work_dir: Path | None
+) -> None:
+    from tessera.benchmark.scenario import ScenarioError
+    from tessera.benchmark.suite import bench_scenario
+
+    _offline()
+    for path in paths:
+        try:
+            bench_scenario(path, out_dir, only, quick, work_dir)
+        except ScenarioError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from e
 
 
 def main() -> None:

@@ -1,0 +1,265 @@
+"""Bring up one configuration of a scenario: tessera in one of its forms, or a peer.
+
+Each configuration is a :class:`Deployment`: the servers it started, which
+one serves each model, the tenants' keys, and what memory it reserves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+import yaml
+
+from tessera.bench import request_for
+from tessera.benchmark.inputs import sentences
+from tessera.benchmark.probes import Residency
+from tessera.benchmark.scenario import Configuration, Scenario, ScenarioError
+from tessera.benchmark.servers import RunningServer, running_tessera
+from tessera.repository import default_repository_path, read_spec
+from tessera.tenants import TenantStore
+from tessera.units import parse_bytes
+
+if TYPE_CHECKING:
+    from tessera.benchmark.peers import Peer
+
+ADMIN_TENANT = "bench-ops"
+
+
+@dataclass
+class TesseraProtocol:
+    """tessera's own APIs, with a real input for each model's task."""
+
+    tasks: dict[str, str]  # served model name -> task
+    texts: list[str] = field(default_factory=sentences)
+
+    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
+        task = self.tasks[model]
+        if task == "embedding":
+            chosen = [self.texts[(n * inputs + i) % len(self.texts)] for i in range(inputs)]
+            return "/v1/embeddings", {"model": model, "input": chosen[0] if inputs == 1 else chosen}
+        return request_for(task, model, n)
+
+    def ok(self, model: str, status: int, body: bytes) -> bool:
+        if status != 200:
+            return False
+        return self.tasks[model] != "embedding" or b'"embedding"' in body
+
+
+@dataclass
+class PeerProtocol:
+    peer: Peer
+    texts: list[str] = field(default_factory=sentences)
+
+    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
+        if inputs != 1:
+            raise ScenarioError(f"peer {self.peer.name}: one sentence a request only")
+        return self.peer.embed_call(model, self.texts[n % len(self.texts)])
+
+    def ok(self, model: str, status: int, body: bytes) -> bool:
+        return self.peer.embed_ok(status, body)
+
+
+@dataclass
+class Deployment:
+    """A configuration, up and serving."""
+
+    name: str
+    kind: str
+    servers: list[RunningServer]
+    routes: dict[str, RunningServer]  # served model name -> server
+    protocol: TesseraProtocol | PeerProtocol
+    keys: dict[str, str] = field(default_factory=dict)  # tenant -> API key
+    admin_key: str | None = None
+    slices: dict[str, int] | None = None  # static partition: fixed bytes per model
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    # --- the driver's Endpoint -----------------------------------------------------
+    def route(self, model: str) -> str:
+        return self.routes[model].base_url
+
+    def headers(self, tenant: str) -> dict[str, str]:
+        key = self.keys.get(tenant)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
+        return self.protocol.call(model, n, inputs)
+
+    def ok(self, model: str, status: int, body: bytes) -> bool:
+        return self.protocol.ok(model, status, body)
+
+    # --- what the probes need ------------------------------------------------------
+    def processes(self) -> list[psutil.Process]:
+        return [p for server in self.servers for p in server.processes()]
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+
+    def residencies(self) -> list[Residency]:
+        if self.kind == "peer":
+            return []
+        return [
+            Residency(f"{s.base_url}/admin/residency", self.admin_headers) for s in self.servers
+        ]
+
+
+def served_tasks(scenario: Scenario) -> dict[str, str]:
+    repository = default_repository_path()
+    return {m: read_spec(repository / scenario.base_model(m)).task for m in scenario.models}
+
+
+def latency_targets_ms(scenario: Scenario) -> dict[str, float | None]:
+    repository = default_repository_path()
+    out = {}
+    for model in scenario.models:
+        target = read_spec(repository / scenario.base_model(model)).latency_target_ms
+        out[model] = None if target is None else float(target)
+    return out
+
+
+def _write_repository(folder: Path, scenario: Scenario, names: list[str]) -> Path:
+    """A model repository holding ``names``, aliases under their own name."""
+    for name in names:
+        source = default_repository_path() / scenario.base_model(name) / "model.yaml"
+        raw = yaml.safe_load(source.read_text(encoding="utf-8"))
+        raw["name"] = name
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        (folder / name / "model.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return folder
+
+
+def _prepare_tenants(data_dir: Path, tiers: dict[str, str]) -> tuple[dict[str, str], str]:
+    """Each tenant with its tier and a key, and an admin key."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with TenantStore(data_dir) as store:
+        store.add_tenant(ADMIN_TENANT)
+        admin = store.create_key(ADMIN_TENANT, admin=True).key
+        keys = {}
+        for tenant, tier in tiers.items():
+            store.add_tenant(tenant, tier=tier)
+            keys[tenant] = store.create_key(tenant).key
+    return keys, admin
+
+
+def _serve_args(scenario: Scenario, configuration: Configuration, work: Path) -> list[str]:
+    args = [*scenario.server_args, *configuration.args]
+    if configuration.config:
+        path = work / f"config-{configuration.name}.yaml"
+        path.write_text(yaml.safe_dump(configuration.config, sort_keys=False))
+        args += ["--config", str(path)]
+    return args
+
+
+@contextlib.contextmanager
+def deploy_tessera(
+    scenario: Scenario,
+    configuration: Configuration,
+    work: Path,
+    tiers: dict[str, str],
+    slices: dict[str, int] | None = None,
+) -> Iterator[Deployment]:
+    """One tessera serving every model of the scenario (``tessera``, ``fifo``, ``static``)."""
+    data_dir = work / f"data-{configuration.name}"
+    keys, admin = _prepare_tenants(data_dir, tiers)
+    args = _serve_args(scenario, configuration, work)
+    aliases = [m for m in scenario.models if m in scenario.aliases]
+    if aliases:
+        repository = _write_repository(work / f"aliases-{configuration.name}", scenario, aliases)
+        args += ["--model-repository", str(repository)]
+    settings: dict[str, Any] = {}
+    if configuration.kind == "static":
+        if slices is None:
+            raise ScenarioError("static needs a dedicated configuration before it (its slices)")
+        # Every model preloaded; a budget of the slices together, so nothing is evicted.
+        args += ["--memory-budget", str(sum(slices.values()))]
+        args += [a for m in scenario.models for a in ("--preload", m)]
+        settings["slices_bytes"] = slices
+    elif scenario.memory_budget is not None:
+        args += ["--memory-budget", scenario.memory_budget]
+    if configuration.kind == "fifo":
+        args += ["--scheduling", "fifo"]
+    with running_tessera(work, configuration.name, args) as server:
+        server.key = admin
+        routes = dict.fromkeys(scenario.models, server)
+        yield Deployment(
+            configuration.name,
+            configuration.kind,
+            [server],
+            routes,
+            TesseraProtocol(served_tasks(scenario)),
+            keys,
+            admin,
+            slices,
+            {**settings, "command": server.command, "startup_s": round(server.startup_s, 1)},
+        )
+
+
+@contextlib.contextmanager
+def deploy_dedicated(
+    scenario: Scenario, configuration: Configuration, work: Path, tiers: dict[str, str]
+) -> Iterator[Deployment]:
+    """One tessera process per model, each holding only its model, one thread each."""
+    template = work / f"data-{configuration.name}-template"
+    keys, admin = _prepare_tenants(template, tiers)
+    threads = max(1, (os.cpu_count() or 1) // len(scenario.models))
+    routes: dict[str, RunningServer] = {}
+    with contextlib.ExitStack() as stack:
+        for model in scenario.models:
+            label = f"{configuration.name}-{model}"
+            shutil.copytree(template, work / f"data-{label}")
+            repository = _write_repository(work / f"repo-{label}", scenario, [model])
+            config = {**configuration.config, "include_default_models": False}
+            (work / f"config-{label}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            args = [*scenario.server_args, *configuration.args, "--config"]
+            args += [str(work / f"config-{label}.yaml"), "--model-repository", str(repository)]
+            args += ["--preload", model, "--threads", str(threads), "--workers", "1"]
+            server = stack.enter_context(running_tessera(work, label, args))
+            server.key = admin
+            routes[model] = server
+        settings = {"processes": len(routes), "threads_per_process": threads}
+        yield Deployment(
+            configuration.name,
+            "dedicated",
+            list(routes.values()),
+            routes,
+            TesseraProtocol(served_tasks(scenario)),
+            keys,
+            admin,
+            None,
+            settings,
+        )
+
+
+@contextlib.contextmanager
+def deploy_peer(
+    scenario: Scenario, configuration: Configuration, work: Path
+) -> Iterator[Deployment]:
+    from tessera.benchmark.peers import PEERS, PEERS_DIR
+
+    name = configuration.peer or configuration.name
+    if name not in PEERS:
+        raise ScenarioError(f"unknown peer {name!r}; known: {sorted(PEERS)}")
+    peer = PEERS[name]
+    if not peer.installed(PEERS_DIR):
+        raise ScenarioError(f"peer {name} is not installed under {PEERS_DIR}: run make bench-peers")
+    bases = {scenario.base_model(m) for m in scenario.models}
+    if len(bases) != 1:
+        raise ScenarioError("peers serve one model's weights (under one or more names)")
+    model_dir = read_spec(default_repository_path() / bases.pop()).resolve_source()
+    threads = os.cpu_count() or 1
+    with peer.serve(PEERS_DIR, work, model_dir, list(scenario.models), threads) as server:
+        routes = dict.fromkeys(scenario.models, server)
+        settings = {**server.extra, "version": peer.version(PEERS_DIR)}
+        settings["startup_s"] = round(server.startup_s, 1)
+        yield Deployment(name, "peer", [server], routes, PeerProtocol(peer), settings=settings)
+
+
+def budget_bytes(scenario: Scenario) -> int | None:
+    return None if scenario.memory_budget is None else parse_bytes(scenario.memory_budget)

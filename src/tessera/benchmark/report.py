@@ -1,0 +1,347 @@
+"""A scenario's results as Markdown: the tables, the bars, and how to rerun it."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+MIB = 1024**2
+
+Bar = tuple[str, str, str, str]  # figure, measured, bar, verdict
+
+
+def output_stem(directory: Path, day: str, name: str) -> Path:
+    """``NAME-DAY``, or ``NAME-DAY-N`` with the first N whose files do not exist."""
+    stem, n = directory / f"{name}-{day}", 1
+    while stem.with_suffix(".json").exists() or stem.with_suffix(".md").exists():
+        n += 1
+        stem = directory / f"{name}-{day}-{n}"
+    return stem
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _mib(value: Any) -> str:
+    return "-" if value is None else f"{value / MIB:.0f}"
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("PASS" if ok else "MISS")
+
+
+def steps_of(results: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return list(results["configurations"].get(name, {}).get("steps", []))
+
+
+def step_at(results: dict[str, Any], name: str, concurrency: int | None) -> dict[str, Any] | None:
+    for step in steps_of(results, name):
+        if step.get("concurrency") == concurrency:
+            return step
+    return None
+
+
+def kinds(results: dict[str, Any], *wanted: str) -> list[str]:
+    return [n for n, c in results["configurations"].items() if c["kind"] in wanted]
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _best_peer(
+    results: dict[str, Any], concurrency: int | None
+) -> tuple[str, dict[str, Any]] | None:
+    best: tuple[str, dict[str, Any]] | None = None
+    for name in kinds(results, "peer"):
+        step = step_at(results, name, concurrency)
+        if step is not None and (best is None or step["req_per_s"] > best[1]["req_per_s"]):
+            best = (name, step)
+    return best
+
+
+def _versus(ratio: float | None, ours: dict[str, Any], best: tuple[str, dict[str, Any]]) -> str:
+    peer, theirs = best
+    return f"{_fmt(ratio, 2)} ({ours['req_per_s']:.0f} vs {peer} {theirs['req_per_s']:.0f} req/s)"
+
+
+def bars_embed_saturation(results: dict[str, Any]) -> list[Bar]:
+    out: list[Bar] = []
+    raw = results["configurations"].get("raw", {}).get("raw", {}).get("main", {})
+    tessera = steps_of(results, "tessera")
+    if raw and tessera:
+        top = max(tessera, key=lambda s: s["req_per_s"])
+        ratio = _ratio(top["req_per_s"], raw["sentences_per_s"])
+        measured = f"{_fmt(ratio, 2)} ({top['req_per_s']:.0f} req/s at c={top['concurrency']} "
+        measured += f"vs {raw['sentences_per_s']:.0f} sentences/s raw)"
+        out.append(
+            (
+                "tessera / raw at saturation",
+                measured,
+                "≥ 0.90",
+                _verdict(ratio is not None and ratio >= 0.9),
+            )
+        )
+    ours, best = step_at(results, "tessera", 32), _best_peer(results, 32)
+    if ours and best:
+        ratio = _ratio(ours["req_per_s"], best[1]["req_per_s"])
+        measured = _versus(ratio, ours, best)
+        out.append(
+            (
+                "tessera / best peer at c=32",
+                measured,
+                "≥ 1.05",
+                _verdict(ratio is not None and ratio >= 1.05),
+            )
+        )
+        p99, peer_p99 = ours["p99_ms"], best[1]["p99_ms"]
+        out.append(
+            ("p99 at c=32, tessera vs best peer", f"{p99} vs {peer_p99} ms", "lower",
+             _verdict(p99 is not None and peer_p99 is not None and p99 < peer_p99))
+        )  # fmt: skip
+    return out
+
+
+def bars_three_models(results: dict[str, Any]) -> list[Bar]:
+    ours, best = step_at(results, "tessera", None), _best_peer(results, None)
+    if not ours or not best:
+        return []
+    ratio = _ratio(ours["req_per_s"], best[1]["req_per_s"])
+    measured = (
+        f"{_fmt(ratio, 2)} ({ours['req_per_s']:.0f} vs {best[0]} {best[1]['req_per_s']:.0f} req/s)"
+    )
+    pss, peer_pss = ours["peak_pss_bytes"], best[1]["peak_pss_bytes"]
+    return [
+        ("3 names: tessera / best peer throughput", measured, "≥ 1.0",
+         _verdict(ratio is not None and ratio >= 1.0)),
+        ("3 names: peak PSS, tessera vs that peer", f"{_mib(pss)} vs {_mib(peer_pss)} MiB",
+         "≤", _verdict(pss is not None and peer_pss is not None and pss <= peer_pss)),
+    ]  # fmt: skip
+
+
+def bars_mixed_zipf(results: dict[str, Any]) -> list[Bar]:
+    step = step_at(results, "tessera", None)
+    if not step:
+        return []
+    beside = ", ".join(
+        f"{name} {_pct(s['memory_utilization'])}"
+        for name in kinds(results, "dedicated", "static")
+        if (s := step_at(results, name, None))
+    )
+    util = step["memory_utilization"]
+    share = step.get("cold_load_share")
+    return [
+        ("memory utilization (tessera)", f"{_pct(util)} (beside: {beside or '-'})", "≥ 75%",
+         _verdict(util is not None and util >= 0.75)),
+        ("failed requests (tessera)", str(step["failed"]), "0", _verdict(step["failed"] == 0)),
+        ("cold loads / requests (tessera)", f"{_pct(share)} ({step['cold_loads']} loads)", "≤ 5%",
+         _verdict(share is not None and share <= 0.05)),
+    ]  # fmt: skip
+
+
+def bars_shared_vs_dedicated(results: dict[str, Any]) -> list[Bar]:
+    ours, dedicated = step_at(results, "tessera", None), step_at(results, "dedicated", None)
+    if not ours or not dedicated:
+        return []
+    key = "reserved_gb_s_per_1k_within_target"
+    ratio = _ratio(ours.get(key), dedicated.get(key))
+    pss_key = "pss_gb_s_per_1k_within_target"
+    pss_ratio = _ratio(ours.get(pss_key), dedicated.get(pss_key))
+    share, theirs = ours["within_target_share"], dedicated["within_target_share"]
+    return [
+        ("GB-s reserved per 1k in target, tessera / dedicated",
+         f"{_fmt(ratio, 2)} ({ours.get(key)} vs {dedicated.get(key)})", "≤ 0.60",
+         _verdict(ratio is not None and ratio <= 0.6)),
+        ("GB-s of PSS per 1k in target, tessera / dedicated",
+         f"{_fmt(pss_ratio, 2)} ({ours.get(pss_key)} vs {dedicated.get(pss_key)})", "(shown)", "-"),
+        ("share within target, tessera vs dedicated", f"{_pct(share)} vs {_pct(theirs)}", "≥",
+         _verdict(share is not None and theirs is not None and share >= theirs)),
+    ]  # fmt: skip
+
+
+def noisy_figures(results: dict[str, Any]) -> dict[str, float | None]:
+    def quiet_p99(name: str) -> float | None:
+        step = step_at(results, name, None)
+        return None if step is None else step["per_tenant"].get("quiet", {}).get("p99_ms")
+
+    def flood_rate(name: str) -> float | None:
+        step = step_at(results, name, None)
+        return None if step is None else step["per_tenant"].get("flood", {}).get("req_per_s")
+
+    d_ms = None
+    fair = step_at(results, "fair", None)
+    if fair and fair.get("batches"):
+        runs = [m["run_s_p99"] for b in fair["batches"].values() for m in b["models"]]
+        runs = [r for r in runs if r is not None]
+        d_ms = round(1000 * max(runs), 1) if runs else None
+    return {
+        "S": quiet_p99("alone"), "B": quiet_p99("fifo"), "F": quiet_p99("fair"),
+        "V": quiet_p99("vip"), "D": d_ms,
+        "flood_fair": flood_rate("fair"), "flood_vip": flood_rate("vip"),
+    }  # fmt: skip
+
+
+def bars_noisy_neighbor(results: dict[str, Any]) -> list[Bar]:
+    f = noisy_figures(results)
+    s, b, fair, v, d = f["S"], f["B"], f["F"], f["V"], f["D"]
+    out: list[Bar] = [
+        ("S, B, F, V, D (ms)", ", ".join(_fmt(x, 0) for x in (s, b, fair, v, d)), "", "-")
+    ]
+    fb = _ratio(fair, b)
+    out.append(("F / B", _fmt(fb, 2), "≤ 0.25", _verdict(fb is not None and fb <= 0.25)))
+    if fair is not None and s is not None and d is not None:
+        out.append(
+            (
+                "F vs S + 2D",
+                f"{fair:.0f} vs {s + 2 * d:.0f}",
+                "F ≤ S + 2D",
+                _verdict(fair <= s + 2 * d),
+            )
+        )
+    vs = _ratio(v, s)
+    out.append(("V / S", _fmt(vs, 2), "≤ 3", _verdict(vs is not None and vs <= 3)))
+    kept = _ratio(f["flood_vip"], f["flood_fair"])
+    out.append(
+        (
+            "flooder throughput, vip / fair",
+            _fmt(kept, 2),
+            "≥ 0.70",
+            _verdict(kept is not None and kept >= 0.7),
+        )
+    )
+    return out
+
+
+BARS: dict[str, Callable[[dict[str, Any]], list[Bar]]] = {
+    "embed-saturation": bars_embed_saturation,
+    "three-models": bars_three_models,
+    "mixed-zipf": bars_mixed_zipf,
+    "shared-vs-dedicated": bars_shared_vs_dedicated,
+    "noisy-neighbor": bars_noisy_neighbor,
+}
+
+
+def bars(results: dict[str, Any]) -> list[Bar]:
+    judge = BARS.get(results["scenario"]["name"])
+    return judge(results) if judge else []
+
+
+def _step_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for name, outcome in results["configurations"].items():
+        if outcome["kind"] == "raw":
+            main = outcome["raw"]["main"]
+            rows.append([name, "batch 32", f"{main['sentences_per_s']:.0f} sent/s"] + ["-"] * 11)
+            continue
+        for s in outcome["steps"]:
+            rows.append([
+                name, _fmt(s["concurrency"]), _fmt(s["req_per_s"]), _fmt(s["p50_ms"]),
+                _fmt(s["p95_ms"]), _fmt(s["p99_ms"]), str(s["failed"]),
+                _pct(s["within_target_share"]), _fmt(s["cpu_s_per_1k_requests"], 1),
+                _mib(s["peak_pss_bytes"]), _mib(s["reserved_bytes"]),
+                _pct(s["memory_utilization"]), _fmt(s["cold_loads"]),
+                _fmt(s.get("reserved_gb_s_per_1k_within_target"), 2),
+            ])  # fmt: skip
+    return rows
+
+
+def _tenant_rows(results: dict[str, Any], key: str) -> list[list[str]]:
+    rows = []
+    for name, outcome in results["configurations"].items():
+        for s in outcome.get("steps", []):
+            for who, f in s[key].items():
+                rows.append([
+                    name, _fmt(s["concurrency"]), who, str(f["requests"]), str(f["failed"]),
+                    _fmt(f["req_per_s"]), _fmt(f["p50_ms"]), _fmt(f["p95_ms"]), _fmt(f["p99_ms"]),
+                    _pct(f["within_target_share"]),
+                ])  # fmt: skip
+    return rows
+
+
+def _settings(outcome: dict[str, Any]) -> str:
+    settings = dict(outcome.get("settings") or outcome.get("raw") or {})
+    parts = []
+    command = settings.pop("command", None)
+    for key, value in settings.items():
+        if not isinstance(value, dict):
+            parts.append(f"{key}: {value}")
+    if command:
+        parts.append(f"`{command if isinstance(command, str) else shlex.join(command)}`")
+    return "; ".join(parts)
+
+
+def render(results: dict[str, Any], plots: list[Path]) -> str:
+    scenario, machine = results["scenario"], results["machine"]
+    lines = [
+        f"# Benchmark `{scenario['name']}`, {results['date']}",
+        "",
+        scenario["about"],
+        "",
+        f"Rerun: `{results['command']}`",
+        "",
+        f"Machine: {machine['cpu_count']} cores ({machine['cpu_model']}), "
+        f"{machine['memory_bytes'] / 1024**3:.1f} GiB, Python {machine['python']}, "
+        + ", ".join(f"{k} {v}" for k, v in machine["versions"].items())
+        + f". Wall time {results.get('total_s')} s.",
+        "",
+    ]
+    verdicts = bars(results)
+    if verdicts:
+        lines += [
+            "## Bars",
+            "",
+            table(["figure", "measured", "bar", ""], [list(b) for b in verdicts]),
+            "",
+        ]
+    header = ["configuration", "conc.", "req/s", "p50 ms", "p95 ms", "p99 ms", "failed",
+              "in target", "CPU-s/1k", "peak PSS MiB", "reserved MiB", "mem. util.",
+              "cold loads", "GB-s/1k in target"]  # fmt: skip
+    lines += ["## Configurations", "", table(header, _step_rows(results)), ""]
+    per = [
+        "configuration",
+        "conc.",
+        "",
+        "requests",
+        "failed",
+        "req/s",
+        "p50",
+        "p95",
+        "p99",
+        "in target",
+    ]
+    lines += [
+        "## Per tenant",
+        "",
+        table(["tenant" if h == "" else h for h in per], _tenant_rows(results, "per_tenant")),
+        "",
+    ]
+    lines += [
+        "## Per model",
+        "",
+        table(["model" if h == "" else h for h in per], _tenant_rows(results, "per_model")),
+        "",
+    ]
+    settings = [[n, _settings(c)] for n, c in results["configurations"].items()]
+    lines += ["## Settings", "", table(["configuration", "settings"], settings), ""]
+    if results["errors"]:
+        lines += ["## Errors", ""] + [f"- {n}: {e}" for n, e in results["errors"].items()] + [""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    return "\n".join(lines)

@@ -1,0 +1,228 @@
+"""Scenario files: the workload a benchmark serves and the configurations it compares.
+
+A scenario is YAML (see ``benchmarks/scenarios/``)::
+
+    name: mixed-zipf
+    about: what it measures, in a sentence or two
+    models: [all-minilm-l6-v2, minilm-rerank, ...]   # in popularity order
+    aliases: {minilm-a: all-minilm-l6-v2}          # extra names for the same weights
+    popularity: {zipf: 1.1}                          # or omitted: uniform
+    memory_budget: 700MiB                            # tessera's, for every configuration
+    requests: 2000                                   # each tenant's bound, per step
+    duration_s: 60                                   # each step's time bound
+    warmup_requests: 50                              # per step, not measured
+    sweep: [1, 8, 32, 64]                            # closed-loop concurrency steps
+    tenants:
+      - {name: quiet, tier: standard, rate: 10}          # open loop, Poisson arrivals
+      - {name: flood, concurrency: 16, inputs: 8, background: true}  # closed loop
+    configurations:
+      - tessera                                      # a name that is also its kind
+      - {name: vip, kind: tessera, tiers: {quiet: vip},
+         config: {tiers: {vip: {latency_target_ms: {p99_of: alone, tenant: quiet, times: 3}}}}}
+      - {name: pytriton, kind: peer}
+
+Kinds: ``tessera`` (one shared server), ``fifo`` (fair scheduling off),
+``static`` (every model preloaded into fixed slices sized by the dedicated run,
+no eviction), ``dedicated`` (one tessera process per model, one thread each),
+``raw`` (the model in-process, no server) and ``peer`` (a peer server, named
+by ``peer`` or by the configuration's name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+KINDS = ("tessera", "fifo", "static", "dedicated", "raw", "peer")
+_SCENARIO_KEYS = {
+    "name", "about", "models", "aliases", "popularity", "memory_budget", "requests",
+    "duration_s", "warmup_requests", "sweep", "tenants", "configurations", "server_args",
+}  # fmt: skip
+_TENANT_KEYS = {"name", "tier", "rate", "concurrency", "inputs", "requests", "models", "background"}
+_CONFIG_KEYS = {"name", "kind", "peer", "tenants", "tiers", "config", "args"}
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be run as written."""
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    """One tenant's share of the workload."""
+
+    name: str
+    tier: str = "standard"
+    rate: float | None = None  # open loop: requests a second, Poisson arrivals
+    concurrency: int | None = None  # closed loop: callers, each waiting for its answer
+    inputs: int = 1  # sentences per request, for tasks that take several
+    requests: int | None = None  # this tenant's bound; else the scenario's
+    models: tuple[str, ...] | None = None  # else the scenario's
+    background: bool = False  # runs until the other tenants are done, unbounded itself
+
+    @property
+    def mode(self) -> str:
+        return "open" if self.rate is not None else "closed"
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One way to serve the workload."""
+
+    name: str
+    kind: str
+    peer: str | None = None
+    tenants: tuple[str, ...] | None = None  # a subset of the scenario's, else all
+    tiers: dict[str, str] = field(default_factory=dict)  # tenant -> tier, overriding
+    config: dict[str, Any] = field(default_factory=dict)  # tessera config file contents
+    args: tuple[str, ...] = ()  # more `tessera serve` arguments
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    about: str
+    models: tuple[str, ...]
+    tenants: tuple[TenantLoad, ...]
+    configurations: tuple[Configuration, ...]
+    aliases: dict[str, str] = field(default_factory=dict)
+    zipf: float | None = None
+    memory_budget: str | None = None
+    requests: int = 1000
+    duration_s: float = 30.0
+    warmup_requests: int = 0
+    sweep: tuple[int, ...] = ()
+    server_args: tuple[str, ...] = ()
+    path: Path | None = None
+
+    def base_model(self, name: str) -> str:
+        """The default model a served name stands for (itself unless an alias)."""
+        return self.aliases.get(name, name)
+
+    def steps(self) -> tuple[int | None, ...]:
+        """Concurrency of the closed-loop tenants at each step; ``None``: as written."""
+        return self.sweep or (None,)
+
+    def tenants_for(self, configuration: Configuration, step: int | None) -> list[TenantLoad]:
+        chosen = [
+            t
+            for t in self.tenants
+            if configuration.tenants is None or t.name in configuration.tenants
+        ]
+        out = []
+        for tenant in chosen:
+            tier = configuration.tiers.get(tenant.name, tenant.tier)
+            concurrency = step if step is not None and tenant.rate is None else tenant.concurrency
+            out.append(replace(tenant, tier=tier, concurrency=concurrency))
+        return out
+
+    def shortened(self, factor: float) -> Scenario:
+        """The same scenario with its bounds scaled by ``factor`` (``--quick``)."""
+        tenants = tuple(
+            replace(t, requests=None if t.requests is None else max(1, int(t.requests * factor)))
+            for t in self.tenants
+        )
+        return replace(
+            self,
+            tenants=tenants,
+            requests=max(1, int(self.requests * factor)),
+            duration_s=max(3.0, self.duration_s * factor),
+            warmup_requests=int(self.warmup_requests * factor),
+        )
+
+
+def _unknown(kind: str, raw: dict[str, Any], known: set[str]) -> None:
+    extra = sorted(set(raw) - known)
+    if extra:
+        raise ScenarioError(f"{kind}: unknown keys {extra} (known: {sorted(known)})")
+
+
+def _tenant(raw: Any) -> TenantLoad:
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise ScenarioError(f"a tenant needs a mapping with a name, not {raw!r}")
+    _unknown(f"tenant {raw['name']}", raw, _TENANT_KEYS)
+    if (raw.get("rate") is None) == (raw.get("concurrency") is None):
+        raise ScenarioError(f"tenant {raw['name']}: give exactly one of rate and concurrency")
+    models = raw.get("models")
+    return TenantLoad(
+        name=str(raw["name"]),
+        tier=str(raw.get("tier", "standard")),
+        rate=None if raw.get("rate") is None else float(raw["rate"]),
+        concurrency=None if raw.get("concurrency") is None else int(raw["concurrency"]),
+        inputs=int(raw.get("inputs", 1)),
+        requests=None if raw.get("requests") is None else int(raw["requests"]),
+        models=None if models is None else tuple(str(m) for m in models),
+        background=bool(raw.get("background", False)),
+    )
+
+
+def _configuration(raw: Any) -> Configuration:
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise ScenarioError(f"a configuration is a name or a mapping with one, not {raw!r}")
+    _unknown(f"configuration {raw['name']}", raw, _CONFIG_KEYS)
+    name = str(raw["name"])
+    kind = str(raw.get("kind", name))
+    if kind not in KINDS:
+        raise ScenarioError(f"configuration {name}: kind {kind!r} is not one of {KINDS}")
+    tenants = raw.get("tenants")
+    return Configuration(
+        name=name,
+        kind=kind,
+        peer=str(raw.get("peer", name)) if kind == "peer" else None,
+        tenants=None if tenants is None else tuple(str(t) for t in tenants),
+        tiers={str(k): str(v) for k, v in (raw.get("tiers") or {}).items()},
+        config=dict(raw.get("config") or {}),
+        args=tuple(str(a) for a in raw.get("args", ())),
+    )
+
+
+def parse_scenario(raw: Any, path: Path | None = None) -> Scenario:
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise ScenarioError("a scenario is a mapping with a name")
+    _unknown(f"scenario {raw['name']}", raw, _SCENARIO_KEYS)
+    popularity = raw.get("popularity") or {}
+    scenario = Scenario(
+        name=str(raw["name"]),
+        about=str(raw.get("about", "")).strip(),
+        models=tuple(str(m) for m in raw.get("models", ())),
+        aliases={str(k): str(v) for k, v in (raw.get("aliases") or {}).items()},
+        zipf=None if "zipf" not in popularity else float(popularity["zipf"]),
+        tenants=tuple(_tenant(t) for t in raw.get("tenants", ())),
+        configurations=tuple(_configuration(c) for c in raw.get("configurations", ())),
+        memory_budget=None if raw.get("memory_budget") is None else str(raw["memory_budget"]),
+        requests=int(raw.get("requests", 1000)),
+        duration_s=float(raw.get("duration_s", 30.0)),
+        warmup_requests=int(raw.get("warmup_requests", 0)),
+        sweep=tuple(int(c) for c in raw.get("sweep", ())),
+        server_args=tuple(str(a) for a in raw.get("server_args", ())),
+        path=path,
+    )
+    _check(scenario)
+    return scenario
+
+
+def _check(scenario: Scenario) -> None:
+    if not scenario.models or not scenario.tenants or not scenario.configurations:
+        raise ScenarioError(f"{scenario.name}: needs models, tenants and configurations")
+    names = [c.name for c in scenario.configurations]
+    if len(set(names)) != len(names):
+        raise ScenarioError(f"{scenario.name}: configuration names repeat: {names}")
+    tenant_names = {t.name for t in scenario.tenants}
+    for configuration in scenario.configurations:
+        unknown = set(configuration.tenants or ()) | set(configuration.tiers)
+        if unknown - tenant_names:
+            raise ScenarioError(f"{configuration.name}: unknown tenants {unknown - tenant_names}")
+    if all(t.background for t in scenario.tenants):
+        raise ScenarioError(f"{scenario.name}: every tenant is background; nothing bounds a step")
+
+
+def load_scenario(path: Path) -> Scenario:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ScenarioError(f"cannot read scenario {path}: {e}") from e
+    return parse_scenario(raw, path)

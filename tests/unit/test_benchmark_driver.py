@@ -1,0 +1,128 @@
+"""The load generator, against an app served in-process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from tessera.benchmark.driver import Driver, zipf_weights
+from tessera.benchmark.scenario import TenantLoad
+
+
+async def embeddings(request: Request) -> JSONResponse:
+    body = await request.json()
+    if body["model"] == "broken":
+        return JSONResponse({"error": {"message": "no"}}, status_code=503)
+    await asyncio.sleep(float(request.headers.get("x-delay", "0")))
+    count = len(body["input"]) if isinstance(body["input"], list) else 1
+    return JSONResponse({"data": [{"embedding": [0.0]} for _ in range(count)]})
+
+
+APP = Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
+
+
+class FakeEndpoint:
+    """The driver's Endpoint over the app above; ``delay_s`` slows every answer."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
+        self.bodies: list[dict[str, Any]] = []
+
+    def route(self, model: str) -> str:
+        return "http://bench.test"
+
+    def headers(self, tenant: str) -> dict[str, str]:
+        return {"x-delay": str(self.delay_s), "x-tenant": tenant}
+
+    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
+        text = [f"s{n}-{i}" for i in range(inputs)] if inputs > 1 else f"s{n}"
+        body = {"model": model, "input": text}
+        self.bodies.append(body)
+        return "/v1/embeddings", body
+
+    def ok(self, model: str, status: int, body: bytes) -> bool:
+        return status == 200 and b"embedding" in body
+
+
+def driver(endpoint: FakeEndpoint, models: list[str], zipf: float | None = None) -> Driver:
+    return Driver(endpoint, models, zipf, transport=httpx.ASGITransport(app=APP))
+
+
+async def test_closed_loop_tenants_each_send_their_bound() -> None:
+    tenants = [TenantLoad("a", concurrency=3), TenantLoad("b", concurrency=2, requests=7)]
+    result = await driver(FakeEndpoint(), ["m"]).run(tenants, requests=10, duration_s=30)
+    assert Counter(r.tenant for r in result.records) == {"a": 10, "b": 7}
+    assert all(r.ok and r.status == "200" for r in result.records)
+    assert result.seconds > 0
+
+
+async def test_open_loop_is_bounded_by_its_requests() -> None:
+    result = await driver(FakeEndpoint(), ["m"]).run(
+        [TenantLoad("a", rate=2000.0)], requests=15, duration_s=30
+    )
+    assert len(result.records) == 15
+    starts = [r.start_s for r in sorted(result.records, key=lambda r: r.start_s)]
+    assert starts[0] >= 0
+
+
+async def test_duration_bounds_a_step_that_cannot_finish() -> None:
+    result = await driver(FakeEndpoint(delay_s=0.05), ["m"]).run(
+        [TenantLoad("a", concurrency=2)], requests=10_000, duration_s=0.3
+    )
+    assert 0 < len(result.records) < 10_000
+
+
+async def test_background_tenant_stops_when_the_others_are_done() -> None:
+    answered = 0
+
+    def count() -> None:
+        nonlocal answered
+        answered += 1
+
+    endpoint = FakeEndpoint(delay_s=0.005)
+    flood = TenantLoad("flood", concurrency=2, inputs=4, background=True)
+    run = Driver(endpoint, ["m"], None, on_answer=count, transport=httpx.ASGITransport(app=APP))
+    result = await run.run([TenantLoad("quiet", rate=200.0), flood], requests=20, duration_s=30)
+    by_tenant = Counter(r.tenant for r in result.records)
+    assert by_tenant["quiet"] == 20
+    assert by_tenant["flood"] > 0
+    assert answered == 20  # progress counts the bounded tenants only
+    assert any(isinstance(b["input"], list) and len(b["input"]) == 4 for b in endpoint.bodies)
+
+
+async def test_failures_are_recorded_with_their_status() -> None:
+    result = await driver(FakeEndpoint(), ["broken"]).run(
+        [TenantLoad("a", concurrency=1)], requests=3, duration_s=30
+    )
+    assert [(r.status, r.ok) for r in result.records] == [("503", False)] * 3
+
+
+async def test_connection_errors_are_recorded_not_raised() -> None:
+    endpoint = FakeEndpoint()
+    endpoint.route = lambda model: "http://127.0.0.1:9"  # type: ignore[method-assign]
+    result = await Driver(endpoint, ["m"], None).run(
+        [TenantLoad("a", concurrency=1)], requests=2, duration_s=30
+    )
+    assert [r.ok for r in result.records] == [False, False]
+    assert result.records[0].status == "ConnectError"
+
+
+def test_zipf_weights() -> None:
+    assert zipf_weights(3, None) == [1.0, 1.0, 1.0]
+    assert zipf_weights(3, 1.0) == pytest.approx([1.0, 0.5, 1 / 3])
+
+
+async def test_zipf_popularity_follows_the_listed_order() -> None:
+    result = await driver(FakeEndpoint(), ["m1", "m2", "m3", "m4"], zipf=1.1).run(
+        [TenantLoad("a", concurrency=4)], requests=400, duration_s=30
+    )
+    counts = Counter(r.model for r in result.records)
+    assert counts["m1"] > counts["m2"] > counts["m4"]

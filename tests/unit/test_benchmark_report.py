@@ -1,0 +1,179 @@
+"""Figures, bars, Markdown and plots of a benchmark, from made-up records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.benchmark.driver import Record
+from tessera.benchmark.figures import Cost, latency_figures, step_figures
+from tessera.benchmark.plots import draw_all
+from tessera.benchmark.probes import Sample, histogram_delta, time_average
+from tessera.benchmark.report import bars, output_stem, render
+
+MIB = 1024**2
+
+
+def records(tenant: str, model: str, latencies_ms: list[float], ok: bool = True) -> list[Record]:
+    return [
+        Record(tenant, model, i * 0.01, ms / 1000, "200" if ok else "503", ok)
+        for i, ms in enumerate(latencies_ms)
+    ]
+
+
+def samples(used: list[int | None], budget: int | None, loads: list[int]) -> list[Sample]:
+    return [Sample(float(i), 100 * MIB + i, u, budget, loads[i], 0) for i, u in enumerate(used)]
+
+
+def step(
+    recs: list[Record],
+    concurrency: int | None = None,
+    used: list[int | None] | None = None,
+    reserved: int | None = None,
+    loads: list[int] | None = None,
+    batches: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    used = used or [None, None]
+    cost = Cost(2.0, samples(used, reserved, loads or [0] * len(used)), reserved)
+    out = step_figures(recs, 10.0, {"m": 100.0, "x": 100.0}, cost)
+    out["concurrency"] = concurrency
+    out["batch_size_histogram"] = {"m": {"1.0": 2.0, "2.0": 5.0, "+Inf": 0.0}}
+    if batches is not None:
+        out["batches"] = batches
+    return out
+
+
+def results(name: str, configurations: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "scenario": {"name": name, "about": "made up"},
+        "date": "2026-11-30",
+        "machine": {
+            "cpu_count": 2,
+            "cpu_model": "cpu",
+            "memory_bytes": 2 * 1024**3,
+            "python": "3.11",
+            "versions": {"tessera": "0"},
+        },
+        "command": "tessera bench --scenario x.yaml",
+        "configurations": configurations,
+        "errors": {"infinity": "ScenarioError: not installed"},
+        "total_s": 1.0,
+    }
+
+
+def served(kind: str, *steps: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "settings": {"command": ["tessera", "serve"], "workers": 2},
+        "steps": list(steps),
+    }
+
+
+def test_latency_figures_count_target_and_failures() -> None:
+    recs = records("a", "m", [10, 50, 150]) + records("a", "m", [5], ok=False)
+    figures = latency_figures(recs, 2.0, {"m": 100.0})
+    assert (figures["requests"], figures["ok"], figures["failed"]) == (4, 3, 1)
+    assert figures["req_per_s"] == 1.5
+    assert figures["within_target"] == 2
+    assert figures["within_target_share"] == 0.5
+    assert figures["p50_ms"] == 50.0
+    assert figures["statuses"] == {"200": 3, "503": 1}
+
+
+def test_step_figures_cost_memory_and_loads() -> None:
+    recs = records("a", "m", [10] * 100)
+    figures = step(recs, used=[50 * MIB, 50 * MIB, 100 * MIB], reserved=100 * MIB, loads=[1, 2, 4])
+    assert figures["cpu_s_per_1k_requests"] == 20.0
+    assert figures["memory_utilization"] == pytest.approx(0.5)  # 50 MiB held 2 s of 2
+    assert figures["cold_loads"] == 3
+    assert figures["cold_load_share"] == 0.03
+    gb_s = 100 * MIB / 1e9 * 10.0 / 0.1
+    assert figures["reserved_gb_s_per_1k_within_target"] == pytest.approx(gb_s, rel=1e-3)
+    assert figures["per_tenant"]["a"]["requests"] == 100
+    assert figures["latencies_ms"]["a"][0] == 10.0
+
+
+def test_time_average_holds_each_sample_until_the_next() -> None:
+    points = [Sample(0.0, 0, 10, 1, 0, 0), Sample(1.0, 0, 30, 1, 0, 0), Sample(4.0, 0, 0, 1, 0, 0)]
+    assert time_average(points, lambda s: s.used_bytes) == pytest.approx((10 * 1 + 30 * 3) / 4)
+    assert time_average([], lambda s: s.used_bytes) is None
+
+
+def test_histogram_delta_is_per_bucket_during_the_step() -> None:
+    before = {"m": {"1.0": 1.0, "2.0": 1.0, "+Inf": 1.0}}
+    after = {"m": {"1.0": 3.0, "2.0": 6.0, "+Inf": 6.0}, "idle": {"1.0": 0.0, "+Inf": 0.0}}
+    assert histogram_delta(before, after) == {"m": {"1.0": 2.0, "2.0": 3.0, "+Inf": 0.0}}
+
+
+def saturation() -> dict[str, Any]:
+    fast, slow = records("b", "m", [20] * 50), records("b", "m", [40] * 50)
+    return results(
+        "embed-saturation",
+        {
+            "raw": {"kind": "raw", "raw": {"main": {"sentences_per_s": 5.0}, "command": "raw"}},
+            "tessera": served("tessera", step(fast, 1), step(fast, 32)),
+            "pytriton": served("peer", step(slow, 1), step(slow, 32)),
+        },
+    )
+
+
+def test_embed_saturation_bars() -> None:
+    verdicts = {figure: (measured, verdict) for figure, measured, _, verdict in bars(saturation())}
+    assert verdicts["tessera / raw at saturation"][1] == "PASS"  # 5.0 vs 5.0
+    assert verdicts["tessera / best peer at c=32"] == ("1.00 (5 vs pytriton 5 req/s)", "MISS")
+    assert verdicts["p99 at c=32, tessera vs best peer"] == ("20.0 vs 40.0 ms", "PASS")
+
+
+def test_mixed_zipf_and_shared_vs_dedicated_bars() -> None:
+    recs = records("a", "m", [10] * 100)
+    ours = step(recs, used=[80 * MIB, 80 * MIB], reserved=100 * MIB, loads=[0, 2])
+    theirs = step(recs, used=[100 * MIB, 100 * MIB], reserved=400 * MIB)
+    configurations = {"tessera": served("tessera", ours), "dedicated": served("dedicated", theirs)}
+    mixed = {f: (m, v) for f, m, _, v in bars(results("mixed-zipf", configurations))}
+    assert mixed["memory utilization (tessera)"] == ("80.0% (beside: dedicated 25.0%)", "PASS")
+    assert mixed["cold loads / requests (tessera)"][1] == "PASS"
+    cost = {f: (m, v) for f, m, _, v in bars(results("shared-vs-dedicated", configurations))}
+    assert cost["GB-s reserved per 1k in target, tessera / dedicated"][1] == "PASS"  # 0.25
+    assert cost["share within target, tessera vs dedicated"][1] == "PASS"
+
+
+def test_noisy_neighbor_bars() -> None:
+    quiet = lambda ms: records("quiet", "m", [ms] * 20)  # noqa: E731
+    flood = records("flood", "m", [300] * 40)
+    batches = {"u": {"models": [{"name": "m", "run_s_p99": 0.05}]}}
+    configurations = {
+        "alone": served("tessera", step(quiet(30))),
+        "fifo": served("fifo", step(quiet(400) + flood)),
+        "fair": served("tessera", step(quiet(80) + flood, batches=batches)),
+        "vip": served("tessera", step(quiet(70) + flood)),
+    }
+    verdicts = {f: (m, v) for f, m, _, v in bars(results("noisy-neighbor", configurations))}
+    assert verdicts["S, B, F, V, D (ms)"][0] == "30, 400, 80, 70, 50"
+    assert verdicts["F / B"] == ("0.20", "PASS")
+    assert verdicts["F vs S + 2D"] == ("80 vs 130", "PASS")
+    assert verdicts["V / S"][1] == "PASS"
+    assert verdicts["flooder throughput, vip / fair"] == ("1.00", "PASS")
+
+
+def test_render_and_plots(tmp_path: Path) -> None:
+    data = saturation()
+    recs = records("b", "m", [10] * 20)
+    data["configurations"]["tessera"]["steps"].append(
+        step(recs, 64, used=[10 * MIB, 20 * MIB], reserved=30 * MIB)
+    )
+    plots = draw_all(data, tmp_path / "embed-saturation-2026-11-30")
+    assert {p.name.rsplit("-", 1)[-1] for p in plots} >= {"throughput.png", "sizes.png", "cdf.png"}
+    assert all(p.stat().st_size > 1000 for p in plots)
+    markdown = render(data, plots)
+    assert "| tessera / raw at saturation |" in markdown
+    assert "`tessera serve`" in markdown
+    assert "infinity: ScenarioError: not installed" in markdown
+    assert "![embed-saturation-2026-11-30-throughput]" in markdown
+
+
+def test_output_stem_never_overwrites(tmp_path: Path) -> None:
+    first = output_stem(tmp_path, "2026-11-30", "x")
+    first.with_suffix(".json").write_text("{}")
+    assert output_stem(tmp_path, "2026-11-30", "x").name == "x-2026-11-30-2"

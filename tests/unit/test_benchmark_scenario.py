@@ -1,0 +1,108 @@
+"""Scenario files: parsing, checks, steps, and the shipped scenarios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.benchmark.scenario import (
+    ScenarioError,
+    load_scenario,
+    parse_scenario,
+)
+from tessera.repository import default_repository_path, read_spec
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "benchmarks" / "scenarios"
+
+
+def minimal(**extra: Any) -> dict[str, Any]:
+    return {
+        "name": "s",
+        "models": ["all-minilm-l6-v2"],
+        "tenants": [{"name": "a", "concurrency": 2}],
+        "configurations": ["tessera"],
+        **extra,
+    }
+
+
+def test_minimal_scenario_takes_defaults() -> None:
+    scenario = parse_scenario(minimal())
+    assert scenario.configurations[0].kind == "tessera"
+    assert scenario.tenants[0].mode == "closed"
+    assert scenario.steps() == (None,)
+    assert scenario.zipf is None
+
+
+def test_sweep_sets_closed_loop_concurrency_but_not_open_loop() -> None:
+    raw = minimal(
+        sweep=[1, 8],
+        tenants=[{"name": "a", "concurrency": 2}, {"name": "b", "rate": 5}],
+    )
+    scenario = parse_scenario(raw)
+    tenants = scenario.tenants_for(scenario.configurations[0], 8)
+    assert [(t.name, t.concurrency, t.rate) for t in tenants] == [("a", 8, None), ("b", None, 5.0)]
+
+
+def test_configuration_picks_tenants_and_overrides_tiers() -> None:
+    raw = minimal(
+        tenants=[{"name": "a", "rate": 1}, {"name": "b", "concurrency": 1, "background": True}],
+        configurations=[{"name": "x", "kind": "fifo", "tenants": ["a"], "tiers": {"a": "vip"}}],
+    )
+    scenario = parse_scenario(raw)
+    tenants = scenario.tenants_for(scenario.configurations[0], None)
+    assert [(t.name, t.tier) for t in tenants] == [("a", "vip")]
+
+
+def test_peer_configuration_is_named_by_its_peer() -> None:
+    scenario = parse_scenario(minimal(configurations=[{"name": "pytriton", "kind": "peer"}]))
+    assert scenario.configurations[0].peer == "pytriton"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (minimal(tenants=[{"name": "a"}]), "exactly one of rate and concurrency"),
+        (minimal(tenants=[{"name": "a", "rate": 1, "concurrency": 2}]), "exactly one"),
+        (minimal(configurations=["nope"]), "kind 'nope'"),
+        (minimal(configurations=["tessera", "tessera"]), "repeat"),
+        (minimal(colour="blue"), "unknown keys ['colour']"),
+        (minimal(tenants=[{"name": "a", "rate": 1, "speed": 2}]), "unknown keys ['speed']"),
+        (minimal(configurations=[{"name": "t", "kind": "tessera", "tenants": ["z"]}]), "{'z'}"),
+        (minimal(tenants=[{"name": "a", "rate": 1, "background": True}]), "background"),
+        (minimal(models=[]), "needs models"),
+        ([1, 2], "a mapping with a name"),
+    ],
+)
+def test_bad_scenarios_are_refused_with_the_reason(raw: Any, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        parse_scenario(raw)
+
+
+def test_unreadable_file_is_a_scenario_error(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "bad.yaml")
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "missing.yaml")
+
+
+def test_shortened_scales_every_bound() -> None:
+    scenario = parse_scenario(minimal(requests=1000, duration_s=40, warmup_requests=100))
+    short = scenario.shortened(0.25)
+    assert (short.requests, short.duration_s, short.warmup_requests) == (250, 10.0, 25)
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_scenarios_parse_and_name_served_models(path: Path) -> None:
+    scenario = load_scenario(path)
+    assert scenario.name == path.stem
+    for model in scenario.models:
+        spec = read_spec(default_repository_path() / scenario.base_model(model))
+        assert spec.latency_target_ms is not None
+
+
+def test_the_issue_scenarios_are_shipped() -> None:
+    names = {p.stem for p in SCENARIOS.glob("*.yaml")}
+    assert {"embed-saturation", "mixed-zipf", "noisy-neighbor", "shared-vs-dedicated"} <= names
