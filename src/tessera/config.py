@@ -20,6 +20,7 @@ A config file may hold any of::
     preload: [all-minilm-l6-v2]  # default: the models whose model.yaml says preload
     scheduling: fair             # fair (weighted across tenants) | fifo
     fair_quantum_ms: 25          # 2+ tenants on a model: cap a batch's run time (null: off)
+    long_batch_ms: 500           # batches predicted this long get a lane of their own (null: off)
     tiers:                       # weights and latency targets; these are the defaults
       vip: {weight: 4, latency_target_ms: 250}
       standard: {weight: 2}
@@ -81,7 +82,7 @@ _ENGINE_KEYS = {
     "scheduling",
 }
 # Keys given in one unit in the file and another in EngineConfig.
-_MS_KEYS = {"fair_quantum_ms": "fair_quantum_s"}
+_MS_KEYS = {"fair_quantum_ms": "fair_quantum_s", "long_batch_ms": "long_batch_s"}
 
 
 _SERVER_KEYS = {

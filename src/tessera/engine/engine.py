@@ -59,6 +59,9 @@ class EngineConfig:
     # While two or more tenants use a model, cap a batch's predicted run time
     # here (the fair queue's quantum); None: full batches whatever the mix.
     fair_quantum_s: float | None = 0.025
+    # Batches predicted to run this long (a page of OCR, a chat generation) run in
+    # a lane of their own, so that they cannot hold every worker; None: one lane.
+    long_batch_s: float | None = 0.5
     # Where loaders keep converted weights (a GGUF model's) between loads and
     # restarts; None: no cache.
     cache_dir: Path | None = None
@@ -135,7 +138,9 @@ class Engine:
         self.device = device or make_device(config.device)
         num_threads = config.num_threads or os.cpu_count() or 1
         num_workers = config.num_workers or num_threads
-        self.executor = ComputeExecutor(self.device, num_threads, num_workers)
+        self.executor = ComputeExecutor(
+            self.device, num_threads, num_workers, long_batch_s=config.long_batch_s
+        )
         self.stats: StatsSink = stats or NullSink()
         self.host = EngineHost(self.device, self.executor, self.stats, cache_dir=config.cache_dir)
         budget = config.memory_budget_bytes or self.device.default_budget_bytes()
@@ -335,8 +340,10 @@ class Engine:
         stats = self.host.activation(spec.name)
         counters = self.counters.setdefault(spec.name, ModelCounters())
         try:
+            predictor = self.predictors.get(spec.name)
+            expected_s = predictor.predict(units) if predictor is not None else None
             async with self.residency.lease(spec, activation_bytes) as lease:
-                run = await self.executor.run(lease.model.run, items)
+                run = await self.executor.run(lease.model.run, items, expected_s)
             if len(run.outputs) != len(items):
                 raise InferenceError(
                     f"model {spec.name!r} returned {len(run.outputs)} outputs"

@@ -5,6 +5,14 @@ at once, each with ``num_threads // num_workers`` intra-op threads (torch's
 global setting, onnxruntime's session option, a native engine's option), so
 torch, onnxruntime and native engines together never oversubscribe the cores.
 
+A batch predicted to run for ``long_batch_s`` or more (a page of OCR, a
+chat generation) runs in a lane of its own, ``num_workers`` more threads,
+so that it cannot hold every worker while short batches of other models
+wait behind it: the operating system then shares the cores between the
+long batch and the short ones, as it would between one process per model.
+Short batches never wait for a long one to end; long ones give up some
+speed while short ones run beside them.
+
 Memory measurements need quiet: ``measure_exclusive`` waits until no batch
 runs and holds new ones back while it measures a load. A batch's own
 activation peak is measured only when it starts alone (otherwise it is
@@ -34,21 +42,48 @@ class BatchRun:
 
 
 class ComputeExecutor:
-    def __init__(self, device: Device, num_threads: int, num_workers: int) -> None:
+    def __init__(
+        self,
+        device: Device,
+        num_threads: int,
+        num_workers: int,
+        long_batch_s: float | None = None,
+    ) -> None:
         if num_workers < 1 or num_threads < 1:
             raise ValueError("num_threads and num_workers must be >= 1")
         self.device = device
         self.num_workers = num_workers
         self.threads_per_worker = max(1, num_threads // num_workers)
+        self.long_batch_s = long_batch_s
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="tessera-compute")
+        self._long_pool = (
+            ThreadPoolExecutor(num_workers, thread_name_prefix="tessera-long")
+            if long_batch_s is not None
+            else None
+        )
         self._cond = threading.Condition()
         self._active = 0
         self._exclusive = False
         self._exclusive_waiting = 0
 
-    async def run(self, fn: Callable[[Sequence[Any]], list[Any]], items: Sequence[Any]) -> BatchRun:
+    async def run(
+        self,
+        fn: Callable[[Sequence[Any]], list[Any]],
+        items: Sequence[Any],
+        expected_s: float | None = None,
+    ) -> BatchRun:
+        """Run ``fn(items)`` on a worker; ``expected_s``, the predicted run time,
+        picks the long lane when it is at least ``long_batch_s``."""
+        pool = self._pool
+        if (
+            self._long_pool is not None
+            and self.long_batch_s is not None
+            and expected_s is not None
+            and expected_s >= self.long_batch_s
+        ):
+            pool = self._long_pool
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._run_sync, fn, items)
+        return await loop.run_in_executor(pool, self._run_sync, fn, items)
 
     def _run_sync(self, fn: Callable[[Sequence[Any]], list[Any]], items: Sequence[Any]) -> BatchRun:
         with self._cond:
@@ -114,3 +149,5 @@ class ComputeExecutor:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._long_pool is not None:
+            self._long_pool.shutdown(wait=True, cancel_futures=True)

@@ -4,17 +4,27 @@ unload models, off the event loop."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from tessera.device import Device
 from tessera.metrics import NullSink, StatsSink
 from tessera.repository.spec import ModelSpec
 from tessera.residency import ActivationStats, Footprint
-from tessera.runtimes.base import LoadContext, LoadedModel, ModelLoader, SharedComponents
+from tessera.runtimes.base import (
+    LoadContext,
+    LoadedModel,
+    Measured,
+    ModelLoader,
+    SharedComponents,
+)
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.samples import warmup_items
 from tessera.tasks.types import Task, work_units
@@ -56,6 +66,14 @@ class EngineHost:
             measure=executor.measure_exclusive,
             cache_dir=cache_dir,
         )
+        # Reloads are not measured again (the residency manager keeps the first
+        # load's figures), so a reload never holds running batches back.
+        self._reload_ctx = dataclasses.replace(self._ctx, measure=_unmeasured)
+        self._loaded_before: set[str] = set()
+        # transformers' lazy imports are not thread-safe: the first load of each
+        # adapter (which imports its libraries) runs one at a time.
+        self._first_load_lock = threading.Lock()
+        self._adapters_seen: set[str] = set()
         self._torch_configured = False
 
     def loader(self, spec: ModelSpec) -> ModelLoader:
@@ -101,6 +119,17 @@ class EngineHost:
         return model
 
     def _load_sync(self, spec: ModelSpec) -> LoadedModel:
+        if spec.adapter not in self._adapters_seen:
+            with self._first_load_lock:
+                model = self._load_measured(spec)
+                self._adapters_seen.add(spec.adapter)
+                return model
+        if spec.name in self._loaded_before:
+            return self.loader(spec).load(spec, self._reload_ctx)
+        return self._load_measured(spec)
+
+    def _load_measured(self, spec: ModelSpec) -> LoadedModel:
+        """A first load: measured alone, then warmed up to measure a batch's peak."""
         model = self.loader(spec).load(spec, self._ctx)
         num_items = min(MAX_WARMUP_ITEMS, spec.batching.max_batch_size)
         items = warmup_items(spec.task, 1 if spec.task in ONE_ITEM_WARMUP else num_items)
@@ -112,6 +141,7 @@ class EngineHost:
         self.activation(spec.name).observe(
             measured.peak_delta_bytes, sum(work_units(i) for i in items)
         )
+        self._loaded_before.add(spec.name)
         return model
 
     async def unload(self, spec: ModelSpec, model: LoadedModel) -> None:
@@ -128,3 +158,8 @@ class EngineHost:
 
     def shutdown(self) -> None:
         self._load_pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _unmeasured(fn: Callable[[], Any]) -> Measured:
+    """Run ``fn`` without measuring it (a reload: its figures are known)."""
+    return Measured(fn(), 0, 0)

@@ -347,10 +347,14 @@ class ResidencyManager:
         except Exception as e:
             self._fail(spec.name, f"load failed: {type(e).__name__}: {e}")
             raise ModelUnavailableError(spec.name, f"load failed: {e}") from e
-        report = model.memory()
-        measured = Footprint(report.own_bytes, dict(report.shared_bytes))
-        self._measured[spec.name] = measured
-        self._methods[spec.name] = report.method
+        # A model is measured at its first load; a reload keeps that figure (the
+        # host does not measure reloads: that would hold running batches back).
+        measured = self._measured.get(spec.name)
+        if measured is None:
+            report = model.memory()
+            measured = Footprint(report.own_bytes, dict(report.shared_bytes))
+            self._measured[spec.name] = measured
+            self._methods[spec.name] = report.method
         try:
             self._check_fits(spec, measured, 0)
         except ModelTooLargeError as e:
