@@ -10,7 +10,7 @@ import contextlib
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,12 +124,22 @@ def latency_targets_ms(scenario: Scenario) -> dict[str, float | None]:
     return out
 
 
-def _write_repository(folder: Path, scenario: Scenario, names: list[str]) -> Path:
-    """A model repository holding ``names``, aliases under their own name."""
+# Slices are each model's peak in its own process plus this margin: resident-set
+# deltas (how ONNX and native models are measured) differ a little between processes.
+SLICE_MARGIN = 1.10
+
+
+def _write_repository(
+    folder: Path, scenario: Scenario, names: list[str], caps: dict[str, int] | None = None
+) -> Path:
+    """A model repository holding ``names``, aliases under their own name, each
+    capped at ``caps[name]`` bytes (weights and batches) where given."""
     for name in names:
         source = default_repository_path() / scenario.base_model(name) / "model.yaml"
         raw = yaml.safe_load(source.read_text(encoding="utf-8"))
         raw["name"] = name
+        if caps is not None:
+            raw.setdefault("memory", {})["max_bytes"] = caps[name]
         (folder / name).mkdir(parents=True, exist_ok=True)
         (folder / name / "model.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     return folder
@@ -168,19 +178,28 @@ def deploy_tessera(
     """One tessera serving every model of the scenario (``tessera``, ``fifo``, ``static``)."""
     data_dir = work / f"data-{configuration.name}"
     keys, admin = _prepare_tenants(data_dir, tiers)
-    args = _serve_args(scenario, configuration, work)
-    aliases = [m for m in scenario.models if m in scenario.aliases]
-    if aliases:
-        repository = _write_repository(work / f"aliases-{configuration.name}", scenario, aliases)
-        args += ["--model-repository", str(repository)]
+    config = dict(configuration.config)
     settings: dict[str, Any] = {}
+    aliases = [m for m in scenario.models if m in scenario.aliases]
+    repository: Path | None = None
     if configuration.kind == "static":
         if slices is None:
             raise ScenarioError("static needs a dedicated configuration before it (its slices)")
-        # Every model preloaded; a budget of the slices together, so nothing is evicted.
-        args += ["--memory-budget", str(sum(slices.values()))]
+        # Each model preloaded into a fixed slice (its cap), the budget the slices
+        # together, and no eviction: a batch that finds no room waits for it.
+        folder = work / f"repo-{configuration.name}"
+        caps = {m: int(b * SLICE_MARGIN) for m, b in slices.items()}
+        repository = _write_repository(folder, scenario, list(scenario.models), caps)
+        config |= {"include_default_models": False, "eviction_policy": "none"}
+        settings["slices_bytes"] = caps
+    elif aliases:
+        repository = _write_repository(work / f"aliases-{configuration.name}", scenario, aliases)
+    args = _serve_args(scenario, replace(configuration, config=config), work)
+    if repository is not None:
+        args += ["--model-repository", str(repository)]
+    if configuration.kind == "static" and slices is not None:
+        args += ["--memory-budget", str(sum(settings["slices_bytes"].values()))]
         args += [a for m in scenario.models for a in ("--preload", m)]
-        settings["slices_bytes"] = slices
     elif scenario.memory_budget is not None:
         args += ["--memory-budget", scenario.memory_budget]
     if configuration.kind == "fifo":
@@ -196,7 +215,7 @@ def deploy_tessera(
             TesseraProtocol(served_tasks(scenario)),
             keys,
             admin,
-            slices,
+            settings.get("slices_bytes"),
             {**settings, "command": server.command, "startup_s": round(server.startup_s, 1)},
         )
 

@@ -27,6 +27,7 @@ READY_TIMEOUT_S = 300.0
 # Unbuffered: tessera prints its bootstrap admin key on stdout, which goes to a file.
 SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 _ADMIN_KEY = re.compile(r"admin API key[^:]*:\s*(\S+)")
+_PRELOAD_FAILED = re.compile(r"preload failed: .*")
 
 
 @dataclass
@@ -77,6 +78,9 @@ def _wait_ready(
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"server exited with {process.returncode}:\n{tail}")
+        failure = _PRELOAD_FAILED.search(log_path.read_text(errors="replace"))
+        if failure is not None:  # it would never be ready
+            raise RuntimeError(f"server cannot get ready: {failure.group(0)}")
         with contextlib.suppress(httpx.HTTPError):
             if ready():
                 return

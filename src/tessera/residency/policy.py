@@ -26,6 +26,7 @@ class EvictionPolicy(Protocol):
 class EvictionPolicyName(StrEnum):
     LRU = "lru"
     LARGEST = "largest"
+    NONE = "none"  # a static partition: what is loaded stays; a batch waits for room
 
 
 class _OrderedPolicy:
@@ -48,9 +49,23 @@ class _OrderedPolicy:
         return victims if freed_by(victims) >= need_bytes else None
 
 
+class _NeverEvict:
+    """Never unload a model to make room (models are preloaded into fixed slices)."""
+
+    def choose(
+        self,
+        candidates: Sequence[ModelEntry],
+        need_bytes: int,
+        freed_by: Callable[[list[str]], int],
+    ) -> list[str] | None:
+        return None
+
+
 def make_eviction_policy(name: EvictionPolicyName | str) -> EvictionPolicy:
     match EvictionPolicyName(name):
         case EvictionPolicyName.LRU:
             return _OrderedPolicy(lambda e: e.last_used)
         case EvictionPolicyName.LARGEST:
             return _OrderedPolicy(lambda e: -e.weights_bytes)
+        case EvictionPolicyName.NONE:
+            return _NeverEvict()

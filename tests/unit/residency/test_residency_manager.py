@@ -232,3 +232,14 @@ async def test_models_bytes_split_shared_components_and_add_up_to_used() -> None
     assert by_name["intent"].bytes == 50 + 300
     assert by_name["intent"].weights_bytes == 950
     assert sum(m.bytes for m in stats.models) == stats.used_bytes == 960
+
+
+async def test_policy_none_never_evicts_to_make_room() -> None:
+    host = FakeModelHost()
+    manager = ResidencyManager(1000, host, make_eviction_policy("none"), FakeClock(), wait_s=0.0)
+    await manager.ensure_loaded(make_spec("a", 600))
+    with pytest.raises(OverloadedError):
+        await manager.ensure_loaded(make_spec("b", 600))
+    assert host.unloads["a"] == 0
+    lease = await manager.acquire(make_spec("a", 600), 300)  # its own batches still fit
+    manager.release(lease)
