@@ -7,9 +7,11 @@ they cross thread boundaries safely; images are decoded numpy arrays.
 
 Work units (the cost used for batching limits and fairness):
 text tasks count approximate tokens (``ceil(chars / 4)``, at least 1) so that
-they can be counted before the tokenizer is resident; OCR counts megapixels;
-speech and translation count characters; chat counts prompt plus maximum
-generated tokens.
+they can be counted before the tokenizer is resident; OCR counts pages of
+the detection pass (which scales the short side up to 736 pixels, so a small
+page costs as much as a 736 x 736 one and a tall receipt more), a line crop
+its own pixels in such pages; speech and translation count characters; chat
+counts prompt plus maximum generated tokens.
 """
 
 from __future__ import annotations
@@ -142,6 +144,16 @@ def _approx_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / 4))
 
 
+# rapidocr's detection resizes an image so that its short side is at least this.
+OCR_DETECTION_SIDE = 736
+
+
+def _detection_pages(height: int, width: int) -> float:
+    """The detection pass's pixels, in 736 x 736 pages: what its activations scale with."""
+    scale = max(1.0, OCR_DETECTION_SIDE / max(1, min(height, width)))
+    return (height * scale) * (width * scale) / OCR_DETECTION_SIDE**2
+
+
 def work_units(item: object) -> float:
     """The cost of one item in its task's own unit."""
     match item:
@@ -151,8 +163,10 @@ def work_units(item: object) -> float:
             return _approx_tokens(query) + _approx_tokens(document)
         case TranslateInput(text=text) | SpeechInput(text=text):
             return max(1, len(text))
+        case OcrInput(image=image, mode="line"):  # recognition alone: its pixels
+            return max(1e-3, float(image.shape[0] * image.shape[1]) / OCR_DETECTION_SIDE**2)
         case OcrInput(image=image):
-            return max(1e-3, float(image.shape[0] * image.shape[1]) / 1e6)
+            return _detection_pages(int(image.shape[0]), int(image.shape[1]))
         case ChatInput(messages=messages, max_tokens=max_tokens):
             return sum(_approx_tokens(m.content) for m in messages) + max_tokens
     raise TypeError(f"not a task item: {type(item).__name__}")
