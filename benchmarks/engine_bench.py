@@ -29,20 +29,14 @@ import contextlib
 import io
 import json
 import os
-import platform
-import random
-import re
 import shlex
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -50,29 +44,18 @@ import httpx
 import psutil
 import yaml
 
+from tessera.benchmark.inputs import sentences
+from tessera.benchmark.machine import machine_info
+from tessera.benchmark.raw import BATCH_SIZE, run_raw
+from tessera.benchmark.report import output_stem, table
+from tessera.benchmark.servers import RunningServer, log, running_tessera
+
 EMBED_MODEL = "all-minilm-l6-v2"
-BATCH_SIZE = 32
 BUDGET = "700MiB"
 BUDGET_BYTES = 700 * 1024**2
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-READY_TIMEOUT_S = 240.0
-# Unbuffered: the server prints its bootstrap admin key on stdout, which goes to a file.
-SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-ADMIN_KEY = re.compile(r"admin API key[^:]*:\s*(\S+)")
 BAR_SERVER_RAW = 0.85
 BAR_BATCHING = 2.0
-
-_VOCABULARY = (
-    "the a our their every new old small large quiet busy local early late customer team "
-    "report order system server network river city market village school doctor teacher "
-    "engineer farmer driver student family friend manager office window garden kitchen "
-    "morning evening weekend summer winter train bus bridge road station library museum "
-    "checks sends reads writes builds opens closes moves finds brings keeps shows asks "
-    "answers follows changes carries prepares visits repairs cleans counts measures "
-    "quickly slowly carefully often rarely always never again together alone "
-    "before after during while because although since until near under over behind "
-    "with without for from into about across along between through"
-)
 
 
 @dataclass(frozen=True)
@@ -98,170 +81,7 @@ class Settings:
         return cls(False, threads, 20.0, 200, 200, 5.0, 2000, 30.0, (32, 64), 3)
 
 
-def sentences(count: int = 512, seed: int = 7) -> list[str]:
-    """``count`` distinct sentences of 18-22 words (deterministic)."""
-    rng = random.Random(seed)
-    vocabulary = _VOCABULARY.split()
-    out = []
-    for _ in range(count):
-        words = [rng.choice(vocabulary) for _ in range(rng.randint(18, 22))]
-        out.append(" ".join(words).capitalize() + ".")
-    return out
-
-
-# --- phase 1: the raw model, in a subprocess -----------------------------------------
-
-
-def raw_throughput(
-    model: Any, texts: list[str], seconds: float, max_batches: int
-) -> dict[str, Any]:
-    """Sentences/s of ``model.run`` over batches of 32, after a 3-batch warm-up."""
-    from tessera.tasks.types import TextInput
-
-    batches = [
-        [TextInput(t) for t in texts[i : i + BATCH_SIZE]]
-        for i in range(0, len(texts) - BATCH_SIZE + 1, BATCH_SIZE)
-    ]
-    for batch in batches[:3]:
-        model.run(batch)
-    done, start = 0, time.perf_counter()
-    own_cpu, busy = time.process_time(), busy_cpu_seconds()
-    while done < max_batches and time.perf_counter() - start < seconds:
-        model.run(batches[done % len(batches)])
-        done += 1
-    elapsed = time.perf_counter() - start
-    own_cpu = time.process_time() - own_cpu
-    other = max(0.0, busy_cpu_seconds() - busy - own_cpu)
-    return {
-        "cpu_cores": own_cpu / elapsed,
-        "other_cpu_cores": other / elapsed,
-        "batches": done,
-        "sentences": done * BATCH_SIZE,
-        "seconds": round(elapsed, 3),
-        "sentences_per_s": done * BATCH_SIZE / elapsed,
-        "ms_per_batch": 1000 * elapsed / max(1, done),
-    }
-
-
-def raw_worker(threads: int, seconds: float, max_batches: int) -> dict[str, Any]:
-    """Load the model in this process and measure it at ``threads`` threads, and at
-    the server's per-batch thread share (one worker per thread by default)."""
-    import torch
-
-    from tessera.repository import default_repository_path, read_spec
-    from tessera.runtimes.base import standalone_context
-    from tessera.runtimes.registry import get_loader
-
-    torch.set_num_threads(threads)
-    spec = read_spec(default_repository_path() / EMBED_MODEL)
-    start = time.perf_counter()
-    model = get_loader(spec.adapter).load(spec, standalone_context(threads=threads))
-    load_s = time.perf_counter() - start
-    texts = sentences()
-    result: dict[str, Any] = {"threads": threads, "load_s": round(load_s, 2)}
-    result["main"] = raw_throughput(model, texts, seconds, max_batches)
-    if threads > 1:
-        # What one batch gets in the server by default: threads // workers = 1.
-        torch.set_num_threads(1)
-        result["one_thread"] = raw_throughput(model, texts, seconds / 2, max_batches // 2)
-    model.unload()
-    return result
-
-
-def run_raw(settings: Settings) -> dict[str, Any]:
-    command = [sys.executable, str(Path(__file__).resolve()), "--raw-worker"]
-    command += ["--raw-seconds", str(settings.raw_seconds)]
-    command += ["--raw-batches", str(settings.raw_max_batches)]
-    command += ["--threads", str(settings.threads)]
-    log(f"raw: {EMBED_MODEL} in a subprocess, {settings.threads} threads")
-    done = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, **SERVER_ENV}, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"raw worker failed ({done.returncode}): {done.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    result["command"] = shlex.join(command)
-    return result
-
-
 # --- servers -------------------------------------------------------------------------
-
-
-@dataclass
-class ServerProcess:
-    process: subprocess.Popen[bytes]
-    base_url: str
-    command: list[str]
-    log_path: Path
-    startup_s: float
-    key: str | None  # the bootstrap admin key when the server requires API keys
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
-
-
-def admin_key(log_path: Path) -> str | None:
-    """The admin key a server with API keys prints once on its first start."""
-    match = ADMIN_KEY.search(log_path.read_text(errors="replace"))
-    return match.group(1) if match else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def tessera_command() -> list[str]:
-    script = Path(sys.executable).parent / "tessera"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "tessera"]
-
-
-def wait_ready(process: subprocess.Popen[bytes], base_url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"server exited with {process.returncode}:\n{tail}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{base_url}/v2/health/ready", timeout=2).status_code == 200:
-                return
-        time.sleep(0.25)
-    raise RuntimeError(f"server not ready within {READY_TIMEOUT_S:.0f}s")
-
-
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    """Stop the one server process we started, by its PID."""
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def running_server(work: Path, label: str, *args: str) -> Iterator[ServerProcess]:
-    port = free_port()
-    command = [*tessera_command(), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--data-dir", str(work / f"data-{label}"), *args]
-    log_path = work / f"server-{label}.log"
-    log(f"server {label}: {shlex.join(command[1:])}")
-    start = time.perf_counter()
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV}
-        )
-    try:
-        base_url = f"http://127.0.0.1:{port}"
-        wait_ready(process, base_url, log_path)
-        startup_s = time.perf_counter() - start
-        yield ServerProcess(process, base_url, command, log_path, startup_s, admin_key(log_path))
-    finally:
-        stop_process(process)
 
 
 def batch1_repository(work: Path) -> Path:
@@ -369,7 +189,7 @@ class CpuMeter:
 
 
 async def measure_load(
-    server: ServerProcess, label: str, concurrency: int, settings: Settings
+    server: RunningServer, label: str, concurrency: int, settings: Settings
 ) -> LoadResult:
     texts = sentences()
     # One client (one connection) per caller: httpx's shared pool costs ~2-3 ms of
@@ -409,7 +229,7 @@ def run_load_phase(
     work: Path, label: str, server_args: list[str], concurrencies: tuple[int, ...], s: Settings
 ) -> tuple[list[LoadResult], dict[str, Any]]:
     results = []
-    with running_server(work, label, *server_args) as server:
+    with running_tessera(work, label, server_args) as server:
         info = {
             "command": shlex.join(server.command),
             "startup_s": round(server.startup_s, 2),
@@ -523,7 +343,7 @@ async def one_request(
     return CycleRequest(index, model, 200, latency, summarise(path, response))
 
 
-async def cycle_models(server: ServerProcess, rounds: int) -> dict[str, Any]:
+async def cycle_models(server: RunningServer, rounds: int) -> dict[str, Any]:
     plan = cycle_plan()
     poll = _Poll()
     pid = server.process.pid
@@ -555,7 +375,7 @@ async def cycle_models(server: ServerProcess, rounds: int) -> dict[str, Any]:
 
 
 def run_cycle_phase(work: Path, settings: Settings) -> dict[str, Any]:
-    with running_server(work, "budget", "--memory-budget", BUDGET) as server:
+    with running_tessera(work, "budget", ["--memory-budget", BUDGET]) as server:
         log(f"  cycling {settings.cycle_rounds} rounds under {BUDGET}")
         result = asyncio.run(cycle_models(server, settings.cycle_rounds))
         result["command"] = shlex.join(server.command)
@@ -565,35 +385,6 @@ def run_cycle_phase(work: Path, settings: Settings) -> dict[str, Any]:
 
 
 # --- report --------------------------------------------------------------------------
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def version_of(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def machine_info() -> dict[str, Any]:
-    cpu_model = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    packages = ("tessera", "torch", "onnxruntime", "transformers", "httpx", "uvicorn")
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model,
-        "memory_bytes": psutil.virtual_memory().total,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": {name: version_of(name) for name in packages},
-    }
 
 
 @dataclass
@@ -690,18 +481,12 @@ def all_rows(results: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def markdown_table(header: list[str], lines: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(line) + " |" for line in lines]
-    return "\n".join(out)
-
-
 def cores(value: float) -> str:
     return f"{value:.2f}"
 
 
 def raw_section(raw: dict[str, Any]) -> list[str]:
-    header = ["threads", "batches", "s", "sentences/s", "ms/batch", "own CPU", "other CPU"]
+    header = ["threads", "batches", "s", "sentences/s", "ms/batch", "own CPU"]
     runs = [(raw["threads"], raw["main"])]
     if "one_thread" in raw:
         runs.append((1, raw["one_thread"]))
@@ -713,12 +498,11 @@ def raw_section(raw: dict[str, Any]) -> list[str]:
             f"{r['sentences_per_s']:.1f}",
             f"{r['ms_per_batch']:.1f}",
             cores(r["cpu_cores"]),
-            cores(r["other_cpu_cores"]),
         ]
         for threads, r in runs
     ]
     title = f"## Raw model (batches of {BATCH_SIZE}, load {raw['load_s']} s; CPU in cores)"
-    return [title, markdown_table(header, lines)]
+    return [title, table(header, lines)]
 
 
 def load_section(loads: list[dict[str, Any]]) -> list[str]:
@@ -741,7 +525,7 @@ def load_section(loads: list[dict[str, Any]]) -> list[str]:
         ]
         for r in loads
     ]
-    return ["## Load runs (CPU in cores)", markdown_table(header, lines)]
+    return ["## Load runs (CPU in cores)", table(header, lines)]
 
 
 def cycle_sections(cycle: dict[str, Any]) -> list[str]:
@@ -762,22 +546,20 @@ def cycle_sections(cycle: dict[str, Any]) -> list[str]:
     polls = f"{cycle['polls']} polls of /admin/residency, {cycle['poll_errors']} failed"
     return [
         f"## Cycling requests ({polls})",
-        markdown_table(["round", "model", "status", "ms", "answer"], lines),
+        table(["round", "model", "status", "ms", "answer"], lines),
         "## Residency at the end",
-        markdown_table(["model", "state", "MiB", "loads", "evictions"], models),
+        table(["model", "state", "MiB", "loads", "evictions"], models),
     ]
 
 
 def noise_note(results: dict[str, Any]) -> str:
-    """A warning when other processes used the cores during a measurement."""
+    """A warning when other processes used the cores during a load run (the raw runs
+    do not measure them)."""
     others = [r["other_cpu_cores"] for r in results.get("load", [])]
-    raw = results.get("raw")
-    if raw:
-        others += [raw["main"]["other_cpu_cores"]]
     worst = max(others, default=0.0)
     if worst > 0.2:
-        return f"**Warning:** other processes used up to {worst:.2f} cores during a measurement."
-    return f"Other processes used at most {worst:.2f} cores during the measurements."
+        return f"**Warning:** other processes used up to {worst:.2f} cores during a load run."
+    return f"Other processes used at most {worst:.2f} cores during the load runs."
 
 
 def detail_sections(results: dict[str, Any]) -> list[str]:
@@ -802,7 +584,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         f" {machine['memory_bytes'] / 1024**3:.1f} GiB, {machine['platform']},"
         f" Python {machine['python']}; {versions}.",
         "The load generator runs on the same cores as the server. " + noise_note(results),
-        markdown_table(
+        table(
             ["figure", "value", "bar", "result"],
             [[r.figure, r.value, r.bar, r.verdict] for r in rows],
         ),
@@ -823,15 +605,6 @@ def print_table(rows: list[Row]) -> None:
     value_width = max(len(r.value) for r in rows)
     for r in rows:
         print(f"{r.figure:<{width}}  {r.value:>{value_width}}  {r.bar:<8}  {r.verdict}")
-
-
-def output_stem(directory: Path, day: str, name: str = "engine") -> Path:
-    """``NAME-DAY``, or ``NAME-DAY-N`` with the first N whose files do not exist."""
-    stem, n = directory / f"{name}-{day}", 1
-    while stem.with_suffix(".json").exists() or stem.with_suffix(".md").exists():
-        n += 1
-        stem = directory / f"{name}-{day}-{n}"
-    return stem
 
 
 def wait_for_quiet(max_wait_s: float, threshold: float = 0.15) -> dict[str, Any]:
@@ -876,7 +649,9 @@ def run_all(settings: Settings, work: Path) -> dict[str, Any]:
     preload = ["--preload", EMBED_MODEL]
 
     def raw() -> None:
-        results["raw"] = run_raw(settings)
+        results["raw"] = run_raw(
+            EMBED_MODEL, settings.threads, settings.raw_seconds, settings.raw_max_batches
+        )
         results["commands"].append(results["raw"]["command"])
 
     def server(label: str, args: list[str], concurrencies: tuple[int, ...]) -> Callable[[], None]:
@@ -911,14 +686,7 @@ def main() -> None:
         metavar="S",
         help="wait at most S seconds for other processes to leave the CPUs idle (0: don't)",
     )
-    parser.add_argument("--raw-worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--raw-seconds", type=float, default=20.0, help=argparse.SUPPRESS)
-    parser.add_argument("--raw-batches", type=int, default=200, help=argparse.SUPPRESS)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.raw_worker:
-        print(json.dumps(raw_worker(args.threads, args.raw_seconds, args.raw_batches)))
-        return
     settings = Settings.make(args.quick)
     quiet = wait_for_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
     start = time.perf_counter()
@@ -927,7 +695,7 @@ def main() -> None:
     results["total_seconds"] = round(time.perf_counter() - start, 1)
     results["quiet_before_start"] = quiet
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    stem = output_stem(args.out_dir, results["date"])
+    stem = output_stem(args.out_dir, results["date"], "engine")
     stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     stem.with_suffix(".md").write_text(render_markdown(results), encoding="utf-8")
     print_table(all_rows(results))
