@@ -15,16 +15,17 @@ speed while short ones run beside them.
 
 Memory measurements need quiet: ``measure_exclusive`` waits until no batch
 runs and holds new ones back while it measures a load. A batch's own
-activation peak is measured only when it starts alone (otherwise it is
-skipped: another batch would blur it).
+activation peak is measured only when it runs alone from start to end: no
+other batch and no load begins meanwhile (their bytes would blur it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,10 @@ class ComputeExecutor:
         )
         self._cond = threading.Condition()
         self._active = 0
+        self._loading = 0
+        # Counts batch and load starts: a measured batch whose count moved while
+        # it ran shared the process with other work, and its peak is discarded.
+        self._starts = 0
         self._exclusive = False
         self._exclusive_waiting = 0
 
@@ -90,18 +95,34 @@ class ComputeExecutor:
             while self._exclusive or self._exclusive_waiting:
                 self._cond.wait()
             self._active += 1
-            alone = self._active == 1
+            self._starts += 1
+            started = self._starts
+            alone = self._active == 1 and self._loading == 0
         try:
             measure = self._start_peak() if alone else None
             start = time.perf_counter()
             outputs = fn(items)
             run_s = time.perf_counter() - start
             peak = self._end_peak(measure) if measure is not None else None
+            if peak is not None and self._starts != started:
+                peak = None  # another batch or a load began meanwhile: its bytes, not ours
             return BatchRun(outputs, run_s, peak)
         finally:
             with self._cond:
                 self._active -= 1
                 self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        """Held while a model loads: batches that overlap it are not measured."""
+        with self._cond:
+            self._loading += 1
+            self._starts += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._loading -= 1
 
     def _start_peak(self) -> int | None:
         if self.device.kind == "cuda":

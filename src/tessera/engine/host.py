@@ -115,10 +115,16 @@ class EngineHost:
         except BaseException:
             self.stats.on_load(spec.name, time.perf_counter() - start, ok=False)
             raise
-        self.stats.on_load(spec.name, time.perf_counter() - start, ok=True)
+        seconds = time.perf_counter() - start
+        self.stats.on_load(spec.name, seconds, ok=True)
+        log.info("loaded %s in %.2f s", spec.name, seconds)
         return model
 
     def _load_sync(self, spec: ModelSpec) -> LoadedModel:
+        with self.executor.loading():
+            return self._load_once(spec)
+
+    def _load_once(self, spec: ModelSpec) -> LoadedModel:
         if spec.adapter not in self._adapters_seen:
             with self._first_load_lock:
                 model = self._load_measured(spec)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ from tessera.residency.table import (
     ResidencyTable,
 )
 from tessera.runtimes.base import LoadedModel
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +298,7 @@ class ResidencyManager:
         )
         if not victims:
             return False
+        log.info("evicting %s to free %d bytes", ", ".join(victims), need_bytes)
         for name in victims:
             self._begin_unload(name, eviction=True)
         await asyncio.gather(*(self._unload(name) for name in victims))

@@ -70,3 +70,17 @@ async def test_unpredicted_batches_take_the_short_lane() -> None:
     finally:
         gate.set()
         executor.shutdown()
+
+
+async def test_a_batch_that_overlaps_a_load_is_not_measured() -> None:
+    from tessera.runtimes.memory import reset_peak
+
+    executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1)
+    try:
+        alone = await executor.run(echo, ["a"])
+        with executor.loading():
+            during = await executor.run(echo, ["b"])
+        assert during.peak_bytes is None
+        assert (alone.peak_bytes is not None) == reset_peak()
+    finally:
+        executor.shutdown()
