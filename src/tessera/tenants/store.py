@@ -129,6 +129,8 @@ class Principal:
     key_prefix: str
     admin: bool
 
+AUTH_CACHE_MAX = 10_000  # keys remembered between database changes
+
 
 class NewKey(NamedTuple):
     """A key just created: ``key`` is the plaintext, returned this once."""
@@ -160,6 +162,11 @@ class TenantStore:
         self.data_dir = Path(data_dir)
         self.path = self.data_dir / DB_FILE
         self._wall = wall_clock
+        # Successful authentications by key digest, valid while the database is
+        # unchanged: SQLite's data_version moves when any connection, in any
+        # process, commits. A lookup is a join on every request; the check is not.
+        self._auth_cache: dict[str, Principal] = {}
+        self._auth_version: int | None = None
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -313,6 +320,13 @@ class TenantStore:
             return None
         digest = self._digest(key)
         with self._read() as conn:
+            version = int(conn.execute("PRAGMA data_version").fetchone()[0])
+            if version != self._auth_version:
+                self._auth_cache.clear()
+                self._auth_version = version
+            cached = self._auth_cache.get(digest)
+            if cached is not None:
+                return cached
             row = conn.execute(
                 "SELECT k.key_hash, k.admin, k.revoked_at, t.* FROM api_keys k"
                 " JOIN tenants t ON t.name = k.tenant WHERE k.prefix = ?",
@@ -327,7 +341,13 @@ class TenantStore:
         if row["revoked_at"] is not None:
             return None
         prefix = f"{KEY_SCHEME}_{match.group(1)}"
-        return Principal(tenant=_tenant_of(row), key_prefix=prefix, admin=bool(row["admin"]))
+        principal = Principal(tenant=_tenant_of(row), key_prefix=prefix, admin=bool(row["admin"]))
+        with self._read_lock:
+            if self._auth_version == version:  # nothing changed since the row was read
+                if len(self._auth_cache) >= AUTH_CACHE_MAX:
+                    self._auth_cache.clear()
+                self._auth_cache[digest] = principal
+        return principal
 
     def ensure_bootstrap(self) -> Bootstrap | None:
         """On a store with no tenants, create tenant ``default`` (standard, no

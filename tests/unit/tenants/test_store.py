@@ -352,3 +352,22 @@ def test_threads_share_one_store(store: TenantStore) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         assert all(pool.map(work, range(200)))
     assert len(store.list_keys("acme")) == 4 + 40
+
+
+def test_a_remembered_key_is_refused_at_once_after_a_change(
+    store: TenantStore, tmp_path: Path
+) -> None:
+    store.add_tenant("acme", qps=1)
+    key, info = store.create_key("acme")
+    for _ in range(3):  # the second and third come from memory
+        principal = store.authenticate(key)
+        assert principal is not None
+        assert principal.tenant.qps == 1.0
+    with TenantStore(tmp_path) as cli:
+        cli.update_tenant("acme", qps=5)
+        principal = store.authenticate(key)
+        assert principal is not None
+        assert principal.tenant.qps == 5.0
+        cli.revoke_key(info.prefix)
+    assert store.authenticate(key) is None
+    assert store.authenticate("tsk_" + "0" * 8 + "_" + "x" * 32) is None
