@@ -125,6 +125,10 @@ class ResidencyManager:
         self._measured: dict[str, Footprint] = {}
         self._methods: dict[str, str] = {}
         self._failed_at: dict[str, float] = {}
+        # Callers waiting to pin each model: a model someone waits for is not
+        # evicted to make room for another (it was evicted right after loading,
+        # its batch still waiting for activation room, and loaded again).
+        self._wanted: dict[str, int] = {}
         self._changed = asyncio.Event()
         self.peak_used_bytes = 0
 
@@ -140,6 +144,15 @@ class ResidencyManager:
             self.release(lease)
 
     async def acquire(self, spec: ModelSpec, activation_bytes: int = 0) -> Lease:
+        self._wanted[spec.name] = self._wanted.get(spec.name, 0) + 1
+        try:
+            return await self._acquire(spec, activation_bytes)
+        finally:
+            self._wanted[spec.name] -= 1
+            if not self._wanted[spec.name]:
+                del self._wanted[spec.name]
+
+    async def _acquire(self, spec: ModelSpec, activation_bytes: int) -> Lease:
         deadline = self._clock.now() + self._wait_s
         while True:
             entry = self.table.entry(spec.name, spec.max_bytes)
@@ -294,7 +307,7 @@ class ResidencyManager:
         if need_bytes <= 0:
             return True
         victims = self._policy.choose(
-            self.table.evictable(protect), need_bytes, self.table.freed_by
+            self.table.evictable(protect | set(self._wanted)), need_bytes, self.table.freed_by
         )
         if not victims:
             return False

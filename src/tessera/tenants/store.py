@@ -129,6 +129,7 @@ class Principal:
     key_prefix: str
     admin: bool
 
+
 AUTH_CACHE_MAX = 10_000  # keys remembered between database changes
 
 
