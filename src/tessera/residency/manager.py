@@ -41,6 +41,10 @@ from tessera.runtimes.base import LoadedModel
 
 log = logging.getLogger(__name__)
 
+# How long a model loaded for a waiting batch is kept from eviction before that
+# batch has pinned it.
+FRESH_PROTECTION_S = 5.0
+
 
 @dataclass(frozen=True, slots=True)
 class Footprint:
@@ -125,10 +129,11 @@ class ResidencyManager:
         self._measured: dict[str, Footprint] = {}
         self._methods: dict[str, str] = {}
         self._failed_at: dict[str, float] = {}
-        # Callers waiting to pin each model: a model someone waits for is not
-        # evicted to make room for another (it was evicted right after loading,
-        # its batch still waiting for activation room, and loaded again).
-        self._wanted: dict[str, int] = {}
+        # Models loaded and not yet used, with when they became ready: one is not
+        # evicted for another until its first batch has pinned it (or a few
+        # seconds passed). Without this a model loaded for a batch that waited
+        # for activation room was evicted at once, and loaded again, and again.
+        self._fresh: dict[str, float] = {}
         self._changed = asyncio.Event()
         self.peak_used_bytes = 0
 
@@ -144,15 +149,6 @@ class ResidencyManager:
             self.release(lease)
 
     async def acquire(self, spec: ModelSpec, activation_bytes: int = 0) -> Lease:
-        self._wanted[spec.name] = self._wanted.get(spec.name, 0) + 1
-        try:
-            return await self._acquire(spec, activation_bytes)
-        finally:
-            self._wanted[spec.name] -= 1
-            if not self._wanted[spec.name]:
-                del self._wanted[spec.name]
-
-    async def _acquire(self, spec: ModelSpec, activation_bytes: int) -> Lease:
         deadline = self._clock.now() + self._wait_s
         while True:
             entry = self.table.entry(spec.name, spec.max_bytes)
@@ -296,18 +292,26 @@ class ResidencyManager:
         self._check_fits(spec, Footprint(entry.own_bytes, entry.shared), activation_bytes)
         reservation = self.table.reserve(spec.name, activation_bytes, self._clock.now())
         if reservation is not None:
+            self._fresh.pop(spec.name, None)
             self._notify()
             return Lease(self._models[spec.name], reservation)
         if not await self._make_room(activation_bytes - self.table.free_bytes(), {spec.name}):
             await self._wait_change(deadline, spec.name)
         return None
 
+    def _fresh_now(self) -> set[str]:
+        now = self._clock.now()
+        for name, since in list(self._fresh.items()):
+            if now - since > FRESH_PROTECTION_S:
+                del self._fresh[name]
+        return set(self._fresh)
+
     async def _make_room(self, need_bytes: int, protect: set[str]) -> bool:
         """Evict idle models to free ``need_bytes``; False if the policy finds too few."""
         if need_bytes <= 0:
             return True
         victims = self._policy.choose(
-            self.table.evictable(protect | set(self._wanted)), need_bytes, self.table.freed_by
+            self.table.evictable(protect | self._fresh_now()), need_bytes, self.table.freed_by
         )
         if not victims:
             return False
@@ -394,6 +398,7 @@ class ResidencyManager:
             )
         self._models[spec.name] = model
         self.table.mark_ready(spec.name, self._clock.now())
+        self._fresh[spec.name] = self._clock.now()
 
     def _fail(self, name: str, error: str) -> None:
         self.table.fail(name, error)

@@ -245,25 +245,22 @@ async def test_policy_none_never_evicts_to_make_room() -> None:
     manager.release(lease)
 
 
-async def test_a_model_someone_waits_for_is_not_evicted_for_another() -> None:
-    # A model loaded for a batch that still waits for activation room was once
+async def test_a_model_loaded_for_a_waiting_batch_is_not_evicted_before_it_runs() -> None:
+    # A model loaded for a batch that still waited for activation room was once
     # evicted for another model at once, and loaded again, over and over.
     manager, host = make_manager(1000, wait_s=5.0)
     lease_b = await manager.acquire(make_spec("b", 400), 0)
-    await manager.ensure_loaded(make_spec("a", 300))
     want_a = asyncio.ensure_future(manager.acquire(make_spec("a", 300), 400))
     await asyncio.sleep(0.01)
+    assert manager.state("a") is ModelState.READY  # loaded, its batch waits for room
     want_c = asyncio.ensure_future(manager.acquire(make_spec("c", 350), 0))
     await asyncio.sleep(0.01)
     assert manager.state("a") is ModelState.READY
     assert not want_a.done()
     assert not want_c.done()
     manager.release(lease_b)
-    leases = []
     for waiter in asyncio.as_completed([want_a, want_c]):
-        lease = await waiter
-        leases.append(lease)
-        manager.release(lease)
+        manager.release(await waiter)
     assert host.loads["a"] == 1
     assert "a" not in host.on_unload
     assert manager.table.used_bytes() <= 1000
