@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import math
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -134,6 +136,11 @@ class ResidencyManager:
         # seconds passed). Without this a model loaded for a batch that waited
         # for activation room was evicted at once, and loaded again, and again.
         self._fresh: dict[str, float] = {}
+        # Loads waiting for room, with a ticket in the order they began to wait:
+        # they get room in that order, so that a large model is not starved by
+        # small ones taking every byte that frees up.
+        self._waiting_loads: dict[str, float] = {}
+        self._load_tickets = itertools.count()
         self._changed = asyncio.Event()
         self.peak_used_bytes = 0
 
@@ -299,6 +306,11 @@ class ResidencyManager:
             await self._wait_change(deadline, spec.name)
         return None
 
+    def _behind_older_load(self, name: str) -> bool:
+        """Whether another load has waited for room longer than ``name``'s."""
+        mine = self._waiting_loads.get(name, math.inf)
+        return any(since < mine for other, since in self._waiting_loads.items() if other != name)
+
     def _fresh_now(self) -> set[str]:
         now = self._clock.now()
         for name, since in list(self._fresh.items()):
@@ -345,12 +357,22 @@ class ResidencyManager:
     async def _load(self, spec: ModelSpec, deadline: float) -> None:
         expected = self._expected(spec)
         self._check_fits(spec, expected, 0)
-        while not self.table.begin_load(spec.name, expected.own_bytes, expected.shared):
-            need = self.table.extra_bytes(spec.name, expected.own_bytes, expected.shared)
-            if not await self._make_room(need - self.table.free_bytes(), {spec.name}):
-                await self._wait_change(deadline, spec.name)
-            if self.state(spec.name) not in (ModelState.UNLOADED, ModelState.FAILED):
-                return  # another caller started this load meanwhile
+        try:
+            while self._behind_older_load(spec.name) or not self.table.begin_load(
+                spec.name, expected.own_bytes, expected.shared
+            ):
+                if spec.name not in self._waiting_loads:
+                    self._waiting_loads[spec.name] = next(self._load_tickets)
+                if self._behind_older_load(spec.name):
+                    await self._wait_change(deadline, spec.name)
+                else:
+                    need = self.table.extra_bytes(spec.name, expected.own_bytes, expected.shared)
+                    if not await self._make_room(need - self.table.free_bytes(), {spec.name}):
+                        await self._wait_change(deadline, spec.name)
+                if self.state(spec.name) not in (ModelState.UNLOADED, ModelState.FAILED):
+                    return  # another caller started this load meanwhile
+        finally:
+            self._waiting_loads.pop(spec.name, None)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[spec.name] = done
         self._specs[spec.name] = spec

@@ -73,7 +73,7 @@ async def test_evicts_least_recently_used_idle_model() -> None:
 async def test_a_model_being_evicted_can_be_asked_for_at_once() -> None:
     # Eviction once marked its victims unloading before registering their
     # unloads; a request for a victim in between failed with a KeyError (a 500).
-    manager, host = make_manager(1000)
+    manager, host = make_manager(1000, wait_s=5.0)
     for name in ("a", "b"):
         await manager.ensure_loaded(make_spec(name, 400))
     big = asyncio.ensure_future(manager.ensure_loaded(make_spec("c", 900)))
@@ -263,4 +263,20 @@ async def test_a_model_loaded_for_a_waiting_batch_is_not_evicted_before_it_runs(
         manager.release(await waiter)
     assert host.loads["a"] == 1
     assert "a" not in host.on_unload
+    assert manager.table.used_bytes() <= 1000
+
+
+async def test_loads_get_room_in_the_order_they_began_to_wait() -> None:
+    # A large model waiting for room was starved by small ones taking every byte
+    # that freed up.
+    manager, host = make_manager(1000, wait_s=5.0)
+    lease_a = await manager.acquire(make_spec("a", 600), 0)
+    large = asyncio.ensure_future(manager.ensure_loaded(make_spec("large", 700)))
+    await asyncio.sleep(0.01)
+    small = asyncio.ensure_future(manager.ensure_loaded(make_spec("small", 100)))
+    await asyncio.sleep(0.01)
+    assert not small.done()  # there is room for it, but the large load waits longer
+    manager.release(lease_a)
+    await asyncio.gather(large, small)
+    assert list(host.loads)[-2:] == ["large", "small"]
     assert manager.table.used_bytes() <= 1000
