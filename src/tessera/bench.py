@@ -11,14 +11,11 @@ with ``--out``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
-import random
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -94,13 +91,6 @@ def request_for(task: str, model: str, n: int) -> tuple[str, dict[str, Any]]:
     raise ValueError(f"tessera bench does not know task {task!r}")
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(1000 * ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 1)
-
-
 class BenchProgress:
     """A rich bar on a terminal, a plain line every few seconds otherwise."""
 
@@ -138,65 +128,62 @@ async def _task_of(client: httpx.AsyncClient, model: str) -> str:
     raise ValueError(f"model {model!r} is not served there (or not to this key)")
 
 
+@dataclass(frozen=True)
+class _RunningServer:
+    """The driver's Endpoint for one model of a tessera running at ``url``."""
+
+    url: str
+    key: str | None
+    task: str
+
+    def route(self, model: str) -> str:
+        return self.url
+
+    def headers(self, tenant: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
+        return request_for(self.task, model, n)
+
+    def ok(self, model: str, status: int, body: bytes) -> bool:
+        return status == 200
+
+
 async def run_bench(plan: BenchPlan, stream: TextIO = sys.stderr) -> BenchResult:
+    from tessera.benchmark.driver import Driver
+    from tessera.benchmark.figures import latency_figures
+    from tessera.benchmark.scenario import TenantLoad
+
     headers = {"Authorization": f"Bearer {plan.key}"} if plan.key else {}
-    limits = httpx.Limits(max_connections=max(plan.concurrency, 1) * 2)
-    async with httpx.AsyncClient(
-        base_url=plan.url, headers=headers, timeout=120, limits=limits
-    ) as client:
+    async with httpx.AsyncClient(base_url=plan.url, headers=headers, timeout=30) as client:
         task = await _task_of(client, plan.model)
-        latencies: list[float] = []
-        statuses: Counter[str] = Counter()
-        issued = 0
-        progress = BenchProgress(plan.requests, stream)
-        deadline = time.perf_counter() + plan.duration_s
-
-        async def one(n: int) -> None:
-            path, body = request_for(task, plan.model, n)
-            start = time.perf_counter()
-            try:
-                response = await client.post(path, json=body)
-                statuses[str(response.status_code)] += 1
-                if response.status_code == 200:
-                    latencies.append(time.perf_counter() - start)
-            except httpx.HTTPError as e:
-                statuses[type(e).__name__] += 1
-            progress.advance()
-
-        async def caller() -> None:
-            nonlocal issued
-            while issued < plan.requests and time.perf_counter() < deadline:
-                issued += 1
-                await one(issued)
-
-        start = time.perf_counter()
-        if plan.rate is None:
-            await asyncio.gather(*(caller() for _ in range(plan.concurrency)))
-        else:
-            rng = random.Random(plan.seed)
-            running: list[asyncio.Task[None]] = []
-            while issued < plan.requests and time.perf_counter() < deadline:
-                issued += 1
-                running.append(asyncio.ensure_future(one(issued)))
-                await asyncio.sleep(rng.expovariate(plan.rate))
-            await asyncio.gather(*running)
-        seconds = time.perf_counter() - start
-        progress.close()
-    ok = len(latencies)
+    progress = BenchProgress(plan.requests, stream)
+    driver = Driver(
+        _RunningServer(plan.url, plan.key, task),
+        [plan.model],
+        None,
+        seed=plan.seed,
+        on_answer=progress.advance,
+    )
+    closed = plan.rate is None
+    load = TenantLoad("bench", concurrency=plan.concurrency if closed else None, rate=plan.rate)
+    result = await driver.run([load], plan.requests, plan.duration_s)
+    progress.close()
+    figures = latency_figures(result.records, result.seconds, {})
     return BenchResult(
         model=plan.model,
         task=task,
-        mode="closed" if plan.rate is None else "open",
-        requests=issued,
-        ok=ok,
-        failed=issued - ok,
-        seconds=round(seconds, 3),
-        req_per_s=round(ok / seconds, 2) if seconds > 0 else 0.0,
-        p50_ms=_percentile(latencies, 0.50),
-        p95_ms=_percentile(latencies, 0.95),
-        p99_ms=_percentile(latencies, 0.99),
-        mean_ms=round(1000 * sum(latencies) / ok, 1) if ok else None,
-        statuses=dict(statuses),
+        mode="closed" if closed else "open",
+        requests=figures["requests"],
+        ok=figures["ok"],
+        failed=figures["failed"],
+        seconds=round(result.seconds, 3),
+        req_per_s=figures["req_per_s"],
+        p50_ms=figures["p50_ms"],
+        p95_ms=figures["p95_ms"],
+        p99_ms=figures["p99_ms"],
+        mean_ms=figures["mean_ms"],
+        statuses=figures["statuses"],
     )
 
 

@@ -24,7 +24,6 @@ from tessera.benchmark.scenario import Configuration, Scenario, ScenarioError
 from tessera.benchmark.servers import RunningServer, running_tessera
 from tessera.repository import default_repository_path, read_spec
 from tessera.tenants import TenantStore
-from tessera.units import parse_bytes
 
 if TYPE_CHECKING:
     from tessera.benchmark.peers import Peer
@@ -77,7 +76,6 @@ class Deployment:
     protocol: TesseraProtocol | PeerProtocol
     keys: dict[str, str] = field(default_factory=dict)  # tenant -> API key
     admin_key: str | None = None
-    slices: dict[str, int] | None = None  # static partition: fixed bytes per model
     settings: dict[str, Any] = field(default_factory=dict)
 
     # --- the driver's Endpoint -----------------------------------------------------
@@ -124,9 +122,12 @@ def latency_targets_ms(scenario: Scenario) -> dict[str, float | None]:
     return out
 
 
-# Converted weights (SmolLM2's dequantized GGUF) persist between benchmark runs,
-# as they do between restarts of a server that keeps its data folder.
-BENCH_CACHE = Path(os.environ.get("TESSERA_BENCH_CACHE", "~/.cache/tessera/bench-cache"))
+def bench_cache() -> Path:
+    """Where benchmark servers keep converted weights (SmolLM2's dequantized GGUF)
+    between runs, as a restarted server keeps its data folder:
+    ``$TESSERA_BENCH_CACHE`` or ``~/.cache/tessera/bench-cache``."""
+    return Path(os.environ.get("TESSERA_BENCH_CACHE", "~/.cache/tessera/bench-cache")).expanduser()
+
 
 # Slices are each model's peak in its own process plus this margin: resident-set
 # deltas (how ONNX and native models are measured) differ a little between processes.
@@ -162,9 +163,13 @@ def _prepare_tenants(data_dir: Path, tiers: dict[str, str]) -> tuple[dict[str, s
     return keys, admin
 
 
-def _serve_args(scenario: Scenario, configuration: Configuration, work: Path) -> list[str]:
-    config = {"cache_dir": str(BENCH_CACHE.expanduser()), **configuration.config}
-    path = work / f"config-{configuration.name}.yaml"
+def _serve_args(
+    scenario: Scenario, configuration: Configuration, work: Path, label: str | None = None
+) -> list[str]:
+    """The scenario's and configuration's serve arguments and a config file of
+    the configuration's settings (with the benchmark cache) named after ``label``."""
+    config = {"cache_dir": str(bench_cache()), **configuration.config}
+    path = work / f"config-{label or configuration.name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return [*scenario.server_args, *configuration.args, "--config", str(path)]
 
@@ -183,27 +188,26 @@ def deploy_tessera(
     config = dict(configuration.config)
     settings: dict[str, Any] = {}
     aliases = [m for m in scenario.models if m in scenario.aliases]
-    repository: Path | None = None
+    extra: list[str] = []
     if configuration.kind == "static":
         if slices is None:
             raise ScenarioError("static needs a dedicated configuration before it (its slices)")
         # Each model preloaded into a fixed slice (its cap), the budget the slices
         # together, and no eviction: a batch that finds no room waits for it.
-        folder = work / f"repo-{configuration.name}"
         caps = {m: int(b * SLICE_MARGIN) for m, b in slices.items()}
+        folder = work / f"repo-{configuration.name}"
         repository = _write_repository(folder, scenario, list(scenario.models), caps)
         config |= {"include_default_models": False, "eviction_policy": "none"}
         settings["slices_bytes"] = caps
-    elif aliases:
-        repository = _write_repository(work / f"aliases-{configuration.name}", scenario, aliases)
-    args = _serve_args(scenario, replace(configuration, config=config), work)
-    if repository is not None:
-        args += ["--model-repository", str(repository)]
-    if configuration.kind == "static" and slices is not None:
-        args += ["--memory-budget", str(sum(settings["slices_bytes"].values()))]
-        args += [a for m in scenario.models for a in ("--preload", m)]
-    elif scenario.memory_budget is not None:
-        args += ["--memory-budget", scenario.memory_budget]
+        extra += ["--model-repository", str(repository), "--memory-budget", str(sum(caps.values()))]
+        extra += [a for m in scenario.models for a in ("--preload", m)]
+    else:
+        if aliases:
+            folder = work / f"aliases-{configuration.name}"
+            extra += ["--model-repository", str(_write_repository(folder, scenario, aliases))]
+        if scenario.memory_budget is not None:
+            extra += ["--memory-budget", scenario.memory_budget]
+    args = [*_serve_args(scenario, replace(configuration, config=config), work), *extra]
     if configuration.kind == "fifo":
         args += ["--scheduling", "fifo"]
     with running_tessera(work, configuration.name, args) as server:
@@ -217,7 +221,6 @@ def deploy_tessera(
             TesseraProtocol(served_tasks(scenario)),
             keys,
             admin,
-            settings.get("slices_bytes"),
             {**settings, "command": server.command, "startup_s": round(server.startup_s, 1)},
         )
 
@@ -236,11 +239,11 @@ def deploy_dedicated(
             label = f"{configuration.name}-{model}"
             shutil.copytree(template, work / f"data-{label}")
             repository = _write_repository(work / f"repo-{label}", scenario, [model])
-            config = {"cache_dir": str(BENCH_CACHE.expanduser()), **configuration.config}
-            config["include_default_models"] = False
-            (work / f"config-{label}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-            args = [*scenario.server_args, *configuration.args, "--config"]
-            args += [str(work / f"config-{label}.yaml"), "--model-repository", str(repository)]
+            alone = replace(
+                configuration, config={**configuration.config, "include_default_models": False}
+            )
+            args = _serve_args(scenario, alone, work, label)
+            args += ["--model-repository", str(repository)]
             args += ["--preload", model, "--threads", str(threads), "--workers", "1"]
             server = stack.enter_context(running_tessera(work, label, args))
             server.key = admin
@@ -254,7 +257,6 @@ def deploy_dedicated(
             TesseraProtocol(served_tasks(scenario)),
             keys,
             admin,
-            None,
             settings,
         )
 
@@ -263,25 +265,23 @@ def deploy_dedicated(
 def deploy_peer(
     scenario: Scenario, configuration: Configuration, work: Path
 ) -> Iterator[Deployment]:
-    from tessera.benchmark.peers import PEERS, PEERS_DIR
+    from tessera.benchmark.peers import PEERS, peers_dir
+
+    under = peers_dir()
 
     name = configuration.peer or configuration.name
     if name not in PEERS:
         raise ScenarioError(f"unknown peer {name!r}; known: {sorted(PEERS)}")
     peer = PEERS[name]
-    if not peer.installed(PEERS_DIR):
-        raise ScenarioError(f"peer {name} is not installed under {PEERS_DIR}: run make bench-peers")
+    if not peer.installed(under):
+        raise ScenarioError(f"peer {name} is not installed under {under}: run make bench-peers")
     bases = {scenario.base_model(m) for m in scenario.models}
     if len(bases) != 1:
         raise ScenarioError("peers serve one model's weights (under one or more names)")
     model_dir = read_spec(default_repository_path() / bases.pop()).resolve_source()
     threads = os.cpu_count() or 1
-    with peer.serve(PEERS_DIR, work, model_dir, list(scenario.models), threads) as server:
+    with peer.serve(under, work, model_dir, list(scenario.models), threads) as server:
         routes = dict.fromkeys(scenario.models, server)
-        settings = {**server.extra, "version": peer.version(PEERS_DIR)}
+        settings = {**server.extra, "version": peer.version(under)}
         settings["startup_s"] = round(server.startup_s, 1)
         yield Deployment(name, "peer", [server], routes, PeerProtocol(peer), settings=settings)
-
-
-def budget_bytes(scenario: Scenario) -> int | None:
-    return None if scenario.memory_budget is None else parse_bytes(scenario.memory_budget)

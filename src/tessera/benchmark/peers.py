@@ -1,6 +1,6 @@
 """The peer servers a benchmark compares tessera with, serving the same MiniLM weights.
 
-Each peer lives in a venv of its own under :data:`PEERS_DIR` (installed by
+Each peer lives in a venv of its own under :func:`peers_dir` (installed by
 ``scripts/bench-peers.sh``, i.e. ``make bench-peers``) and runs a script from
 ``benchmarks/peers/`` (or its own CLI) with the weights folder it is given.
 Every peer computes what tessera's ``hf-encoder`` adapter does: mean pooling
@@ -30,9 +30,13 @@ import httpx
 
 from tessera.benchmark.servers import RunningServer, free_port, running_process
 
-PEERS_DIR = Path(
-    os.environ.get("TESSERA_PEERS_DIR") or Path.home() / ".cache" / "tessera" / "peers"
-)
+
+def peers_dir() -> Path:
+    """Where ``make bench-peers`` installs the peers: ``$TESSERA_PEERS_DIR`` or
+    ``~/.cache/tessera/peers``."""
+    return Path(os.environ.get("TESSERA_PEERS_DIR") or Path.home() / ".cache/tessera/peers")
+
+
 SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "peers"
 STAMP = ".tessera-peer"  # written by scripts/bench-peers.sh once a venv is complete
 DIM = 384

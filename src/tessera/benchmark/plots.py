@@ -21,6 +21,17 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, ax: Any, path: Path, legend_size: int = 8, grid: bool = True) -> Path:
+    """Legend (and grid), tight layout, write the PNG, free the figure."""
+    ax.legend(fontsize=legend_size)
+    if grid:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _served(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {n: c for n, c in results["configurations"].items() if c.get("steps")}
 
@@ -40,12 +51,7 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path | None:
         ax.axhline(raw["main"]["sentences_per_s"], color="k", ls="--", label="raw (batches of 32)")
     ax.set_xscale("log", base=2)
     ax.set(xlabel="concurrency (closed loop)", ylabel="requests / s", title="Throughput")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, legend_size=8)
 
 
 def latency_cdf_plot(results: dict[str, Any], path: Path) -> Path | None:
@@ -62,12 +68,7 @@ def latency_cdf_plot(results: dict[str, Any], path: Path) -> Path | None:
                 ax.plot(latencies, share, label=f"{name} / {tenant}")
     ax.set_xscale("log")
     ax.set(xlabel="latency (ms)", ylabel="share of requests", title="Latency CDF per tenant")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, legend_size=7)
 
 
 def budget_plot(results: dict[str, Any], path: Path) -> Path | None:
@@ -85,12 +86,7 @@ def budget_plot(results: dict[str, Any], path: Path) -> Path | None:
         if reserved:
             ax.axhline(reserved / MIB, color=line.get_color(), ls=":", lw=1)
     ax.set(xlabel="seconds", ylabel="MiB in use (dotted: reserved)", title="Budget use over time")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, legend_size=8)
 
 
 def batch_histogram_plot(results: dict[str, Any], path: Path) -> Path | None:
@@ -114,11 +110,7 @@ def batch_histogram_plot(results: dict[str, Any], path: Path) -> Path | None:
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))])
     ax.set_xticklabels([f"≤{le.removesuffix('.0')}" for le in labels], fontsize=7)
     ax.set(xlabel="items per batch", ylabel="batches", title="Batch sizes (last step)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, grid=False)
 
 
 def draw_all(results: dict[str, Any], stem: Path) -> list[Path]:

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -58,14 +59,15 @@ def resolve(value: Any, done: dict[str, Any]) -> Any:
     return value
 
 
-def _reserved(deployment: Deployment, peaks: dict[str, int], budgets: int | None) -> int | None:
+def _reserved(deployment: Deployment, residency: dict[str, Any]) -> int | None:
+    """What a configuration holds for its models: each tessera's budget (for a
+    static partition, its slices together); for dedicated, each process's peak."""
     if deployment.kind == "peer":
         return None
-    if deployment.kind == "static" and deployment.slices:
-        return sum(deployment.slices.values())
     if deployment.kind == "dedicated":
-        return sum(peaks.values())
-    return budgets
+        return sum(int(r["peak_used_bytes"]) for r in residency.values())
+    budgets = {deployment.routes[m].base_url: int(r["budget_bytes"]) for m, r in residency.items()}
+    return sum(budgets.values())
 
 
 async def _residency_now(deployment: Deployment) -> dict[str, Any]:
@@ -119,8 +121,7 @@ async def run_step(
     progress.close()
     residency = {} if deployment.kind == "peer" else await _residency_now(deployment)
     peaks = {m: int(r["peak_used_bytes"]) for m, r in residency.items()}
-    budgets = {deployment.routes[m].base_url: int(r["budget_bytes"]) for m, r in residency.items()}
-    cost = Cost(cpu, sampler.samples, _reserved(deployment, peaks, sum(budgets.values()) or None))
+    cost = Cost(cpu, sampler.samples, _reserved(deployment, residency))
     figures = step_figures(result.records, result.seconds, latency_targets_ms(scenario), cost)
     figures["concurrency"] = step
     figures["batch_size_histogram"] = histogram_delta(before, await _histograms(deployment))
@@ -142,15 +143,7 @@ def _deployed(
     slices: dict[str, int] | None,
 ) -> Iterator[Deployment]:
     tiers = {t.name: configuration.tiers.get(t.name, t.tier) for t in scenario.tenants}
-    resolved = Configuration(
-        configuration.name,
-        configuration.kind,
-        configuration.peer,
-        configuration.tenants,
-        configuration.tiers,
-        resolve(configuration.config, done),
-        configuration.args,
-    )
+    resolved = replace(configuration, config=resolve(configuration.config, done))
     if configuration.kind == "peer":
         with deploy_peer(scenario, resolved, work) as deployment:
             yield deployment
@@ -190,8 +183,6 @@ def run_configuration(
 
 
 def scenario_json(scenario: Scenario) -> dict[str, Any]:
-    from dataclasses import asdict
-
     out = asdict(scenario)
     out["path"] = None if scenario.path is None else str(scenario.path)
     return out

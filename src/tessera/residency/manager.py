@@ -139,7 +139,7 @@ class ResidencyManager:
         # Loads waiting for room, with a ticket in the order they began to wait:
         # they get room in that order, so that a large model is not starved by
         # small ones taking every byte that frees up.
-        self._waiting_loads: dict[str, float] = {}
+        self._waiting_loads: dict[str, int] = {}
         self._load_tickets = itertools.count()
         self._changed = asyncio.Event()
         self.peak_used_bytes = 0
