@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +11,6 @@ import pytest
 
 from tessera.benchmark import peers
 from tessera.benchmark.peers import PEERS, Launch
-from tessera.benchmark.servers import stop_group
 
 VECTOR = [0.01 * i for i in range(384)]
 
@@ -169,20 +166,3 @@ def test_serve_refuses_a_peer_not_installed(tmp_path: Path) -> None:
         PEERS["litserve"].serve(tmp_path, tmp_path / "work", Path("/weights"), ["a"], 1),
     ):
         pass
-
-
-def test_stop_group_waits_for_the_whole_group() -> None:
-    # A leader and a child that outlives it, as TorchServe's Java frontend would.
-    code = "import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(30)"
-    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-    stop_group(process, grace_s=10)
-    assert process.poll() is not None
-    with pytest.raises(ProcessLookupError):
-        os.killpg(process.pid, 0)
-
-
-def test_stop_group_kills_a_member_that_ignores_sigterm() -> None:
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(30)"
-    process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-    stop_group(process, grace_s=0.5)
-    assert process.poll() is not None

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from builders import save_tiny_llama
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
 from tessera.runtimes.base import LoadedModel, standalone_context
@@ -22,13 +23,6 @@ from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
 # (tessera imports it only when a model loads).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 def chat(text: str, **kwargs: Any) -> ChatInput:
@@ -89,46 +83,8 @@ def test_row_stream_eos_and_length() -> None:
 
 
 def build_tiny_model(folder: Path) -> None:
-    """A 2-layer, 32-wide Llama with a byte-level BPE tokenizer, saved as version 1."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    special = ["<pad>", "<|im_start|>", "<|im_end|>"]
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=special,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    corpus = ["user assistant hello world", "the capital of France is Paris", "café naïve"] * 20
-    bpe.train_from_iterator(corpus, trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, pad_token="<pad>", eos_token="<|im_end|>", chat_template=CHATML
-    )
-    eos_id = tokenizer.eos_token_id
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.5,  # well-separated logits: greedy is stable under padding
-        eos_token_id=eos_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight[eos_id] = 0.0  # never ends by itself: lengths are predictable
-    version = folder / "1"
-    model.save_pretrained(version)
-    tokenizer.save_pretrained(version)
+    """The tiny Llama saved as version 1 of a model folder."""
+    save_tiny_llama(folder / "1")
     (folder / "model.yaml").write_text(
         "name: tiny-llama\ntask: generate\nruntime: torch\nadapter: hf-causal-lm\n"
         "options: {max_tokens_limit: 64}\n"

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from builders import save_tiny_llama
 from tessera.config import build_config
 from tessera.repository import default_repository_path, read_spec
 from tessera.repository.spec import ModelSpec
@@ -31,12 +32,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 MARKER = causal_lm._CACHE_MARKER
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 
 def chats(*texts: str, max_tokens: int = 8) -> list[ChatInput]:
@@ -93,45 +88,10 @@ def test_config_puts_the_cache_under_data_dir_unless_told() -> None:
 # --- the cache logic, with a tiny model standing in for the GGUF's conversion --------
 
 
-def build_tiny_model(folder: Path) -> None:
-    """A 2-layer, 32-wide random Llama with a byte-level BPE tokenizer."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<pad>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(["user assistant hello world"] * 10, trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, pad_token="<pad>", eos_token="<|im_end|>", chat_template=CHATML
-    )
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.5,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-llama")
-    build_tiny_model(folder)
+    save_tiny_llama(folder)
     return folder
 
 
