@@ -279,7 +279,8 @@ def deploy_peer(
     if len(bases) != 1:
         raise ScenarioError("peers serve one model's weights (under one or more names)")
     model_dir = read_spec(default_repository_path() / bases.pop()).resolve_source()
-    threads = os.cpu_count() or 1
+    # One torch thread per process where a peer runs a process per worker.
+    threads = peer.default_threads(len(scenario.models))
     with peer.serve(under, work, model_dir, list(scenario.models), threads) as server:
         routes = dict.fromkeys(scenario.models, server)
         settings = {**server.extra, "version": peer.version(under)}
