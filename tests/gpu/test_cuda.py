@@ -41,12 +41,13 @@ async def test_embedding_model_runs_on_cuda_within_the_budget() -> None:
         )
         assert len(outputs) == 2
         assert len(outputs[0]) == 384
-        stats = engine.residency.stats()
+        stats = engine.snapshot()
         assert 0 < stats.used_bytes <= stats.budget_bytes
-        resident = {m.name: m for m in stats.models}["all-minilm-l6-v2"]
+        resident = stats.model("all-minilm-l6-v2")
+        assert resident is not None
         assert resident.measured_by is not None
         assert "torch tensors" in resident.measured_by
         # The allocator measured an activation peak for the warm-up batch.
-        assert engine.host.activation("all-minilm-l6-v2").num_samples >= 1
+        assert resident.activation_bytes_per_unit is not None
     finally:
         await engine.close()

@@ -2,13 +2,11 @@
 
 from tessera.batching.batcher import ExecuteBatch, ModelBatcher
 from tessera.batching.queue import FifoQueue, QueuePolicyName, RequestQueue, make_queue
-from tessera.batching.request import PendingRequest
 
 __all__ = [
     "ExecuteBatch",
     "FifoQueue",
     "ModelBatcher",
-    "PendingRequest",
     "QueuePolicyName",
     "RequestQueue",
     "make_queue",

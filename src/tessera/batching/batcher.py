@@ -16,12 +16,12 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from tessera.batching.queue import FifoQueue, RequestQueue
-from tessera.batching.request import PendingRequest
 from tessera.clock import Clock
 from tessera.errors import DeadlineExceededError, OverloadedError
 from tessera.repository.spec import BatchingSpec
+from tessera.request import Batch, QueuedRequest
 
-ExecuteBatch = Callable[[list[PendingRequest]], Awaitable[None]]
+ExecuteBatch = Callable[[Batch], Awaitable[None]]
 
 
 class ModelBatcher:
@@ -53,7 +53,7 @@ class ModelBatcher:
     def depth(self) -> int:
         return len(self._queue)
 
-    def submit(self, request: PendingRequest) -> None:
+    def submit(self, request: QueuedRequest) -> None:
         """Queue a request; ``OverloadedError`` if the queue is full."""
         if len(self._queue) >= self.max_queue:
             raise OverloadedError(
@@ -91,7 +91,7 @@ class ModelBatcher:
             except BaseException:
                 self._slots.release()
                 raise
-            if not batch:
+            if batch is None:
                 self._slots.release()
                 continue
             task = asyncio.get_running_loop().create_task(self._run(batch))
@@ -127,7 +127,7 @@ class ModelBatcher:
             units += request.units
         return items >= self.batching.max_batch_size or units >= self.batching.max_batch_units
 
-    async def _next_batch(self) -> list[PendingRequest]:
+    async def _next_batch(self) -> Batch | None:
         while True:
             self._drop_stale()
             oldest = self._queue.oldest_arrival()
@@ -141,14 +141,12 @@ class ModelBatcher:
             await self._wait_arrival(remaining)
         self._drop_stale()
         now = self._clock.now()
-        batch = self._queue.pop_batch(
+        requests = self._queue.pop_batch(
             self.batching.max_batch_size, self.batching.max_batch_units, now
         )
-        for request in batch:
-            request.queued_s = now - request.arrival
-        return batch
+        return Batch(requests, now) if requests else None
 
-    async def _run(self, batch: list[PendingRequest]) -> None:
+    async def _run(self, batch: Batch) -> None:
         try:
             self.num_batches += 1
             await self._execute(batch)

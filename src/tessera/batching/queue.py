@@ -12,27 +12,27 @@ from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
-from tessera.batching.request import PendingRequest
+from tessera.request import QueuedRequest
 
 if TYPE_CHECKING:
     from tessera.scheduling.predictor import BatchTimePredictor
 
 
 class RequestQueue(Protocol):
-    def push(self, request: PendingRequest) -> None: ...
+    def push(self, request: QueuedRequest) -> None: ...
 
-    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[PendingRequest]:
+    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[QueuedRequest]:
         """Remove and return whole requests for one batch within the limits
         (the first request is always taken, even alone over a limit)."""
         ...
 
-    def remove_if(self, predicate: Callable[[PendingRequest], bool]) -> list[PendingRequest]: ...
+    def remove_if(self, predicate: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]: ...
 
     def oldest_arrival(self) -> float | None: ...
 
     def __len__(self) -> int: ...
 
-    def __iter__(self) -> Iterator[PendingRequest]: ...
+    def __iter__(self) -> Iterator[QueuedRequest]: ...
 
 
 class QueuePolicyName(StrEnum):
@@ -44,13 +44,13 @@ class FifoQueue:
     """First come, first served."""
 
     def __init__(self) -> None:
-        self._items: deque[PendingRequest] = deque()
+        self._items: deque[QueuedRequest] = deque()
 
-    def push(self, request: PendingRequest) -> None:
+    def push(self, request: QueuedRequest) -> None:
         self._items.append(request)
 
-    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[PendingRequest]:
-        batch: list[PendingRequest] = []
+    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[QueuedRequest]:
+        batch: list[QueuedRequest] = []
         num_items, units = 0, 0.0
         while self._items:
             head = self._items[0]
@@ -62,7 +62,7 @@ class FifoQueue:
             units += head.units
         return batch
 
-    def remove_if(self, predicate: Callable[[PendingRequest], bool]) -> list[PendingRequest]:
+    def remove_if(self, predicate: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]:
         removed = [r for r in self._items if predicate(r)]
         if removed:
             self._items = deque(r for r in self._items if not predicate(r))
@@ -74,7 +74,7 @@ class FifoQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self) -> Iterator[PendingRequest]:
+    def __iter__(self) -> Iterator[QueuedRequest]:
         return iter(self._items)
 
 

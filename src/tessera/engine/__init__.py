@@ -1,24 +1,19 @@
-"""Wiring of the core request path: batchers, residency and the compute executor."""
+"""The engine: plan, execute and report over the policies; one snapshot for readers."""
 
 from tessera.engine.engine import (
     Caller,
     Engine,
     EngineConfig,
-    ModelCounters,
+    PreloadProgress,
     RequestTrace,
     Submission,
 )
-from tessera.engine.executor import BatchRun, ComputeExecutor
-from tessera.engine.host import EngineHost
 
 __all__ = [
-    "BatchRun",
     "Caller",
-    "ComputeExecutor",
     "Engine",
     "EngineConfig",
-    "EngineHost",
-    "ModelCounters",
+    "PreloadProgress",
     "RequestTrace",
     "Submission",
 ]

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from tessera import __version__
-from tessera.engine import Engine
-from tessera.engine.engine import PreloadProgress
+from tessera.config import DEFAULT_MAX_BODY_BYTES
+from tessera.engine import Engine, PreloadProgress
 from tessera.gateway import admin, dashboard, kserve, openai_api, tasks_api, tenants_admin
 from tessera.gateway.common import BodyLimitMiddleware
 from tessera.gateway.context import RequestContextMiddleware
@@ -21,8 +21,6 @@ from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tenants import AuditLog, TenantStore
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def create_app(

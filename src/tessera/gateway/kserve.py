@@ -21,7 +21,6 @@ from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
 from tessera.gateway.common import engine_of, run_task, visible_models
 from tessera.gateway.errors import error_headers, reject_reason, status_of
 from tessera.repository.spec import ModelSpec
-from tessera.residency import ModelState
 from tessera.tasks.types import ClassifyOutput, Task, TextInput
 
 router = APIRouter()
@@ -88,7 +87,8 @@ async def model_ready(name: str, request: Request, version: str | None = None) -
     engine = engine_of(request)
     if name not in visible_models(request):
         return Response(status_code=404)
-    return Response(status_code=503 if engine.residency.state(name) is ModelState.FAILED else 200)
+    model = engine.snapshot().model(name)
+    return Response(status_code=503 if model is not None and model.state == "failed" else 200)
 
 
 def _decode_bytes_tensor(raw: bytes) -> list[str]:

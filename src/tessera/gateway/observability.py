@@ -15,8 +15,8 @@ from tessera.engine import Engine
 from tessera.gateway.common import engine_of
 from tessera.gateway.errors import error_body
 from tessera.metrics.prometheus import DEFAULT_MAX_TENANT_LABELS, PrometheusMetrics
-from tessera.metrics.rolling import FanoutSink, RollingStats
-from tessera.metrics.stats import NullSink, StatsSink
+from tessera.metrics.rolling import RollingStats
+from tessera.metrics.stats import FanoutSink
 
 DEFAULT_SLO_OBJECTIVE = 0.99
 
@@ -85,16 +85,22 @@ def install_observability(
 ) -> PrometheusMetrics:
     """Feed Prometheus and the rolling window from ``engine`` and the gateway, and
     serve them. Call before the app starts (it mounts routes)."""
+    models = frozenset(engine.repository.names())
+    targets_s = {
+        spec.name: spec.latency_target_ms / 1000.0
+        for spec in engine.repository
+        if spec.latency_target_ms is not None
+    }
     prometheus = PrometheusMetrics(
-        engine, per_tenant_labels=per_tenant_labels, max_tenant_labels=max_tenant_labels
+        engine.snapshot,
+        models,
+        targets_s,
+        per_tenant_labels=per_tenant_labels,
+        max_tenant_labels=max_tenant_labels,
     )
-    rolling = RollingStats(window_s, models=engine.repository)
-    sinks: list[StatsSink] = [prometheus, rolling]
-    if not isinstance(engine.stats, NullSink):
-        sinks.append(engine.stats)  # keep whatever sink the engine already fed
-    fanout = FanoutSink(*sinks)
-    engine.stats = fanout
-    engine.host.stats = fanout
+    rolling = RollingStats(window_s, models=models)
+    fanout = FanoutSink(prometheus, rolling)  # the gateway's request events
+    engine.subscribe(fanout)  # the engine's batches and loads
     app.state.metrics = prometheus
     app.state.rolling = rolling
     app.state.stats = fanout

@@ -263,19 +263,18 @@ async def speech(body: SpeechRequest, request: Request) -> Response:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
-    engine = engine_of(request)
     allowed = set(visible_models(request))
     data = [
         {
-            "id": spec.name,
+            "id": model.name,
             "object": "model",
             "created": 0,
             "owned_by": "tessera",
-            "task": spec.task.value,
-            "state": engine.residency.state(spec.name).value,
+            "task": model.task,
+            "state": model.state,
         }
-        for spec in engine.repository
-        if spec.name in allowed
+        for model in engine_of(request).snapshot().models
+        if model.name in allowed
     ]
     return JSONResponse({"object": "list", "data": data})
 

@@ -1,5 +1,12 @@
 """Stats the core emits, and their Prometheus adapter."""
 
-from tessera.metrics.stats import NullSink, RequestEvent, StatsSink
+from tessera.metrics.stats import (
+    EngineStats,
+    FanoutSink,
+    ModelStats,
+    NullSink,
+    RequestEvent,
+    StatsSink,
+)
 
-__all__ = ["NullSink", "RequestEvent", "StatsSink"]
+__all__ = ["EngineStats", "FanoutSink", "ModelStats", "NullSink", "RequestEvent", "StatsSink"]

@@ -3,8 +3,9 @@
 ``PrometheusMetrics`` is a ``StatsSink`` with a registry of its own (never the
 process-global one, so two engines in one process do not collide). Request,
 batch and load events feed counters and histograms; memory, residency, queue
-depths and the device are read from the engine by ``EngineCollector`` when
-Prometheus scrapes, so they are never stale and cost nothing between scrapes.
+depths and the device are read from the engine's snapshot (``EngineStats``) by
+``EngineCollector`` when Prometheus scrapes, so they are never stale and cost
+nothing between scrapes.
 
 Label cardinality is bounded: ``model`` is a repository name (else "unknown"),
 ``tier`` a configured tier (or "none" when auth is off), ``status`` an HTTP
@@ -16,8 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -26,10 +26,9 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from tessera.metrics.rolling import NONE_LABEL, REJECT_REASONS, model_label
-from tessera.metrics.stats import RequestEvent
+from tessera.metrics.stats import EngineStats, RequestEvent
 
-if TYPE_CHECKING:
-    from tessera.engine import Engine
+Snapshot = Callable[[], EngineStats]
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +54,24 @@ class PrometheusMetrics:
 
     def __init__(
         self,
-        engine: Engine,
+        snapshot: Snapshot,
+        models: Collection[str],
+        targets_s: Mapping[str, float],
         *,
         per_tenant_labels: bool = False,
         max_tenant_labels: int = DEFAULT_MAX_TENANT_LABELS,
     ) -> None:
-        self.engine = engine
+        """``snapshot`` is read at each scrape; ``models`` are the names a label
+        may take; ``targets_s`` the models' latency targets in seconds."""
+        self.models = models
         self.registry = CollectorRegistry(auto_describe=False)
         self.per_tenant_labels = per_tenant_labels
         self.max_tenant_labels = max_tenant_labels
         self._tenants: set[str] = set()
         self._tenant_lock = threading.Lock()
-        self.targets_s: dict[str, float] = {
-            spec.name: spec.latency_target_ms / 1000.0
-            for spec in engine.repository
-            if spec.latency_target_ms is not None
-        }
+        self.targets_s = dict(targets_s)
         self._make_families()
-        self.registry.register(EngineCollector(engine, self.targets_s))
+        self.registry.register(EngineCollector(snapshot, self.targets_s))
 
     def _make_families(self) -> None:
         r = self.registry
@@ -120,7 +119,7 @@ class PrometheusMetrics:
     # -- StatsSink -----------------------------------------------------------
 
     def on_request(self, event: RequestEvent) -> None:
-        model = model_label(event.model, self.engine.repository)
+        model = model_label(event.model, self.models)
         tier = event.tier or NONE_LABEL
         labels = [model, event.task or NONE_LABEL, tier, str(event.status)]
         if self.per_tenant_labels:
@@ -174,10 +173,10 @@ class PrometheusMetrics:
 
 
 class EngineCollector(Collector):
-    """Gauges read from the engine at scrape time (on the event loop, like the engine)."""
+    """Gauges read from one engine snapshot at scrape time (on the event loop)."""
 
-    def __init__(self, engine: Engine, targets_s: Mapping[str, float]) -> None:
-        self.engine = engine
+    def __init__(self, snapshot: Snapshot, targets_s: Mapping[str, float]) -> None:
+        self.snapshot = snapshot
         self.targets_s = targets_s
         self._process = psutil.Process()
 
@@ -185,13 +184,13 @@ class EngineCollector(Collector):
         return []  # names are only known at collect; registering must not scrape
 
     def collect(self) -> Iterable[Metric]:
-        yield from self._residency()
-        yield from self._queues_and_slo()
-        yield from self._device()
+        stats = self.snapshot()
+        yield from self._residency(stats)
+        yield from self._queues_and_slo(stats)
+        yield from self._device(stats)
         yield from self._process_metrics()
 
-    def _residency(self) -> Iterable[Metric]:
-        stats = self.engine.residency.stats()
+    def _residency(self, stats: EngineStats) -> Iterable[Metric]:
         yield GaugeMetricFamily(
             "tessera_memory_budget_bytes", "The byte budget models share.", stats.budget_bytes
         )
@@ -212,24 +211,21 @@ class EngineCollector(Collector):
         evictions = CounterMetricFamily(
             "tessera_model_evictions", "Models evicted to make room.", labels=["model"]
         )
-        by_name = {m.name: m for m in stats.models}
-        for name in self.engine.repository.names():
-            entry = by_name.get(name)
-            current = entry.state if entry is not None else "unloaded"
-            held = entry.bytes if entry is not None and current in RESIDENT_STATES else 0
-            resident.add_metric([name], held)
+        for model in stats.models:
+            held = model.bytes if model.state in RESIDENT_STATES else 0
+            resident.add_metric([model.name], held)
             for s in MODEL_STATES:
-                state.add_metric([name, s], 1.0 if s == current else 0.0)
-            loads.add_metric([name], entry.loads if entry is not None else 0)
-            evictions.add_metric([name], entry.evictions if entry is not None else 0)
+                state.add_metric([model.name, s], 1.0 if s == model.state else 0.0)
+            loads.add_metric([model.name], model.loads)
+            evictions.add_metric([model.name], model.evictions)
         yield from (resident, state, loads, evictions)
 
-    def _queues_and_slo(self) -> Iterable[Metric]:
+    def _queues_and_slo(self, stats: EngineStats) -> Iterable[Metric]:
         depth = GaugeMetricFamily(
             "tessera_queue_depth", "Requests waiting for a model.", labels=["model"]
         )
-        for name in self.engine.repository.names():
-            depth.add_metric([name], self.engine.queue_depth(name))
+        for model in stats.models:
+            depth.add_metric([model.name], model.queue_depth)
         yield depth
         target = GaugeMetricFamily(
             "tessera_slo_target_seconds", "A model's latency target (model.yaml).",
@@ -239,27 +235,25 @@ class EngineCollector(Collector):
             target.add_metric([name], seconds)
         yield target
 
-    def _device(self) -> Iterable[Metric]:
-        try:
-            stats = self.engine.device.stats()
-        except Exception:  # a failing NVML must not fail the whole scrape
-            log.warning("device stats failed; device metrics skipped", exc_info=True)
+    def _device(self, stats: EngineStats) -> Iterable[Metric]:
+        device = stats.device
+        if device is None:  # a failing NVML must not fail the whole scrape
             return
         yield GaugeMetricFamily(
             "tessera_device_memory_used_bytes",
             "Memory in use on the device (process RSS on CPU).",
-            stats.used_bytes,
+            device.used_bytes,
         )
         yield GaugeMetricFamily(
-            "tessera_device_memory_total_bytes", "The device's memory.", stats.total_bytes
+            "tessera_device_memory_total_bytes", "The device's memory.", device.total_bytes
         )
-        if stats.utilization is not None:
+        if device.utilization is not None:
             yield GaugeMetricFamily(
-                "tessera_device_utilization_ratio", "Device busy share, 0..1.", stats.utilization
+                "tessera_device_utilization_ratio", "Device busy share, 0..1.", device.utilization
             )
-        if stats.temperature_c is not None:
+        if device.temperature_c is not None:
             yield GaugeMetricFamily(
-                "tessera_device_temperature_celsius", "Device temperature.", stats.temperature_c
+                "tessera_device_temperature_celsius", "Device temperature.", device.temperature_c
             )
 
     def _process_metrics(self) -> Iterable[Metric]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.clock import Clock, MonotonicClock
-from tessera.metrics.stats import RequestEvent, StatsSink
+from tessera.metrics.stats import RequestEvent
 
 REJECT_REASONS = ("rate", "concurrency", "quota", "queue_full", "deadline", "auth")
 BATCH_BUCKETS = ("1", "2-4", "5-8", "9-16", "17-32", "33+")
@@ -292,22 +292,3 @@ def _group(
 def _p50_p99(requests: list[_Request]) -> tuple[float | None, float | None]:
     latencies = [r.total_s for r in requests if r.status < 400]
     return _ms(quantile(latencies, 0.5)), _ms(quantile(latencies, 0.99))
-
-
-class FanoutSink:
-    """A ``StatsSink`` that passes every event to each of ``sinks`` in turn."""
-
-    def __init__(self, *sinks: StatsSink) -> None:
-        self.sinks: tuple[StatsSink, ...] = sinks
-
-    def on_request(self, event: RequestEvent) -> None:
-        for sink in self.sinks:
-            sink.on_request(event)
-
-    def on_batch(self, model: str, size: int, run_s: float) -> None:
-        for sink in self.sinks:
-            sink.on_batch(model, size, run_s)
-
-    def on_load(self, model: str, seconds: float, ok: bool) -> None:
-        for sink in self.sinks:
-            sink.on_load(model, seconds, ok)

@@ -1,15 +1,18 @@
-"""What the core reports as it serves: plain events, no Prometheus.
+"""What the core reports as it serves: plain events and one snapshot, no Prometheus.
 
 The engine and the gateway call a ``StatsSink``; ``metrics.prometheus`` is the
 adapter that turns these events into ``tessera_*`` metric families. Gauges
 (memory, residency, queue depths, the device) are read at scrape time from the
-engine itself, so they need no events.
+engine's ``snapshot()``, an immutable ``EngineStats``: the one object that
+metrics, the admin API, KServe metadata, the live page and the CLI read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+from tessera.device import DeviceStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +48,81 @@ class NullSink:
 
     def on_load(self, model: str, seconds: float, ok: bool) -> None:
         return
+
+
+class FanoutSink:
+    """A ``StatsSink`` that passes every event to each of its sinks in turn;
+    ``add`` subscribes one more (the engine's sinks are added at start-up)."""
+
+    def __init__(self, *sinks: StatsSink) -> None:
+        self.sinks: tuple[StatsSink, ...] = sinks
+
+    def add(self, sink: StatsSink) -> None:
+        self.sinks = (*self.sinks, sink)
+
+    def on_request(self, event: RequestEvent) -> None:
+        for sink in self.sinks:
+            sink.on_request(event)
+
+    def on_batch(self, model: str, size: int, run_s: float) -> None:
+        for sink in self.sinks:
+            sink.on_batch(model, size, run_s)
+
+    def on_load(self, model: str, seconds: float, ok: bool) -> None:
+        for sink in self.sinks:
+            sink.on_load(model, seconds, ok)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStats:
+    """One model as the engine sees it at one instant.
+
+    ``bytes`` is its share of the budget in use (its own bytes, its reserved
+    activations and an equal part of each shared component among the resident
+    models using it); ``weights_bytes`` counts its shared components whole;
+    ``measured_bytes`` is its first load's measurement, kept for reloads.
+    """
+
+    name: str
+    task: str
+    state: str  # unloaded | loading | ready | unloading | failed
+    bytes: int
+    weights_bytes: int
+    measured_bytes: int | None
+    measured_by: str | None  # how the runtime measured its bytes
+    activation_bytes_per_unit: int | None  # the window's measured peak; None until measured
+    last_used: float | None
+    loads: int
+    evictions: int
+    pins: int
+    error: str | None
+    queue_depth: int
+    num_requests: int
+    num_items: int
+    num_batches: int
+    num_failures: int
+    num_dropped: int  # dropped before running: caller gone or deadline passed
+    recent_batches: tuple[tuple[int, float], ...]  # (items, run seconds), newest last
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The engine at one instant: budget, workers, device and every model."""
+
+    device_name: str
+    device: DeviceStats | None  # None when the device could not be read
+    budget_bytes: int
+    used_bytes: int
+    peak_used_bytes: int
+    loads_total: int
+    evictions_total: int
+    num_workers: int
+    threads_per_worker: int
+    ready: bool
+    models: tuple[ModelStats, ...]  # every model of the repository, by name
+
+    def model(self, name: str) -> ModelStats | None:
+        for model in self.models:
+            if model.name == name:
+                return model
+        return None

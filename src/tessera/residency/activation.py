@@ -28,3 +28,24 @@ class ActivationStats:
         if not self._per_unit:
             return 0
         return math.ceil(max(self._per_unit) * units)
+
+
+class ActivationBook:
+    """Every model's ``ActivationStats``: written by measured batches (the warm-up
+    after a load, and batches that ran alone), read when a batch reserves room."""
+
+    def __init__(self, window: int = 64) -> None:
+        self._window = window
+        self._stats: dict[str, ActivationStats] = {}
+
+    def of(self, name: str) -> ActivationStats:
+        found = self._stats.get(name)
+        if found is None:
+            found = self._stats[name] = ActivationStats(self._window)
+        return found
+
+    def observe(self, name: str, peak_bytes: int, units: float) -> None:
+        self.of(name).observe(peak_bytes, units)
+
+    def reserve_bytes(self, name: str, units: float) -> int:
+        return self.of(name).reserve_bytes(units)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from tessera.batching.request import PendingRequest
+from tessera.request import QueuedRequest
 from tessera.scheduling.predictor import BatchTimePredictor
 
 LATENCY_SHARE_IN_BATCH = 0.5
@@ -52,14 +52,14 @@ class FairQueue:
         self._quantum_s = quantum_s
         self._tenant_seen: dict[str, float] = {}  # tenant -> last arrival
         self._latency_horizon_s = latency_horizon_s
-        self._queues: dict[str, deque[PendingRequest]] = {}
+        self._queues: dict[str, deque[QueuedRequest]] = {}
         self.counters: dict[str, float] = {}
         self._len = 0
         self._latency_seen: dict[float, float] = {}  # latency target -> last arrival
 
     # -- RequestQueue -----------------------------------------------------
 
-    def push(self, request: PendingRequest) -> None:
+    def push(self, request: QueuedRequest) -> None:
         if request.latency_target_s is not None:
             self._latency_seen[request.latency_target_s] = request.arrival
         self._tenant_seen[request.tenant] = request.arrival
@@ -70,8 +70,8 @@ class FairQueue:
         queue.append(request)
         self._len += 1
 
-    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[PendingRequest]:
-        batch: list[PendingRequest] = []
+    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[QueuedRequest]:
+        batch: list[QueuedRequest] = []
         num_items, units = 0, 0.0
         # The batch's run-time budget: a share of the tightest active target,
         # then of the smallest remaining budget of a latency request in it.
@@ -99,8 +99,8 @@ class FairQueue:
             budget_s = new_budget
         return batch
 
-    def remove_if(self, predicate: Callable[[PendingRequest], bool]) -> list[PendingRequest]:
-        removed: list[PendingRequest] = []
+    def remove_if(self, predicate: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]:
+        removed: list[QueuedRequest] = []
         for tenant, queue in self._queues.items():
             kept = deque(r for r in queue if not predicate(r))
             if len(kept) != len(queue):
@@ -116,7 +116,7 @@ class FairQueue:
     def __len__(self) -> int:
         return self._len
 
-    def __iter__(self) -> Iterator[PendingRequest]:
+    def __iter__(self) -> Iterator[QueuedRequest]:
         for queue in self._queues.values():
             yield from queue
 
@@ -164,12 +164,12 @@ class FairQueue:
         return predicted is None or predicted <= budget_s
 
 
-def _deadline(request: PendingRequest) -> float:
+def _deadline(request: QueuedRequest) -> float:
     assert request.latency_target_s is not None
     return request.arrival + request.latency_target_s
 
 
-def _remaining(request: PendingRequest, now: float) -> float | None:
+def _remaining(request: QueuedRequest, now: float) -> float | None:
     if request.latency_target_s is None:
         return None
     return _deadline(request) - now

@@ -161,7 +161,9 @@ async def test_concurrent_callers_are_batched(client: httpx.AsyncClient, engine:
         np.testing.assert_allclose(
             response.json()["data"][0]["embedding"], fake_embedding(text), rtol=1e-6
         )
-    num_batches = engine.counters["embed"].num_batches
+    stats = engine.snapshot().model("embed")
+    assert stats is not None
+    num_batches = stats.num_batches
     assert num_batches >= 1
     assert num_batches < len(texts)
 
@@ -255,17 +257,22 @@ async def test_admin_batches_reports_recent_batch_sizes_and_times(
 async def test_batch_over_its_activation_room_runs_in_parts(
     client: httpx.AsyncClient, engine: Engine
 ) -> None:
-    # Measured peaks say 20 MiB per work unit; the budget is 64 MiB, so a batch
-    # of six one-unit requests (120 MiB) cannot reserve its room and is split.
-    engine.host.activation("embed").observe(20 * 1024**2, 1)
+    # The model's warm-up measured ~1.25 MiB per work unit; the budget is 64 MiB,
+    # so a batch of six 12-unit requests (~90 MiB) cannot reserve its room and
+    # runs in parts (of three: ~45 MiB each).
+    await client.post("/admin/models/scratch/load")
+    text = "x" * 48  # 12 work units
     responses = await asyncio.gather(
         *(
-            client.post("/v1/embeddings", json={"model": "embed", "input": f"t{i}"})
+            client.post("/v1/embeddings", json={"model": "scratch", "input": f"{text}{i}"})
             for i in range(6)
         )
     )
     assert [r.status_code for r in responses] == [200] * 6
-    sizes = [size for size, _ in engine.counters["embed"].recent_batches]
+    stats = engine.snapshot()
+    scratch = stats.model("scratch")
+    assert scratch is not None
+    sizes = [size for size, _ in scratch.recent_batches]
     assert sum(sizes) == 6
     assert max(sizes) <= 3
-    assert engine.residency.peak_used_bytes <= engine.residency.table.budget_bytes
+    assert stats.peak_used_bytes <= stats.budget_bytes

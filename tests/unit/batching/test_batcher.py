@@ -7,33 +7,38 @@ from typing import Any
 
 import pytest
 
-from tessera.batching import ModelBatcher, PendingRequest
+from tessera.batching import ModelBatcher
 from tessera.clock import FakeClock
 from tessera.errors import DeadlineExceededError, OverloadedError
 from tessera.repository.spec import BatchingSpec
+from tessera.request import Batch, QueuedRequest, RequestResult
 
 
 class Recorder:
     """An execute function that answers each item with (caller tag, item)."""
 
     def __init__(self) -> None:
-        self.batches: list[list[PendingRequest]] = []
+        self.batches: list[list[QueuedRequest]] = []
+        self.formed_at: list[float] = []
         self.gate: asyncio.Event | None = None
 
-    async def __call__(self, batch: list[PendingRequest]) -> None:
-        self.batches.append(batch)
+    async def __call__(self, batch: Batch) -> None:
+        self.batches.append(batch.requests)
+        self.formed_at.append(batch.formed_at)
         if self.gate is not None:
             await self.gate.wait()
-        for request in batch:
+        for request in batch.requests:
             if not request.future.done():
-                request.future.set_result([(request.tenant, item) for item in request.items])
+                outputs = [(request.tenant, item) for item in request.items]
+                queued_s = batch.formed_at - request.arrival
+                request.future.set_result(RequestResult(outputs, queued_s, 0.0, batch.num_items))
 
 
 def make_request(
     clock: FakeClock, items: list[Any], tenant: str = "t", **kw: Any
-) -> PendingRequest:
-    future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-    return PendingRequest(
+) -> QueuedRequest:
+    future: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
+    return QueuedRequest(
         items=items,
         units=float(len(items)),
         arrival=clock.now(),
@@ -59,7 +64,7 @@ async def test_batch_mixes_callers_and_each_gets_its_own_results() -> None:
     results = await asyncio.gather(*(r.future for r in requests))
     assert len(recorder.batches) == 1
     for tenant, result in zip("abc", results, strict=True):
-        assert result == [(tenant, f"{tenant}0"), (tenant, f"{tenant}1")]
+        assert result.outputs == [(tenant, f"{tenant}0"), (tenant, f"{tenant}1")]
     await batcher.close()
 
 
@@ -92,7 +97,7 @@ async def test_partial_batch_waits_max_wait_then_runs() -> None:
     await request.future
     # The fake clock moved by the wait, no more.
     assert clock.now() == pytest.approx(0.05)
-    assert request.queued_s == pytest.approx(0.05)
+    assert recorder.formed_at == [pytest.approx(0.05)]
     await batcher.close()
 
 
@@ -115,7 +120,7 @@ async def test_requests_of_gone_callers_are_dropped_before_running() -> None:
     batcher.submit(gone)
     batcher.submit(kept)
     gone.future.cancel()
-    assert await kept.future == [("t", "kept")]
+    assert (await kept.future).outputs == [("t", "kept")]
     assert [r.items for batch in recorder.batches for r in batch] == [["kept"]]
     assert batcher.num_dropped == 1
     await batcher.close()

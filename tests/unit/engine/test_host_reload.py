@@ -8,7 +8,8 @@ from builders import make_spec
 from tessera.device import CpuDevice
 from tessera.engine.executor import ComputeExecutor
 from tessera.engine.host import EngineHost
-from tessera.runtimes.base import Measured
+from tessera.residency import ActivationBook
+from tessera.runtimes.memory import Measured
 from tessera.tasks.types import TextInput
 
 
@@ -24,16 +25,17 @@ class CountingExecutor(ComputeExecutor):
 
 async def test_a_reload_is_neither_measured_nor_warmed_up_again() -> None:
     executor = CountingExecutor()
-    host = EngineHost(CpuDevice(), executor)
+    activations = ActivationBook()
+    host = EngineHost(CpuDevice(), executor, activations)
     spec = make_spec("a", 300)
     try:
         model = await host.load(spec)
         assert executor.exclusive_calls == 1  # the warm-up batch, alone
-        observed = host.activation("a").num_samples
+        observed = activations.of("a").num_samples
         await host.unload(spec, model)
         again = await host.load(spec)
         assert executor.exclusive_calls == 1
-        assert host.activation("a").num_samples == observed
+        assert activations.of("a").num_samples == observed
         assert len(again.run([TextInput("x")])) == 1  # a reload serves as the first did
         await host.unload(spec, again)
         other = await host.load(make_spec("b", 300))  # another model: measured

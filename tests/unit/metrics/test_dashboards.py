@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator, Iterator
@@ -35,16 +34,13 @@ class GpuLikeDevice(CpuDevice):
 
 @pytest.fixture
 async def metrics() -> AsyncIterator[PrometheusMetrics]:
-    specs = [
-        dataclasses.replace(make_spec("embed"), latency_target_ms=200.0),
-        make_spec("ocr"),
-    ]
     engine = Engine(
-        ModelRepository(specs),
+        ModelRepository([make_spec("embed"), make_spec("ocr")]),
         EngineConfig(memory_budget_bytes=1 << 20, device="cpu", num_threads=1),
         device=GpuLikeDevice(),
     )
-    yield PrometheusMetrics(engine, per_tenant_labels=True)
+    models = engine.repository.names()
+    yield PrometheusMetrics(engine.snapshot, models, {"embed": 0.2}, per_tenant_labels=True)
     await engine.close()
 
 

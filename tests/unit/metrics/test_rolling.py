@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tessera.clock import FakeClock
-from tessera.metrics import RequestEvent
+from tessera.metrics import FanoutSink, RequestEvent
 from tessera.metrics.rolling import (
     BATCH_BUCKETS,
-    FanoutSink,
     RollingStats,
     batch_bucket,
     quantile,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tessera.batching import PendingRequest
+from tessera.request import QueuedRequest, RequestResult
 from tessera.scheduling import BatchTimePredictor, FairQueue
 
 
@@ -17,7 +17,7 @@ class Loop:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
 
-    def future(self) -> asyncio.Future[list[Any]]:
+    def future(self) -> asyncio.Future[RequestResult]:
         return self.loop.create_future()
 
 
@@ -37,8 +37,8 @@ def request(
     weight: float = 1.0,
     arrival: float = 0.0,
     latency_target_s: float | None = None,
-) -> PendingRequest:
-    return PendingRequest(
+) -> QueuedRequest:
+    return QueuedRequest(
         items=[tenant] * items,
         units=units,
         arrival=arrival,
@@ -49,7 +49,7 @@ def request(
     )
 
 
-def served_units(batches: list[list[PendingRequest]]) -> dict[str, float]:
+def served_units(batches: list[list[QueuedRequest]]) -> dict[str, float]:
     totals: dict[str, float] = {}
     for batch in batches:
         for r in batch:
