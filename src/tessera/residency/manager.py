@@ -269,8 +269,9 @@ class ResidencyManager:
                 retry_after_s=1.0,
             )
         # On timeout the caller's loop re-checks and raises once the deadline passed.
+        # The wait is bounded on the injected clock, so a fake one can jump it.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout=remaining)
+            await self._clock.wait_for(self._changed.wait(), remaining)
 
     def raise_if_failed(self, name: str) -> None:
         """``ModelUnavailableError`` while the model's last load failure is recent."""

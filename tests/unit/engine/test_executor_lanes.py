@@ -1,10 +1,17 @@
-"""The compute executor's long lane: a long batch cannot hold every worker."""
+"""The compute executor's long lane: a long batch cannot hold every worker.
+
+Batches run on real threads, so these tests wait on events, never on time:
+each batch records the thread it ran on and the order it ran in, and a gate
+holds the long batch open until the test lets it go. A thread that waits on
+the gate gives up after ``HANG_GUARD_S`` only when the code under test is
+broken (then the test fails instead of hanging).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tessera.device import CpuDevice
@@ -12,63 +19,99 @@ from tessera.engine.executor import ComputeExecutor
 
 HANG_GUARD_S = 10.0
 
-
-def blocking(gate: threading.Event) -> Any:
-    def fn(items: Sequence[Any]) -> list[Any]:
-        gate.wait(HANG_GUARD_S)
-        return list(items)
-
-    return fn
+Batch = Callable[[Sequence[Any]], list[Any]]
 
 
-def echo(items: Sequence[Any]) -> list[Any]:
-    return [f"done {item}" for item in items]
+class Log:
+    """What ran, where, in what order."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.events: list[str] = []
+        self.threads: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _note(self, event: str, name: str) -> None:
+        with self._lock:
+            self.events.append(event)
+            self.threads[name] = threading.current_thread().name
+
+    def blocking(self, name: str) -> Batch:
+        def fn(items: Sequence[Any]) -> list[Any]:
+            self.gate.wait(HANG_GUARD_S)
+            self._note(f"{name} ended", name)
+            return list(items)
+
+        return fn
+
+    def echo(self, name: str) -> Batch:
+        def fn(items: Sequence[Any]) -> list[Any]:
+            self._note(f"{name} ran", name)
+            return [f"done {item}" for item in items]
+
+        return fn
+
+
+async def submitted(task: asyncio.Future[Any]) -> None:
+    """Let ``task`` hand its batch to a worker (``run`` submits before it awaits)."""
+    await asyncio.sleep(0)
+    assert not task.done()
 
 
 async def test_short_batch_runs_while_a_long_one_holds_the_only_worker() -> None:
     executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1, long_batch_s=0.5)
-    gate = threading.Event()
+    log = Log()
     try:
-        long_run = asyncio.ensure_future(executor.run(blocking(gate), ["page"], expected_s=3.0))
-        short = await asyncio.wait_for(executor.run(echo, ["s"], expected_s=0.01), HANG_GUARD_S)
+        long_run = asyncio.ensure_future(executor.run(log.blocking("long"), ["page"], 3.0))
+        await submitted(long_run)
+        short = await executor.run(log.echo("short"), ["s"], expected_s=0.01)
         assert short.outputs == ["done s"]
-        assert not long_run.done()  # the long batch still holds its lane
-        gate.set()
+        assert log.events == ["short ran"]  # the long batch still holds its lane
+        log.gate.set()
         assert (await long_run).outputs == ["page"]
+        assert log.threads["long"].startswith("tessera-long")
+        assert log.threads["short"].startswith("tessera-compute")
     finally:
-        gate.set()
+        log.gate.set()
         executor.shutdown()
 
 
 async def test_without_the_lane_a_short_batch_waits_for_the_long_one() -> None:
     executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1, long_batch_s=None)
-    gate = threading.Event()
+    log = Log()
     try:
-        long_run = asyncio.ensure_future(executor.run(blocking(gate), ["page"], expected_s=3.0))
-        short = asyncio.ensure_future(executor.run(echo, ["s"], expected_s=0.01))
-        await asyncio.sleep(0.05)
-        assert not short.done()
-        gate.set()
+        long_run = asyncio.ensure_future(executor.run(log.blocking("long"), ["page"], 3.0))
+        await submitted(long_run)
+        short = asyncio.ensure_future(executor.run(log.echo("short"), ["s"], expected_s=0.01))
+        await submitted(short)
+        log.gate.set()
         assert (await short).outputs == ["done s"]
         await long_run
+        # One worker ran both, one after the other.
+        assert log.events == ["long ended", "short ran"]
+        assert log.threads["long"] == log.threads["short"]
     finally:
-        gate.set()
+        log.gate.set()
         executor.shutdown()
 
 
 async def test_unpredicted_batches_take_the_short_lane() -> None:
     executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1, long_batch_s=0.5)
-    gate = threading.Event()
+    log = Log()
     try:
-        first = asyncio.ensure_future(executor.run(blocking(gate), ["a"], expected_s=None))
-        second = asyncio.ensure_future(executor.run(echo, ["b"], expected_s=None))
-        await asyncio.sleep(0.05)
-        assert not second.done()  # same lane as the first: it waits
-        gate.set()
+        first = asyncio.ensure_future(executor.run(log.blocking("a"), ["a"], expected_s=None))
+        await submitted(first)
+        second = asyncio.ensure_future(executor.run(log.echo("b"), ["b"], expected_s=None))
+        await submitted(second)
+        log.gate.set()
         assert (await second).outputs == ["done b"]
         await first
+        # Same lane as the first: it waited for it.
+        assert log.events == ["a ended", "b ran"]
+        assert log.threads["a"] == log.threads["b"]
+        assert log.threads["a"].startswith("tessera-compute")
     finally:
-        gate.set()
+        log.gate.set()
         executor.shutdown()
 
 
@@ -76,10 +119,11 @@ async def test_a_batch_that_overlaps_a_load_is_not_measured() -> None:
     from tessera.runtimes.memory import reset_peak
 
     executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1)
+    log = Log()
     try:
-        alone = await executor.run(echo, ["a"])
+        alone = await executor.run(log.echo("a"), ["a"])
         with executor.loading():
-            during = await executor.run(echo, ["b"])
+            during = await executor.run(log.echo("b"), ["b"])
         assert during.peak_bytes is None
         assert (alone.peak_bytes is not None) == reset_peak()
     finally:

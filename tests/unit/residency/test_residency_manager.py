@@ -1,4 +1,9 @@
-"""Residency policy with fake models and a fake clock."""
+"""Residency policy with fake models and a fake clock.
+
+The clock autojumps: a step that needs the others to settle sleeps a moment of
+fake time, which passes only once every other task is blocked; no test waits
+in real time.
+"""
 
 from __future__ import annotations
 
@@ -20,10 +25,15 @@ from tessera.residency import (
 )
 from tessera.residency.fake import FakeModelHost
 
+# A moment of fake time: sleeping it lets every other task run until blocked.
+SETTLE_S = 0.01
 
-def make_manager(budget: int, *, wait_s: float = 0.0) -> tuple[ResidencyManager, FakeModelHost]:
+
+def make_manager(
+    budget: int, *, wait_s: float = 0.0, clock: FakeClock | None = None
+) -> tuple[ResidencyManager, FakeModelHost]:
     host = FakeModelHost()
-    clock = FakeClock()
+    clock = clock if clock is not None else FakeClock()
     manager = ResidencyManager(budget, host, make_eviction_policy("lru"), clock, wait_s=wait_s)
     return manager, host
 
@@ -57,8 +67,8 @@ async def test_concurrent_requests_wait_on_one_load() -> None:
 
 
 async def test_evicts_least_recently_used_idle_model() -> None:
-    manager, host = make_manager(1000)
-    clock: FakeClock = manager._clock  # type: ignore[assignment]
+    clock = FakeClock()
+    manager, host = make_manager(1000, clock=clock)
     for name in ("a", "b", "c"):
         await manager.ensure_loaded(make_spec(name, 300))
         clock.advance(1)
@@ -97,15 +107,28 @@ async def test_pinned_model_is_never_evicted_and_caller_gets_overloaded() -> Non
 
 
 async def test_waiter_proceeds_when_pinned_model_is_released() -> None:
-    manager, _host = make_manager(1000, wait_s=5.0)
+    clock = FakeClock()
+    manager, _host = make_manager(1000, wait_s=5.0, clock=clock)
     lease = await manager.acquire(make_spec("a", 600), 0)
     waiting = asyncio.ensure_future(manager.acquire(make_spec("b", 600), 0))
-    await asyncio.sleep(0.01)
+    await clock.sleep(SETTLE_S)
     assert not waiting.done()
     manager.release(lease)
-    lease_b = await asyncio.wait_for(waiting, 1.0)
+    lease_b = await clock.wait_for(waiting, 1.0)
     assert lease_b.model is not None
+    assert clock.now() == SETTLE_S  # woken by the release, not by its deadline
     manager.release(lease_b)
+
+
+async def test_a_waiter_gets_overloaded_when_wait_s_passes_on_the_clock() -> None:
+    clock = FakeClock()
+    manager, host = make_manager(1000, wait_s=5.0, clock=clock)
+    lease = await manager.acquire(make_spec("a", 600), 0)
+    with pytest.raises(OverloadedError, match="busy"):
+        await manager.acquire(make_spec("b", 600), 0)
+    assert clock.now() == 5.0  # it waited exactly wait_s of fake time
+    assert host.loads["b"] == 0
+    manager.release(lease)
 
 
 async def test_model_that_cannot_fit_alone_gets_clear_error() -> None:
@@ -248,13 +271,14 @@ async def test_policy_none_never_evicts_to_make_room() -> None:
 async def test_a_model_loaded_for_a_waiting_batch_is_not_evicted_before_it_runs() -> None:
     # A model loaded for a batch that still waited for activation room was once
     # evicted for another model at once, and loaded again, over and over.
-    manager, host = make_manager(1000, wait_s=5.0)
+    clock = FakeClock()
+    manager, host = make_manager(1000, wait_s=5.0, clock=clock)
     lease_b = await manager.acquire(make_spec("b", 400), 0)
     want_a = asyncio.ensure_future(manager.acquire(make_spec("a", 300), 400))
-    await asyncio.sleep(0.01)
+    await clock.sleep(SETTLE_S)
     assert manager.state("a") is ModelState.READY  # loaded, its batch waits for room
     want_c = asyncio.ensure_future(manager.acquire(make_spec("c", 350), 0))
-    await asyncio.sleep(0.01)
+    await clock.sleep(SETTLE_S)
     assert manager.state("a") is ModelState.READY
     assert not want_a.done()
     assert not want_c.done()
@@ -269,12 +293,13 @@ async def test_a_model_loaded_for_a_waiting_batch_is_not_evicted_before_it_runs(
 async def test_loads_get_room_in_the_order_they_began_to_wait() -> None:
     # A large model waiting for room was starved by small ones taking every byte
     # that freed up.
-    manager, host = make_manager(1000, wait_s=5.0)
+    clock = FakeClock()
+    manager, host = make_manager(1000, wait_s=5.0, clock=clock)
     lease_a = await manager.acquire(make_spec("a", 600), 0)
     large = asyncio.ensure_future(manager.ensure_loaded(make_spec("large", 700)))
-    await asyncio.sleep(0.01)
+    await clock.sleep(SETTLE_S)
     small = asyncio.ensure_future(manager.ensure_loaded(make_spec("small", 100)))
-    await asyncio.sleep(0.01)
+    await clock.sleep(SETTLE_S)
     assert not small.done()  # there is room for it, but the large load waits longer
     manager.release(lease_a)
     await asyncio.gather(large, small)
