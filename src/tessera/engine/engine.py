@@ -1,7 +1,20 @@
-"""The engine: the repository, residency, one batcher per model, and the executor.
+"""The engine: a loop of plan, execute, report over the policies below it.
 
-``Engine.infer`` is the whole core request path below the gateway: validate,
-queue to the model's batcher, and await the result within the deadline.
+Its face is a handful of calls: ``submit``/``wait`` (or ``infer``), ``load``,
+``unload``, ``snapshot()`` (one immutable ``EngineStats`` that every reader
+uses) and ``subscribe`` (stats sinks). Nothing outside ``engine/`` reaches
+into its parts.
+
+The loop, per batch (vLLM v1's schedule / execute / update split):
+
+- plan: the model's batcher (batching, with the fair queue of scheduling)
+  decides which requests run together; residency decides whether the batch
+  runs whole or in parts that each fit the budget (``plan_batch``), and
+  reserves each part's room when it runs (``lease``).
+- execute: the compute executor runs a part on a worker thread.
+- report: the outcome goes back to the policies that learn from it (residency's
+  activation peaks, scheduling's run-time predictor), to the counters, and
+  to the callers' futures.
 """
 
 from __future__ import annotations
@@ -17,9 +30,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tessera.admission import Admission, AdmissionController, TenantLimits
-from tessera.batching import ModelBatcher, PendingRequest, make_queue
+from tessera.batching import ModelBatcher, make_queue
 from tessera.clock import Clock, MonotonicClock
-from tessera.device import Device, make_device
+from tessera.device import Device, DeviceStats, make_device
 from tessera.errors import (
     DeadlineExceededError,
     InferenceError,
@@ -28,13 +41,20 @@ from tessera.errors import (
     TaskMismatchError,
     TesseraError,
 )
-from tessera.metrics import NullSink, StatsSink
+from tessera.metrics import EngineStats, FanoutSink, ModelStats, StatsSink
 from tessera.repository import ModelRepository, ModelSpec
-from tessera.residency import ResidencyManager, make_eviction_policy
+from tessera.request import Batch, QueuedRequest, RequestResult
+from tessera.residency import (
+    ActivationBook,
+    BatchPart,
+    ModelResidency,
+    ResidencyManager,
+    make_eviction_policy,
+)
 from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.types import Task, work_units
 
-from .executor import ComputeExecutor
+from .executor import BatchRun, ComputeExecutor
 from .host import EngineHost
 
 log = logging.getLogger(__name__)
@@ -106,7 +126,7 @@ class Submission:
     """A queued request, and the admission to release once it is answered."""
 
     model: str
-    request: PendingRequest
+    request: QueuedRequest
     admission: Admission | None
 
 
@@ -135,32 +155,44 @@ class Engine:
         self.repository = repository
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
-        self.device = device or make_device(config.device)
+        self._device = device or make_device(config.device)
         num_threads = config.num_threads or os.cpu_count() or 1
         num_workers = config.num_workers or num_threads
-        self.executor = ComputeExecutor(
-            self.device, num_threads, num_workers, long_batch_s=config.long_batch_s
+        self._executor = ComputeExecutor(
+            self._device, num_threads, num_workers, long_batch_s=config.long_batch_s
         )
-        self.stats: StatsSink = stats or NullSink()
-        self.host = EngineHost(self.device, self.executor, self.stats, cache_dir=config.cache_dir)
-        budget = config.memory_budget_bytes or self.device.default_budget_bytes()
-        self.residency = ResidencyManager(
+        self._stats = FanoutSink() if stats is None else FanoutSink(stats)
+        activations = ActivationBook()
+        self._host = EngineHost(
+            self._device, self._executor, activations, self._stats, cache_dir=config.cache_dir
+        )
+        budget = config.memory_budget_bytes or self._device.default_budget_bytes()
+        self._residency = ResidencyManager(
             budget,
-            self.host,
+            self._host,
             make_eviction_policy(config.eviction_policy),
             self.clock,
             wait_s=config.residency_wait_s,
+            activations=activations,
         )
-        self.counters: dict[str, ModelCounters] = {
+        self._counters: dict[str, ModelCounters] = {
             name: ModelCounters() for name in repository.names()
         }
         self._batchers: dict[str, ModelBatcher] = {}
-        self.predictors: dict[str, BatchTimePredictor] = {}
-        self.admission = AdmissionController(self.clock)
+        self._predictors: dict[str, BatchTimePredictor] = {}
+        self._admission = AdmissionController(self.clock)
         self._preload_done = False
         self._preload_ok = False
 
     # -- lifecycle --------------------------------------------------------
+
+    def subscribe(self, sink: StatsSink) -> None:
+        """Report batches and loads to ``sink`` too (metrics, the live page)."""
+        self._stats.add(sink)
+
+    def seed_usage(self, tenant: str, units: float) -> None:
+        """Count ``units`` already used today by ``tenant`` (from the audit log)."""
+        self._admission.seed_usage(tenant, units)
 
     def preload_names(self) -> list[str]:
         if self.config.preload is not None:
@@ -176,7 +208,7 @@ class Engine:
         async def load(name: str) -> None:
             error: BaseException | None = None
             try:
-                await self.residency.ensure_loaded(self.repository.get(name))
+                await self._residency.ensure_loaded(self.repository.get(name))
             except Exception as e:
                 error = e
                 raise
@@ -199,12 +231,82 @@ class Engine:
     def ready(self) -> bool:
         return self._preload_done and self._preload_ok
 
+    async def load(self, name: str) -> ModelStats:
+        """Load model ``name`` now (if it is not resident) and return its stats."""
+        await self._residency.ensure_loaded(self.repository.get(name))
+        return self._model_stats(name, self._residency_by_name())
+
+    async def unload(self, name: str) -> bool:
+        """Unload model ``name`` once idle; False if it was not loaded."""
+        self.repository.get(name)
+        return await self._residency.unload(name)
+
     async def close(self) -> None:
         for batcher in self._batchers.values():
             await batcher.close()
-        await self.residency.close()
-        self.executor.shutdown()
-        self.host.shutdown()
+        await self._residency.close()
+        self._executor.shutdown()
+        self._host.shutdown()
+
+    # -- what every reader sees -------------------------------------------
+
+    def snapshot(self) -> EngineStats:
+        """The engine at this instant, as one immutable object."""
+        residency = self._residency.stats()
+        by_name = {m.name: m for m in residency.models}
+        names = sorted(set(self.repository.names()) | set(by_name))
+        return EngineStats(
+            device_name=self._device.name,
+            device=self._device_stats(),
+            budget_bytes=residency.budget_bytes,
+            used_bytes=residency.used_bytes,
+            peak_used_bytes=residency.peak_used_bytes,
+            loads_total=residency.loads_total,
+            evictions_total=residency.evictions_total,
+            num_workers=self._executor.num_workers,
+            threads_per_worker=self._executor.threads_per_worker,
+            ready=self.ready,
+            models=tuple(self._model_stats(name, by_name) for name in names),
+        )
+
+    def _residency_by_name(self) -> dict[str, ModelResidency]:
+        return {m.name: m for m in self._residency.stats().models}
+
+    def _device_stats(self) -> DeviceStats | None:
+        try:
+            return self._device.stats()
+        except Exception:  # a failing NVML must not fail every reader
+            log.warning("device stats failed", exc_info=True)
+            return None
+
+    def _model_stats(self, name: str, residency: dict[str, ModelResidency]) -> ModelStats:
+        held = residency.get(name)
+        counters = self._counters.get(name) or ModelCounters()
+        batcher = self._batchers.get(name)
+        measured = self._residency.measured(name)
+        task = self.repository.get(name).task.value if name in self.repository.names() else ""
+        return ModelStats(
+            name=name,
+            task=task,
+            state=held.state if held is not None else "unloaded",
+            bytes=held.bytes if held is not None else 0,
+            weights_bytes=held.weights_bytes if held is not None else 0,
+            measured_bytes=measured.total_bytes if measured is not None else None,
+            measured_by=held.measured_by if held is not None else None,
+            activation_bytes_per_unit=self._residency.activation_bytes_per_unit(name),
+            last_used=held.last_used if held is not None else None,
+            loads=held.loads if held is not None else 0,
+            evictions=held.evictions if held is not None else 0,
+            pins=held.pins if held is not None else 0,
+            error=held.error if held is not None else None,
+            queue_depth=batcher.depth if batcher is not None else 0,
+            num_requests=counters.num_requests,
+            num_items=counters.num_items,
+            num_batches=counters.num_batches,
+            num_failures=counters.num_failures,
+            num_dropped=batcher.num_dropped if batcher is not None else 0,
+            recent_batches=tuple(counters.recent_batches),
+        )
 
     # -- the request path ---------------------------------------------------
 
@@ -214,10 +316,10 @@ class Engine:
             raise TaskMismatchError(f"model {name!r} does {spec.task.value}, not {task.value}")
         return spec
 
-    def batcher(self, spec: ModelSpec) -> ModelBatcher:
+    def _batcher(self, spec: ModelSpec) -> ModelBatcher:
         batcher = self._batchers.get(spec.name)
         if batcher is None:
-            predictor = self.predictors.setdefault(spec.name, BatchTimePredictor())
+            predictor = self._predictor(spec.name)
             batcher = self._batchers[spec.name] = ModelBatcher(
                 spec.name,
                 spec.batching,
@@ -225,9 +327,12 @@ class Engine:
                 self.clock,
                 max_queue=self.config.max_queue,
                 queue=make_queue(self.config.scheduling, predictor, self.config.fair_quantum_s),
-                max_concurrent_batches=self.executor.num_workers,
+                max_concurrent_batches=self._executor.num_workers,
             )
         return batcher
+
+    def _predictor(self, name: str) -> BatchTimePredictor:
+        return self._predictors.setdefault(name, BatchTimePredictor())
 
     async def infer(
         self,
@@ -263,16 +368,16 @@ class Engine:
                 f"{len(items)} inputs in one request;"
                 f" model {name!r} takes at most {spec.max_inputs}"
             )
-        self.residency.raise_if_failed(name)
+        self._residency.raise_if_failed(name)
         units = sum(work_units(item) for item in items)
-        admission = self.admission.admit(caller.limits, units) if caller is not None else None
+        admission = self._admission.admit(caller.limits, units) if caller is not None else None
         try:
-            request = self._submit(spec, list(items), units, timeout_s, caller)
+            request = self._queue(spec, list(items), units, timeout_s, caller)
         except BaseException:
             if admission is not None:
-                self.admission.release(admission)
+                self._admission.release(admission)
             raise
-        counters = self.counters.setdefault(name, ModelCounters())
+        counters = self._counters.setdefault(name, ModelCounters())
         counters.num_requests += 1
         counters.num_items += len(items)
         return Submission(name, request, admission)
@@ -281,108 +386,100 @@ class Engine:
         """The outputs of a submitted request, within its deadline."""
         request = submission.request
         timeout = request.deadline - request.arrival if request.deadline else None
+        result: RequestResult | None = None
         try:
-            return await self.clock.wait_for(request.future, timeout)
+            result = await self.clock.wait_for(request.future, timeout)
+            return result.outputs
         except TimeoutError as e:
             raise DeadlineExceededError(
                 f"no answer from model {submission.model!r} within {timeout:.3g}s"
             ) from e
         finally:
             if submission.admission is not None:
-                self.admission.release(submission.admission)
+                self._admission.release(submission.admission)
             if trace is not None:
                 trace.units = request.units
-                trace.queued_s = request.queued_s
-                trace.run_s = request.run_s
-                trace.batch_size = request.batch_size
+                if result is not None:
+                    trace.queued_s = result.queued_s
+                    trace.run_s = result.run_s
+                    trace.batch_size = result.batch_size
 
-    def _submit(
+    def _queue(
         self,
         spec: ModelSpec,
         items: list[Any],
         units: float,
         timeout_s: float | None,
         caller: Caller | None,
-    ) -> PendingRequest:
+    ) -> QueuedRequest:
         now = self.clock.now()
         timeout = timeout_s if timeout_s is not None else self.config.default_timeout_s
-        request = PendingRequest(
-            items=items,
-            units=units,
-            arrival=now,
-            future=asyncio.get_running_loop().create_future(),
-            deadline=now + timeout,
-        )
-        if caller is not None:
-            request.tenant = caller.tenant
-            request.tier = caller.tier
-            request.weight = caller.weight
-            request.latency_target_s = caller.latency_target_s
-        self.batcher(spec).submit(request)
+        future: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
+        if caller is None:
+            request = QueuedRequest(items, units, now, future, deadline=now + timeout)
+        else:
+            request = QueuedRequest(
+                items,
+                units,
+                now,
+                future,
+                deadline=now + timeout,
+                tenant=caller.tenant,
+                tier=caller.tier,
+                weight=caller.weight,
+                latency_target_s=caller.latency_target_s,
+            )
+        self._batcher(spec).submit(request)
         return request
 
-    async def _execute(self, spec: ModelSpec, batch: list[PendingRequest]) -> None:
-        """Run a batch; one whose measured activation room cannot fit beside the
-        model in the budget runs as smaller batches, one after the other."""
-        units = sum(request.units for request in batch)
-        need = self.host.activation(spec.name).reserve_bytes(units)
-        if len(batch) > 1 and need > self.residency.activation_room(spec):
-            half = len(batch) // 2
-            await self._execute(spec, batch[:half])
-            await self._execute(spec, batch[half:])
-            return
-        await self._run(spec, batch, units, need)
+    async def _execute(self, spec: ModelSpec, batch: Batch) -> None:
+        """Plan a batch (residency: whole, or parts that fit), run each part, report."""
+        for part in self._residency.plan_batch(spec, batch.requests):
+            await self._run(spec, batch.formed_at, part)
 
-    async def _run(
-        self, spec: ModelSpec, batch: list[PendingRequest], units: float, activation_bytes: int
-    ) -> None:
-        items = [item for request in batch for item in request.items]
-        stats = self.host.activation(spec.name)
-        counters = self.counters.setdefault(spec.name, ModelCounters())
+    async def _run(self, spec: ModelSpec, formed_at: float, part: BatchPart) -> None:
+        items = [item for request in part.requests for item in request.items]
         try:
-            predictor = self.predictors.get(spec.name)
-            expected_s = predictor.predict(units) if predictor is not None else None
-            async with self.residency.lease(spec, activation_bytes) as lease:
-                run = await self.executor.run(lease.model.run, items, expected_s)
+            expected_s = self._predictor(spec.name).predict(part.units)
+            async with self._residency.lease(spec, part.activation_bytes) as lease:
+                run = await self._executor.run(lease.model.run, items, expected_s)
             if len(run.outputs) != len(items):
                 raise InferenceError(
                     f"model {spec.name!r} returned {len(run.outputs)} outputs"
                     f" for {len(items)} inputs"
                 )
         except TesseraError as e:
-            counters.num_failures += 1
-            _fail(batch, e)
+            self._report_failure(spec, part, e)
             return
         except Exception as e:
-            counters.num_failures += 1
             log.exception("batch of model %s failed", spec.name)
-            _fail(batch, InferenceError(f"model {spec.name!r} failed: {type(e).__name__}: {e}"))
+            error = InferenceError(f"model {spec.name!r} failed: {type(e).__name__}: {e}")
+            self._report_failure(spec, part, error)
             return
+        self._report(spec, formed_at, part, run)
+
+    def _report(self, spec: ModelSpec, formed_at: float, part: BatchPart, run: BatchRun) -> None:
+        """Hand a batch's outcome to the policies that learn from it, the
+        counters and the sinks, and answer its callers."""
+        num_items = len(run.outputs)
         if run.peak_bytes is not None:
-            stats.observe(run.peak_bytes, units)
-        self.predictors.setdefault(spec.name, BatchTimePredictor()).observe(units, run.run_s)
+            self._residency.observe_batch(spec.name, run.peak_bytes, part.units)
+        self._predictor(spec.name).observe(part.units, run.run_s)
+        counters = self._counters.setdefault(spec.name, ModelCounters())
         counters.num_batches += 1
-        counters.recent_batches.append((len(items), run.run_s))
-        self.stats.on_batch(spec.name, len(items), run.run_s)
+        counters.recent_batches.append((num_items, run.run_s))
+        self._stats.on_batch(spec.name, num_items, run.run_s)
         start = 0
-        for request in batch:
-            request.batch_size, request.run_s = len(items), run.run_s
+        for request in part.requests:
             end = start + len(request.items)
             if not request.future.done():
-                request.future.set_result(run.outputs[start:end])
+                queued_s = formed_at - request.arrival
+                result = RequestResult(run.outputs[start:end], queued_s, run.run_s, num_items)
+                request.future.set_result(result)
             start = end
 
-    def num_dropped(self, name: str) -> int:
-        """Requests dropped before running: their caller had gone or their deadline passed."""
-        batcher = self._batchers.get(name)
-        return batcher.num_dropped if batcher is not None else 0
-
-    def queue_depth(self, name: str) -> int:
-        batcher = self._batchers.get(name)
-        return batcher.depth if batcher is not None else 0
-
-
-def _fail(batch: list[PendingRequest], error: Exception) -> None:
-    for request in batch:
-        if not request.future.done():
-            request.future.set_exception(error)
+    def _report_failure(self, spec: ModelSpec, part: BatchPart, error: Exception) -> None:
+        self._counters.setdefault(spec.name, ModelCounters()).num_failures += 1
+        for request in part.requests:
+            if not request.future.done():
+                request.future.set_exception(error)
