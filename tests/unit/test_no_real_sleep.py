@@ -26,19 +26,10 @@ BANNED = {
     "asyncio.timeout_at": "a bound in real seconds: use clock.timeout",
 }
 
-HARNESS_REAL_TIME = (
-    "the benchmark harness measures real time: its stub server answers after"
-    " a real delay so the driver's duration bound has something to cut"
-)
-
 # (path under tests/unit, call) -> why that file may wait in real time. An
-# entry whose file is gone is skipped (the harness tests are moving to
-# benchmarks/; drop the old path once that lands); one whose file no longer
-# waits fails the check, so the list cannot rot.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("benchmarks/test_driver.py", "asyncio.sleep"): HARNESS_REAL_TIME,
-    ("test_benchmark_driver.py", "asyncio.sleep"): HARNESS_REAL_TIME,
-}
+# entry whose file no longer waits fails the check, so the list cannot rot;
+# one whose file is gone is skipped.
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True, slots=True)
