@@ -3,10 +3,16 @@
 Loop invariant: a batch is formed only when an execution slot is free (at
 most ``max_concurrent_batches`` run at once: the spec's, else the caller's),
 so requests that arrive while the model is busy join the next batch instead
-of waiting behind many small ones. A batch closes when it is full (``max_batch_size`` items or
-``max_batch_units`` work units) or when its oldest request has waited
-``max_wait_ms``. Requests whose caller has gone or whose deadline passed are
-dropped before the batch is formed; the deadline ones fail with 504.
+of waiting behind many small ones. A batch closes when it is full
+(``max_batch_size`` items or ``max_batch_units`` work units), or when its
+oldest request has waited ``max_wait_ms`` and it has *gathered*: no other
+batch of the model is running, or it holds at least as many items as the
+largest one running. So while a batch runs, the next one gathers the arrivals
+(as continuous batching does): at moderate load batches alternate at similar
+sizes instead of a free slot taking fragments of one or two requests. The wait
+is bounded: a running batch ending always lets the next close. Requests whose
+caller has gone or whose deadline passed are dropped before the batch is
+formed; the deadline ones fail with 504.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class ModelBatcher:
         self._slots = asyncio.Semaphore(batching.max_concurrent_batches or max_concurrent_batches)
         self._loop_task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
+        self._running_items: dict[asyncio.Task[None], int] = {}
         self.num_batches = 0
         self.num_dropped = 0
 
@@ -96,7 +103,13 @@ class ModelBatcher:
                 continue
             task = asyncio.get_running_loop().create_task(self._run(batch))
             self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._running_items[task] = batch.num_items
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._running_items.pop(task, None)
+        self._arrived.set()  # a gathering batch may close now
 
     async def _wait_arrival(self, within_s: float | None) -> None:
         self._arrived.clear()
@@ -120,12 +133,21 @@ class ModelBatcher:
                     )
                 )
 
-    def _full(self) -> bool:
+    def _queued(self) -> tuple[int, float]:
         items, units = 0, 0.0
         for request in self._queue:
             items += len(request.items)
             units += request.units
+        return items, units
+
+    def _full(self, items: int, units: float) -> bool:
         return items >= self.batching.max_batch_size or units >= self.batching.max_batch_units
+
+    def _gathered(self, items: int) -> bool:
+        """Whether a partial batch of ``items`` may close: nothing of the model
+        runs, or it is as large as the largest batch running."""
+        running = max(self._running_items.values(), default=0)
+        return items >= min(running, self.batching.max_batch_size)
 
     async def _next_batch(self) -> Batch | None:
         while True:
@@ -134,11 +156,15 @@ class ModelBatcher:
             if oldest is None:
                 await self._wait_arrival(None)
                 continue
-            close_at = oldest + self.batching.max_wait_ms / 1000
-            remaining = close_at - self._clock.now()
-            if self._full() or remaining <= 0:
+            items, units = self._queued()
+            if self._full(items, units):
                 break
-            await self._wait_arrival(remaining)
+            remaining = oldest + self.batching.max_wait_ms / 1000 - self._clock.now()
+            if remaining <= 0 and self._gathered(items):
+                break
+            # Past its wait, a batch that has not gathered waits for an arrival
+            # or for a running batch to end (``_finished``), not for time.
+            await self._wait_arrival(remaining if remaining > 0 else None)
         self._drop_stale()
         now = self._clock.now()
         requests = self._queue.pop_batch(

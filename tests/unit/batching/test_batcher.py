@@ -34,9 +34,7 @@ class Recorder:
                 request.future.set_result(RequestResult(outputs, queued_s, 0.0, batch.num_items))
 
 
-def make_request(
-    clock: FakeClock, items: list[Any], tenant: str = "t", **kw: Any
-) -> QueuedRequest:
+def make_request(clock: FakeClock, items: list[Any], tenant: str = "t", **kw: Any) -> QueuedRequest:
     future: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
     return QueuedRequest(
         items=items,
@@ -170,4 +168,59 @@ async def test_next_batch_forms_only_when_a_slot_frees() -> None:
     await asyncio.gather(first.future, *(r.future for r in later))
     # The five that arrived while the model was busy ran together.
     assert [len(batch) for batch in recorder.batches] == [1, 5]
+    await batcher.close()
+
+
+def make_two_slot_batcher(clock: FakeClock, recorder: Recorder) -> ModelBatcher:
+    spec = BatchingSpec(max_batch_size=8, max_wait_ms=10.0)
+    return ModelBatcher("m", spec, recorder, clock, max_concurrent_batches=2)
+
+
+async def test_while_a_batch_runs_the_next_gathers_to_its_size() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_two_slot_batcher(clock, recorder)
+    running = [make_request(clock, [f"r{i}"]) for i in range(4)]
+    for request in running:
+        batcher.submit(request)
+    await clock.sleep(0.02)  # the first batch (4 items) formed and runs, held by the gate
+    assert [len(b) for b in recorder.batches] == [4]
+    later = [make_request(clock, [f"l{i}"]) for i in range(4)]
+    batcher.submit(later[0])
+    await clock.sleep(1.0)  # far past max_wait: one request alone does not close
+    assert [len(b) for b in recorder.batches] == [4]
+    for request in later[1:]:
+        batcher.submit(request)
+    await clock.sleep(0.02)  # as many as the running batch: it closes, on the free slot
+    assert [len(b) for b in recorder.batches] == [4, 4]
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in running + later))
+    await batcher.close()
+
+
+async def test_a_gathering_batch_closes_when_the_running_one_ends() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_two_slot_batcher(clock, recorder)
+    running = [make_request(clock, [f"r{i}"]) for i in range(4)]
+    for request in running:
+        batcher.submit(request)
+    await clock.sleep(0.02)
+    lone = make_request(clock, ["lone"])
+    batcher.submit(lone)
+    await clock.sleep(1.0)
+    assert [len(b) for b in recorder.batches] == [4]
+    recorder.gate.set()  # the running batch ends: nothing else runs, the lone one goes
+    await lone.future
+    assert [len(b) for b in recorder.batches] == [4, 1]
+    await batcher.close()
+
+
+async def test_with_nothing_running_a_partial_batch_closes_after_max_wait() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_two_slot_batcher(clock, recorder)
+    lone = make_request(clock, ["lone"])
+    batcher.submit(lone)
+    await lone.future
+    assert recorder.formed_at == [pytest.approx(0.01)]
     await batcher.close()
