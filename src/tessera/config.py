@@ -43,10 +43,13 @@ import yaml
 
 from tessera.engine import EngineConfig
 from tessera.errors import ConfigError
-from tessera.gateway.app import DEFAULT_MAX_BODY_BYTES
 from tessera.repository import ModelRepository, default_repository_path
 from tessera.scheduling import DEFAULT_TIERS, TierSpec, parse_tiers
 from tessera.units import parse_bytes
+
+# The largest request body the gateway reads. Kept here, not in the gateway, so
+# that reading the config does not import FastAPI, SQLite and Prometheus.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.device import Device
-from tessera.runtimes.base import Measured
-from tessera.runtimes.memory import measure_rss, peak_rss_bytes, reset_peak, rss_bytes
+from tessera.runtimes.memory import Measured, measure_rss, peak_rss_bytes, reset_peak, rss_bytes
 
 
 @dataclass(frozen=True, slots=True)

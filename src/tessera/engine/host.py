@@ -15,16 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from tessera.device import Device
+from tessera.footprint import Footprint
 from tessera.metrics import NullSink, StatsSink
 from tessera.repository.spec import ModelSpec
-from tessera.residency import ActivationStats, Footprint
-from tessera.runtimes.base import (
-    LoadContext,
-    LoadedModel,
-    Measured,
-    ModelLoader,
-    SharedComponents,
-)
+from tessera.residency import ActivationStats
+from tessera.runtimes.base import LoadContext, LoadedModel, ModelLoader, SharedComponents
+from tessera.runtimes.memory import Measured
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.samples import warmup_items
 from tessera.tasks.types import Task, work_units

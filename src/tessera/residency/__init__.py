@@ -2,7 +2,6 @@
 
 from tessera.residency.activation import ActivationStats
 from tessera.residency.manager import (
-    Footprint,
     Lease,
     ModelHost,
     ModelResidency,
@@ -16,7 +15,6 @@ __all__ = [
     "ActivationStats",
     "EvictionPolicy",
     "EvictionPolicyName",
-    "Footprint",
     "Lease",
     "ModelEntry",
     "ModelHost",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
-from tessera.residency.manager import Footprint
 from tessera.runtimes.base import LoadedModel
 from tessera.runtimes.fake import FakeModel
 

@@ -23,13 +23,14 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from tessera.clock import Clock
 from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
+from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
 from tessera.residency.policy import EvictionPolicy
 from tessera.residency.table import (
@@ -46,18 +47,6 @@ log = logging.getLogger(__name__)
 # How long a model loaded for a waiting batch is kept from eviction before that
 # batch has pinned it.
 FRESH_PROTECTION_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class Footprint:
-    """Bytes a model holds (or is expected to): its own and its shared components'."""
-
-    own_bytes: int
-    shared: Mapping[str, int] = field(default_factory=dict)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.own_bytes + sum(self.shared.values())
 
 
 class ModelHost(Protocol):
@@ -129,7 +118,6 @@ class ResidencyManager:
         self._specs: dict[str, ModelSpec] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._measured: dict[str, Footprint] = {}
-        self._methods: dict[str, str] = {}
         self._failed_at: dict[str, float] = {}
         # Models loaded and not yet used, with when they became ready: one is not
         # evicted for another until its first batch has pinned it (or a few
@@ -217,14 +205,14 @@ class ResidencyManager:
         holders: dict[str, int] = {}
         for e in entries:
             if e.state in HOLDING:
-                for key in e.shared:
+                for key in e.footprint.shared_bytes:
                     holders[key] = holders.get(key, 0) + 1
 
         def share(e: ModelEntry) -> int:
             if e.state not in HOLDING:
                 return 0
-            split = sum(num // holders[key] for key, num in e.shared.items())
-            return e.own_bytes + e.activation_bytes + split
+            split = sum(num // holders[key] for key, num in e.footprint.shared_bytes.items())
+            return e.footprint.own_bytes + e.activation_bytes + split
 
         return ResidencyStats(
             budget_bytes=self.table.budget_bytes,
@@ -243,7 +231,7 @@ class ResidencyManager:
                     evictions=e.evictions,
                     pins=e.pins,
                     error=e.error,
-                    measured_by=self._methods.get(e.name),
+                    measured_by=self._measured[e.name].method if e.name in self._measured else None,
                 )
                 for e in entries
             ),
@@ -288,7 +276,7 @@ class ResidencyManager:
             raise ModelTooLargeError(
                 spec.name, f"needs {total} bytes, over its cap of {spec.max_bytes} bytes"
             )
-        if not self.table.fits_alone(footprint.own_bytes, footprint.shared, activation_bytes):
+        if not self.table.fits_alone(footprint, activation_bytes):
             raise ModelTooLargeError(
                 spec.name,
                 f"needs {total} bytes, over the whole budget of {self.table.budget_bytes} bytes",
@@ -297,7 +285,7 @@ class ResidencyManager:
     async def _reserve(
         self, spec: ModelSpec, entry: ModelEntry, activation_bytes: int, deadline: float
     ) -> Lease | None:
-        self._check_fits(spec, Footprint(entry.own_bytes, entry.shared), activation_bytes)
+        self._check_fits(spec, entry.footprint, activation_bytes)
         reservation = self.table.reserve(spec.name, activation_bytes, self._clock.now())
         if reservation is not None:
             self._fresh.pop(spec.name, None)
@@ -360,14 +348,14 @@ class ResidencyManager:
         self._check_fits(spec, expected, 0)
         try:
             while self._behind_older_load(spec.name) or not self.table.begin_load(
-                spec.name, expected.own_bytes, expected.shared
+                spec.name, expected
             ):
                 if spec.name not in self._waiting_loads:
                     self._waiting_loads[spec.name] = next(self._load_tickets)
                 if self._behind_older_load(spec.name):
                     await self._wait_change(deadline, spec.name)
                 else:
-                    need = self.table.extra_bytes(spec.name, expected.own_bytes, expected.shared)
+                    need = self.table.extra_bytes(spec.name, expected)
                     if not await self._make_room(need - self.table.free_bytes(), {spec.name}):
                         await self._wait_change(deadline, spec.name)
                 if self.state(spec.name) not in (ModelState.UNLOADED, ModelState.FAILED):
@@ -395,18 +383,15 @@ class ResidencyManager:
         # host does not measure reloads: that would hold running batches back).
         measured = self._measured.get(spec.name)
         if measured is None:
-            report = model.memory()
-            measured = Footprint(report.own_bytes, dict(report.shared_bytes))
-            self._measured[spec.name] = measured
-            self._methods[spec.name] = report.method
+            measured = self._measured[spec.name] = model.memory()
         try:
             self._check_fits(spec, measured, 0)
         except ModelTooLargeError as e:
             await self._host.unload(spec, model)
             self._fail(spec.name, e.reason)
             raise
-        while not self.table.settle_load(spec.name, measured.own_bytes, measured.shared):
-            need = self.table.extra_bytes(spec.name, measured.own_bytes, measured.shared)
+        while not self.table.settle_load(spec.name, measured):
+            need = self.table.extra_bytes(spec.name, measured)
             if await self._make_room(need - self.table.free_bytes(), {spec.name}):
                 continue
             # Measured more than expected and the others are busy: give the bytes

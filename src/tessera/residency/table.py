@@ -1,9 +1,9 @@
 """The residency table: which models hold how many bytes, in plain synchronous Python.
 
 Invariant: ``used_bytes() <= budget_bytes`` after every successful call.
-Bytes are counted once per holder: a model's own bytes and its reserved
-activation bytes, plus each shared component once while any holding model
-uses it. A *holding* model is one that is loading, ready or unloading (its
+Bytes are counted once per holder: a model's own bytes (its ``Footprint``) and
+its reserved activation bytes, plus each shared component once while any
+holding model uses it. A *holding* model is one that is loading, ready or unloading (its
 bytes are not free until its unload finished). Calls that would break the
 invariant return ``None`` or ``False`` and change nothing; the caller evicts
 or waits.
@@ -11,9 +11,11 @@ or waits.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
+
+from tessera.footprint import NO_BYTES, Footprint
 
 
 class ModelState(StrEnum):
@@ -26,26 +28,42 @@ class ModelState(StrEnum):
 
 HOLDING = frozenset({ModelState.LOADING, ModelState.READY, ModelState.UNLOADING})
 
+# A model's uses are counted with exponential decay: a use counts 1 when it
+# happens and half as much this many seconds later. Kept across evictions, so
+# a model that comes back is known to be popular.
+USE_HALF_LIFE_S = 60.0
+
 
 @dataclass
 class ModelEntry:
-    """One model's residency bookkeeping."""
+    """One model's residency bookkeeping: ``footprint`` is the bytes its weights
+    hold while it holds any (expected while loading, measured once loaded)."""
 
     name: str
     max_bytes: int | None = None
     state: ModelState = ModelState.UNLOADED
-    own_bytes: int = 0
-    shared: dict[str, int] = field(default_factory=dict)
+    footprint: Footprint = NO_BYTES
     activation_bytes: int = 0
     pins: int = 0
     last_used: float = 0.0
     loads: int = 0
     evictions: int = 0
     error: str | None = None
+    use_weight: float = 0.0  # decayed count of uses, as of ``last_used``
+    load_s: float | None = None  # how long its last load took
 
     @property
     def weights_bytes(self) -> int:
-        return self.own_bytes + sum(self.shared.values())
+        return self.footprint.total_bytes
+
+    def uses_at(self, now: float) -> float:
+        """The decayed count of uses at ``now`` (``now >= last_used``)."""
+        return self.use_weight * 0.5 ** (max(0.0, now - self.last_used) / USE_HALF_LIFE_S)
+
+    def touch(self, now: float, *, use: bool) -> None:
+        """Move ``last_used`` to ``now``, counting one more use if ``use``."""
+        self.use_weight = self.uses_at(now) + (1.0 if use else 0.0)
+        self.last_used = now
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,35 +96,38 @@ class ResidencyTable:
         held: dict[str, int] = {}
         for e in self.entries.values():
             if e.state in HOLDING and e.name not in skip:
-                held.update(e.shared)
+                held.update(e.footprint.shared_bytes)
         return held
 
     def used_bytes(self) -> int:
         own = sum(
-            e.own_bytes + e.activation_bytes for e in self.entries.values() if e.state in HOLDING
+            e.footprint.own_bytes + e.activation_bytes
+            for e in self.entries.values()
+            if e.state in HOLDING
         )
         return own + sum(self._held_shared().values())
 
     def free_bytes(self) -> int:
         return self.budget_bytes - self.used_bytes()
 
-    def extra_bytes(self, name: str, own_bytes: int, shared: Mapping[str, int]) -> int:
-        """Bytes that holding ``name`` with these figures adds beyond what is held now
+    def extra_bytes(self, name: str, footprint: Footprint) -> int:
+        """Bytes that holding ``name`` with ``footprint`` adds beyond what is held now
         by the others (shared components already held by another model are free)."""
         others = self._held_shared(exclude=[name])
+
+        def unshared(f: Footprint) -> int:
+            return f.own_bytes + sum(v for k, v in f.shared_bytes.items() if k not in others)
+
         entry = self.entries.get(name)
-        current = 0
-        if entry is not None and entry.state in HOLDING:
-            current = entry.own_bytes + sum(v for k, v in entry.shared.items() if k not in others)
-        new = own_bytes + sum(v for k, v in shared.items() if k not in others)
-        return new - current
+        current = unshared(entry.footprint) if entry is not None and entry.state in HOLDING else 0
+        return unshared(footprint) - current
 
     def freed_by(self, names: Iterable[str]) -> int:
         """Bytes released if these models were unloaded now."""
         victims = set(names)
         before = self.used_bytes()
         kept_own = sum(
-            e.own_bytes + e.activation_bytes
+            e.footprint.own_bytes + e.activation_bytes
             for e in self.entries.values()
             if e.state in HOLDING and e.name not in victims
         )
@@ -114,36 +135,38 @@ class ResidencyTable:
 
     # -- transitions ------------------------------------------------------
 
-    def begin_load(self, name: str, own_bytes: int, shared: Mapping[str, int]) -> bool:
+    def begin_load(self, name: str, expected: Footprint) -> bool:
         """Hold the expected bytes of a load; False if they do not fit now."""
         entry = self.entry(name)
         if entry.state in HOLDING:
             raise ValueError(f"{name} is already {entry.state}")
-        if self.extra_bytes(name, own_bytes, shared) > self.free_bytes():
+        if self.extra_bytes(name, expected) > self.free_bytes():
             return False
         entry.state = ModelState.LOADING
-        entry.own_bytes, entry.shared = own_bytes, dict(shared)
+        entry.footprint = expected
         entry.error = None
         return True
 
-    def settle_load(self, name: str, own_bytes: int, shared: Mapping[str, int]) -> bool:
+    def settle_load(self, name: str, measured: Footprint) -> bool:
         """Replace the expected bytes with the measured ones; False if they do not fit."""
         entry = self.entries[name]
-        if self.extra_bytes(name, own_bytes, shared) > self.free_bytes():
+        if self.extra_bytes(name, measured) > self.free_bytes():
             return False
-        entry.own_bytes, entry.shared = own_bytes, dict(shared)
+        entry.footprint = measured
         return True
 
-    def mark_ready(self, name: str, now: float) -> None:
+    def mark_ready(self, name: str, now: float, load_s: float | None = None) -> None:
         entry = self.entries[name]
         entry.state = ModelState.READY
         entry.loads += 1
-        entry.last_used = now
+        entry.touch(now, use=False)
+        if load_s is not None:
+            entry.load_s = load_s
 
     def fail(self, name: str, error: str) -> None:
         entry = self.entries[name]
         entry.state = ModelState.FAILED
-        entry.own_bytes, entry.shared, entry.activation_bytes = 0, {}, 0
+        entry.footprint, entry.activation_bytes = NO_BYTES, 0
         entry.error = error
 
     def begin_unload(self, name: str, *, eviction: bool) -> None:
@@ -157,7 +180,7 @@ class ResidencyTable:
     def finish_unload(self, name: str) -> None:
         entry = self.entries[name]
         entry.state = ModelState.UNLOADED
-        entry.own_bytes, entry.shared, entry.activation_bytes = 0, {}, 0
+        entry.footprint, entry.activation_bytes = NO_BYTES, 0
 
     def reserve(self, name: str, num_bytes: int, now: float) -> Reservation | None:
         """Pin a ready model and reserve a batch's activation bytes; None if no room."""
@@ -168,14 +191,30 @@ class ResidencyTable:
             return None
         entry.pins += 1
         entry.activation_bytes += num_bytes
-        entry.last_used = now
+        entry.touch(now, use=True)
         return Reservation(name, num_bytes)
 
     def release(self, reservation: Reservation, now: float) -> None:
         entry = self.entries[reservation.name]
         entry.pins -= 1
         entry.activation_bytes -= reservation.num_bytes
-        entry.last_used = now
+        entry.touch(now, use=False)
+
+    def activation_bytes_held(self) -> int:
+        """Activation bytes reserved by running batches: they come back when
+        those batches end."""
+        return sum(e.activation_bytes for e in self.entries.values())
+
+    def weights_held(self, exclude: str | None = None) -> int:
+        """Bytes of weights held by holding models (shared components once),
+        less ``exclude``'s own bytes and the components only it holds."""
+        skip = [] if exclude is None else [exclude]
+        own = sum(
+            e.footprint.own_bytes
+            for e in self.entries.values()
+            if e.state in HOLDING and e.name not in skip
+        )
+        return own + sum(self._held_shared(exclude=skip).values())
 
     def evictable(self, protect: Iterable[str] = ()) -> list[ModelEntry]:
         """Ready, unpinned models other than ``protect``: candidates for eviction."""
@@ -186,5 +225,5 @@ class ResidencyTable:
             if e.state is ModelState.READY and e.pins == 0 and e.name not in keep
         ]
 
-    def fits_alone(self, own_bytes: int, shared: Mapping[str, int], activation_bytes: int) -> bool:
-        return own_bytes + sum(shared.values()) + activation_bytes <= self.budget_bytes
+    def fits_alone(self, footprint: Footprint, activation_bytes: int) -> bool:
+        return footprint.total_bytes + activation_bytes <= self.budget_bytes

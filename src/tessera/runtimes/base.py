@@ -8,51 +8,26 @@ bytes it really holds and how they were measured.
 
 Components shared between models (one MiniLM encoder under embedding, rerank
 and intent models) are acquired through ``SharedComponents``: the first model
-loads it, the others get the same object, and the memory report names it by
-key so the budget counts it once.
+loads it, the others get the same object, and the ``Footprint`` a model
+reports names it by key so the budget counts it once.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from tessera.footprint import Footprint
+from tessera.runtimes.memory import Measured, measure_rss
 
 if TYPE_CHECKING:
     from tessera.device import Device
     from tessera.repository.spec import ModelSpec
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryReport:
-    """Bytes a loaded model holds on its device.
-
-    ``own_bytes`` belong to this model alone; ``shared_bytes`` maps the key of
-    each shared component it uses to that component's bytes (counted once in
-    the budget however many models use it). ``method`` says how the numbers
-    were measured, e.g. ``"torch tensors"`` or ``"rss delta"``.
-    """
-
-    own_bytes: int
-    shared_bytes: Mapping[str, int] = field(default_factory=dict)
-    method: str = ""
-
-    @property
-    def total_bytes(self) -> int:
-        return self.own_bytes + sum(self.shared_bytes.values())
-
-
-@dataclass(frozen=True, slots=True)
-class Measured:
-    """A value produced while memory was measured around it."""
-
-    value: Any
-    rss_delta_bytes: int
-    peak_delta_bytes: int
 
 
 class LoadedModel(Protocol):
@@ -65,7 +40,9 @@ class LoadedModel(Protocol):
 
     def run(self, items: Sequence[Any]) -> list[Any]: ...
 
-    def memory(self) -> MemoryReport: ...
+    def memory(self) -> Footprint:
+        """The bytes it holds, with ``method`` saying how they were measured."""
+        ...
 
     def unload(self) -> None: ...
 
@@ -169,7 +146,6 @@ def standalone_context(threads: int = 1) -> LoadContext:
     """A context for loading a model outside the engine (tests, the raw benchmark):
     the CPU device, its own shared components, and a plain RSS measurement."""
     from tessera.device import CpuDevice
-    from tessera.runtimes.memory import measure_rss
 
     return LoadContext(
         device=CpuDevice(), threads=threads, shared=SharedComponents(), measure=measure_rss

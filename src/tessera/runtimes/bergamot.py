@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tessera.errors import InvalidInputError, ModelUnavailableError
-from tessera.runtimes.base import LoadContext, MemoryReport
+from tessera.footprint import Footprint
+from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes
 from tessera.tasks.types import TranslateInput
 
@@ -103,8 +104,8 @@ class BergamotModel:
             outputs.append("\n".join(lines))
         return outputs
 
-    def memory(self) -> MemoryReport:
-        return MemoryReport(own_bytes=self.own_bytes, method=self.method)
+    def memory(self) -> Footprint:
+        return Footprint(own_bytes=self.own_bytes, method=self.method)
 
     def unload(self) -> None:
         if self.pool is not None:

@@ -56,7 +56,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from tessera.errors import InvalidInputError, ModelUnavailableError
-from tessera.runtimes.base import LoadContext, MemoryReport
+from tessera.footprint import Footprint
+from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.tasks.types import ChatInput, ChatOutput
 
@@ -377,8 +378,8 @@ class CausalLm:
                     outputs[index] = output
         return [o for o in outputs if o is not None]
 
-    def memory(self) -> MemoryReport:
-        return MemoryReport(own_bytes=self._bytes, method="torch tensors")
+    def memory(self) -> Footprint:
+        return Footprint(own_bytes=self._bytes, method="torch tensors")
 
     def unload(self) -> None:
         self._model = None

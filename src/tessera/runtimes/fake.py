@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import ModelUnavailableError
+from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
-from tessera.runtimes.base import LoadContext, MemoryReport
+from tessera.runtimes.base import LoadContext
 from tessera.tasks.types import (
     ChatInput,
     ChatOutput,
@@ -117,8 +118,8 @@ class FakeModel:
             return [fake_classify(item.text) for item in items]
         return [fake_output(item) for item in items]
 
-    def memory(self) -> MemoryReport:
-        return MemoryReport(
+    def memory(self) -> Footprint:
+        return Footprint(
             own_bytes=int(self.spec.options.get("own_bytes", 0)),
             shared_bytes=dict(self._shared),
             method="fake",

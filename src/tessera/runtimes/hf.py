@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from tessera.errors import InferenceError, InvalidInputError, ModelUnavailableError
-from tessera.runtimes.base import LoadContext, MemoryReport, SharedComponents
+from tessera.footprint import Footprint
+from tessera.runtimes.base import LoadContext, SharedComponents
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.tasks.types import ClassifyOutput, LabelScore, RerankInput, Task, TextInput
 
@@ -328,8 +329,8 @@ class SharedEncoderModel:
             max_length=opts.max_length,
         )
 
-    def memory(self) -> MemoryReport:
-        return MemoryReport(
+    def memory(self) -> Footprint:
+        return Footprint(
             own_bytes=self._own_bytes,
             shared_bytes={self._key: self._shared.bytes_of(self._key)},
             method=self._method,
@@ -440,8 +441,8 @@ class HfSequenceClassifierModel:
             logits = encoder.model(**batch).logits.float().cpu().numpy()
         return self._head.outputs(logits)
 
-    def memory(self) -> MemoryReport:
-        return MemoryReport(own_bytes=self._bytes, method=_TORCH_METHOD)
+    def memory(self) -> Footprint:
+        return Footprint(own_bytes=self._bytes, method=_TORCH_METHOD)
 
     def unload(self) -> None:
         encoder, self._encoder = self._encoder, None

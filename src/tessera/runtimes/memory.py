@@ -15,14 +15,22 @@ import ctypes
 import gc
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from tessera.runtimes.base import Measured
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _FIELD = re.compile(r"^(VmRSS|VmHWM):\s+(\d+)\s+kB", re.MULTILINE)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """A value produced while memory was measured around it."""
+
+    value: Any
+    rss_delta_bytes: int
+    peak_delta_bytes: int
 
 
 def _status() -> dict[str, int]:

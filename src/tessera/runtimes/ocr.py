@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tessera.errors import InvalidInputError, ModelUnavailableError
-from tessera.runtimes.base import LoadContext, MemoryReport
+from tessera.footprint import Footprint
+from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes
 from tessera.tasks.types import OcrInput, OcrLine, OcrOutput
 
@@ -177,8 +178,8 @@ class RapidOcrModel:
             outputs.append(OcrOutput(lines=(line,)))
         return outputs
 
-    def memory(self) -> MemoryReport:
-        return MemoryReport(own_bytes=self.own_bytes, method=self.method)
+    def memory(self) -> Footprint:
+        return Footprint(own_bytes=self.own_bytes, method=self.method)
 
     def unload(self) -> None:
         self.engine = None

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tessera.errors import InferenceError, ModelUnavailableError, TesseraError
-from tessera.runtimes.base import LoadContext, MemoryReport
+from tessera.footprint import Footprint
+from tessera.runtimes.base import LoadContext
 from tessera.runtimes.hf import (
     ClassifierHead,
     EncoderOptions,
@@ -182,8 +183,8 @@ class OnnxTextModel:
             raise ModelUnavailableError("onnx", "the model was unloaded")
         return runner
 
-    def memory(self) -> MemoryReport:
-        return MemoryReport(own_bytes=self._own_bytes, method=self._method)
+    def memory(self) -> Footprint:
+        return Footprint(own_bytes=self._own_bytes, method=self._method)
 
     def unload(self) -> None:
         runner, self._runner = self._runner, None

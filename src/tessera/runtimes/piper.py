@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tessera.errors import InvalidInputError, ModelUnavailableError
-from tessera.runtimes.base import LoadContext, MemoryReport
+from tessera.footprint import Footprint
+from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes
 from tessera.tasks.types import SpeechInput, SpeechOutput
 
@@ -82,8 +83,8 @@ class PiperModel:
             samples=samples.astype(np.int16, copy=False), sample_rate=self.sample_rate
         )
 
-    def memory(self) -> MemoryReport:
-        return MemoryReport(own_bytes=self.own_bytes, method=self.method)
+    def memory(self) -> Footprint:
+        return Footprint(own_bytes=self.own_bytes, method=self.method)
 
     def unload(self) -> None:
         self.voice = None

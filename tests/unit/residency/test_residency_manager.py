@@ -234,7 +234,7 @@ async def _run_ops(ops: list[tuple[str, object, int]]) -> None:
     # No leaked reservations.
     assert all(e.pins == 0 and e.activation_bytes == 0 for e in manager.table.entries.values())
     assert manager.table.used_bytes() == sum(
-        e.own_bytes for e in manager.table.entries.values() if e.state is ModelState.READY
+        e.footprint.own_bytes for e in manager.table.entries.values() if e.state is ModelState.READY
     ) + (200 if any(manager.state(n) is ModelState.READY for n in ("m0", "m1")) else 0)
 
 
