@@ -44,11 +44,11 @@ import httpx
 import psutil
 import yaml
 
-from tessera.benchmark.inputs import sentences
-from tessera.benchmark.machine import machine_info
-from tessera.benchmark.raw import BATCH_SIZE, run_raw
-from tessera.benchmark.report import output_stem, table
-from tessera.benchmark.servers import RunningServer, log, running_tessera
+from harness.inputs import sentences
+from harness.machine import machine_info
+from harness.raw import BATCH_SIZE, run_raw
+from harness.report import output_stem, table
+from harness.servers import RunningServer, log, running_tessera
 
 EMBED_MODEL = "all-minilm-l6-v2"
 BUDGET = "700MiB"

@@ -225,7 +225,8 @@ def bench(
 
     import httpx
 
-    from tessera.bench import BenchPlan, report, run_bench
+    _import_bench_harness()
+    from harness.live import BenchPlan, report, run_bench
 
     if scenario:
         _bench_scenarios(scenario, out_dir, set(only) if only else None, quick, work_dir)
@@ -246,8 +247,8 @@ def bench(
 def _bench_scenarios(
     paths: list[Path], out_dir: Path, only: set[str] | None, quick: bool, work_dir: Path | None
 ) -> None:
-    from tessera.benchmark.scenario import ScenarioError
-    from tessera.benchmark.suite import bench_scenario
+    from harness.scenario import ScenarioError
+    from harness.suite import bench_scenario
 
     _offline()
     for path in paths:
@@ -256,6 +257,27 @@ def _bench_scenarios(
         except ScenarioError as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from e
+
+
+def _import_bench_harness() -> None:
+    """Make the benchmark harness (``benchmarks/harness/``) importable.
+
+    The harness, the peer servers' definitions among it, lives with the
+    benchmarks in the source checkout rather than in the installed package,
+    so ``tessera bench`` needs a checkout installed in place (``make venv``).
+    """
+    import sys
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    if not (benchmarks / "harness" / "__init__.py").is_file():
+        typer.echo(
+            "error: tessera bench runs the harness in a source checkout's benchmarks/; "
+            "install tessera from its checkout in place (make venv, or pip install -e .)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if str(benchmarks) not in sys.path:
+        sys.path.insert(0, str(benchmarks))
 
 
 def main() -> None:

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from tessera.benchmark.driver import Record
-from tessera.benchmark.figures import Cost, latency_figures, step_figures
-from tessera.benchmark.plots import draw_all
-from tessera.benchmark.probes import Sample, histogram_delta, time_average
-from tessera.benchmark.report import bars, output_stem, render
+from harness.driver import Record
+from harness.figures import Cost, latency_figures, step_figures
+from harness.plots import draw_all
+from harness.probes import Sample, histogram_delta, time_average
+from harness.report import bars, output_stem, render
 
 MIB = 1024**2
 

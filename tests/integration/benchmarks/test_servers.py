@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tessera.benchmark.servers import stop_group
+from harness.servers import stop_group
 
 
 def test_stop_group_waits_for_the_whole_group() -> None:

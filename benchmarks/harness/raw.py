@@ -1,6 +1,6 @@
 """The limit: a model called in-process in batches, no server.
 
-    python -m tessera.benchmark.raw --model all-minilm-l6-v2 --threads 2 --seconds 20
+    PYTHONPATH=benchmarks python -m harness.raw --model all-minilm-l6-v2 --threads 2 --seconds 20
 
 Prints one JSON line: sentences/s at ``--threads`` torch threads, and at one
 thread (what each of the server's batches gets when it runs one worker per
@@ -17,12 +17,15 @@ import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from tessera.benchmark.inputs import sentences
-from tessera.benchmark.servers import SERVER_ENV, log
+from harness.inputs import sentences
+from harness.servers import SERVER_ENV, log
 
 BATCH_SIZE = 32
+# The folder that holds this package, for the subprocess to import it from.
+BENCHMARKS_DIR = Path(__file__).resolve().parents[1]
 
 
 def raw_throughput(
@@ -77,13 +80,13 @@ def raw_worker(model_name: str, threads: int, seconds: float, max_batches: int) 
 
 def run_raw(model: str, threads: int, seconds: float, max_batches: int) -> dict[str, Any]:
     """Run :func:`raw_worker` in a subprocess; its result and the command."""
-    command = [sys.executable, "-m", "tessera.benchmark.raw", "--model", model]
+    command = [sys.executable, "-m", "harness.raw", "--model", model]
     command += ["--threads", str(threads), "--seconds", str(seconds)]
     command += ["--batches", str(max_batches)]
     log(f"raw: {model} in a subprocess, {threads} threads")
-    done = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, **SERVER_ENV}, check=False
-    )
+    path = os.pathsep.join(p for p in (str(BENCHMARKS_DIR), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, **SERVER_ENV, "PYTHONPATH": path}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"raw worker failed ({done.returncode}): {done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from tessera.benchmark.scenario import (
+from harness.scenario import (
     ScenarioError,
     load_scenario,
     parse_scenario,
 )
 from tessera.repository import default_repository_path, read_spec
 
-SCENARIOS = Path(__file__).resolve().parents[2] / "benchmarks" / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[3] / "benchmarks" / "scenarios"
 
 
 def minimal(**extra: Any) -> dict[str, Any]:

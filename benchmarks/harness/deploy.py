@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import yaml
 
-from tessera.bench import request_for
-from tessera.benchmark.inputs import sentences
-from tessera.benchmark.probes import Residency
-from tessera.benchmark.scenario import Configuration, Scenario, ScenarioError
-from tessera.benchmark.servers import RunningServer, running_tessera
+from harness.inputs import sentences
+from harness.probes import Residency
+from harness.request import request_for
+from harness.scenario import Configuration, Scenario, ScenarioError
+from harness.servers import RunningServer, running_tessera
 from tessera.repository import default_repository_path, read_spec
 from tessera.tenants import TenantStore
 
 if TYPE_CHECKING:
-    from tessera.benchmark.peers import Peer
+    from harness.peers import Peer
 
 ADMIN_TENANT = "bench-ops"
 
@@ -265,7 +265,7 @@ def deploy_dedicated(
 def deploy_peer(
     scenario: Scenario, configuration: Configuration, work: Path
 ) -> Iterator[Deployment]:
-    from tessera.benchmark.peers import PEERS, peers_dir
+    from harness.peers import PEERS, peers_dir
 
     under = peers_dir()
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tessera.benchmark import peers
-from tessera.benchmark.peers import PEERS, Launch
+from harness import peers
+from harness.peers import PEERS, Launch
 
 VECTOR = [0.01 * i for i in range(384)]
 

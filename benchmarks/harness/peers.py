@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from tessera.benchmark.servers import RunningServer, free_port, running_process
+from harness.servers import RunningServer, free_port, running_process
 
 
 def peers_dir() -> Path:
@@ -37,7 +37,7 @@ def peers_dir() -> Path:
     return Path(os.environ.get("TESSERA_PEERS_DIR") or Path.home() / ".cache/tessera/peers")
 
 
-SCRIPTS_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "peers"
+SCRIPTS_DIR = Path(__file__).resolve().parents[1] / "peers"  # benchmarks/peers/
 STAMP = ".tessera-peer"  # written by scripts/bench-peers.sh once a venv is complete
 DIM = 384
 MAX_BATCH = 32

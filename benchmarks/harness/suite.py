@@ -7,11 +7,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from tessera.benchmark.plots import draw_all
-from tessera.benchmark.report import bars, output_stem, render
-from tessera.benchmark.runner import run_scenario
-from tessera.benchmark.scenario import load_scenario
-from tessera.benchmark.servers import log
+from harness.plots import draw_all
+from harness.report import bars, output_stem, render
+from harness.runner import run_scenario
+from harness.scenario import load_scenario
+from harness.servers import log
 
 QUICK_FACTOR = 0.25
 

@@ -6,6 +6,9 @@ of its own (a shared httpx pool costs milliseconds of client CPU a request at
 tenants send on a Poisson schedule fixed in advance, whatever the answers
 take, so a slow server cannot slow the arrivals. Background tenants run until
 every other tenant is done.
+
+Time goes through a ``tessera.clock.Clock`` (now and sleep only): the real one
+measures a benchmark, a fake one lets the tests run a step in no real time.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import contextlib
 import functools
 import random
 import ssl
-import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +25,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from tessera.benchmark.scenario import TenantLoad
+from harness.scenario import TenantLoad
+from tessera.clock import Clock, MonotonicClock
 
 REQUEST_TIMEOUT_S = 120.0
 
@@ -133,6 +136,7 @@ class Driver:
         seed: int = 0,
         on_answer: Callable[[], None] | None = None,  # after each foreground answer
         transport: httpx.AsyncBaseTransport | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._endpoint = endpoint
         self._models = models
@@ -140,6 +144,7 @@ class Driver:
         self._seed = seed
         self._on_answer = on_answer or (lambda: None)
         self._transport = transport  # tests serve an app in-process
+        self._clock = clock or MonotonicClock()
         self._start = 0.0
         self._result = DriveResult()
 
@@ -158,7 +163,7 @@ class Driver:
                 )
             )
         self._result = DriveResult()
-        self._start = time.perf_counter()
+        self._start = self._clock.now()
         deadline = self._start + duration_s
         foreground = [s for s in states if s.bound is not None]
         stop = asyncio.Event()
@@ -173,11 +178,11 @@ class Driver:
                 stop.set()
 
         await asyncio.gather(*(run_tenant(s) for s in states))
-        self._result.seconds = time.perf_counter() - self._start
+        self._result.seconds = self._clock.now() - self._start
         return self._result
 
     def _more(self, state: _Tenant, deadline: float, stop: asyncio.Event) -> bool:
-        if time.perf_counter() >= deadline:
+        if self._clock.now() >= deadline:
             return False
         if state.bound is None:
             return not stop.is_set()
@@ -186,7 +191,7 @@ class Driver:
     async def _one(self, clients: _Clients, state: _Tenant, model: str, n: int) -> None:
         path, body = self._endpoint.call(model, n, state.load.inputs)
         client = clients.get(self._endpoint.route(model))
-        began = time.perf_counter()
+        began = self._clock.now()
         try:
             response = await client.post(path, json=body)
             status, ok = (
@@ -195,7 +200,7 @@ class Driver:
             )
         except httpx.HTTPError as e:
             status, ok = type(e).__name__, False
-        ended = time.perf_counter()
+        ended = self._clock.now()
         record = Record(state.load.name, model, began - self._start, ended - began, status, ok)
         self._result.records.append(record)
         if not state.load.background:
@@ -218,10 +223,10 @@ class Driver:
         rate = state.load.rate or 1.0
         running: set[asyncio.Task[None]] = set()
         async with self._clients(state) as client:
-            due = time.perf_counter()
+            due = self._clock.now()
             while self._more(state, deadline, stop):
                 due += state.rng.expovariate(rate)
-                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                await self._clock.sleep(due - self._clock.now())
                 if not self._more(state, deadline, stop):
                     break
                 state.issued += 1

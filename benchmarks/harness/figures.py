@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.benchmark.driver import Record
-from tessera.benchmark.probes import Sample, time_average
+from harness.driver import Record
+from harness.probes import Sample, time_average
 
 GB = 1e9
 

@@ -21,27 +21,27 @@ from typing import Any
 
 import httpx
 
-from tessera.bench import BenchProgress
-from tessera.benchmark.deploy import (
+from harness.deploy import (
     Deployment,
     deploy_dedicated,
     deploy_peer,
     deploy_tessera,
     latency_targets_ms,
 )
-from tessera.benchmark.driver import Driver
-from tessera.benchmark.figures import Cost, step_figures
-from tessera.benchmark.machine import machine_info
-from tessera.benchmark.probes import (
+from harness.driver import Driver
+from harness.figures import Cost, step_figures
+from harness.machine import machine_info
+from harness.probes import (
     CpuMeter,
     Sampler,
     batch_sizes,
     histogram_delta,
     scrape_batches,
 )
-from tessera.benchmark.raw import run_raw
-from tessera.benchmark.scenario import Configuration, Scenario, ScenarioError
-from tessera.benchmark.servers import log
+from harness.progress import BenchProgress
+from harness.raw import run_raw
+from harness.scenario import Configuration, Scenario, ScenarioError
+from harness.servers import log
 
 
 def resolve(value: Any, done: dict[str, Any]) -> Any:

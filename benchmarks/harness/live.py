@@ -1,4 +1,4 @@
-"""``tessera bench``: drive a running tessera with a bounded load and report it.
+"""``tessera bench --model``: drive a running tessera with a bounded load and report it.
 
 Closed loop (``--concurrency`` callers, each sending its next request when the
 last is answered) or open loop (``--rate`` requests a second, Poisson arrivals),
@@ -11,20 +11,19 @@ with ``--out``.
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
 
-from tessera.tasks.samples import SENTENCE, sample_page
-
-PLAIN_PROGRESS_EVERY_S = 2.0
+from harness.driver import Driver
+from harness.figures import latency_figures
+from harness.progress import BenchProgress
+from harness.request import request_for
+from harness.scenario import TenantLoad
 
 
 @dataclass(frozen=True)
@@ -54,69 +53,6 @@ class BenchResult:
     p99_ms: float | None
     mean_ms: float | None
     statuses: dict[str, int] = field(default_factory=dict)
-
-
-def _png_base64() -> str:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(sample_page()[:, :, ::-1]).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
-def request_for(task: str, model: str, n: int) -> tuple[str, dict[str, Any]]:
-    """The path and JSON body of the ``n``-th request for a model of ``task``."""
-    sentence = f"{SENTENCE} ({n})"
-    match task:
-        case "embedding":
-            return "/v1/embeddings", {"model": model, "input": sentence}
-        case "classify":
-            return "/v1/classify", {"model": model, "input": sentence}
-        case "rerank":
-            documents = [sentence, "Paris is the capital of France.", "Bread needs flour."]
-            return "/v1/rerank", {
-                "model": model,
-                "query": "Where does the fox jump?",
-                "documents": documents,
-            }
-        case "translate":
-            return "/v1/translate", {"model": model, "input": f"The weather is nice today ({n})."}
-        case "tts":
-            return "/v1/audio/speech", {"model": model, "input": "Hello from tessera."}
-        case "ocr":
-            return "/v1/ocr", {"model": model, "image": _png_base64()}
-        case "generate":
-            messages = [{"role": "user", "content": f"Say a word about number {n}."}]
-            return "/v1/chat/completions", {"model": model, "messages": messages, "max_tokens": 8}
-    raise ValueError(f"tessera bench does not know task {task!r}")
-
-
-class BenchProgress:
-    """A rich bar on a terminal, a plain line every few seconds otherwise."""
-
-    def __init__(self, total: int, stream: TextIO) -> None:
-        self._total, self._stream, self._done = total, stream, 0
-        self._last_line = time.perf_counter()
-        self._bar: Any = None
-        if stream.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-            self._bar = Progress("bench", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            self._task = self._bar.add_task("", total=total)
-            self._bar.start()
-
-    def advance(self) -> None:
-        self._done += 1
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self._done)
-        elif time.perf_counter() - self._last_line >= PLAIN_PROGRESS_EVERY_S:
-            self._last_line = time.perf_counter()
-            print(f"bench: {self._done}/{self._total} requests", file=self._stream, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-        print(f"bench: {self._done}/{self._total} requests done", file=self._stream, flush=True)
 
 
 async def _task_of(client: httpx.AsyncClient, model: str) -> str:
@@ -150,10 +86,6 @@ class _RunningServer:
 
 
 async def run_bench(plan: BenchPlan, stream: TextIO = sys.stderr) -> BenchResult:
-    from tessera.benchmark.driver import Driver
-    from tessera.benchmark.figures import latency_figures
-    from tessera.benchmark.scenario import TenantLoad
-
     headers = {"Authorization": f"Bearer {plan.key}"} if plan.key else {}
     async with httpx.AsyncClient(base_url=plan.url, headers=headers, timeout=30) as client:
         task = await _task_of(client, plan.model)

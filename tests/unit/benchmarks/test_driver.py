@@ -1,9 +1,13 @@
-"""The load generator, against an app served in-process."""
+"""The load generator, against an app served in-process, on fake time.
+
+The app answers after ``x-delay`` seconds of the same fake clock the driver
+reads, so a step runs in no real time and its timings are exact.
+"""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -13,20 +17,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tessera.benchmark.driver import Driver, zipf_weights
-from tessera.benchmark.scenario import TenantLoad
+from harness.driver import Driver, zipf_weights
+from harness.scenario import TenantLoad
+from tessera.clock import FakeClock
 
 
-async def embeddings(request: Request) -> JSONResponse:
-    body = await request.json()
-    if body["model"] == "broken":
-        return JSONResponse({"error": {"message": "no"}}, status_code=503)
-    await asyncio.sleep(float(request.headers.get("x-delay", "0")))
-    count = len(body["input"]) if isinstance(body["input"], list) else 1
-    return JSONResponse({"data": [{"embedding": [0.0]} for _ in range(count)]})
+def make_app(clock: FakeClock) -> Starlette:
+    """An embeddings endpoint that answers after ``x-delay`` seconds of ``clock``."""
 
+    async def embeddings(request: Request) -> JSONResponse:
+        body = await request.json()
+        if body["model"] == "broken":
+            return JSONResponse({"error": {"message": "no"}}, status_code=503)
+        await clock.sleep(float(request.headers.get("x-delay", "0")))
+        count = len(body["input"]) if isinstance(body["input"], list) else 1
+        return JSONResponse({"data": [{"embedding": [0.0]} for _ in range(count)]})
 
-APP = Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
+    return Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
 
 
 class FakeEndpoint:
@@ -52,32 +59,44 @@ class FakeEndpoint:
         return status == 200 and b"embedding" in body
 
 
-def driver(endpoint: FakeEndpoint, models: list[str], zipf: float | None = None) -> Driver:
-    return Driver(endpoint, models, zipf, transport=httpx.ASGITransport(app=APP))
+def make_driver(
+    endpoint: FakeEndpoint,
+    models: list[str],
+    zipf: float | None = None,
+    on_answer: Callable[[], None] | None = None,
+) -> Driver:
+    """A driver and the app it calls, both on one fresh fake clock."""
+    clock = FakeClock()
+    transport = httpx.ASGITransport(app=make_app(clock))
+    return Driver(endpoint, models, zipf, on_answer=on_answer, transport=transport, clock=clock)
 
 
 async def test_closed_loop_tenants_each_send_their_bound() -> None:
     tenants = [TenantLoad("a", concurrency=3), TenantLoad("b", concurrency=2, requests=7)]
-    result = await driver(FakeEndpoint(), ["m"]).run(tenants, requests=10, duration_s=30)
+    result = await make_driver(FakeEndpoint(), ["m"]).run(tenants, requests=10, duration_s=30)
     assert Counter(r.tenant for r in result.records) == {"a": 10, "b": 7}
     assert all(r.ok and r.status == "200" for r in result.records)
-    assert result.seconds > 0
+    assert result.seconds == 0  # the app answers at once on fake time
 
 
 async def test_open_loop_is_bounded_by_its_requests() -> None:
-    result = await driver(FakeEndpoint(), ["m"]).run(
+    result = await make_driver(FakeEndpoint(), ["m"]).run(
         [TenantLoad("a", rate=2000.0)], requests=15, duration_s=30
     )
     assert len(result.records) == 15
-    starts = [r.start_s for r in sorted(result.records, key=lambda r: r.start_s)]
-    assert starts[0] >= 0
+    starts = sorted(r.start_s for r in result.records)
+    # Poisson arrivals at 2000/s: 15 of them take about 7.5 ms, never all at once.
+    assert 0 < starts[0] < starts[-1] < 0.05
 
 
 async def test_duration_bounds_a_step_that_cannot_finish() -> None:
-    result = await driver(FakeEndpoint(delay_s=0.05), ["m"]).run(
+    result = await make_driver(FakeEndpoint(delay_s=0.05), ["m"]).run(
         [TenantLoad("a", concurrency=2)], requests=10_000, duration_s=0.3
     )
-    assert 0 < len(result.records) < 10_000
+    # Each caller starts a request at 0, 0.05, ..., 0.25 s and none at 0.3 s.
+    assert len(result.records) == 12
+    assert all(r.latency_s == pytest.approx(0.05) for r in result.records)
+    assert result.seconds == pytest.approx(0.3)
 
 
 async def test_background_tenant_stops_when_the_others_are_done() -> None:
@@ -89,7 +108,7 @@ async def test_background_tenant_stops_when_the_others_are_done() -> None:
 
     endpoint = FakeEndpoint(delay_s=0.005)
     flood = TenantLoad("flood", concurrency=2, inputs=4, background=True)
-    run = Driver(endpoint, ["m"], None, on_answer=count, transport=httpx.ASGITransport(app=APP))
+    run = make_driver(endpoint, ["m"], on_answer=count)
     result = await run.run([TenantLoad("quiet", rate=200.0), flood], requests=20, duration_s=30)
     by_tenant = Counter(r.tenant for r in result.records)
     assert by_tenant["quiet"] == 20
@@ -99,7 +118,7 @@ async def test_background_tenant_stops_when_the_others_are_done() -> None:
 
 
 async def test_failures_are_recorded_with_their_status() -> None:
-    result = await driver(FakeEndpoint(), ["broken"]).run(
+    result = await make_driver(FakeEndpoint(), ["broken"]).run(
         [TenantLoad("a", concurrency=1)], requests=3, duration_s=30
     )
     assert [(r.status, r.ok) for r in result.records] == [("503", False)] * 3
@@ -121,7 +140,7 @@ def test_zipf_weights() -> None:
 
 
 async def test_zipf_popularity_follows_the_listed_order() -> None:
-    result = await driver(FakeEndpoint(), ["m1", "m2", "m3", "m4"], zipf=1.1).run(
+    result = await make_driver(FakeEndpoint(), ["m1", "m2", "m3", "m4"], zipf=1.1).run(
         [TenantLoad("a", concurrency=4)], requests=400, duration_s=30
     )
     counts = Counter(r.model for r in result.records)
