@@ -3,8 +3,8 @@
 Invariant: ``used_bytes() <= budget_bytes`` after every successful call.
 Bytes are counted once per holder: a model's own bytes (its ``Footprint``) and
 its reserved activation bytes, plus each shared component once while any
-holding model uses it. A *holding* model is one that is loading, ready or unloading (its
-bytes are not free until its unload finished). Calls that would break the
+holding model uses it. A *holding* model is one that is loading, ready or
+unloading (its bytes are not free until its unload finished). Calls that would break the
 invariant return ``None`` or ``False`` and change nothing; the caller evicts
 or waits.
 """
@@ -58,7 +58,8 @@ class ModelEntry:
 
     def uses_at(self, now: float) -> float:
         """The decayed count of uses at ``now`` (``now >= last_used``)."""
-        return self.use_weight * 0.5 ** (max(0.0, now - self.last_used) / USE_HALF_LIFE_S)
+        decay: float = 0.5 ** (max(0.0, now - self.last_used) / USE_HALF_LIFE_S)
+        return self.use_weight * decay
 
     def touch(self, now: float, *, use: bool) -> None:
         """Move ``last_used`` to ``now``, counting one more use if ``use``."""
