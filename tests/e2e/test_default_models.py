@@ -41,7 +41,8 @@ def test_openai_client_embeddings(oai: openai.OpenAI) -> None:
 
 
 def test_openai_client_chat_plain_and_streaming(oai: openai.OpenAI) -> None:
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    # At Q4_1 (llama.cpp) "What is the capital of France?" is a near tie of "The" and "L'".
+    messages = [{"role": "user", "content": "Which city is the capital of France?"}]
     response = oai.chat.completions.create(
         model="smollm2-135m", messages=messages, max_tokens=16, temperature=0
     )

