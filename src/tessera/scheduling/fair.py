@@ -7,9 +7,11 @@ Invariants:
   backlogged tenant with the smallest counter, so backlogged tenants are
   served in proportion to their weights, in their tasks' own units.
 - A tenant that becomes backlogged is lifted to the smallest counter among
-  the other backlogged tenants: time spent idle banks no credit, and a
-  returning tenant is served next without starving the others (the counter
-  lift of VTC, Sheng et al. 2024).
+  the other backlogged tenants, or, when none is, to the counter of the last
+  tenant whose backlog was served out: time spent idle banks no credit (even
+  across a moment when the queue was empty, as it is after most batches),
+  and a returning tenant is served next without starving the others (the
+  counter lift of VTC, Sheng et al. 2024).
 - Requests of a latency tier (``latency_target_s`` set) go before all others,
   earliest deadline first. While any of them is in the batch, the batch stops
   growing once its predicted run time (``BatchTimePredictor``) would exceed
@@ -54,6 +56,7 @@ class FairQueue:
         self._latency_horizon_s = latency_horizon_s
         self._queues: dict[str, deque[QueuedRequest]] = {}
         self.counters: dict[str, float] = {}
+        self._last_left = 0.0  # the counter of the last tenant served out of its backlog
         self._len = 0
         self._latency_seen: dict[float, float] = {}  # latency target -> last arrival
 
@@ -137,7 +140,7 @@ class FairQueue:
 
     def _lift(self, tenant: str) -> None:
         others = [self.counters[t] for t in self._backlogged() if t != tenant]
-        floor = min(others, default=self.counters.get(tenant, 0.0))
+        floor = min(others, default=self._last_left)
         self.counters[tenant] = max(self.counters.get(tenant, floor), floor)
 
     def _next_tenant(self) -> str:
@@ -156,6 +159,8 @@ class FairQueue:
         request = self._queues[tenant].popleft()
         self._len -= 1
         self.counters[tenant] += request.units / max(request.weight, 1e-9)
+        if not self._queues[tenant]:
+            self._last_left = self.counters[tenant]
 
     def _fits_budget(self, units: float, budget_s: float) -> bool:
         if self._predictor is None:
