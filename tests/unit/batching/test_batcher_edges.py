@@ -1,0 +1,285 @@
+"""The batcher and the FIFO queue at their edges, on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tessera.batching import FifoQueue, ModelBatcher, QueuePolicyName, make_queue
+from tessera.clock import FakeClock
+from tessera.errors import DeadlineExceededError, OverloadedError
+from tessera.repository.spec import BatchingSpec
+from tessera.request import Batch, QueuedRequest, RequestResult
+from tessera.scheduling import BatchTimePredictor, FairQueue
+
+
+class Recorder:
+    """An execute function that records each batch and answers it, once its gate opens."""
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+        self.gate: asyncio.Event | None = None
+        self.running = 0
+        self.max_running = 0
+
+    async def __call__(self, batch: Batch) -> None:
+        self.batches.append(batch)
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+        finally:
+            self.running -= 1
+        for request in batch.requests:
+            if not request.future.done():
+                request.future.set_result(RequestResult(request.items, 0.0, 0.0, batch.num_items))
+
+
+def make_request(
+    clock: FakeClock, items: list[Any], *, units: float | None = None, **kw: Any
+) -> QueuedRequest:
+    future: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
+    return QueuedRequest(
+        items=items,
+        units=float(len(items)) if units is None else units,
+        arrival=clock.now(),
+        future=future,
+        **kw,
+    )
+
+
+def make_batcher(
+    clock: FakeClock, recorder: Recorder, *, max_queue: int = 100, slots: int = 1, **batching: Any
+) -> ModelBatcher:
+    spec = BatchingSpec(**{"max_batch_size": 8, "max_wait_ms": 10.0, **batching})
+    return ModelBatcher(
+        "m", spec, recorder, clock, max_queue=max_queue, max_concurrent_batches=slots
+    )
+
+
+async def spin(times: int = 5) -> None:
+    for _ in range(times):
+        await asyncio.sleep(0)
+
+
+# -- the queue bound -------------------------------------------------------------
+
+
+async def test_queue_holds_exactly_max_queue_requests() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_queue=3, max_wait_ms=3000.0)
+    for i in range(3):
+        batcher.submit(make_request(clock, [i]))
+    assert batcher.depth == 3
+    with pytest.raises(OverloadedError) as info:
+        batcher.submit(make_request(clock, [3]))
+    assert info.value.retry_after_s == 3.0  # one max wait, when above a second
+    assert "model 'm'" in str(info.value)
+    assert "(3 requests)" in str(info.value)
+    await batcher.close()
+
+
+async def test_retry_after_is_at_least_a_second() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_queue=0, max_wait_ms=10.0)
+    with pytest.raises(OverloadedError) as info:
+        batcher.submit(make_request(clock, ["x"]))
+    assert info.value.retry_after_s == 1.0
+    await batcher.close()
+
+
+# -- when a batch closes ---------------------------------------------------------
+
+
+async def test_batch_closes_at_its_units_limit_without_waiting() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_batch_size=100, max_batch_units=6.0)
+    requests = [make_request(clock, [i], units=3.0) for i in range(2)]
+    for request in requests:
+        batcher.submit(request)
+    await asyncio.gather(*(r.future for r in requests))
+    assert clock.now() == 0.0
+    assert [len(b.requests) for b in recorder.batches] == [2]
+    await batcher.close()
+
+
+async def test_batch_closes_at_its_size_limit_counting_items_not_requests() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_batch_size=4, max_wait_ms=1000.0)
+    requests = [make_request(clock, [i, i]) for i in range(2)]
+    for request in requests:
+        batcher.submit(request)
+    await asyncio.gather(*(r.future for r in requests))
+    assert clock.now() == 0.0
+    assert recorder.batches[0].num_items == 4
+    await batcher.close()
+
+
+async def test_partial_batch_waits_from_its_oldest_request() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_wait_ms=40.0)
+    first = make_request(clock, ["a"])
+    batcher.submit(first)
+    await spin()
+    clock.advance(0.03)
+    second = make_request(clock, ["b"])
+    batcher.submit(second)
+    await asyncio.gather(first.future, second.future)
+    assert recorder.batches[0].formed_at == pytest.approx(0.04)  # not 0.07
+    assert recorder.batches[0].requests == [first, second]
+    assert batcher.num_batches == 1
+    await batcher.close()
+
+
+async def test_request_that_waited_its_max_wait_runs_at_once() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_wait_ms=20.0)
+    request = make_request(clock, ["a"])
+    clock.advance(0.02)  # it arrived 20 ms ago
+    batcher.submit(request)
+    await request.future
+    assert recorder.batches[0].formed_at == pytest.approx(0.02)
+    await batcher.close()
+
+
+async def test_spec_concurrency_wins_over_the_callers() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_batcher(clock, recorder, slots=1, max_batch_size=1, max_concurrent_batches=2)
+    requests = [make_request(clock, [i]) for i in range(3)]
+    for request in requests:
+        batcher.submit(request)
+    await spin(10)
+    assert len(recorder.batches) == 2  # two slots: two batches run, the third waits
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in requests))
+    assert recorder.max_running == 2
+    assert batcher.num_batches == 3
+    await batcher.close()
+
+
+async def test_callers_concurrency_applies_when_the_spec_gives_none() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_batcher(clock, recorder, slots=3, max_batch_size=1)
+    requests = [make_request(clock, [i]) for i in range(4)]
+    for request in requests:
+        batcher.submit(request)
+    await spin(10)
+    assert len(recorder.batches) == 3
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in requests))
+    await batcher.close()
+
+
+# -- stale requests ---------------------------------------------------------------
+
+
+async def test_deadline_is_passed_at_the_deadline_itself() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_wait_ms=50.0)
+    late = make_request(clock, ["late"], deadline=0.05)  # the batch would form at 0.05
+    kept = make_request(clock, ["kept"], deadline=0.051)
+    batcher.submit(late)
+    batcher.submit(kept)
+    with pytest.raises(DeadlineExceededError, match=r"deadline passed after 0\.050s"):
+        await late.future
+    assert (await kept.future).outputs == ["kept"]
+    assert batcher.num_dropped == 1
+    assert [b.requests for b in recorder.batches] == [[kept]]
+    await batcher.close()
+
+
+async def test_all_gone_batch_forms_nothing_and_the_batcher_goes_on() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_wait_ms=10.0)
+    gone = [make_request(clock, [i]) for i in range(3)]
+    for request in gone:
+        batcher.submit(request)
+        request.future.cancel()
+    await spin(10)
+    assert batcher.num_dropped == 3
+    assert recorder.batches == []
+    later = make_request(clock, ["later"])
+    batcher.submit(later)
+    assert (await later.future).outputs == ["later"]
+    await batcher.close()
+
+
+# -- close ---------------------------------------------------------------------
+
+
+async def test_close_fails_what_waits_and_waits_for_what_runs() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_batcher(clock, recorder, max_batch_size=1, max_wait_ms=0.0)
+    running = make_request(clock, ["running"])
+    batcher.submit(running)
+    await spin()
+    waiting = make_request(clock, ["waiting"])
+    gone = make_request(clock, ["gone"])
+    batcher.submit(waiting)
+    batcher.submit(gone)
+    gone.future.cancel()
+    closing = asyncio.ensure_future(batcher.close())
+    await spin()
+    assert not closing.done()  # the running batch holds it
+    with pytest.raises(OverloadedError, match="shutting down") as info:
+        await waiting.future
+    assert info.value.retry_after_s == 1.0
+    assert gone.future.cancelled()
+    recorder.gate.set()
+    await closing
+    assert (await running.future).outputs == ["running"]
+    assert batcher.depth == 0
+    await batcher.close()  # twice is fine
+
+
+# -- FifoQueue and make_queue ----------------------------------------------------------
+
+
+async def test_fifo_pop_batch_limits_and_order() -> None:
+    clock = FakeClock()
+    queue = FifoQueue()
+    assert queue.oldest_arrival() is None
+    assert queue.pop_batch(10, 100, now=0.0) == []
+    requests = []
+    for i in range(5):
+        clock.advance(1.0)
+        requests.append(make_request(clock, [i, i], units=3.0))
+        queue.push(requests[-1])
+    assert queue.oldest_arrival() == 1.0
+    assert list(queue) == requests
+    assert queue.pop_batch(4, 100, now=0.0) == requests[:2]  # 4 items exactly
+    assert queue.pop_batch(100, 3, now=0.0) == requests[2:3]  # 3 units exactly
+    assert queue.oldest_arrival() == 4.0
+    assert queue.pop_batch(1, 1, now=0.0) == requests[3:4]  # over both, alone: whole
+    assert len(queue) == 1
+
+
+async def test_fifo_remove_if() -> None:
+    clock = FakeClock()
+    queue = FifoQueue()
+    requests = [make_request(clock, [i]) for i in range(4)]
+    for request in requests:
+        queue.push(request)
+    assert queue.remove_if(lambda r: False) == []
+    assert len(queue) == 4
+    assert queue.remove_if(lambda r: r.items[0] % 2 == 1) == [requests[1], requests[3]]
+    assert list(queue) == [requests[0], requests[2]]
+    assert len(queue) == 2
+
+
+async def test_make_queue_by_name() -> None:
+    assert isinstance(make_queue("fifo"), FifoQueue)
+    assert isinstance(make_queue(QueuePolicyName.FIFO), FifoQueue)
+    predictor = BatchTimePredictor()
+    fair = make_queue("fair", predictor, quantum_s=0.5)
+    assert isinstance(fair, FairQueue)
+    assert fair._predictor is predictor
+    assert fair._quantum_s == 0.5
+    with pytest.raises(ValueError, match="lifo"):
+        make_queue("lifo")

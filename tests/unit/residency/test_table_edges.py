@@ -1,0 +1,264 @@
+"""The residency table, eviction policies and activation statistics, figure by
+figure: plain synchronous calls, no manager, no host."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tessera.footprint import Footprint
+from tessera.residency import (
+    ActivationStats,
+    ModelEntry,
+    ModelState,
+    ResidencyTable,
+    make_eviction_policy,
+)
+from tessera.residency.table import USE_HALF_LIFE_S
+
+
+def loaded(
+    table: ResidencyTable, name: str, own: int, shared: dict[str, int] | None = None
+) -> None:
+    assert table.begin_load(name, Footprint(own, shared or {}))
+    table.mark_ready(name, now=0.0)
+
+
+# -- accounting ------------------------------------------------------------------
+
+
+def test_budget_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="budget_bytes must be positive"):
+        ResidencyTable(0)
+    assert ResidencyTable(1).free_bytes() == 1
+
+
+def test_every_holding_state_counts_and_no_other_does() -> None:
+    table = ResidencyTable(1000)
+    loaded(table, "a", 100, {"enc": 50})
+    assert table.used_bytes() == 150
+    table.begin_unload("a", eviction=False)
+    assert table.entries["a"].state is ModelState.UNLOADING
+    assert table.used_bytes() == 150  # an unloading model still holds its bytes
+    assert table.free_bytes() == 850
+    assert table.begin_load("b", Footprint(851)) is False  # so they are not free
+    table.finish_unload("a")
+    assert table.used_bytes() == 0
+    assert table.entries["a"].footprint.total_bytes == 0
+    assert table.begin_load("b", Footprint(1000))  # exactly the budget fits
+    assert table.entries["b"].state is ModelState.LOADING
+    assert table.used_bytes() == 1000
+    table.fail("b", "boom")
+    assert table.used_bytes() == 0
+    assert table.entries["b"].error == "boom"
+
+
+def test_shared_component_counts_once_and_is_free_to_a_second_user() -> None:
+    table = ResidencyTable(1000)
+    loaded(table, "a", 100, {"enc": 400})
+    assert table.extra_bytes("b", Footprint(50, {"enc": 400})) == 50
+    assert table.extra_bytes("b", Footprint(50, {"enc": 400, "head": 30})) == 80
+    loaded(table, "b", 50, {"enc": 400})
+    assert table.used_bytes() == 550
+    # Unloading one user frees its own bytes only; the last frees the component.
+    assert table.freed_by(["a"]) == 100
+    assert table.freed_by(["b"]) == 50
+    assert table.freed_by(["a", "b"]) == 550
+    assert table.freed_by([]) == 0
+    assert table.weights_held() == 550
+    assert table.weights_held(exclude="a") == 450
+    assert table.weights_held(exclude="nobody") == 550
+
+
+def test_extra_bytes_of_a_holding_model_is_the_difference() -> None:
+    table = ResidencyTable(1000)
+    assert table.begin_load("a", Footprint(100, {"enc": 200}))
+    assert table.extra_bytes("a", Footprint(150, {"enc": 200})) == 50
+    assert table.extra_bytes("a", Footprint(80, {})) == -220
+    assert table.settle_load("a", Footprint(150, {"enc": 200}))
+    assert table.used_bytes() == 350
+    assert table.settle_load("a", Footprint(1001)) is False
+    assert table.entries["a"].footprint == Footprint(150, {"enc": 200})
+    assert table.settle_load("a", Footprint(1000))  # exactly the budget
+    assert table.used_bytes() == 1000
+
+
+def test_a_holding_model_cannot_begin_loading_again() -> None:
+    table = ResidencyTable(1000)
+    assert table.begin_load("a", Footprint(100))
+    with pytest.raises(ValueError, match="a is already loading"):
+        table.begin_load("a", Footprint(100))
+
+
+def test_load_that_does_not_fit_changes_nothing() -> None:
+    table = ResidencyTable(1000)
+    loaded(table, "a", 600)
+    assert table.begin_load("b", Footprint(401)) is False
+    assert table.entries["b"].state is ModelState.UNLOADED
+    assert table.used_bytes() == 600
+    assert table.begin_load("b", Footprint(400))
+
+
+def test_failed_load_error_is_cleared_by_the_next_load() -> None:
+    table = ResidencyTable(1000)
+    assert table.begin_load("a", Footprint(100))
+    table.fail("a", "boom")
+    assert table.begin_load("a", Footprint(100))
+    assert table.entries["a"].error is None
+
+
+# -- reservations ----------------------------------------------------------------
+
+
+def test_reserve_pins_and_holds_activation_bytes_until_released() -> None:
+    table = ResidencyTable(1000)
+    loaded(table, "a", 600)
+    first = table.reserve("a", 300, now=5.0)
+    assert first is not None
+    assert first.name == "a"
+    assert first.num_bytes == 300
+    assert table.reserve("a", 101, now=5.0) is None  # one byte short
+    second = table.reserve("a", 100, now=6.0)  # exactly what is left
+    assert second is not None
+    entry = table.entries["a"]
+    assert (entry.pins, entry.activation_bytes) == (2, 400)
+    assert table.used_bytes() == 1000
+    assert table.activation_bytes_held() == 400
+    assert table.evictable() == []
+    with pytest.raises(ValueError, match="a cannot unload"):
+        table.begin_unload("a", eviction=True)
+    table.release(first, now=7.0)
+    assert (entry.pins, entry.activation_bytes) == (1, 100)
+    assert entry.last_used == 7.0
+    table.release(second, now=8.0)
+    assert (entry.pins, entry.activation_bytes) == (0, 0)
+    assert table.used_bytes() == 600
+    assert [e.name for e in table.evictable()] == ["a"]
+    assert table.evictable(protect=["a"]) == []
+
+
+def test_only_a_ready_model_can_be_reserved_or_unloaded() -> None:
+    table = ResidencyTable(1000)
+    assert table.begin_load("a", Footprint(100))
+    with pytest.raises(ValueError, match="a is not ready: loading"):
+        table.reserve("a", 0, now=0.0)
+    with pytest.raises(ValueError, match="a cannot unload: loading, 0 pins"):
+        table.begin_unload("a", eviction=False)
+    assert table.evictable() == []  # loading: not a candidate
+
+
+def test_evictions_are_counted_and_plain_unloads_are_not() -> None:
+    table = ResidencyTable(1000)
+    loaded(table, "a", 100)
+    table.begin_unload("a", eviction=True)
+    table.finish_unload("a")
+    loaded(table, "a", 100)
+    table.begin_unload("a", eviction=False)
+    entry = table.entries["a"]
+    assert (entry.evictions, entry.loads) == (1, 2)
+
+
+def test_uses_decay_by_half_each_half_life() -> None:
+    table = ResidencyTable(1000)
+    loaded(table, "a", 100)
+    entry = table.entries["a"]
+    assert entry.uses_at(0.0) == 0.0  # ready is not a use
+    reservation = table.reserve("a", 0, now=10.0)
+    assert reservation is not None
+    assert entry.uses_at(10.0) == 1.0
+    assert entry.uses_at(10.0 + USE_HALF_LIFE_S) == pytest.approx(0.5)
+    assert entry.uses_at(5.0) == 1.0  # never more than when last used
+    table.release(reservation, now=10.0 + USE_HALF_LIFE_S)  # a release is not a use
+    assert entry.uses_at(10.0 + USE_HALF_LIFE_S) == pytest.approx(0.5)
+
+
+def test_fits_alone() -> None:
+    table = ResidencyTable(1000)
+    assert table.fits_alone(Footprint(500, {"enc": 300}), 200)
+    assert not table.fits_alone(Footprint(500, {"enc": 300}), 201)
+
+
+def test_entry_is_created_once_with_its_cap() -> None:
+    table = ResidencyTable(1000)
+    entry = table.entry("a", max_bytes=500)
+    assert entry.max_bytes == 500
+    assert table.entry("a") is entry
+    assert table.entries == {"a": entry}
+
+
+# -- eviction policies -------------------------------------------------------------
+
+
+def candidates() -> list[ModelEntry]:
+    return [
+        ModelEntry("old-small", footprint=Footprint(100), last_used=1.0),
+        ModelEntry("new-large", footprint=Footprint(500), last_used=3.0),
+        ModelEntry("mid-mid", footprint=Footprint(300), last_used=2.0),
+    ]
+
+
+def freed(entries: list[ModelEntry]) -> Callable[[list[str]], int]:
+    sizes = {e.name: e.weights_bytes for e in entries}
+    return lambda names: sum(sizes[n] for n in names)
+
+
+def test_lru_evicts_the_least_recently_used_until_enough_is_freed() -> None:
+    policy = make_eviction_policy("lru")
+    entries = candidates()
+    assert policy.choose(entries, 100, freed(entries)) == ["old-small"]
+    assert policy.choose(entries, 101, freed(entries)) == ["old-small", "mid-mid"]
+    assert policy.choose(entries, 900, freed(entries)) == ["old-small", "mid-mid", "new-large"]
+    assert policy.choose(entries, 901, freed(entries)) is None
+    assert policy.choose(entries, 0, freed(entries)) == []
+
+
+def test_largest_evicts_the_largest_first() -> None:
+    policy = make_eviction_policy("largest")
+    entries = candidates()
+    assert policy.choose(entries, 500, freed(entries)) == ["new-large"]
+    assert policy.choose(entries, 501, freed(entries)) == ["new-large", "mid-mid"]
+
+
+def test_none_never_evicts() -> None:
+    policy = make_eviction_policy("none")
+    entries = candidates()
+    assert policy.choose(entries, 1, freed(entries)) is None
+    with pytest.raises(ValueError, match="fifo"):
+        make_eviction_policy("fifo")
+
+
+# -- activation statistics -----------------------------------------------------------
+
+
+def test_activation_reserves_the_worst_per_unit_peak_of_its_window() -> None:
+    stats = ActivationStats(window=2)
+    assert stats.reserve_bytes(10) == 0  # no measurement: nothing extra
+    stats.observe(1000, 10)  # 100 a unit
+    stats.observe(300, 10)  # 30 a unit
+    assert stats.num_samples == 2
+    assert stats.reserve_bytes(3) == 300
+    assert stats.reserve_bytes(0.01) == 1  # rounded up
+    stats.observe(500, 10)  # the 100-a-unit batch leaves the window
+    assert stats.reserve_bytes(10) == 500
+    assert stats.num_samples == 3
+
+
+def test_activation_ignores_impossible_measurements() -> None:
+    stats = ActivationStats()
+    stats.observe(-1, 10)
+    stats.observe(100, 0)
+    stats.observe(100, -1)
+    assert stats.num_samples == 0
+    assert stats.reserve_bytes(10) == 0
+    stats.observe(0, 10)  # a batch that needed nothing extra is a measurement
+    assert stats.num_samples == 1
+    assert stats.reserve_bytes(10) == 0
+
+
+def test_activation_default_window_is_64() -> None:
+    stats = ActivationStats()
+    stats.observe(10_000, 1)
+    for _ in range(64):
+        stats.observe(10, 1)
+    assert stats.reserve_bytes(1) == 10

@@ -1,0 +1,128 @@
+"""The batch-time predictor's fit and the tiers' parsing, figure by figure."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera.errors import ConfigError
+from tessera.scheduling import DEFAULT_TIERS, BatchTimePredictor, TierSpec, parse_tiers
+
+# -- BatchTimePredictor -----------------------------------------------------------
+
+
+def test_predictor_with_one_batch_size_scales_its_mean_time_per_unit() -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(10, 0.02)
+    predictor.observe(10, 0.04)
+    intercept, slope = predictor.coefficients() or (None, None)
+    assert intercept == 0.0
+    assert slope == pytest.approx(0.003)
+    assert predictor.predict(20) == pytest.approx(0.06)
+
+
+def test_predictor_fits_a_line_exactly() -> None:
+    predictor = BatchTimePredictor()
+    for units in (1, 2, 4, 8):
+        predictor.observe(units, 0.5 + 0.25 * units)
+    intercept, slope = predictor.coefficients() or (None, None)
+    assert intercept == pytest.approx(0.5)
+    assert slope == pytest.approx(0.25)
+    assert predictor.predict(0) == pytest.approx(0.5)
+
+
+def test_predictor_never_predicts_a_negative_slope_or_intercept() -> None:
+    falling = BatchTimePredictor()
+    for units, run_s in ((1, 1.0), (2, 0.5), (3, 0.1)):  # bigger batches faster: noise
+        falling.observe(units, run_s)
+    intercept, slope = falling.coefficients() or (None, None)
+    assert slope == 0.0
+    assert intercept == pytest.approx(1.6 / 3)  # the mean time
+
+    steep = BatchTimePredictor()
+    for units, run_s in ((10, 0.0), (20, 1.0)):  # the line crosses zero at 10 units
+        steep.observe(units, run_s)
+    intercept, slope = steep.coefficients() or (None, None)
+    assert intercept == 0.0
+    assert slope == pytest.approx(0.1)
+
+
+def test_predictor_ignores_empty_batches_and_negative_times() -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(0, 1.0)
+    predictor.observe(-1, 1.0)
+    predictor.observe(5, -0.1)
+    assert predictor.num_samples == 0
+    assert predictor.coefficients() is None
+    assert predictor.predict(5) is None
+    predictor.observe(5, 0.0)  # a zero time is a measurement
+    assert predictor.num_samples == 1
+    assert predictor.predict(5) == 0.0
+
+
+def test_predictor_forgets_beyond_its_window() -> None:
+    predictor = BatchTimePredictor(window=2)
+    predictor.observe(10, 100.0)
+    predictor.observe(10, 0.01)
+    predictor.observe(10, 0.01)
+    assert predictor.num_samples == 2
+    assert predictor.predict(10) == pytest.approx(0.01)
+    assert BatchTimePredictor().num_samples == 0
+
+
+def test_predictor_default_window_is_256() -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(1, 1000.0)
+    for _ in range(256):
+        predictor.observe(1, 1.0)
+    assert predictor.num_samples == 256
+    assert predictor.predict(1) == pytest.approx(1.0)
+
+
+# -- tiers ---------------------------------------------------------------------
+
+
+def test_default_tiers() -> None:
+    assert parse_tiers(None) == DEFAULT_TIERS
+    assert parse_tiers({}) == DEFAULT_TIERS
+    assert DEFAULT_TIERS["vip"] == TierSpec("vip", 4.0, 0.25)
+    assert DEFAULT_TIERS["standard"] == TierSpec("standard", 2.0, None)
+    assert DEFAULT_TIERS["batch"] == TierSpec("batch", 1.0, None)
+
+
+def test_tier_override_keeps_what_it_does_not_set() -> None:
+    tiers = parse_tiers({"vip": {"weight": 8}, "standard": {"latency_target_ms": 500}})
+    assert tiers["vip"] == TierSpec("vip", 8.0, 0.25)
+    assert tiers["standard"] == TierSpec("standard", 2.0, 0.5)
+    assert tiers["batch"] == DEFAULT_TIERS["batch"]
+    assert isinstance(tiers["vip"].weight, float)
+    assert DEFAULT_TIERS["vip"].weight == 4.0  # the defaults are not changed
+
+
+def test_new_tier_defaults_to_weight_one_and_no_target() -> None:
+    assert parse_tiers({"gold": {}})["gold"] == TierSpec("gold", 1.0, None)
+    assert parse_tiers({"gold": {"weight": 3, "latency_target_ms": 50}})["gold"] == TierSpec(
+        "gold", 3.0, 0.05
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"vip": 3}, "tier 'vip' must be a mapping"),
+        ({"vip": {"weight": 0}}, "tier 'vip': weight must be positive"),
+        ({"vip": {"weight": -1}}, "weight must be positive"),
+        ({"vip": {"weight": "heavy"}}, "weight must be positive"),
+        ({"vip": {"latency_target_ms": 0}}, "tier 'vip': latency_target_ms must be positive"),
+        ({"vip": {"latency_target_ms": -5}}, "latency_target_ms must be positive"),
+        ({"vip": {"latency_target_ms": "fast"}}, "latency_target_ms must be positive"),
+    ],
+)
+def test_invalid_tiers_are_config_errors(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_tiers(raw)
+    assert message in str(info.value)
+
+
+def test_smallest_valid_figures_are_accepted() -> None:
+    tiers = parse_tiers({"t": {"weight": 0.001, "latency_target_ms": 0.5}})
+    assert tiers["t"] == TierSpec("t", 0.001, 0.0005)
