@@ -10,7 +10,7 @@ SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test venv lint bench bench-peers bench-all clean
+.PHONY: serve test venv lint bench bench-peers bench-all mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,5 +49,14 @@ bench-peers: $(STAMP)
 bench-all: $(STAMP)
 	$(BIN)/tessera bench $(foreach s,$(SCENARIOS),--scenario benchmarks/scenarios/$(s).yaml) $(ARGS)
 
+# Mutation testing of the policy packages against their unit tests (docs/mutation.md).
+# Slow (an hour or more on 2 shared cores), so not part of `make test` or CI.
+MUTATION_JOBS ?= 1
+mutation: $(STAMP)
+	$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/python -m pip install --quiet "mutmut>=3.3,<4"
+	rm -rf mutants
+	nice -n 10 $(BIN)/mutmut run --max-children $(MUTATION_JOBS) || true
+	$(BIN)/python scripts/mutation_score.py
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache mutants
