@@ -109,10 +109,11 @@ def serve(
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = Engine(repository, settings.engine)
     store, audit_log = _tenancy(settings, engine) if settings.auth else (None, None)
+    stats = engine.snapshot()
     typer.echo(
-        f"tessera on {engine.device.name}: {len(repository)} models,"
-        f" budget {engine.residency.table.budget_bytes} bytes,"
-        f" {engine.executor.num_workers} workers x {engine.executor.threads_per_worker} threads"
+        f"tessera on {stats.device_name}: {len(repository)} models,"
+        f" budget {stats.budget_bytes} bytes,"
+        f" {stats.num_workers} workers x {stats.threads_per_worker} threads"
     )
     app_ = create_app(
         engine,
@@ -155,7 +156,7 @@ def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, Audit
         typer.echo(f"admin API key (shown once, keep it): {bootstrap.key}")
     day_start = start_of_day_utc(time.time())
     for tenant in store.list_tenants():
-        engine.admission.seed_usage(tenant.name, audit_log.units_since(tenant.name, day_start))
+        engine.seed_usage(tenant.name, audit_log.units_since(tenant.name, day_start))
     return store, audit_log
 
 

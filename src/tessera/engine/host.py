@@ -18,7 +18,7 @@ from tessera.device import Device
 from tessera.footprint import Footprint
 from tessera.metrics import NullSink, StatsSink
 from tessera.repository.spec import ModelSpec
-from tessera.residency import ActivationStats
+from tessera.residency import ActivationBook
 from tessera.runtimes.base import LoadContext, LoadedModel, ModelLoader, SharedComponents
 from tessera.runtimes.memory import Measured
 from tessera.runtimes.registry import get_loader
@@ -42,6 +42,7 @@ class EngineHost:
         self,
         device: Device,
         executor: ComputeExecutor,
+        activations: ActivationBook,
         stats: StatsSink | None = None,
         max_concurrent_loads: int = 2,
         cache_dir: Path | None = None,
@@ -50,7 +51,8 @@ class EngineHost:
         self.executor = executor
         self.stats: StatsSink = stats or NullSink()
         self.shared = SharedComponents()
-        self.activations: dict[str, ActivationStats] = {}
+        # The warm-up after a first load seeds the model's activation peaks.
+        self.activations = activations
         self._loaders: dict[str, ModelLoader] = {}
         self._load_pool = ThreadPoolExecutor(
             max_concurrent_loads, thread_name_prefix="tessera-load"
@@ -76,9 +78,6 @@ class EngineHost:
         if spec.adapter not in self._loaders:
             self._loaders[spec.adapter] = get_loader(spec.adapter)
         return self._loaders[spec.adapter]
-
-    def activation(self, name: str) -> ActivationStats:
-        return self.activations.setdefault(name, ActivationStats())
 
     def estimate(self, spec: ModelSpec) -> Footprint:
         loader = self.loader(spec)
@@ -140,8 +139,8 @@ class EngineHost:
         except BaseException:
             model.unload()
             raise
-        self.activation(spec.name).observe(
-            measured.peak_delta_bytes, sum(work_units(i) for i in items)
+        self.activations.observe(
+            spec.name, measured.peak_delta_bytes, sum(work_units(i) for i in items)
         )
         self._loaded_before.add(spec.name)
         return model

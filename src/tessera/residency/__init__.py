@@ -1,6 +1,6 @@
 """The memory budget of a device, in measured bytes: load, evict, pin, reserve."""
 
-from tessera.residency.activation import ActivationStats
+from tessera.residency.activation import ActivationBook, ActivationStats
 from tessera.residency.manager import (
     Lease,
     ModelHost,
@@ -8,11 +8,14 @@ from tessera.residency.manager import (
     ResidencyManager,
     ResidencyStats,
 )
+from tessera.residency.plan import BatchPart, split_to_fit
 from tessera.residency.policy import EvictionPolicy, EvictionPolicyName, make_eviction_policy
 from tessera.residency.table import ModelEntry, ModelState, Reservation, ResidencyTable
 
 __all__ = [
+    "ActivationBook",
     "ActivationStats",
+    "BatchPart",
     "EvictionPolicy",
     "EvictionPolicyName",
     "Lease",
@@ -25,4 +28,5 @@ __all__ = [
     "ResidencyStats",
     "ResidencyTable",
     "make_eviction_policy",
+    "split_to_fit",
 ]
