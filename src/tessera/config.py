@@ -11,7 +11,7 @@ A config file may hold any of::
     device: auto                 # auto | cpu | cuda | cuda:N
     num_threads: 2               # the process's thread budget; default: all cores
     num_workers: 2               # batches at once; each gets num_threads / num_workers
-    eviction_policy: lru         # lru | largest | none (a static partition: never evict)
+    eviction_policy: cost        # cost (uses x load s / bytes) | lru | largest | none
     max_queue: 100               # per model; a full queue answers 503
     default_timeout_s: 60
     max_body_bytes: 16MiB

@@ -70,7 +70,7 @@ class EngineConfig:
     device: str = "auto"
     num_threads: int | None = None  # None: every core
     num_workers: int | None = None  # None: one per thread
-    eviction_policy: str = "lru"
+    eviction_policy: str = "cost"
     max_queue: int = 100
     default_timeout_s: float = 60.0
     residency_wait_s: float = 30.0
@@ -170,11 +170,12 @@ class Engine:
         self._residency = ResidencyManager(
             budget,
             self._host,
-            make_eviction_policy(config.eviction_policy),
+            make_eviction_policy(config.eviction_policy, self.clock),
             self.clock,
             wait_s=config.residency_wait_s,
             activations=activations,
         )
+        self._residency.register(repository)
         self._counters: dict[str, ModelCounters] = {
             name: ModelCounters() for name in repository.names()
         }
@@ -295,6 +296,9 @@ class Engine:
             measured_by=held.measured_by if held is not None else None,
             activation_bytes_per_unit=self._residency.activation_bytes_per_unit(name),
             last_used=held.last_used if held is not None else None,
+            load_s=held.load_s if held is not None else None,
+            uses=held.uses if held is not None else 0.0,
+            eviction_score=held.eviction_score if held is not None else 0.0,
             loads=held.loads if held is not None else 0,
             evictions=held.evictions if held is not None else 0,
             pins=held.pins if held is not None else 0,

@@ -21,6 +21,9 @@ RESIDENCY_FIELDS = (
     "pins",
     "error",
     "measured_by",
+    "load_s",
+    "uses",
+    "eviction_score",
     "queue_depth",
 )
 

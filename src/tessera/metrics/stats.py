@@ -92,6 +92,9 @@ class ModelStats:
     measured_by: str | None  # how the runtime measured its bytes
     activation_bytes_per_unit: int | None  # the window's measured peak; None until measured
     last_used: float | None
+    load_s: float | None  # how long its last load took (what an eviction costs)
+    uses: float  # decayed count of uses (a use weighs half after a minute)
+    eviction_score: float  # uses x load s / bytes: the lowest is evicted first
     loads: int
     evictions: int
     pins: int

@@ -1,11 +1,13 @@
 """A fake ``ModelHost`` for tests of residency policy: fake models, counted loads,
-and optional gates to hold a load open."""
+optional gates to hold a load open, and loads that take ``options.load_s``
+seconds of the given clock."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
 
+from tessera.clock import Clock
 from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
 from tessera.runtimes.base import LoadedModel
@@ -15,7 +17,8 @@ from tessera.runtimes.fake import FakeModel
 class FakeModelHost:
     """Loads ``fake`` models instantly (or when their gate opens)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock
         self.loads: Counter[str] = Counter()
         self.unloads: Counter[str] = Counter()
         self.gates: dict[str, asyncio.Event] = {}
@@ -30,6 +33,9 @@ class FakeModelHost:
         gate = self.gates.get(spec.name)
         if gate is not None:
             await gate.wait()
+        load_s = float(spec.options.get("load_s", 0.0))
+        if load_s and self._clock is not None:
+            await self._clock.sleep(load_s)
         if spec.options.get("fail_load"):
             raise RuntimeError("fake load failure")
         return FakeModel(spec)

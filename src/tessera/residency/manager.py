@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,7 +32,10 @@ from tessera.clock import Clock
 from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
 from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
-from tessera.residency.policy import EvictionPolicy
+from tessera.request import QueuedRequest
+from tessera.residency.activation import ActivationBook
+from tessera.residency.plan import BatchPart, split_to_fit
+from tessera.residency.policy import EvictionPolicy, eviction_score
 from tessera.residency.table import (
     HOLDING,
     ModelEntry,
@@ -77,6 +80,9 @@ class ModelResidency:
     pins: int
     error: str | None
     measured_by: str | None  # how the runtime measured its bytes
+    load_s: float | None  # how long its last load took
+    uses: float  # decayed count of its uses (see table.USE_HALF_LIFE_S)
+    eviction_score: float  # the cost policy's: uses x load s / bytes; lowest goes first
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +113,10 @@ class ResidencyManager:
         *,
         wait_s: float = 30.0,
         failed_retry_s: float = 30.0,
+        activations: ActivationBook | None = None,
     ) -> None:
         self.table = ResidencyTable(budget_bytes)
+        self.activations = activations if activations is not None else ActivationBook()
         self._host = host
         self._policy = policy
         self._clock = clock
@@ -124,11 +132,16 @@ class ResidencyManager:
         # seconds passed). Without this a model loaded for a batch that waited
         # for activation room was evicted at once, and loaded again, and again.
         self._fresh: dict[str, float] = {}
-        # Loads waiting for room, with a ticket in the order they began to wait:
-        # they get room in that order, so that a large model is not starved by
-        # small ones taking every byte that frees up.
-        self._waiting_loads: dict[str, int] = {}
-        self._load_tickets = itertools.count()
+        # Loads and batch reservations waiting for room, with a ticket in the
+        # order they began to wait: they get room in that order, so that a large
+        # model is not starved by small ones taking every byte that frees up,
+        # and a batch is not starved by loads (nor a load by batches).
+        self._waiting: dict[object, int] = {}
+        self._tickets = itertools.count()
+        # Every model the engine may be asked for, and the bytes of their
+        # weights together (None: not computed since the last measurement).
+        self._catalogue: dict[str, ModelSpec] = {}
+        self._catalogue_total: int | None = None  # their weights together, once computed
         self._changed = asyncio.Event()
         self.peak_used_bytes = 0
 
@@ -145,17 +158,21 @@ class ResidencyManager:
 
     async def acquire(self, spec: ModelSpec, activation_bytes: int = 0) -> Lease:
         deadline = self._clock.now() + self._wait_s
-        while True:
-            entry = self.table.entry(spec.name, spec.max_bytes)
-            if entry.state is ModelState.READY:
-                lease = await self._reserve(spec, entry, activation_bytes, deadline)
-                if lease is not None:
-                    return lease
-            elif entry.state in (ModelState.LOADING, ModelState.UNLOADING):
-                await asyncio.shield(self._inflight[spec.name])
-            else:
-                self.raise_if_failed(spec.name)
-                await self._load(spec, deadline)
+        waiter = object()  # this caller's place in line, once it waits for room
+        try:
+            while True:
+                entry = self.table.entry(spec.name, spec.max_bytes)
+                if entry.state is ModelState.READY:
+                    lease = await self._reserve(spec, entry, activation_bytes, deadline, waiter)
+                    if lease is not None:
+                        return lease
+                elif entry.state in (ModelState.LOADING, ModelState.UNLOADING):
+                    await asyncio.shield(self._inflight[spec.name])
+                else:
+                    self.raise_if_failed(spec.name)
+                    await self._load(spec, deadline)
+        finally:
+            self._waiting.pop(waiter, None)
 
     def release(self, lease: Lease) -> None:
         self.table.release(lease.reservation, self._clock.now())
@@ -188,19 +205,66 @@ class ResidencyManager:
         entry = self.table.entries.get(name)
         return entry.error if entry is not None else None
 
+    def register(self, specs: Iterable[ModelSpec]) -> None:
+        """Every model that may be asked for: while their weights fit the budget
+        together, batches split to fit the room beside them instead of evicting."""
+        for spec in specs:
+            self._catalogue[spec.name] = spec
+        self._catalogue_total = None
+
+    def catalogue_bytes(self) -> int | None:
+        """The weights of every registered model together (measured bytes where
+        known, else estimates; a shared component once); None if none is."""
+        if self._catalogue_total is None:
+            own, shared = 0, dict[str, int]()
+            for spec in self._catalogue.values():
+                footprint = self._expected(spec)
+                own += footprint.own_bytes
+                shared.update(footprint.shared_bytes)
+            self._catalogue_total = own + sum(shared.values()) if self._catalogue else None
+        return self._catalogue_total
+
+    def every_model_fits(self) -> bool:
+        """Whether the weights of every registered model fit the budget at once."""
+        total = self.catalogue_bytes()
+        return total is not None and total <= self.table.budget_bytes
+
     def activation_room(self, spec: ModelSpec) -> int:
-        """The most activation bytes a batch of ``spec`` could reserve with the
-        model resident and nothing else: the budget (or its cap) less its weights."""
-        weights = self._expected(spec).total_bytes
-        room = self.table.budget_bytes - weights
+        """The most activation bytes a batch of ``spec`` should reserve. While
+        every model's weights fit, the pool beside all of them: a batch that
+        fits it never needs an eviction, whichever models load meanwhile (it
+        may wait for other batches' bytes). Otherwise the budget less
+        ``spec``'s own weights. Within its cap."""
+        expected = self._expected(spec)
+        total = self.catalogue_bytes()
+        if total is not None and total <= self.table.budget_bytes:
+            room = self.table.budget_bytes - total
+        else:
+            room = self.table.budget_bytes - expected.total_bytes
         if spec.max_bytes is not None:
-            room = min(room, spec.max_bytes - weights)
+            room = min(room, spec.max_bytes - expected.total_bytes)
         return room
+
+    def plan_batch(self, spec: ModelSpec, requests: list[QueuedRequest]) -> list[BatchPart]:
+        """The parts a batch runs in: whole when its measured activation need fits
+        beside the model in the budget, else halves that each fit."""
+        stats = self.activations.of(spec.name)
+        return split_to_fit(requests, stats.reserve_bytes, self.activation_room(spec))
+
+    def activation_bytes_per_unit(self, name: str) -> int | None:
+        """The most activation bytes per work unit measured in the window."""
+        stats = self.activations.of(name)
+        return stats.reserve_bytes(1.0) if stats.num_samples else None
+
+    def observe_batch(self, name: str, peak_bytes: int, units: float) -> None:
+        """A batch's measured activation peak, for later reservations."""
+        self.activations.observe(name, peak_bytes, units)
 
     def measured(self, name: str) -> Footprint | None:
         return self._measured.get(name)
 
     def stats(self) -> ResidencyStats:
+        now = self._clock.now()
         entries = list(self.table.entries.values())
         holders: dict[str, int] = {}
         for e in entries:
@@ -232,6 +296,9 @@ class ResidencyManager:
                     pins=e.pins,
                     error=e.error,
                     measured_by=self._measured[e.name].method if e.name in self._measured else None,
+                    load_s=e.load_s,
+                    uses=e.uses_at(now),
+                    eviction_score=eviction_score(e, now),
                 )
                 for e in entries
             ),
@@ -257,9 +324,13 @@ class ResidencyManager:
                 retry_after_s=1.0,
             )
         # On timeout the caller's loop re-checks and raises once the deadline passed.
-        # The wait is bounded on the injected clock, so a fake one can jump it.
+        # A fresh model's protection ending is a change no event announces: wake
+        # then too. The wait is bounded on the injected clock, so a fake one can jump it.
+        now = self._clock.now()
+        expiries = [since + FRESH_PROTECTION_S - now for since in self._fresh.values()]
+        bound = min([remaining, *(e for e in expiries if e > 0)])
         with contextlib.suppress(TimeoutError):
-            await self._clock.wait_for(self._changed.wait(), remaining)
+            await self._clock.wait_for(self._changed.wait(), bound)
 
     def raise_if_failed(self, name: str) -> None:
         """``ModelUnavailableError`` while the model's last load failure is recent."""
@@ -283,22 +354,51 @@ class ResidencyManager:
             )
 
     async def _reserve(
-        self, spec: ModelSpec, entry: ModelEntry, activation_bytes: int, deadline: float
+        self,
+        spec: ModelSpec,
+        entry: ModelEntry,
+        activation_bytes: int,
+        deadline: float,
+        waiter: object,
     ) -> Lease | None:
+        """Pin the model with room for one batch, or wait (or evict) and return None.
+
+        A reservation takes bytes only when no older waiter (load or batch) is
+        in line. First in line and short of room, it waits for running batches
+        to give their activation bytes back; it evicts only what even all of
+        them would not free, so a budget that holds every model's weights and
+        the batch never evicts for it.
+        """
         self._check_fits(spec, entry.footprint, activation_bytes)
-        reservation = self.table.reserve(spec.name, activation_bytes, self._clock.now())
-        if reservation is not None:
-            self._fresh.pop(spec.name, None)
-            self._notify()
-            return Lease(self._models[spec.name], reservation)
-        if not await self._make_room(activation_bytes - self.table.free_bytes(), {spec.name}):
+        if activation_bytes == 0 or not self._behind(waiter):
+            reservation = self.table.reserve(spec.name, activation_bytes, self._clock.now())
+            if reservation is not None:
+                self._fresh.pop(spec.name, None)
+                self._notify()
+                return Lease(self._models[spec.name], reservation)
+        self._waiting.setdefault(waiter, next(self._tickets))
+        if self._behind(waiter):
+            await self._wait_change(deadline, spec.name)
+            return None
+        if not await self._evict_for(self._short_of(activation_bytes), spec.name):
             await self._wait_change(deadline, spec.name)
         return None
 
-    def _behind_older_load(self, name: str) -> bool:
-        """Whether another load has waited for room longer than ``name``'s."""
-        mine = self._waiting_loads.get(name, math.inf)
-        return any(since < mine for other, since in self._waiting_loads.items() if other != name)
+    async def _evict_for(self, short_bytes: int, name: str) -> bool:
+        """Evict idle models to free ``short_bytes`` for ``name``; False (the
+        caller waits) when nothing needs evicting or the policy finds too few."""
+        return short_bytes > 0 and await self._make_room(short_bytes, {name})
+
+    def _short_of(self, wanted_bytes: int) -> int:
+        """Bytes that only evictions can free for ``wanted_bytes``: what neither
+        the free bytes nor the running batches' activation bytes (they come back
+        when those end) would cover. A load or batch short of no more waits."""
+        return wanted_bytes - self.table.free_bytes() - self.table.activation_bytes_held()
+
+    def _behind(self, waiter: object) -> bool:
+        """Whether another waiter has waited for room longer than ``waiter``."""
+        mine = self._waiting.get(waiter, math.inf)
+        return any(since < mine for other, since in self._waiting.items() if other is not waiter)
 
     def _fresh_now(self) -> set[str]:
         now = self._clock.now()
@@ -346,22 +446,17 @@ class ResidencyManager:
     async def _load(self, spec: ModelSpec, deadline: float) -> None:
         expected = self._expected(spec)
         self._check_fits(spec, expected, 0)
+        waiter = ("load", spec.name)  # callers loading one model share a place in line
         try:
-            while self._behind_older_load(spec.name) or not self.table.begin_load(
-                spec.name, expected
-            ):
-                if spec.name not in self._waiting_loads:
-                    self._waiting_loads[spec.name] = next(self._load_tickets)
-                if self._behind_older_load(spec.name):
+            while self._behind(waiter) or not self.table.begin_load(spec.name, expected):
+                self._waiting.setdefault(waiter, next(self._tickets))
+                short = self._short_of(self.table.extra_bytes(spec.name, expected))
+                if self._behind(waiter) or not await self._evict_for(short, spec.name):
                     await self._wait_change(deadline, spec.name)
-                else:
-                    need = self.table.extra_bytes(spec.name, expected)
-                    if not await self._make_room(need - self.table.free_bytes(), {spec.name}):
-                        await self._wait_change(deadline, spec.name)
                 if self.state(spec.name) not in (ModelState.UNLOADED, ModelState.FAILED):
                     return  # another caller started this load meanwhile
         finally:
-            self._waiting_loads.pop(spec.name, None)
+            self._waiting.pop(waiter, None)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[spec.name] = done
         self._specs[spec.name] = spec
@@ -374,6 +469,7 @@ class ResidencyManager:
             self._notify()
 
     async def _finish_load(self, spec: ModelSpec, deadline: float) -> None:
+        started = self._clock.now()
         try:
             model = await self._host.load(spec)
         except Exception as e:
@@ -381,9 +477,11 @@ class ResidencyManager:
             raise ModelUnavailableError(spec.name, f"load failed: {e}") from e
         # A model is measured at its first load; a reload keeps that figure (the
         # host does not measure reloads: that would hold running batches back).
+        load_s = self._clock.now() - started
         measured = self._measured.get(spec.name)
         if measured is None:
             measured = self._measured[spec.name] = model.memory()
+            self._catalogue_total = None
         try:
             self._check_fits(spec, measured, 0)
         except ModelTooLargeError as e:
@@ -405,7 +503,7 @@ class ResidencyManager:
                 retry_after_s=1.0,
             )
         self._models[spec.name] = model
-        self.table.mark_ready(spec.name, self._clock.now())
+        self.table.mark_ready(spec.name, self._clock.now(), load_s)
         self._fresh[spec.name] = self._clock.now()
 
     def _fail(self, name: str, error: str) -> None:

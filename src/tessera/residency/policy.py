@@ -3,6 +3,14 @@
 A policy is a Protocol, an enum of names, and a factory (as vLLM's request
 queues). Policies see candidates only (ready and unpinned); they return the
 victims in eviction order, or ``None`` if even all candidates are not enough.
+
+``cost`` (the default) evicts by expected cost, GreedyDual-Size-Frequency
+style: a model's score is how often it is used (a decayed count of uses, half
+a minute's weight after a minute) times what a reload costs (its measured
+load seconds) per byte it frees. The lowest score goes first: a large model
+used once an hour before a small one used every second, a model that reloads
+in 50 ms before one that takes 2 s. Ties (models never used) go least
+recently used first.
 """
 
 from __future__ import annotations
@@ -11,7 +19,20 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Protocol
 
+from tessera.clock import Clock, MonotonicClock
 from tessera.residency.table import ModelEntry
+
+# What a reload is assumed to cost before a model's first load was timed, and
+# the least it is taken to cost (a load timed at zero still costs its uses).
+DEFAULT_LOAD_S = 1.0
+MIN_LOAD_S = 0.001
+
+
+def eviction_score(entry: ModelEntry, now: float) -> float:
+    """What evicting ``entry`` is expected to cost per byte it frees:
+    uses x load seconds / bytes."""
+    load_s = entry.load_s if entry.load_s is not None else DEFAULT_LOAD_S
+    return entry.uses_at(now) * max(MIN_LOAD_S, load_s) / max(1, entry.weights_bytes)
 
 
 class EvictionPolicy(Protocol):
@@ -24,6 +45,7 @@ class EvictionPolicy(Protocol):
 
 
 class EvictionPolicyName(StrEnum):
+    COST = "cost"
     LRU = "lru"
     LARGEST = "largest"
     NONE = "none"  # a static partition: what is loaded stays; a batch waits for room
@@ -32,7 +54,7 @@ class EvictionPolicyName(StrEnum):
 class _OrderedPolicy:
     """Evict in a fixed order of preference until enough bytes are freed."""
 
-    def __init__(self, key: Callable[[ModelEntry], float]) -> None:
+    def __init__(self, key: Callable[[ModelEntry], tuple[float, ...]]) -> None:
         self._key = key
 
     def choose(
@@ -61,11 +83,17 @@ class _NeverEvict:
         return None
 
 
-def make_eviction_policy(name: EvictionPolicyName | str) -> EvictionPolicy:
+def make_eviction_policy(
+    name: EvictionPolicyName | str, clock: Clock | None = None
+) -> EvictionPolicy:
+    """A policy by name; ``cost`` reads ``clock`` to decay use counts."""
     match EvictionPolicyName(name):
+        case EvictionPolicyName.COST:
+            now = (clock or MonotonicClock()).now
+            return _OrderedPolicy(lambda e: (eviction_score(e, now()), e.last_used))
         case EvictionPolicyName.LRU:
-            return _OrderedPolicy(lambda e: e.last_used)
+            return _OrderedPolicy(lambda e: (e.last_used,))
         case EvictionPolicyName.LARGEST:
-            return _OrderedPolicy(lambda e: -e.weights_bytes)
+            return _OrderedPolicy(lambda e: (-e.weights_bytes,))
         case EvictionPolicyName.NONE:
             return _NeverEvict()

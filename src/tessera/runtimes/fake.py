@@ -9,6 +9,8 @@ Its descriptor's ``options`` set what it reports and does::
       fail_load: false       # raise on load
       fail_run: false        # raise on every batch
       run_s: 0.0             # seconds each batch sleeps (integration tests only)
+      scratch_bytes_per_unit: 0  # bytes a batch really allocates (and touches) per
+                                 # work unit while it runs: a measurable peak
 
 ``run`` answers each item with an output of its task's type derived from the
 item alone (an embedding seeded by the text, a translation that is the text
@@ -18,6 +20,7 @@ reversed...), so a test can tell that each caller got exactly its own result.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 import zlib
@@ -44,6 +47,7 @@ from tessera.tasks.types import (
     Task,
     TextInput,
     TranslateInput,
+    work_units,
 )
 
 FAKE_DIMS = 8
@@ -111,9 +115,14 @@ class FakeModel:
             self.num_batches += 1
         if self.spec.options.get("fail_run"):
             raise RuntimeError("fake model failure")
+        per_unit = int(self.spec.options.get("scratch_bytes_per_unit", 0))
+        scratch_bytes = per_unit * math.ceil(sum(work_units(item) for item in items))
+        # Filled, so that every page is resident (a zeroed one may be left unmapped).
+        scratch = bytearray(b"\x01") * scratch_bytes
         run_s = float(self.spec.options.get("run_s", 0.0))
         if run_s:
             time.sleep(run_s)
+        del scratch
         if self.spec.task is Task.CLASSIFY:
             return [fake_classify(item.text) for item in items]
         return [fake_output(item) for item in items]

@@ -1,0 +1,260 @@
+"""Residency under sharing (the issue "sharing pays"): eviction by expected cost,
+an elastic room for batches that never evicts while every model fits, and one
+line for loads and batch reservations. Fake models, a fake clock that autojumps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from builders import make_spec
+from tessera.clock import FakeClock
+from tessera.repository import ModelSpec
+from tessera.request import QueuedRequest, RequestResult
+from tessera.residency import ResidencyManager, make_eviction_policy
+from tessera.residency.fake import FakeModelHost
+
+SETTLE_S = 0.01
+
+
+def make_manager(
+    budget: int, *, policy: str = "cost", wait_s: float = 60.0
+) -> tuple[ResidencyManager, FakeModelHost, FakeClock]:
+    clock = FakeClock()
+    host = FakeModelHost(clock)
+    chosen = make_eviction_policy(policy, clock)
+    return ResidencyManager(budget, host, chosen, clock, wait_s=wait_s), host, clock
+
+
+async def use(manager: ResidencyManager, spec: ModelSpec, times: int = 1) -> None:
+    for _ in range(times):
+        manager.release(await manager.acquire(spec, 0))
+
+
+def queued(units: list[float]) -> list[QueuedRequest]:
+    loop = asyncio.get_running_loop()
+    made = []
+    for i, u in enumerate(units):
+        future: asyncio.Future[RequestResult] = loop.create_future()
+        made.append(QueuedRequest([f"item{i}"], u, 0.0, future))
+    return made
+
+
+# -- eviction by expected cost ------------------------------------------------
+
+
+async def test_a_rarely_used_model_goes_before_a_hot_one_used_less_recently() -> None:
+    manager, host, clock = make_manager(1000)
+    hot, rare = make_spec("hot", 400), make_spec("rare", 400)
+    await use(manager, hot, times=20)
+    clock.advance(5)
+    await use(manager, rare)  # the most recent use, but the only one
+    clock.advance(5)
+    await use(manager, make_spec("new", 400))
+    assert host.on_unload == ["rare"]  # LRU would have evicted "hot"
+
+
+async def test_lru_evicts_the_hot_model_in_the_same_case() -> None:
+    manager, host, clock = make_manager(1000, policy="lru")
+    await use(manager, make_spec("hot", 400), times=20)
+    clock.advance(5)
+    await use(manager, make_spec("rare", 400))
+    clock.advance(5)
+    await use(manager, make_spec("new", 400))
+    assert host.on_unload == ["hot"]
+
+
+async def test_of_models_used_alike_the_one_cheapest_to_reload_goes_first() -> None:
+    manager, host, _ = make_manager(1000)
+    slow = make_spec("slow", 400, load_s=2.0)
+    fast = make_spec("fast", 400, load_s=0.05)
+    await use(manager, slow, times=3)
+    await use(manager, fast, times=3)
+    await use(manager, make_spec("new", 400))
+    assert host.on_unload == ["fast"]
+
+
+async def test_of_models_used_alike_the_largest_frees_the_most_per_lost_use() -> None:
+    manager, host, _ = make_manager(1000)
+    for name, size in (("small", 200), ("large", 500)):
+        await use(manager, make_spec(name, size), times=3)
+    await use(manager, make_spec("new", 400))
+    assert host.on_unload == ["large"]
+
+
+async def test_uses_decay_so_a_model_hot_long_ago_is_cold_now() -> None:
+    manager, host, clock = make_manager(1000)
+    await use(manager, make_spec("old", 400), times=50)
+    clock.advance(3600)  # an hour: 60 half-lives
+    await use(manager, make_spec("now", 400), times=2)
+    await use(manager, make_spec("new", 400))
+    assert host.on_unload == ["old"]
+
+
+async def test_residency_reports_load_seconds_uses_and_score() -> None:
+    manager, _, _ = make_manager(1000)
+    spec = make_spec("a", 400, load_s=1.5)
+    await use(manager, spec, times=2)
+    (model,) = manager.stats().models
+    assert model.load_s == 1.5
+    assert model.uses == 2.0
+    assert model.eviction_score == 2.0 * 1.5 / 400
+
+
+# -- an elastic room for batches ------------------------------------------------
+
+
+async def test_while_every_model_fits_a_batch_splits_to_the_room_beside_them() -> None:
+    manager, _, _ = make_manager(1000)
+    specs = [make_spec(name, 300) for name in "abc"]
+    manager.register(specs)
+    for spec in specs:
+        await use(manager, spec)
+    manager.observe_batch("a", 10, 1.0)  # 10 bytes per unit
+    # 900 bytes of weights held: the room is 100, so 8 units of 5 split to parts of 10 units.
+    parts = manager.plan_batch(specs[0], queued([5.0] * 8))
+    assert [p.units for p in parts] == [10.0] * 4
+    assert all(p.activation_bytes <= 100 for p in parts)
+
+
+async def test_when_models_do_not_all_fit_a_batch_may_use_the_budget_beside_its_own() -> None:
+    manager, _, _ = make_manager(1000)
+    specs = [make_spec(name, 300) for name in "abcd"]  # 1,200 bytes: not all at once
+    manager.register(specs)
+    await use(manager, specs[0])
+    manager.observe_batch("a", 10, 1.0)
+    parts = manager.plan_batch(specs[0], queued([5.0] * 8))
+    assert [p.units for p in parts] == [40.0]  # 400 bytes <= 1000 - 300
+
+
+async def test_a_batch_waits_for_running_batches_rather_than_evict_an_idle_model() -> None:
+    manager, host, clock = make_manager(1000)
+    a, b = make_spec("a", 300), make_spec("b", 300)
+    await use(manager, a)
+    await use(manager, b)
+    first = await manager.acquire(a, 300)  # free: 100
+    second = asyncio.ensure_future(manager.acquire(a, 300))
+    await clock.sleep(SETTLE_S)
+    assert not second.done()
+    assert host.on_unload == []  # b, idle, was not evicted: a's bytes come back
+    manager.release(first)
+    manager.release(await second)
+    assert host.on_unload == []
+
+
+async def test_a_batch_evicts_only_what_returning_bytes_would_not_free() -> None:
+    manager, host, clock = make_manager(1000)
+    a, b, c = make_spec("a", 300), make_spec("b", 100), make_spec("c", 200)
+    for spec in (a, b, c):
+        await use(manager, spec, times=3)
+    first = await manager.acquire(a, 300)  # free: 100; 300 come back when it ends
+    # 600 is 200 more than the free and returning bytes: c (200) goes, not b too.
+    second = asyncio.ensure_future(manager.acquire(a, 600))
+    await clock.sleep(SETTLE_S)
+    assert host.on_unload == ["c"]
+    assert not second.done()  # and it waits for the first batch's bytes
+    manager.release(first)
+    manager.release(await second)
+    assert host.on_unload == ["c"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(50, 200), min_size=2, max_size=5),
+    peaks=st.lists(st.integers(1, 20), min_size=5, max_size=5),
+    batches=st.lists(
+        st.tuples(st.integers(0, 4), st.lists(st.integers(1, 6), min_size=1, max_size=6)),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_no_eviction_while_every_model_fits_whatever_the_batch_mix(
+    sizes: list[int], peaks: list[int], batches: list[tuple[int, list[int]]]
+) -> None:
+    """Weights that fit with room for the largest single request: batches of any
+    mix, run concurrently, split and wait, and no model is ever evicted."""
+    largest_request = 6 * max(peaks)
+    budget = sum(sizes) + largest_request
+
+    async def scenario() -> None:
+        manager, host, clock = make_manager(budget)
+        specs = [make_spec(f"m{i}", size) for i, size in enumerate(sizes)]
+        manager.register(specs)
+        for spec, peak in zip(specs, peaks, strict=False):
+            manager.observe_batch(spec.name, peak, 1.0)
+
+        async def run(index: int, units: list[int]) -> None:
+            spec = specs[index % len(specs)]
+            await clock.sleep(0.001 * index)
+            parts = manager.plan_batch(spec, queued([float(u) for u in units]))
+            assert sum(len(p.requests) for p in parts) == len(units)
+            for part in parts:
+                async with manager.lease(spec, part.activation_bytes):
+                    assert manager.table.used_bytes() <= budget
+                    await clock.sleep(0.01 * len(part.requests))
+
+        await asyncio.gather(*(run(i, units) for i, units in batches))
+        stats = manager.stats()
+        assert stats.evictions_total == 0
+        assert stats.peak_used_bytes <= budget
+        assert host.unloads == {}
+
+    asyncio.run(scenario())
+
+
+# -- one line for loads and batches ---------------------------------------------
+
+
+async def test_a_waiting_load_is_not_overtaken_by_a_later_batch() -> None:
+    manager, _, clock = make_manager(1000)
+    a, b = make_spec("a", 300), make_spec("b", 200)
+    await use(manager, a)
+    running = await manager.acquire(a, 600)  # free: 100
+    order: list[str] = []
+
+    async def load_b() -> None:
+        await manager.ensure_loaded(b)
+        order.append("load b")
+
+    async def batch_a() -> None:
+        lease = await manager.acquire(a, 100)  # would fit now, but the load waits first
+        order.append("batch a")
+        manager.release(lease)
+
+    loading = asyncio.ensure_future(load_b())
+    await clock.sleep(SETTLE_S)
+    batch = asyncio.ensure_future(batch_a())
+    await clock.sleep(SETTLE_S)
+    assert order == []
+    manager.release(running)
+    await asyncio.gather(loading, batch)
+    assert order == ["load b", "batch a"]
+
+
+async def test_a_waiting_batch_is_not_overtaken_by_a_later_load() -> None:
+    manager, _, clock = make_manager(1000)
+    a, b = make_spec("a", 300), make_spec("b", 200)
+    await use(manager, a)
+    running = await manager.acquire(a, 600)  # free: 100
+    order: list[str] = []
+
+    async def batch_a() -> None:
+        lease = await manager.acquire(a, 500)  # waits for the 600 to come back
+        order.append("batch a")
+        manager.release(lease)
+
+    async def load_b() -> None:
+        await manager.ensure_loaded(b)
+        order.append("load b")
+
+    batch = asyncio.ensure_future(batch_a())
+    await clock.sleep(SETTLE_S)
+    loading = asyncio.ensure_future(load_b())
+    await clock.sleep(SETTLE_S)
+    assert order == []
+    manager.release(running)
+    await asyncio.gather(loading, batch)
+    assert order == ["batch a", "load b"]
