@@ -364,10 +364,9 @@ class ResidencyManager:
         """Pin the model with room for one batch, or wait (or evict) and return None.
 
         A reservation takes bytes only when no older waiter (load or batch) is
-        in line. First in line and short of room, it waits for running batches
-        to give their activation bytes back; it evicts only what even all of
-        them would not free, so a budget that holds every model's weights and
-        the batch never evicts for it.
+        in line. First in line and short of room, it evicts what ``_short_of``
+        says only evictions can free, and waits for the rest: a budget that
+        holds every model's weights and the batch never evicts for it.
         """
         self._check_fits(spec, entry.footprint, activation_bytes)
         if activation_bytes == 0 or not self._behind(waiter):
@@ -390,10 +389,16 @@ class ResidencyManager:
         return short_bytes > 0 and await self._make_room(short_bytes, {name})
 
     def _short_of(self, wanted_bytes: int) -> int:
-        """Bytes that only evictions can free for ``wanted_bytes``: what neither
-        the free bytes nor the running batches' activation bytes (they come back
-        when those end) would cover. A load or batch short of no more waits."""
-        return wanted_bytes - self.table.free_bytes() - self.table.activation_bytes_held()
+        """Bytes that only evictions can free for ``wanted_bytes``. While every
+        model fits, what neither the free bytes nor the running batches'
+        activation bytes (they come back when those end) would cover: a load or
+        batch short of no more waits, so nothing is evicted. Otherwise, what the
+        free bytes do not cover: an idle model goes at once rather than every
+        batch behind this one waiting for a long batch to end."""
+        short = wanted_bytes - self.table.free_bytes()
+        if self.every_model_fits():
+            short -= self.table.activation_bytes_held()
+        return short
 
     def _behind(self, waiter: object) -> bool:
         """Whether another waiter has waited for room longer than ``waiter``."""

@@ -133,6 +133,7 @@ async def test_when_models_do_not_all_fit_a_batch_may_use_the_budget_beside_its_
 async def test_a_batch_waits_for_running_batches_rather_than_evict_an_idle_model() -> None:
     manager, host, clock = make_manager(1000)
     a, b = make_spec("a", 300), make_spec("b", 300)
+    manager.register([a, b])  # they fit: nothing need ever be evicted
     await use(manager, a)
     await use(manager, b)
     first = await manager.acquire(a, 300)  # free: 100
@@ -145,9 +146,24 @@ async def test_a_batch_waits_for_running_batches_rather_than_evict_an_idle_model
     assert host.on_unload == []
 
 
+async def test_when_models_do_not_all_fit_a_short_batch_evicts_an_idle_model_at_once() -> None:
+    manager, host, clock = make_manager(1000)
+    a, b, c = make_spec("a", 300), make_spec("b", 300), make_spec("c", 500)
+    manager.register([a, b, c])  # 1,100 bytes: they do not all fit
+    await use(manager, a)
+    await use(manager, b)
+    first = await manager.acquire(a, 300)
+    second = asyncio.ensure_future(manager.acquire(a, 300))
+    await clock.sleep(SETTLE_S)
+    assert host.on_unload == ["b"]  # not waiting behind the first batch
+    manager.release(await second)
+    manager.release(first)
+
+
 async def test_a_batch_evicts_only_what_returning_bytes_would_not_free() -> None:
     manager, host, clock = make_manager(1000)
     a, b, c = make_spec("a", 300), make_spec("b", 100), make_spec("c", 200)
+    manager.register([a, b, c])
     for spec in (a, b, c):
         await use(manager, spec, times=3)
     first = await manager.acquire(a, 300)  # free: 100; 300 come back when it ends
