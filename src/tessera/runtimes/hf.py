@@ -4,8 +4,10 @@ and sequence classifiers (classify, cross-encoder rerank).
 The encoder of a folder (model + tokenizer) is a shared component: an
 embedding model, a bi-encoder reranker and an intent classifier over the same
 folder hold one copy, acquired through ``ctx.shared`` under
-``hf-encoder:{resolved path}:{torch device}``. Each consumer keeps its own
-pooling options; the shared part is only the weights and the tokenizer.
+``hf-encoder:{content digest}:{torch device}``: the digest is of the folder's
+files (``runtimes/digest.py``), so a copy of the folder shares the copy too.
+Each consumer keeps its own pooling options; the shared part is only the
+weights and the tokenizer.
 
 Everything loads from local folders with ``local_files_only=True``: a folder
 that lacks a file fails the load instead of reaching for a hub.
@@ -24,6 +26,7 @@ import numpy as np
 from tessera.errors import InferenceError, InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.runtimes.base import LoadContext, SharedComponents
+from tessera.runtimes.digest import content_digest
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.tasks.types import ClassifyOutput, LabelScore, RerankInput, Task, TextInput
 
@@ -175,8 +178,9 @@ def torch_device_of(device: Device | None) -> str:
 
 
 def encoder_key(path: Path, torch_device: str) -> str:
-    """The shared-component key of the encoder in ``path`` on ``torch_device``."""
-    return f"hf-encoder:{path.resolve()}:{torch_device}"
+    """The shared-component key of the encoder in ``path`` on ``torch_device``:
+    by the content of its files, so a copied folder shares the same encoder."""
+    return f"hf-encoder:{content_digest(path)}:{torch_device}"
 
 
 def hf_weights_bytes(path: Path) -> int:

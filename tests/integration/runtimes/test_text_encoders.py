@@ -6,6 +6,7 @@ random-weight BERTs. Everything loads from local files; nothing reaches a hub.
 from __future__ import annotations
 
 import os
+import shutil
 
 # Before transformers is first imported: the loaders pass local_files_only,
 # and these make any stray hub call fail instead of waiting on the network.
@@ -473,3 +474,16 @@ def test_onnx_sequence_classifier_classifies_and_reranks(
     assert scores == pytest.approx((1 / (1 + np.exp(-cross_logits))).tolist(), abs=1e-5)
     for model in (classifier, relabelled, cross):
         model.unload()
+
+
+def test_a_copied_encoder_folder_is_loaded_once(tiny_encoder: Path, tmp_path: Path) -> None:
+    copy = shutil.copytree(tiny_encoder, tmp_path / "copy-of-encoder")
+    ctx = standalone_context()
+    first = load(tiny_spec(tmp_path / "first", "embedding", "hf-encoder", tiny_encoder), ctx)
+    second = load(tiny_spec(tmp_path / "second", "embedding", "hf-encoder", copy), ctx)
+    assert len(ctx.shared.keys()) == 1  # same bytes under two paths: one encoder
+    assert first.memory().shared_bytes == second.memory().shared_bytes
+    assert np.allclose(first.run(texts("a copy"))[0], second.run(texts("a copy"))[0])
+    first.unload()
+    second.unload()
+    assert ctx.shared.keys() == []

@@ -1,0 +1,52 @@
+"""Content digests of model files, so that identical weights share one key.
+
+Two model folders whose weights are the same bytes (a copied folder, a second
+name for one model) must load one shared component, not two: its key is made
+from the content of the files a loader reads (weights, configuration,
+tokenizer), not from their path. A file is hashed once per process while its
+size and modification time stay the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+# What a Hugging Face or ONNX folder's loaders read; READMEs, code and caches are not hashed.
+MODEL_SUFFIXES = frozenset({".json", ".safetensors", ".bin", ".txt", ".model", ".onnx"})
+_CHUNK_BYTES = 1 << 20
+
+_digests: dict[tuple[str, int, int], str] = {}
+_lock = threading.Lock()
+
+
+def file_digest(path: Path) -> str:
+    """The digest of one file's bytes (cached by path, size and modification time)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    with _lock:
+        found = _digests.get(key)
+    if found is not None:
+        return found
+    hasher = hashlib.blake2b(digest_size=16)
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            hasher.update(chunk)
+    digest = hasher.hexdigest()
+    with _lock:
+        _digests[key] = digest
+    return digest
+
+
+def content_digest(path: Path) -> str:
+    """The digest of a model file, or of a folder's model files (their names
+    and contents, not their location): equal for a folder and its copy."""
+    if path.is_file():
+        return file_digest(path)
+    hasher = hashlib.blake2b(digest_size=16)
+    for file in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in MODEL_SUFFIXES):
+        hasher.update(file.name.encode())
+        hasher.update(b"\0")
+        hasher.update(file_digest(file).encode())
+    return hasher.hexdigest()
