@@ -7,10 +7,12 @@ of waiting behind many small ones. A batch closes when it is full
 (``max_batch_size`` items or ``max_batch_units`` work units), or when its
 oldest request has waited ``max_wait_ms`` and it has *gathered*: no other
 batch of the model is running, or it holds at least as many items as the
-largest one running. So while a batch runs, the next one gathers the arrivals
-(as continuous batching does): at moderate load batches alternate at similar
-sizes instead of a free slot taking fragments of one or two requests. The wait
-is bounded: a running batch ending always lets the next close. Requests whose
+largest one running, or the oldest running batch is halfway through a typical
+batch's run time (a moving average of the model's measured ones). So while a
+batch runs, the next one gathers the arrivals (as continuous batching does)
+and starts in time to overlap it: at moderate load batches alternate at
+similar sizes instead of a free slot taking fragments of one or two requests,
+and every slot stays busy. The extra wait is at most half a batch. Requests whose
 caller has gone or whose deadline passed are dropped before the batch is
 formed; the deadline ones fail with 504.
 """
@@ -28,6 +30,9 @@ from tessera.repository.spec import BatchingSpec
 from tessera.request import Batch, QueuedRequest
 
 ExecuteBatch = Callable[[Batch], Awaitable[None]]
+
+# Weight of the newest run in the moving average of a model's batch run times.
+BATCH_S_WEIGHT = 0.2
 
 
 class ModelBatcher:
@@ -53,6 +58,8 @@ class ModelBatcher:
         self._loop_task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._running_items: dict[asyncio.Task[None], int] = {}
+        self._running_since: dict[asyncio.Task[None], float] = {}
+        self._batch_s: float | None = None  # moving average of batch run times
         self.num_batches = 0
         self.num_dropped = 0
 
@@ -104,11 +111,15 @@ class ModelBatcher:
             task = asyncio.get_running_loop().create_task(self._run(batch))
             self._running.add(task)
             self._running_items[task] = batch.num_items
+            self._running_since[task] = self._clock.now()
             task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
         self._running_items.pop(task, None)
+        run_s = self._clock.now() - self._running_since.pop(task, self._clock.now())
+        average = self._batch_s
+        self._batch_s = run_s if average is None else average + BATCH_S_WEIGHT * (run_s - average)
         self._arrived.set()  # a gathering batch may close now
 
     async def _wait_arrival(self, within_s: float | None) -> None:
@@ -145,9 +156,21 @@ class ModelBatcher:
 
     def _gathered(self, items: int) -> bool:
         """Whether a partial batch of ``items`` may close: nothing of the model
-        runs, or it is as large as the largest batch running."""
+        runs, it is as large as the largest batch running, or it is time to
+        overlap the oldest one (``_overlap_in_s``)."""
         running = max(self._running_items.values(), default=0)
-        return items >= min(running, self.batching.max_batch_size)
+        if items >= min(running, self.batching.max_batch_size):
+            return True
+        overlap_in = self._overlap_in_s()
+        return overlap_in is not None and overlap_in <= 0
+
+    def _overlap_in_s(self) -> float | None:
+        """Seconds until the oldest running batch is halfway through a typical
+        run; None while nothing runs or no run time is known yet."""
+        if self._batch_s is None or not self._running_since:
+            return None
+        oldest = min(self._running_since.values())
+        return oldest + self._batch_s / 2 - self._clock.now()
 
     async def _next_batch(self) -> Batch | None:
         while True:
@@ -162,9 +185,9 @@ class ModelBatcher:
             remaining = oldest + self.batching.max_wait_ms / 1000 - self._clock.now()
             if remaining <= 0 and self._gathered(items):
                 break
-            # Past its wait, a batch that has not gathered waits for an arrival
-            # or for a running batch to end (``_finished``), not for time.
-            await self._wait_arrival(remaining if remaining > 0 else None)
+            # Past its wait, a batch that has not gathered waits for an arrival,
+            # a running batch to end (``_finished``) or the time to overlap it.
+            await self._wait_arrival(remaining if remaining > 0 else self._overlap_in_s())
         self._drop_stale()
         now = self._clock.now()
         requests = self._queue.pop_batch(

@@ -21,12 +21,16 @@ class Recorder:
         self.batches: list[list[QueuedRequest]] = []
         self.formed_at: list[float] = []
         self.gate: asyncio.Event | None = None
+        self.clock: FakeClock | None = None
+        self.run_s = 0.0  # fake seconds each batch takes (with ``clock``)
 
     async def __call__(self, batch: Batch) -> None:
         self.batches.append(batch.requests)
         self.formed_at.append(batch.formed_at)
         if self.gate is not None:
             await self.gate.wait()
+        if self.clock is not None:
+            await self.clock.sleep(self.run_s)
         for request in batch.requests:
             if not request.future.done():
                 outputs = [(request.tenant, item) for item in request.items]
@@ -223,4 +227,27 @@ async def test_with_nothing_running_a_partial_batch_closes_after_max_wait() -> N
     batcher.submit(lone)
     await lone.future
     assert recorder.formed_at == [pytest.approx(0.01)]
+    await batcher.close()
+
+
+async def test_a_gathering_batch_starts_halfway_through_a_typical_run() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.clock, recorder.run_s = clock, 1.0
+    batcher = make_two_slot_batcher(clock, recorder)
+    first = [make_request(clock, [f"f{i}"]) for i in range(4)]
+    for request in first:
+        batcher.submit(request)
+    await asyncio.gather(*(r.future for r in first))  # a batch takes 1 s: now known
+    running = [make_request(clock, [f"r{i}"]) for i in range(4)]
+    for request in running:
+        batcher.submit(request)
+    await clock.sleep(0.02)
+    started = recorder.formed_at[-1]
+    lone = make_request(clock, ["lone"])
+    batcher.submit(lone)
+    await lone.future
+    # It did not wait for the running batch to end (1 s) nor for 4 items: it
+    # started halfway through, to overlap it on the other slot.
+    assert recorder.formed_at[-1] == pytest.approx(started + 0.5)
+    await asyncio.gather(*(r.future for r in running))
     await batcher.close()
