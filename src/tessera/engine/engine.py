@@ -234,8 +234,9 @@ class Engine:
 
     async def load(self, name: str) -> ModelStats:
         """Load model ``name`` now (if it is not resident) and return its stats."""
-        await self._residency.ensure_loaded(self.repository.get(name))
-        return self._model_stats(name, self._residency_by_name())
+        spec = self.repository.get(name)
+        await self._residency.ensure_loaded(spec)
+        return self._model_stats(spec, self._residency_by_name())
 
     async def unload(self, name: str) -> bool:
         """Unload model ``name`` once idle; False if it was not loaded."""
@@ -255,7 +256,6 @@ class Engine:
         """The engine at this instant, as one immutable object."""
         residency = self._residency.stats()
         by_name = {m.name: m for m in residency.models}
-        names = sorted(set(self.repository.names()) | set(by_name))
         return EngineStats(
             device_name=self._device.name,
             device=self._device_stats(),
@@ -267,7 +267,10 @@ class Engine:
             num_workers=self._executor.num_workers,
             threads_per_worker=self._executor.threads_per_worker,
             ready=self.ready,
-            models=tuple(self._model_stats(name, by_name) for name in names),
+            models=tuple(
+                self._model_stats(spec, by_name)
+                for spec in sorted(self.repository, key=lambda s: s.name)
+            ),
         )
 
     def _residency_by_name(self) -> dict[str, ModelResidency]:
@@ -280,15 +283,15 @@ class Engine:
             log.warning("device stats failed", exc_info=True)
             return None
 
-    def _model_stats(self, name: str, residency: dict[str, ModelResidency]) -> ModelStats:
+    def _model_stats(self, spec: ModelSpec, residency: dict[str, ModelResidency]) -> ModelStats:
+        name = spec.name
         held = residency.get(name)
         counters = self._counters.get(name) or ModelCounters()
         batcher = self._batchers.get(name)
         measured = self._residency.measured(name)
-        task = self.repository.get(name).task.value if name in self.repository.names() else ""
         return ModelStats(
             name=name,
-            task=task,
+            task=spec.task.value,
             state=held.state if held is not None else "unloaded",
             bytes=held.bytes if held is not None else 0,
             weights_bytes=held.weights_bytes if held is not None else 0,
