@@ -408,7 +408,7 @@ class ResidencyManager:
     def _fresh_now(self) -> set[str]:
         now = self._clock.now()
         for name, since in list(self._fresh.items()):
-            if now - since > FRESH_PROTECTION_S:
+            if now - since >= FRESH_PROTECTION_S:
                 del self._fresh[name]
         return set(self._fresh)
 

@@ -91,6 +91,45 @@ async def test_retry_after_is_at_least_a_second() -> None:
     await batcher.close()
 
 
+async def test_defaults_queue_100_requests_and_run_one_batch_at_a_time() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = ModelBatcher("m", BatchingSpec(max_batch_size=1, max_wait_ms=0.0), recorder, clock)
+    requests = [make_request(clock, [i]) for i in range(100)]
+    for request in requests:
+        batcher.submit(request)
+    with pytest.raises(OverloadedError, match="100 requests"):
+        batcher.submit(make_request(clock, ["over"]))
+    await spin(10)
+    assert len(recorder.batches) == 1  # one slot: the others wait
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in requests))
+    assert recorder.max_running == 1
+    await batcher.close()
+
+
+async def test_the_given_queue_is_the_one_drawn_from() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    queue = FairQueue()
+    batcher = ModelBatcher("m", BatchingSpec(max_wait_ms=1000.0), recorder, clock, queue=queue)
+    request = make_request(clock, ["a"])
+    batcher.submit(request)
+    assert list(queue) == [request]
+    await batcher.close()
+
+
+async def test_the_queue_is_given_the_clocks_time() -> None:
+    # A fair queue with a latency tier reads ``now`` for the remaining budgets.
+    clock, recorder = FakeClock(start=100.0), Recorder()
+    queue = FairQueue(BatchTimePredictor())
+    batcher = ModelBatcher("m", BatchingSpec(max_wait_ms=10.0), recorder, clock, queue=queue)
+    request = make_request(clock, ["vip"], latency_target_s=0.5)
+    batcher.submit(request)
+    assert (await clock.wait_for(request.future, 1.0)).outputs == ["vip"]
+    assert recorder.batches[0].formed_at == pytest.approx(100.01)
+    await batcher.close()
+
+
 # -- when a batch closes ---------------------------------------------------------
 
 
@@ -115,6 +154,22 @@ async def test_batch_closes_at_its_size_limit_counting_items_not_requests() -> N
     await asyncio.gather(*(r.future for r in requests))
     assert clock.now() == 0.0
     assert recorder.batches[0].num_items == 4
+    await batcher.close()
+
+
+@pytest.mark.parametrize(
+    ("limits", "units"), [({"max_batch_size": 3}, None), ({"max_batch_units": 3.0}, 1.0)]
+)
+async def test_batch_one_short_of_a_limit_waits_its_max_wait(
+    limits: dict[str, Any], units: float | None
+) -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_wait_ms=50.0, **limits)
+    requests = [make_request(clock, [i], units=units) for i in range(2)]
+    for request in requests:
+        batcher.submit(request)
+    await asyncio.gather(*(r.future for r in requests))
+    assert recorder.batches[0].formed_at == pytest.approx(0.05)
     await batcher.close()
 
 
@@ -175,6 +230,53 @@ async def test_callers_concurrency_applies_when_the_spec_gives_none() -> None:
     await batcher.close()
 
 
+async def test_a_finished_batch_is_forgotten() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_batch_size=1, max_wait_ms=0.0)
+    requests = [make_request(clock, [i]) for i in range(3)]
+    for request in requests:
+        batcher.submit(request)
+    await asyncio.gather(*(r.future for r in requests))
+    await spin()
+    assert batcher._running == set()  # no task object kept per batch served
+    await batcher.close()
+
+
+async def test_a_gathering_batch_overlaps_at_half_the_moving_average_run() -> None:
+    clock = FakeClock()
+    formed: list[float] = []
+
+    async def execute(batch: Batch) -> None:  # runs as many seconds as its first item
+        formed.append(batch.formed_at)
+        await clock.sleep(batch.requests[0].items[0])
+        for request in batch.requests:
+            request.future.set_result(RequestResult(request.items, 0.0, 0.0, batch.num_items))
+
+    spec = BatchingSpec(max_batch_size=4, max_wait_ms=10.0)
+    batcher = ModelBatcher("m", spec, execute, clock, max_concurrent_batches=2)
+
+    async def run(run_s: float, num: int) -> list[QueuedRequest]:
+        requests = [make_request(clock, [run_s]) for _ in range(num)]
+        for request in requests:
+            batcher.submit(request)
+        await clock.sleep(0.02)
+        return requests
+
+    full = await run(1.0, 4)  # 0 to 1 s
+    lone = await run(1.0, 1)  # no run measured yet: it waits for the running one to end
+    await clock.wait_for(asyncio.gather(*(r.future for r in full + lone)), 5.0)
+    assert formed == [0.0, 1.0]
+    await clock.wait_for(asyncio.gather(*(r.future for r in await run(3.0, 4))), 5.0)
+    # Runs of 1, 1 and 3 s: a typical run is 1 + 0.2 x (3 - 1) = 1.4 s.
+    started = clock.now()
+    running = await run(10.0, 4)
+    lone = await run(0.0, 1)
+    await clock.wait_for(lone[0].future, 5.0)
+    assert formed[-1] == pytest.approx(started + 0.7)
+    await asyncio.gather(*(r.future for r in running))
+    await batcher.close()
+
+
 # -- stale requests ---------------------------------------------------------------
 
 
@@ -190,6 +292,16 @@ async def test_deadline_is_passed_at_the_deadline_itself() -> None:
     assert (await kept.future).outputs == ["kept"]
     assert batcher.num_dropped == 1
     assert [b.requests for b in recorder.batches] == [[kept]]
+    await batcher.close()
+
+
+async def test_deadline_message_gives_the_time_spent_in_the_queue() -> None:
+    clock, recorder = FakeClock(start=100.0), Recorder()
+    batcher = make_batcher(clock, recorder, max_wait_ms=50.0)
+    late = make_request(clock, ["late"], deadline=100.02)
+    batcher.submit(late)
+    with pytest.raises(DeadlineExceededError, match=r"after 0\.050s in the queue"):
+        await late.future
     await batcher.close()
 
 
@@ -227,8 +339,9 @@ async def test_close_fails_what_waits_and_waits_for_what_runs() -> None:
     closing = asyncio.ensure_future(batcher.close())
     await spin()
     assert not closing.done()  # the running batch holds it
-    with pytest.raises(OverloadedError, match="shutting down") as info:
+    with pytest.raises(OverloadedError) as info:
         await waiting.future
+    assert str(info.value) == "server is shutting down"
     assert info.value.retry_after_s == 1.0
     assert gone.future.cancelled()
     recorder.gate.set()
@@ -236,6 +349,23 @@ async def test_close_fails_what_waits_and_waits_for_what_runs() -> None:
     assert (await running.future).outputs == ["running"]
     assert batcher.depth == 0
     await batcher.close()  # twice is fine
+
+
+async def test_close_waits_for_a_batch_that_fails_and_does_not_raise() -> None:
+    clock, gate = FakeClock(), asyncio.Event()
+
+    async def failing(batch: Batch) -> None:
+        await gate.wait()
+        raise RuntimeError("the batch failed")
+
+    batcher = ModelBatcher("m", BatchingSpec(max_batch_size=1, max_wait_ms=0.0), failing, clock)
+    batcher.submit(make_request(clock, ["x"]))
+    await spin()
+    closing = asyncio.ensure_future(batcher.close())
+    await spin()
+    assert not closing.done()
+    gate.set()
+    await closing  # the batch's error is its own, not close's
 
 
 # -- FifoQueue and make_queue ----------------------------------------------------------
@@ -258,6 +388,11 @@ async def test_fifo_pop_batch_limits_and_order() -> None:
     assert queue.oldest_arrival() == 4.0
     assert queue.pop_batch(1, 1, now=0.0) == requests[3:4]  # over both, alone: whole
     assert len(queue) == 1
+    more = [make_request(clock, [i], units=2.0) for i in range(3)]
+    for request in more:
+        queue.push(request)
+    assert queue.pop_batch(100, 6, now=0.0) == [requests[4], more[0]]  # 3 + 2 units of 6
+    assert queue.pop_batch(100, 4, now=0.0) == more[1:]  # 4 units exactly
 
 
 async def test_fifo_remove_if() -> None:

@@ -130,6 +130,24 @@ async def test_when_models_do_not_all_fit_a_batch_may_use_the_budget_beside_its_
     assert [p.units for p in parts] == [40.0]  # 400 bytes <= 1000 - 300
 
 
+def test_catalogue_counts_a_shared_component_once_and_fits_up_to_the_budget() -> None:
+    manager, _, _ = make_manager(1000)
+    assert manager.catalogue_bytes() is None  # nothing registered
+    assert not manager.every_model_fits()
+    a = make_spec("a", 300, shared={"enc": 200})
+    manager.register([a, make_spec("b", 400, shared={"enc": 200})])
+    assert manager.catalogue_bytes() == 900
+    assert manager.every_model_fits()
+    assert manager.activation_room(a) == 100
+    manager.register([make_spec("c", 100)])
+    assert manager.catalogue_bytes() == 1000
+    assert manager.every_model_fits()  # exactly the budget
+    assert manager.activation_room(a) == 0  # the pool beside all of them
+    manager.register([make_spec("d", 1)])
+    assert not manager.every_model_fits()
+    assert manager.activation_room(a) == 500  # the budget less a's own weights
+
+
 async def test_a_batch_waits_for_running_batches_rather_than_evict_an_idle_model() -> None:
     manager, host, clock = make_manager(1000)
     a, b = make_spec("a", 300), make_spec("b", 300)

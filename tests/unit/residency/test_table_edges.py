@@ -29,7 +29,7 @@ def loaded(
 
 
 def test_budget_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="budget_bytes must be positive"):
+    with pytest.raises(ValueError, match=r"^budget_bytes must be positive$"):
         ResidencyTable(0)
     assert ResidencyTable(1).free_bytes() == 1
 
@@ -155,8 +155,11 @@ def test_evictions_are_counted_and_plain_unloads_are_not() -> None:
     table.finish_unload("a")
     loaded(table, "a", 100)
     table.begin_unload("a", eviction=False)
+    table.finish_unload("a")
+    loaded(table, "a", 100)
+    table.begin_unload("a", eviction=True)
     entry = table.entries["a"]
-    assert (entry.evictions, entry.loads) == (1, 2)
+    assert (entry.evictions, entry.loads) == (2, 3)
 
 
 def test_uses_decay_by_half_each_half_life() -> None:
@@ -218,6 +221,12 @@ def test_largest_evicts_the_largest_first() -> None:
     entries = candidates()
     assert policy.choose(entries, 500, freed(entries)) == ["new-large"]
     assert policy.choose(entries, 501, freed(entries)) == ["new-large", "mid-mid"]
+
+
+def test_cost_policy_without_a_clock_reads_the_monotonic_one() -> None:
+    policy = make_eviction_policy("cost")
+    entries = candidates()  # never used: least recently used first
+    assert policy.choose(entries, 101, freed(entries)) == ["old-small", "mid-mid"]
 
 
 def test_none_never_evicts() -> None:

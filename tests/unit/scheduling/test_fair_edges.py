@@ -135,6 +135,19 @@ def test_tenant_arriving_at_an_empty_queue_starts_from_the_last_served(
     assert sorted(tenants_of(queue.pop_batch(4, 1e9, now=20.0))) == ["a", "a", "b", "b"]
 
 
+def test_a_backlogged_tenant_keeps_its_counter_when_it_queues_more(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    for tenant, units in (("a", 10), ("a", 10), ("b", 30), ("b", 30)):
+        queue.push(make_request(loop, tenant, units=units))
+    assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["a"]
+    assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["b"]
+    queue.push(make_request(loop, "a", units=10))  # a is still backlogged: no lift
+    assert queue.counters == {"a": 10.0, "b": 30.0}
+    assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["a"]
+
+
 def test_ties_go_to_the_lighter_backlog_then_the_older_head(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
@@ -222,6 +235,31 @@ def test_active_latency_tier_caps_batches_at_a_quarter_of_its_target(
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=2.01)) == 250  # quiet: full
 
 
+def test_latency_tier_is_active_for_the_horizon_after_its_last_arrival(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue(linear_predictor(0.001), latency_horizon_s=2.0)
+    queue.push(make_request(loop, "vip", units=1, arrival=100.0, latency_target_s=0.22))
+    queue.pop_batch(1, 1e9, now=100.0)
+    for i in range(30):
+        queue.push(make_request(loop, "bulk", units=10, arrival=100.1 + i * 1e-6))
+    assert sum(r.units for r in queue.pop_batch(100, 1e9, now=101.0)) == 50
+
+
+def test_a_batch_may_be_predicted_to_take_exactly_its_budget(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(1, 0.25)
+    predictor.observe(3, 0.75)  # exactly 0.25 s per unit, in binary too
+    queue = FairQueue(predictor, latency_horizon_s=2.0)
+    queue.push(make_request(loop, "vip", units=1, latency_target_s=8.0))
+    queue.pop_batch(1, 1e9, now=0.0)  # the tier is active: a 2 s cap
+    for _ in range(3):
+        queue.push(make_request(loop, "bulk", units=4))
+    assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.0)) == 8  # 2.0 s: fits
+
+
 def test_a_single_request_is_taken_whole_whatever_the_caps(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
@@ -287,6 +325,9 @@ def test_batch_fills_items_and_units_exactly_to_their_limits(
     assert len(queue) == 1
     assert len(queue.pop_batch(1, 1, now=0.0)) == 1  # over both limits alone: taken whole
     assert len(queue) == 0
+    for _ in range(3):
+        queue.push(make_request(loop, "a", units=3))
+    assert len(queue.pop_batch(100, 6, now=0.0)) == 2  # two requests, 6 units exactly
 
 
 def test_remove_if_returns_the_removed_and_keeps_the_rest_in_order(

@@ -30,6 +30,13 @@ def test_predictor_fits_a_line_exactly() -> None:
     assert predictor.predict(0) == pytest.approx(0.5)
 
 
+def test_predictor_fits_a_line_through_two_batch_sizes_one_unit_apart() -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(1, 2.0)
+    predictor.observe(2, 3.0)  # the squared deviations sum to 0.5: a real line
+    assert predictor.coefficients() == (1.0, 1.0)
+
+
 def test_predictor_never_predicts_a_negative_slope_or_intercept() -> None:
     falling = BatchTimePredictor()
     for units, run_s in ((1, 1.0), (2, 0.5), (3, 0.1)):  # bigger batches faster: noise
