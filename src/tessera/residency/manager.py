@@ -170,7 +170,10 @@ class ResidencyManager:
                     await asyncio.shield(self._inflight[spec.name])
                 else:
                     self.raise_if_failed(spec.name)
-                    await self._load(spec, deadline)
+                    # A batch that waited in line and found its model evicted
+                    # meanwhile hands its place to the reload: behind its own
+                    # place, the load would wait for itself.
+                    await self._load(spec, deadline, self._waiting.pop(waiter, None))
         finally:
             self._waiting.pop(waiter, None)
 
@@ -448,13 +451,16 @@ class ResidencyManager:
     def _expected(self, spec: ModelSpec) -> Footprint:
         return self._measured.get(spec.name) or self._host.estimate(spec)
 
-    async def _load(self, spec: ModelSpec, deadline: float) -> None:
+    async def _load(self, spec: ModelSpec, deadline: float, ticket: int | None = None) -> None:
+        """Load ``spec`` once there is room, waiting in line from ``ticket``
+        (a place the caller already held) or from now."""
         expected = self._expected(spec)
         self._check_fits(spec, expected, 0)
         waiter = ("load", spec.name)  # callers loading one model share a place in line
         try:
             while self._behind(waiter) or not self.table.begin_load(spec.name, expected):
-                self._waiting.setdefault(waiter, next(self._tickets))
+                if waiter not in self._waiting:
+                    self._waiting[waiter] = ticket if ticket is not None else next(self._tickets)
                 short = self._short_of(self.table.extra_bytes(spec.name, expected))
                 if self._behind(waiter) or not await self._evict_for(short, spec.name):
                     await self._wait_change(deadline, spec.name)

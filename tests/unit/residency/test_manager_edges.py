@@ -409,12 +409,6 @@ async def test_a_fresh_model_is_kept_for_its_batch_until_its_protection_ends() -
     manager.release(running)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OverloadedError,
-    reason="a waiting batch whose model was evicted is behind its own place in line "
-    "when it reloads the model, so it waits until wait_s passes (docs/mutation.md)",
-)
 async def test_a_waiting_batch_whose_model_was_evicted_reloads_it() -> None:
     clock = FakeClock(start=100.0)
     manager, host, running, want_b, want_x = await _fresh_x_beside_a_waiting_batch_of_b(clock)
