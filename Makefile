@@ -50,7 +50,7 @@ bench-all: $(STAMP)
 	$(BIN)/tessera bench $(foreach s,$(SCENARIOS),--scenario benchmarks/scenarios/$(s).yaml) $(ARGS)
 
 # Mutation testing of the policy packages against their unit tests (docs/mutation.md).
-# Slow (an hour or more on 2 shared cores), so not part of `make test` or CI.
+# About 15 minutes on 2 cores (docs/mutation.md), so not part of `make test` or CI.
 MUTATION_JOBS ?= 1
 mutation: $(STAMP)
 	$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/python -m pip install --quiet "mutmut>=3.3,<4"

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tessera.admission import AdmissionController
+from tessera.clock import FakeClock
 from tessera.repository.spec import BatchingSpec, ModelSpec
+from tessera.request import QueuedRequest, RequestResult
 from tessera.tasks.types import Task
 
 
@@ -132,3 +136,44 @@ def save_tiny_llama(folder: Path) -> None:
         model.lm_head.weight[eos_id] = 0.0  # never ends by itself: lengths are predictable
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+
+
+def make_queued(
+    loop: asyncio.AbstractEventLoop,
+    tenant: str,
+    *,
+    units: float = 10.0,
+    items: int = 1,
+    weight: float = 1.0,
+    arrival: float = 0.0,
+    latency_target_s: float | None = None,
+) -> QueuedRequest:
+    """A queued request of ``tenant``: ``items`` copies of its name, ``units`` in all."""
+    future: asyncio.Future[RequestResult] = loop.create_future()
+    return QueuedRequest(
+        items=[tenant] * items,
+        units=units,
+        arrival=arrival,
+        future=future,
+        tenant=tenant,
+        weight=weight,
+        latency_target_s=latency_target_s,
+    )
+
+
+class WallClock:
+    """A settable wall clock (seconds since the epoch) for daily quotas."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_admission(
+    wall_start: float = 1_000_000.0,
+) -> tuple[AdmissionController, FakeClock, WallClock]:
+    """An admission controller on a fake monotonic clock and a settable wall clock."""
+    clock, wall = FakeClock(), WallClock(wall_start)
+    return AdmissionController(clock, wall), clock, wall

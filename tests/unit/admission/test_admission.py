@@ -4,26 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.admission import AdmissionController, TenantLimits
-from tessera.clock import FakeClock
+from builders import make_admission
+from tessera.admission import TenantLimits
 from tessera.errors import RateLimitedError
 
 
-class Wall:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make(wall_start: float = 1_000_000.0) -> tuple[AdmissionController, FakeClock, Wall]:
-    clock, wall = FakeClock(), Wall(wall_start)
-    return AdmissionController(clock, wall), clock, wall
-
-
 def test_token_bucket_allows_burst_then_refills_at_rate() -> None:
-    controller, clock, _ = make()
+    controller, clock, _ = make_admission()
     limits = TenantLimits("t", qps=2.0, burst=2)
     controller.admit(limits, 1)
     controller.admit(limits, 1)
@@ -40,7 +27,7 @@ def test_token_bucket_allows_burst_then_refills_at_rate() -> None:
 
 
 def test_concurrency_limit_counts_in_flight_until_released() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     limits = TenantLimits("t", max_concurrency=2)
     first = controller.admit(limits, 1)
     controller.admit(limits, 1)
@@ -54,7 +41,7 @@ def test_concurrency_limit_counts_in_flight_until_released() -> None:
 
 def test_daily_quota_in_work_units_resets_at_utc_midnight() -> None:
     day = 86_400.0
-    controller, _, wall = make(wall_start=10 * day + 100)
+    controller, _, wall = make_admission(wall_start=10 * day + 100)
     limits = TenantLimits("t", daily_units=100)
     controller.admit(limits, 60)
     with pytest.raises(RateLimitedError) as info:
@@ -67,14 +54,14 @@ def test_daily_quota_in_work_units_resets_at_utc_midnight() -> None:
 
 
 def test_quota_seeded_from_audit_after_restart() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     controller.seed_usage("t", 95)
     with pytest.raises(RateLimitedError):
         controller.admit(TenantLimits("t", daily_units=100), 10)
 
 
 def test_changed_limits_apply_without_restart() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     controller.admit(TenantLimits("t", qps=1.0, burst=1), 1)
     with pytest.raises(RateLimitedError):
         controller.admit(TenantLimits("t", qps=1.0, burst=1), 1)

@@ -7,23 +7,10 @@ import math
 
 import pytest
 
+from builders import make_admission
 from tessera.admission import AdmissionController, TenantLimits, TokenBucket
 from tessera.admission.limits import DAY_S
-from tessera.clock import FakeClock
 from tessera.errors import RateLimitedError
-
-
-class Wall:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make(wall_start: float = 1_000_000.0) -> tuple[AdmissionController, FakeClock, Wall]:
-    clock, wall = FakeClock(), Wall(wall_start)
-    return AdmissionController(clock, wall), clock, wall
 
 
 def refusal(
@@ -50,7 +37,7 @@ def admitted(controller: AdmissionController, limits: TenantLimits, attempts: in
 
 
 def test_bucket_is_capped_at_its_burst_however_long_it_was_idle() -> None:
-    controller, clock, _ = make()
+    controller, clock, _ = make_admission()
     limits = TenantLimits("t", qps=10.0, burst=3)
     assert admitted(controller, limits, 3) == 3
     clock.advance(3600.0)  # an hour idle refills 36 000 tokens without the cap
@@ -114,7 +101,7 @@ def test_bucket_of_zero_rate_never_refills() -> None:
 
 
 def test_default_burst_is_one_second_of_rate_rounded_up() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     assert admitted(controller, TenantLimits("a", qps=2.5), 10) == 3
     assert admitted(controller, TenantLimits("b", qps=0.5), 10) == 1
 
@@ -123,7 +110,7 @@ def test_default_burst_is_one_second_of_rate_rounded_up() -> None:
 
 
 def test_request_refused_for_rate_charges_no_units_and_holds_no_slot() -> None:
-    controller, clock, _ = make()
+    controller, clock, _ = make_admission()
     limits = TenantLimits("t", qps=1.0, burst=1, max_concurrency=2, daily_units=10)
     first = controller.admit(limits, 4)
     for _ in range(5):
@@ -137,7 +124,7 @@ def test_request_refused_for_rate_charges_no_units_and_holds_no_slot() -> None:
 
 
 def test_request_refused_for_quota_takes_no_token() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     limits = TenantLimits("t", qps=1.0, burst=2, daily_units=10)
     controller.admit(limits, 8)
     assert refusal(controller, limits, 5).reason == "quota"
@@ -145,7 +132,7 @@ def test_request_refused_for_quota_takes_no_token() -> None:
 
 
 def test_request_refused_for_concurrency_takes_no_token_and_no_units() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     limits = TenantLimits("t", qps=1.0, burst=2, max_concurrency=1, daily_units=10)
     first = controller.admit(limits, 5)
     assert refusal(controller, limits, 5).reason == "concurrency"
@@ -154,7 +141,7 @@ def test_request_refused_for_concurrency_takes_no_token_and_no_units() -> None:
 
 
 def test_quota_admits_a_request_that_uses_it_exactly() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     limits = TenantLimits("t", daily_units=10)
     controller.admit(limits, 4)
     controller.admit(limits, 6)
@@ -162,7 +149,7 @@ def test_quota_admits_a_request_that_uses_it_exactly() -> None:
 
 
 def test_concurrency_limit_is_exact() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     limits = TenantLimits("t", max_concurrency=3)
     grants = [controller.admit(limits, 1) for _ in range(3)]
     assert refusal(controller, limits).reason == "concurrency"
@@ -172,7 +159,7 @@ def test_concurrency_limit_is_exact() -> None:
 
 
 def test_release_never_goes_below_zero_and_ignores_strangers() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     limits = TenantLimits("t", max_concurrency=1)
     grant = controller.admit(limits, 1)
     controller.release(grant)
@@ -186,7 +173,7 @@ def test_release_never_goes_below_zero_and_ignores_strangers() -> None:
 
 
 def test_unlimited_tenant_is_always_admitted() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     limits = TenantLimits("free")
     for _ in range(100):
         controller.admit(limits, 1000)
@@ -195,7 +182,7 @@ def test_unlimited_tenant_is_always_admitted() -> None:
 
 
 def test_tenants_do_not_share_limits() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     a = TenantLimits("a", qps=1.0, burst=1, max_concurrency=1, daily_units=5)
     b = TenantLimits("b", qps=1.0, burst=1, max_concurrency=1, daily_units=5)
     grant = controller.admit(a, 5)
@@ -209,7 +196,7 @@ def test_tenants_do_not_share_limits() -> None:
 
 
 def test_rate_refusal_says_when_to_retry_and_when_the_bucket_is_full() -> None:
-    controller, clock, _ = make()
+    controller, clock, _ = make_admission()
     limits = TenantLimits("t", qps=4.0, burst=2)
     controller.admit(limits, 1)
     controller.admit(limits, 1)
@@ -224,7 +211,7 @@ def test_rate_refusal_says_when_to_retry_and_when_the_bucket_is_full() -> None:
 
 
 def test_concurrency_refusal_figures() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     limits = TenantLimits("t", max_concurrency=1)
     controller.admit(limits, 1)
     error = refusal(controller, limits)
@@ -235,7 +222,7 @@ def test_concurrency_refusal_figures() -> None:
 
 
 def test_quota_refusal_figures() -> None:
-    controller, _, wall = make(wall_start=5 * DAY_S + 600.0)
+    controller, _, wall = make_admission(wall_start=5 * DAY_S + 600.0)
     limits = TenantLimits("t", daily_units=100)
     controller.admit(limits, 70)
     error = refusal(controller, limits, 40)
@@ -250,7 +237,7 @@ def test_quota_refusal_figures() -> None:
 
 
 def test_quota_remaining_is_never_negative() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     controller.seed_usage("t", 120)  # the audit log says it went over (limit lowered)
     error = refusal(controller, TenantLimits("t", daily_units=100))
     assert error.remaining == 0.0
@@ -260,7 +247,7 @@ def test_quota_remaining_is_never_negative() -> None:
 
 
 def test_quota_day_is_the_utc_day_not_a_rolling_window() -> None:
-    controller, _, wall = make(wall_start=7 * DAY_S - 1.0)  # one second before midnight
+    controller, _, wall = make_admission(wall_start=7 * DAY_S - 1.0)  # one second before midnight
     limits = TenantLimits("t", daily_units=10)
     controller.admit(limits, 10)
     assert refusal(controller, limits).reason == "quota"
@@ -271,7 +258,7 @@ def test_quota_day_is_the_utc_day_not_a_rolling_window() -> None:
 
 
 def test_seeded_usage_counts_today_and_only_today() -> None:
-    controller, _, wall = make(wall_start=3 * DAY_S + 10.0)
+    controller, _, wall = make_admission(wall_start=3 * DAY_S + 10.0)
     controller.seed_usage("t", 95)
     limits = TenantLimits("t", daily_units=100)
     controller.admit(limits, 5)  # 95 + 5 fits exactly
@@ -281,7 +268,7 @@ def test_seeded_usage_counts_today_and_only_today() -> None:
 
 
 def test_seed_before_first_request_keeps_limits_applied_later() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     controller.seed_usage("t", 0)
     limits = TenantLimits("t", qps=1.0, burst=1)
     controller.admit(limits, 1)
@@ -292,7 +279,7 @@ def test_seed_before_first_request_keeps_limits_applied_later() -> None:
 
 
 def test_remaining_counts_whole_tokens_after_refill() -> None:
-    controller, clock, _ = make()
+    controller, clock, _ = make_admission()
     limits = TenantLimits("t", qps=2.0, burst=5)
     assert controller.remaining(limits) is None  # never seen
     for _ in range(5):
@@ -305,7 +292,7 @@ def test_remaining_counts_whole_tokens_after_refill() -> None:
 
 
 def test_changed_rate_starts_a_fresh_bucket_and_same_limits_keep_it() -> None:
-    controller, _, _ = make()
+    controller, _, _ = make_admission()
     limits = TenantLimits("t", qps=1.0, burst=2)
     controller.admit(limits, 1)
     controller.admit(TenantLimits("t", qps=1.0, burst=2), 1)  # equal limits: the same bucket

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tessera.request import QueuedRequest, RequestResult
+from builders import make_queued
+from tessera.request import QueuedRequest
 from tessera.scheduling import BatchTimePredictor, FairQueue
 
 
@@ -18,28 +19,6 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop = asyncio.new_event_loop()
     yield loop
     loop.close()
-
-
-def make_request(
-    loop: asyncio.AbstractEventLoop,
-    tenant: str,
-    *,
-    units: float = 10.0,
-    items: int = 1,
-    weight: float = 1.0,
-    arrival: float = 0.0,
-    latency_target_s: float | None = None,
-) -> QueuedRequest:
-    future: asyncio.Future[RequestResult] = loop.create_future()
-    return QueuedRequest(
-        items=[tenant] * items,
-        units=units,
-        arrival=arrival,
-        future=future,
-        tenant=tenant,
-        weight=weight,
-        latency_target_s=latency_target_s,
-    )
 
 
 def tenants_of(batch: list[QueuedRequest]) -> list[str]:
@@ -58,8 +37,8 @@ def linear_predictor(per_unit_s: float, fixed_s: float = 0.0) -> BatchTimePredic
 
 def test_counter_is_units_over_weight(loop: asyncio.AbstractEventLoop) -> None:
     queue = FairQueue()
-    queue.push(make_request(loop, "a", units=10, weight=4.0))
-    queue.push(make_request(loop, "b", units=10, weight=0.0))  # a zero weight does not divide by 0
+    queue.push(make_queued(loop, "a", units=10, weight=4.0))
+    queue.push(make_queued(loop, "b", units=10, weight=0.0))  # a zero weight does not divide by 0
     assert queue.counters == {"a": 0.0, "b": 0.0}
     queue.pop_batch(1, 1e9, now=0.0)
     assert queue.counters["a"] == pytest.approx(2.5)
@@ -75,18 +54,18 @@ def test_returning_tenant_keeps_no_credit_from_before_its_idle_time(
     # until it caught up (credit banked while idle).
     queue = FairQueue()
     for i in range(4):
-        queue.push(make_request(loop, "a", arrival=i))
-        queue.push(make_request(loop, "b", arrival=i))
+        queue.push(make_queued(loop, "a", arrival=i))
+        queue.push(make_queued(loop, "b", arrival=i))
     assert sorted(tenants_of(queue.pop_batch(8, 1e9, now=0.0))) == ["a"] * 4 + ["b"] * 4
     assert queue.counters == {"a": 40.0, "b": 40.0}
     for i in range(40):  # b is idle; a is served alone: 400 more units
-        queue.push(make_request(loop, "a", arrival=10 + i))
+        queue.push(make_queued(loop, "a", arrival=10 + i))
     for _ in range(10):
         assert tenants_of(queue.pop_batch(4, 1e9, now=0.0)) == ["a"] * 4
     assert queue.counters["a"] == 440.0
     for i in range(20):  # both come back with a backlog
-        queue.push(make_request(loop, "b", arrival=100 + i))
-        queue.push(make_request(loop, "a", arrival=100 + i))
+        queue.push(make_queued(loop, "b", arrival=100 + i))
+        queue.push(make_queued(loop, "a", arrival=100 + i))
     assert queue.counters["b"] == 440.0  # lifted to a's counter
     served = [t for _ in range(4) for t in tenants_of(queue.pop_batch(4, 1e9, now=0.0))]
     assert served.count("a") == served.count("b") == 8
@@ -96,23 +75,23 @@ def test_returning_tenant_with_a_higher_counter_is_not_lowered(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue()
-    queue.push(make_request(loop, "c", units=100, arrival=0.0))
+    queue.push(make_queued(loop, "c", units=100, arrival=0.0))
     for i in range(10):
-        queue.push(make_request(loop, "a", arrival=i))
+        queue.push(make_queued(loop, "a", arrival=i))
     assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["c"]  # the lighter backlog
     assert tenants_of(queue.pop_batch(2, 1e9, now=0.0)) == ["a", "a"]
     for i in range(8):
-        queue.push(make_request(loop, "c", arrival=20 + i))
+        queue.push(make_queued(loop, "c", arrival=20 + i))
     assert queue.counters == {"a": 20.0, "c": 100.0}  # c is not lowered to a's 20
     assert tenants_of(queue.pop_batch(6, 1e9, now=0.0)) == ["a"] * 6
 
 
 def test_tenant_alone_after_idle_keeps_its_own_counter(loop: asyncio.AbstractEventLoop) -> None:
     queue = FairQueue()
-    queue.push(make_request(loop, "a", units=30))
+    queue.push(make_queued(loop, "a", units=30))
     assert queue.counters == {"a": 0.0}
     queue.pop_batch(1, 1e9, now=0.0)
-    queue.push(make_request(loop, "a", units=30))
+    queue.push(make_queued(loop, "a", units=30))
     assert queue.counters["a"] == 30.0
 
 
@@ -124,14 +103,14 @@ def test_tenant_arriving_at_an_empty_queue_starts_from_the_last_served(
     # served alone until it caught up with a tenant that comes back.
     queue = FairQueue()
     for i in range(5):
-        queue.push(make_request(loop, "a", arrival=i))
+        queue.push(make_queued(loop, "a", arrival=i))
     queue.pop_batch(5, 1e9, now=0.0)
-    queue.push(make_request(loop, "b", arrival=10.0))
+    queue.push(make_queued(loop, "b", arrival=10.0))
     assert queue.counters["b"] == 50.0
     queue.pop_batch(1, 1e9, now=10.0)
     for i in range(4):
-        queue.push(make_request(loop, "b", arrival=20 + i))
-        queue.push(make_request(loop, "a", arrival=20 + i))
+        queue.push(make_queued(loop, "b", arrival=20 + i))
+        queue.push(make_queued(loop, "a", arrival=20 + i))
     assert sorted(tenants_of(queue.pop_batch(4, 1e9, now=20.0))) == ["a", "a", "b", "b"]
 
 
@@ -140,10 +119,10 @@ def test_a_backlogged_tenant_keeps_its_counter_when_it_queues_more(
 ) -> None:
     queue = FairQueue()
     for tenant, units in (("a", 10), ("a", 10), ("b", 30), ("b", 30)):
-        queue.push(make_request(loop, tenant, units=units))
+        queue.push(make_queued(loop, tenant, units=units))
     assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["a"]
     assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["b"]
-    queue.push(make_request(loop, "a", units=10))  # a is still backlogged: no lift
+    queue.push(make_queued(loop, "a", units=10))  # a is still backlogged: no lift
     assert queue.counters == {"a": 10.0, "b": 30.0}
     assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["a"]
 
@@ -153,13 +132,13 @@ def test_ties_go_to_the_lighter_backlog_then_the_older_head(
 ) -> None:
     queue = FairQueue()
     for i in range(3):
-        queue.push(make_request(loop, "heavy", arrival=i))
-    queue.push(make_request(loop, "light", arrival=5))
+        queue.push(make_queued(loop, "heavy", arrival=i))
+    queue.push(make_queued(loop, "light", arrival=5))
     assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["light"]
 
     queue = FairQueue()
-    queue.push(make_request(loop, "late", arrival=2.0))
-    queue.push(make_request(loop, "early", arrival=1.0))
+    queue.push(make_queued(loop, "late", arrival=2.0))
+    queue.push(make_queued(loop, "early", arrival=1.0))
     assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["early"]
 
 
@@ -168,10 +147,10 @@ def test_ties_go_to_the_lighter_backlog_then_the_older_head(
 
 def test_vip_requests_are_served_earliest_deadline_first(loop: asyncio.AbstractEventLoop) -> None:
     queue = FairQueue()
-    queue.push(make_request(loop, "bulk", arrival=0.0))
-    relaxed = make_request(loop, "v1", arrival=0.0, latency_target_s=0.5)  # due at 0.5
-    urgent = make_request(loop, "v2", arrival=0.1, latency_target_s=0.2)  # due at 0.3
-    middle = make_request(loop, "v3", arrival=0.3, latency_target_s=0.1)  # due at 0.4
+    queue.push(make_queued(loop, "bulk", arrival=0.0))
+    relaxed = make_queued(loop, "v1", arrival=0.0, latency_target_s=0.5)  # due at 0.5
+    urgent = make_queued(loop, "v2", arrival=0.1, latency_target_s=0.2)  # due at 0.3
+    middle = make_queued(loop, "v3", arrival=0.3, latency_target_s=0.1)  # due at 0.4
     for request in (relaxed, urgent, middle):
         queue.push(request)
     batch = queue.pop_batch(1, 1e9, now=0.2)
@@ -183,10 +162,10 @@ def test_vip_requests_are_served_earliest_deadline_first(loop: asyncio.AbstractE
 
 def test_vip_goes_first_even_with_the_higher_counter(loop: asyncio.AbstractEventLoop) -> None:
     queue = FairQueue()
-    queue.push(make_request(loop, "bulk", units=1))
-    queue.push(make_request(loop, "vip", units=500, latency_target_s=1.0))
+    queue.push(make_queued(loop, "bulk", units=1))
+    queue.push(make_queued(loop, "vip", units=500, latency_target_s=1.0))
     assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["vip"]
-    vip = make_request(loop, "vip", arrival=1.0, latency_target_s=1.0)
+    vip = make_queued(loop, "vip", arrival=1.0, latency_target_s=1.0)
     queue.push(vip)
     assert queue.counters == {"bulk": 0.0, "vip": 500.0}
     assert queue.pop_batch(1, 1e9, now=1.0) == [vip]
@@ -197,10 +176,10 @@ def test_batch_with_a_vip_stops_at_half_its_remaining_budget(
 ) -> None:
     # 1 ms a unit; the tier's arrivals are past the horizon, so only the batch's own cap acts.
     queue = FairQueue(linear_predictor(0.001), latency_horizon_s=0.001)
-    vip = make_request(loop, "vip", units=10, arrival=0.0, latency_target_s=0.105)
+    vip = make_queued(loop, "vip", units=10, arrival=0.0, latency_target_s=0.105)
     queue.push(vip)
     for i in range(20):
-        queue.push(make_request(loop, "bulk", units=10, arrival=0.0 + i * 1e-6))
+        queue.push(make_queued(loop, "bulk", units=10, arrival=0.0 + i * 1e-6))
     # 103 ms left: half is 51.5 ms, so 50 units: the vip and four more.
     batch = queue.pop_batch(100, 1e9, now=0.002)
     assert batch[0] is vip
@@ -211,10 +190,10 @@ def test_latency_budget_uses_the_remaining_time_not_the_target(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue(linear_predictor(0.001), latency_horizon_s=0.001)
-    vip = make_request(loop, "vip", units=10, arrival=0.0, latency_target_s=0.105)
+    vip = make_queued(loop, "vip", units=10, arrival=0.0, latency_target_s=0.105)
     queue.push(vip)
     for i in range(20):
-        queue.push(make_request(loop, "bulk", units=10, arrival=0.0 + i * 1e-6))
+        queue.push(make_queued(loop, "bulk", units=10, arrival=0.0 + i * 1e-6))
     # At 42 ms, 63 ms remain: half is 31.5 ms, so 30 units.
     batch = queue.pop_batch(100, 1e9, now=0.042)
     assert sum(r.units for r in batch) == 30
@@ -224,12 +203,12 @@ def test_active_latency_tier_caps_batches_at_a_quarter_of_its_target(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue(linear_predictor(0.001), latency_horizon_s=2.0)
-    queue.push(make_request(loop, "vip", units=1, arrival=0.0, latency_target_s=0.22))
-    queue.push(make_request(loop, "vip2", units=1, arrival=0.0, latency_target_s=0.42))
+    queue.push(make_queued(loop, "vip", units=1, arrival=0.0, latency_target_s=0.22))
+    queue.push(make_queued(loop, "vip2", units=1, arrival=0.0, latency_target_s=0.42))
     queue.pop_batch(1, 1e9, now=0.0)
     queue.pop_batch(1, 1e9, now=0.0)
     for i in range(30):
-        queue.push(make_request(loop, "bulk", units=10, arrival=0.1 + i * 1e-6))
+        queue.push(make_queued(loop, "bulk", units=10, arrival=0.1 + i * 1e-6))
     # The tightest active target is 220 ms: batches of 55 ms, 50 units.
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=2.0)) == 50  # horizon included
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=2.01)) == 250  # quiet: full
@@ -239,10 +218,10 @@ def test_latency_tier_is_active_for_the_horizon_after_its_last_arrival(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue(linear_predictor(0.001), latency_horizon_s=2.0)
-    queue.push(make_request(loop, "vip", units=1, arrival=100.0, latency_target_s=0.22))
+    queue.push(make_queued(loop, "vip", units=1, arrival=100.0, latency_target_s=0.22))
     queue.pop_batch(1, 1e9, now=100.0)
     for i in range(30):
-        queue.push(make_request(loop, "bulk", units=10, arrival=100.1 + i * 1e-6))
+        queue.push(make_queued(loop, "bulk", units=10, arrival=100.1 + i * 1e-6))
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=101.0)) == 50
 
 
@@ -253,10 +232,10 @@ def test_a_batch_may_be_predicted_to_take_exactly_its_budget(
     predictor.observe(1, 0.25)
     predictor.observe(3, 0.75)  # exactly 0.25 s per unit, in binary too
     queue = FairQueue(predictor, latency_horizon_s=2.0)
-    queue.push(make_request(loop, "vip", units=1, latency_target_s=8.0))
+    queue.push(make_queued(loop, "vip", units=1, latency_target_s=8.0))
     queue.pop_batch(1, 1e9, now=0.0)  # the tier is active: a 2 s cap
     for _ in range(3):
-        queue.push(make_request(loop, "bulk", units=4))
+        queue.push(make_queued(loop, "bulk", units=4))
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.0)) == 8  # 2.0 s: fits
 
 
@@ -264,17 +243,17 @@ def test_a_single_request_is_taken_whole_whatever_the_caps(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue(linear_predictor(0.001))
-    queue.push(make_request(loop, "vip", units=1000, items=50, latency_target_s=0.01))
-    queue.push(make_request(loop, "bulk", units=1))
+    queue.push(make_queued(loop, "vip", units=1000, items=50, latency_target_s=0.01))
+    queue.push(make_queued(loop, "bulk", units=1))
     batch = queue.pop_batch(10, 100, now=0.0)
     assert tenants_of(batch) == ["vip"]
 
 
 def test_without_a_measurement_latency_does_not_cap(loop: asyncio.AbstractEventLoop) -> None:
     for queue in (FairQueue(), FairQueue(BatchTimePredictor())):
-        queue.push(make_request(loop, "vip", units=10, latency_target_s=0.001))
+        queue.push(make_queued(loop, "vip", units=10, latency_target_s=0.001))
         for _ in range(9):
-            queue.push(make_request(loop, "bulk", units=10))
+            queue.push(make_queued(loop, "bulk", units=10))
         assert len(queue.pop_batch(100, 1e9, now=0.0)) == 10
 
 
@@ -282,10 +261,10 @@ def test_quantum_counts_tenants_active_within_the_horizon(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue(linear_predictor(0.001), latency_horizon_s=1.0, quantum_s=0.025)
-    queue.push(make_request(loop, "other", units=1, arrival=0.0))
+    queue.push(make_queued(loop, "other", units=1, arrival=0.0))
     queue.pop_batch(1, 1e9, now=0.0)
     for i in range(10):
-        queue.push(make_request(loop, "flood", units=10, arrival=1.0 + i * 1e-6))
+        queue.push(make_queued(loop, "flood", units=10, arrival=1.0 + i * 1e-6))
     # "other" arrived exactly one horizon ago: two tenants, a 25 ms quantum.
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=1.0)) == 20
     # Past the horizon: one tenant alone, full batches.
@@ -296,17 +275,17 @@ def test_quantum_is_the_smaller_of_it_and_the_latency_cap(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue(linear_predictor(0.001), latency_horizon_s=1.0, quantum_s=0.025)
-    queue.push(make_request(loop, "vip", units=1, arrival=0.0, latency_target_s=0.4))
+    queue.push(make_queued(loop, "vip", units=1, arrival=0.0, latency_target_s=0.4))
     queue.pop_batch(1, 1e9, now=0.0)  # latency cap: 100 ms
     for i in range(20):
-        queue.push(make_request(loop, "flood", units=10, arrival=0.5 + i * 1e-6))
+        queue.push(make_queued(loop, "flood", units=10, arrival=0.5 + i * 1e-6))
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.5)) == 20
 
     queue = FairQueue(linear_predictor(0.001), latency_horizon_s=1.0, quantum_s=0.2)
-    queue.push(make_request(loop, "vip", units=1, arrival=0.0, latency_target_s=0.14))
+    queue.push(make_queued(loop, "vip", units=1, arrival=0.0, latency_target_s=0.14))
     queue.pop_batch(1, 1e9, now=0.0)  # latency cap: 35 ms, below the 200 ms quantum
     for i in range(20):
-        queue.push(make_request(loop, "flood", units=10, arrival=0.5 + i * 1e-6))
+        queue.push(make_queued(loop, "flood", units=10, arrival=0.5 + i * 1e-6))
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.5)) == 30
 
 
@@ -318,7 +297,7 @@ def test_batch_fills_items_and_units_exactly_to_their_limits(
 ) -> None:
     queue = FairQueue()
     for _ in range(5):
-        queue.push(make_request(loop, "a", items=2, units=3))
+        queue.push(make_queued(loop, "a", items=2, units=3))
     assert len(queue.pop_batch(4, 1e9, now=0.0)) == 2  # 4 items exactly
     assert len(queue.pop_batch(100, 3, now=0.0)) == 1  # 3 units exactly
     assert len(queue.pop_batch(100, 5.9, now=0.0)) == 1
@@ -326,7 +305,7 @@ def test_batch_fills_items_and_units_exactly_to_their_limits(
     assert len(queue.pop_batch(1, 1, now=0.0)) == 1  # over both limits alone: taken whole
     assert len(queue) == 0
     for _ in range(3):
-        queue.push(make_request(loop, "a", units=3))
+        queue.push(make_queued(loop, "a", units=3))
     assert len(queue.pop_batch(100, 6, now=0.0)) == 2  # two requests, 6 units exactly
 
 
@@ -334,7 +313,7 @@ def test_remove_if_returns_the_removed_and_keeps_the_rest_in_order(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     queue = FairQueue()
-    requests = [make_request(loop, t, units=u, arrival=u) for t in "ab" for u in (1, 2, 3)]
+    requests = [make_queued(loop, t, units=u, arrival=u) for t in "ab" for u in (1, 2, 3)]
     for request in requests:
         queue.push(request)
     assert queue.remove_if(lambda r: False) == []
@@ -352,9 +331,9 @@ def test_remove_if_returns_the_removed_and_keeps_the_rest_in_order(
 def test_oldest_arrival_is_the_oldest_head(loop: asyncio.AbstractEventLoop) -> None:
     queue = FairQueue()
     assert queue.oldest_arrival() is None
-    queue.push(make_request(loop, "a", arrival=5.0))
-    queue.push(make_request(loop, "b", arrival=3.0))
-    queue.push(make_request(loop, "b", arrival=4.0))
+    queue.push(make_queued(loop, "a", arrival=5.0))
+    queue.push(make_queued(loop, "b", arrival=3.0))
+    queue.push(make_queued(loop, "b", arrival=4.0))
     assert queue.oldest_arrival() == 3.0
     queue.remove_if(lambda r: r.tenant == "b")
     assert queue.oldest_arrival() == 5.0
