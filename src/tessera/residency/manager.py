@@ -173,7 +173,9 @@ class ResidencyManager:
                     # A batch that waited in line and found its model evicted
                     # meanwhile hands its place to the reload: behind its own
                     # place, the load would wait for itself.
-                    await self._load(spec, deadline, self._waiting.pop(waiter, None))
+                    await self._load(
+                        spec, deadline, activation_bytes, self._waiting.pop(waiter, None)
+                    )
         finally:
             self._waiting.pop(waiter, None)
 
@@ -366,25 +368,34 @@ class ResidencyManager:
     ) -> Lease | None:
         """Pin the model with room for one batch, or wait (or evict) and return None.
 
-        A reservation takes bytes only when no older waiter (load or batch) is
-        in line. First in line and short of room, it evicts what ``_short_of``
-        says only evictions can free, and waits for the rest: a budget that
-        holds every model's weights and the batch never evicts for it.
+        A reservation takes bytes in its turn (``_in_turn``): no older waiter
+        (load or batch) is in line, or its model is fresh. In its turn and
+        short of room, it evicts what ``_short_of`` says only evictions can
+        free, and waits for the rest: a budget that holds every model's weights
+        and the batch never evicts for it.
         """
         self._check_fits(spec, entry.footprint, activation_bytes)
-        if activation_bytes == 0 or not self._behind(waiter):
+        # A model loaded for waiting batches and not used yet was loaded in its
+        # turn: its first batch is in turn too (it may reserve and evict), or
+        # the line would let the protection end and the model be evicted
+        # before any batch ran, and loaded again (a load/evict loop).
+        if activation_bytes == 0 or self._in_turn(waiter, spec.name):
             reservation = self.table.reserve(spec.name, activation_bytes, self._clock.now())
             if reservation is not None:
                 self._fresh.pop(spec.name, None)
                 self._notify()
                 return Lease(self._models[spec.name], reservation)
         self._waiting.setdefault(waiter, next(self._tickets))
-        if self._behind(waiter):
-            await self._wait_change(deadline, spec.name)
-            return None
-        if not await self._evict_for(self._short_of(activation_bytes), spec.name):
+        if not self._in_turn(waiter, spec.name) or not await self._evict_for(
+            self._short_of(activation_bytes), spec.name
+        ):
             await self._wait_change(deadline, spec.name)
         return None
+
+    def _in_turn(self, waiter: object, name: str) -> bool:
+        """Whether ``waiter``, for model ``name``, may take bytes now: no older
+        waiter is in line, or ``name`` is fresh (loaded in its turn, unused)."""
+        return name in self._fresh_now() or not self._behind(waiter)
 
     async def _evict_for(self, short_bytes: int, name: str) -> bool:
         """Evict idle models to free ``short_bytes`` for ``name``; False (the
@@ -451,17 +462,32 @@ class ResidencyManager:
     def _expected(self, spec: ModelSpec) -> Footprint:
         return self._measured.get(spec.name) or self._host.estimate(spec)
 
-    async def _load(self, spec: ModelSpec, deadline: float, ticket: int | None = None) -> None:
-        """Load ``spec`` once there is room, waiting in line from ``ticket``
-        (a place the caller already held) or from now."""
+    async def _load(
+        self,
+        spec: ModelSpec,
+        deadline: float,
+        activation_bytes: int = 0,
+        ticket: int | None = None,
+    ) -> None:
+        """Load ``spec`` once there is room for it and for the caller's first
+        batch (``activation_bytes``: a model loaded into a budget it fills has
+        no room to run, and loads side by side could fill it so), waiting in
+        line from ``ticket`` (a place the caller already held) or from now."""
         expected = self._expected(spec)
-        self._check_fits(spec, expected, 0)
+        self._check_fits(spec, expected, activation_bytes)
         waiter = ("load", spec.name)  # callers loading one model share a place in line
+        if ticket is not None:
+            self._waiting.setdefault(waiter, ticket)
         try:
-            while self._behind(waiter) or not self.table.begin_load(spec.name, expected):
-                if waiter not in self._waiting:
-                    self._waiting[waiter] = ticket if ticket is not None else next(self._tickets)
-                short = self._short_of(self.table.extra_bytes(spec.name, expected))
+            while (
+                self._behind(waiter)
+                or self.table.extra_bytes(spec.name, expected) + activation_bytes
+                > self.table.free_bytes()
+                or not self.table.begin_load(spec.name, expected)
+            ):
+                self._waiting.setdefault(waiter, next(self._tickets))
+                extra = self.table.extra_bytes(spec.name, expected)
+                short = self._short_of(extra + activation_bytes)
                 if self._behind(waiter) or not await self._evict_for(short, spec.name):
                     await self._wait_change(deadline, spec.name)
                 if self.state(spec.name) not in (ModelState.UNLOADED, ModelState.FAILED):

@@ -4,7 +4,6 @@ with fake models, a fake clock and no waiting (``wait_s=0``)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 import pytest
@@ -15,10 +14,9 @@ from tessera.errors import ModelTooLargeError, ModelUnavailableError, Overloaded
 from tessera.footprint import Footprint
 from tessera.repository import ModelSpec
 from tessera.request import QueuedRequest, RequestResult
-from tessera.residency import Lease, ModelState, ResidencyManager, make_eviction_policy
+from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.activation import ActivationBook
 from tessera.residency.fake import FakeModelHost
-from tessera.residency.manager import FRESH_PROTECTION_S
 from tessera.residency.plan import split_to_fit
 from tessera.tasks.types import Task
 
@@ -373,48 +371,42 @@ def test_activation_bytes_per_unit_is_none_until_a_batch_was_measured() -> None:
 # -- a fresh model's protection ends after FRESH_PROTECTION_S ------------------------
 
 
-async def _fresh_x_beside_a_waiting_batch_of_b(
-    clock: FakeClock,
-) -> tuple[ResidencyManager, FakeModelHost, Lease, asyncio.Future[Lease], asyncio.Future[Lease]]:
-    """b (300) runs a batch of 300; x (300, loading 1 s) is loaded for a batch of
-    100 that waits behind a batch of b for 300, which began to wait first: from
-    x's load (t0 + 1) x is fresh, and b's batch can make room only by evicting it."""
+async def test_a_model_loaded_for_a_batch_runs_it_before_older_waiters() -> None:
+    """x is loaded (with room for its batch) while a batch of b waits for room:
+    x's batch goes first, and x is not evicted to make b's room before it ran."""
+    clock = FakeClock(start=100.0)
     host = FakeModelHost(clock)
     manager = ResidencyManager(1000, host, make_eviction_policy("lru", clock), clock, wait_s=60.0)
     b, x = make_spec("b", 300), make_spec("x", 300, load_s=1.0)
-    running = await manager.acquire(b, 300)
-    want_x = asyncio.ensure_future(manager.acquire(x, 100))
+    running = await manager.acquire(b, 300)  # 600 held
+    want_x = asyncio.ensure_future(manager.acquire(x, 100))  # loads x: 300 + 100 fit
     await clock.sleep(0.5)
-    assert manager.state("x") is ModelState.LOADING
-    want_b = asyncio.ensure_future(manager.acquire(b, 300))
-    return manager, host, running, want_b, want_x
-
-
-async def test_a_fresh_model_is_kept_for_its_batch_until_its_protection_ends() -> None:
-    clock = FakeClock(start=100.0)
-    manager, host, running, want_b, want_x = await _fresh_x_beside_a_waiting_batch_of_b(clock)
-    await clock.sleep(5.0)  # x ready at 101; now 105.5
-    assert manager.state("x") is ModelState.READY
+    want_b = asyncio.ensure_future(manager.acquire(b, 300))  # waits for room, first in line
+    lease_x = await want_x
+    assert clock.now() == 101.0  # as soon as x was ready
     assert not want_b.done()
-    # Another change wakes b's batch half a second before x's protection ends:
-    # it must wake again then, not only at the next change or its deadline.
-    manager.release(await manager.acquire(make_spec("b", 300), 0))
-    lease = await want_b
-    assert clock.now() == 101.0 + FRESH_PROTECTION_S
-    assert host.on_unload == ["x"]
-    want_x.cancel()  # see the next test
-    with contextlib.suppress(asyncio.CancelledError):
-        await want_x
-    manager.release(lease)
+    manager.release(lease_x)
     manager.release(running)
+    manager.release(await want_b)
+    assert host.loads["x"] == 1
+    assert host.on_unload == []
 
 
 async def test_a_waiting_batch_whose_model_was_evicted_reloads_it() -> None:
+    """A batch of x waits in line behind a load that then evicts x: the batch
+    hands its place to the reload of x, instead of waiting behind itself."""
     clock = FakeClock(start=100.0)
-    manager, host, running, want_b, want_x = await _fresh_x_beside_a_waiting_batch_of_b(clock)
-    manager.release(await want_b)  # at 106, by evicting x
-    manager.release(running)
-    lease = await want_x  # x's batch must load x again; nothing else waits
-    assert clock.now() == 101.0 + FRESH_PROTECTION_S + 1.0
+    host = FakeModelHost(clock)
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru", clock), clock, wait_s=60.0)
+    x, c = make_spec("x", 300, load_s=1.0), make_spec("c", 800)
+    running = await manager.acquire(x, 300)  # loaded by 101; pinned: c cannot evict it
+    load_c = asyncio.ensure_future(manager.ensure_loaded(c))  # first in line
+    await clock.sleep(0.1)
+    want_x = asyncio.ensure_future(manager.acquire(x, 100))  # second in line
+    await clock.sleep(0.1)
+    manager.release(running)  # c's load evicts the idle x
+    await load_c
+    lease = await want_x  # x's batch loads x again (evicting c), at once
+    assert clock.now() == pytest.approx(102.2)  # released at 101.2, + x's 1 s load
     assert host.loads["x"] == 2
     manager.release(lease)

@@ -292,3 +292,39 @@ async def test_a_waiting_batch_is_not_overtaken_by_a_later_load() -> None:
     manager.release(running)
     await asyncio.gather(loading, batch)
     assert order == ["batch a", "load b"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(100, 400), min_size=3, max_size=5),
+    batches=st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 100), st.integers(1, 20)),
+        min_size=2,
+        max_size=16,
+    ),
+)
+def test_under_memory_pressure_every_batch_is_served(
+    sizes: list[int], batches: list[tuple[int, int, int]]
+) -> None:
+    """The models do not all fit (the budget holds the largest and a little
+    more): batches of every model, arriving together, evict and reload each
+    other, and every one of them is served; none waits for ever in the line."""
+    budget = max(sizes) + 150
+
+    async def scenario() -> None:
+        manager, _, clock = make_manager(budget, wait_s=3600.0)
+        specs = [make_spec(f"m{i}", size, load_s=0.5) for i, size in enumerate(sizes)]
+        manager.register(specs)
+
+        async def run(index: int, activation: int, start_ms: int) -> None:
+            spec = specs[index % len(specs)]
+            await clock.sleep(start_ms / 1000)
+            async with manager.lease(spec, activation):
+                assert manager.table.used_bytes() <= budget
+                await clock.sleep(0.05)
+
+        await asyncio.gather(*(run(*batch) for batch in batches))
+        assert clock.now() < 3600.0  # nobody waited out the bound
+        assert manager.table.activation_bytes_held() == 0
+
+    asyncio.run(scenario())
