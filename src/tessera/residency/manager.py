@@ -368,25 +368,33 @@ class ResidencyManager:
     ) -> Lease | None:
         """Pin the model with room for one batch, or wait (or evict) and return None.
 
-        A reservation takes bytes in its turn (``_in_turn``): no older waiter
-        (load or batch) is in line, or its model is fresh. In its turn and
-        short of room, it evicts what ``_short_of`` says only evictions can
-        free, and waits for the rest: a budget that holds every model's weights
-        and the batch never evicts for it.
+        While every model fits, a reservation takes bytes in its turn
+        (``_in_turn``): no older waiter (load or batch) is in line, or its
+        model is fresh. In its turn (or always, when the models do not all
+        fit) and short of room, it evicts what ``_short_of`` says only
+        evictions can free, and waits for the rest: a budget that holds every
+        model's weights and the batch never evicts for it.
         """
         self._check_fits(spec, entry.footprint, activation_bytes)
         # A model loaded for waiting batches and not used yet was loaded in its
         # turn: its first batch is in turn too (it may reserve and evict), or
         # the line would let the protection end and the model be evicted
         # before any batch ran, and loaded again (a load/evict loop).
-        if activation_bytes == 0 or self._in_turn(waiter, spec.name):
+        # Batches take a place in line only while every model fits: then loads
+        # never evict and every wait ends when running batches do. Under
+        # pressure a line of batches behind loads that evict stalled every
+        # model (mixed-zipf: hundreds of deadlines), so there a batch takes
+        # room when it finds some, as loads among themselves still wait in line.
+        lined = self.every_model_fits()
+        if activation_bytes == 0 or not lined or self._in_turn(waiter, spec.name):
             reservation = self.table.reserve(spec.name, activation_bytes, self._clock.now())
             if reservation is not None:
                 self._fresh.pop(spec.name, None)
                 self._notify()
                 return Lease(self._models[spec.name], reservation)
-        self._waiting.setdefault(waiter, next(self._tickets))
-        if not self._in_turn(waiter, spec.name) or not await self._evict_for(
+        if lined:
+            self._waiting.setdefault(waiter, next(self._tickets))
+        if (lined and not self._in_turn(waiter, spec.name)) or not await self._evict_for(
             self._short_of(activation_bytes), spec.name
         ):
             await self._wait_change(deadline, spec.name)

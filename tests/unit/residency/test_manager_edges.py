@@ -393,20 +393,23 @@ async def test_a_model_loaded_for_a_batch_runs_it_before_older_waiters() -> None
 
 
 async def test_a_waiting_batch_whose_model_was_evicted_reloads_it() -> None:
-    """A batch of x waits in line behind a load that then evicts x: the batch
-    hands its place to the reload of x, instead of waiting behind itself."""
+    """A batch of x waits in line behind a batch of c that then evicts x (its
+    need is more than the pool): x's batch hands its place to the reload of x,
+    instead of waiting behind itself until wait_s."""
     clock = FakeClock(start=100.0)
     host = FakeModelHost(clock)
     manager = ResidencyManager(1000, host, make_eviction_policy("lru", clock), clock, wait_s=60.0)
-    x, c = make_spec("x", 300, load_s=1.0), make_spec("c", 800)
-    running = await manager.acquire(x, 300)  # loaded by 101; pinned: c cannot evict it
-    load_c = asyncio.ensure_future(manager.ensure_loaded(c))  # first in line
+    x, c = make_spec("x", 300, load_s=1.0), make_spec("c", 500)
+    manager.register([x, c])  # they fit together: batches wait in line
+    running = await manager.acquire(x, 150)  # loaded by 101
+    await manager.ensure_loaded(c)
+    want_c = asyncio.ensure_future(manager.acquire(c, 450))  # first in line
     await clock.sleep(0.1)
     want_x = asyncio.ensure_future(manager.acquire(x, 100))  # second in line
     await clock.sleep(0.1)
-    manager.release(running)  # c's load evicts the idle x
-    await load_c
-    lease = await want_x  # x's batch loads x again (evicting c), at once
+    manager.release(running)  # c's batch evicts the idle x
+    manager.release(await want_c)
+    lease = await want_x  # x's batch loads x again, from its place in line
     assert clock.now() == pytest.approx(102.2)  # released at 101.2, + x's 1 s load
     assert host.loads["x"] == 2
     manager.release(lease)

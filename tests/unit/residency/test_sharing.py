@@ -245,6 +245,7 @@ def test_no_eviction_while_every_model_fits_whatever_the_batch_mix(
 async def test_a_waiting_load_is_not_overtaken_by_a_later_batch() -> None:
     manager, _, clock = make_manager(1000)
     a, b = make_spec("a", 300), make_spec("b", 200)
+    manager.register([a, b])  # they fit: batches and loads wait in one line
     await use(manager, a)
     running = await manager.acquire(a, 600)  # free: 100
     order: list[str] = []
@@ -271,6 +272,7 @@ async def test_a_waiting_load_is_not_overtaken_by_a_later_batch() -> None:
 async def test_a_waiting_batch_is_not_overtaken_by_a_later_load() -> None:
     manager, _, clock = make_manager(1000)
     a, b = make_spec("a", 300), make_spec("b", 200)
+    manager.register([a, b])  # they fit: batches and loads wait in one line
     await use(manager, a)
     running = await manager.acquire(a, 600)  # free: 100
     order: list[str] = []
