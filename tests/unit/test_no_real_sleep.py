@@ -110,10 +110,10 @@ def test_no_unit_test_waits_in_real_time() -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "import time\ntime.sleep(0.1)",
+        "import time\ntime.sleep(SECONDS)",
         "import time as t\nt.sleep(0)",
         "from time import sleep\nsleep(1)",
-        "import asyncio\nasyncio.sleep(0.01)",
+        "import asyncio\nasyncio.sleep(-1 + 1.01)",
         "import asyncio\nasyncio.sleep(DELAY)",
         "import asyncio\nasyncio.sleep(delay=1)",
         "from asyncio import sleep as nap\nnap(2)",
