@@ -141,7 +141,7 @@ class ResidencyManager:
         # Every model the engine may be asked for, and the bytes of their
         # weights together (None: not computed since the last measurement).
         self._catalogue: dict[str, ModelSpec] = {}
-        self._catalogue_total: int | None = None  # their weights together, once computed
+        self._catalogue_total: int | None = None
         self._changed = asyncio.Event()
         self.peak_used_bytes = 0
 
@@ -251,8 +251,8 @@ class ResidencyManager:
         return room
 
     def plan_batch(self, spec: ModelSpec, requests: list[QueuedRequest]) -> list[BatchPart]:
-        """The parts a batch runs in: whole when its measured activation need fits
-        beside the model in the budget, else halves that each fit."""
+        """The parts a batch runs in: whole when its measured activation need
+        fits ``activation_room``, else halves that each fit."""
         stats = self.activations.of(spec.name)
         return split_to_fit(requests, stats.reserve_bytes, self.activation_room(spec))
 
