@@ -107,7 +107,11 @@ def test_batch_keeps_order_and_a_failing_listener_fails_nothing(smollm2: LlamaCp
             chat(QUESTION, max_tokens=3),
         ]
     )
-    assert "Paris" in outputs[0].text
+    # Each answer is its own request's (the token counts tell them apart). Not
+    # "Paris": decoded beside others, Q4_1's near tie on the first token can go
+    # either way (seen once: "Le Grand Château, also known as the City of Light").
+    assert outputs[0].text
+    assert outputs[0].completion_tokens > 4
     assert outputs[1].completion_tokens == 4
     assert outputs[2].completion_tokens == 3
 

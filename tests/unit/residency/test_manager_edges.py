@@ -378,6 +378,7 @@ async def test_a_model_loaded_for_a_batch_runs_it_before_older_waiters() -> None
     host = FakeModelHost(clock)
     manager = ResidencyManager(1000, host, make_eviction_policy("lru", clock), clock, wait_s=60.0)
     b, x = make_spec("b", 300), make_spec("x", 300, load_s=1.0)
+    manager.register([b, x])  # they fit: batches wait in line, and x's is behind b's
     running = await manager.acquire(b, 300)  # 600 held
     want_x = asyncio.ensure_future(manager.acquire(x, 100))  # loads x: 300 + 100 fit
     await clock.sleep(0.5)
@@ -413,3 +414,20 @@ async def test_a_waiting_batch_whose_model_was_evicted_reloads_it() -> None:
     assert clock.now() == pytest.approx(102.2)  # released at 101.2, + x's 1 s load
     assert host.loads["x"] == 2
     manager.release(lease)
+
+
+async def test_a_zero_byte_acquire_of_a_ready_model_skips_the_line() -> None:
+    """Pinning a ready model for no activation bytes (ensure_loaded, the admin's
+    load) takes nothing from anyone: it does not wait behind a batch in line."""
+    clock = FakeClock()
+    manager = ResidencyManager(1000, FakeModelHost(clock), make_eviction_policy("lru"), clock)
+    a, b = make_spec("a", 300), make_spec("b", 300)
+    manager.register([a, b])
+    running = await manager.acquire(a, 300)  # free: 400
+    waiting = asyncio.ensure_future(manager.acquire(a, 500))  # in line for a's bytes
+    await clock.sleep(0.01)
+    await manager.ensure_loaded(a)  # at once, though a batch waits in line
+    assert clock.now() == pytest.approx(0.01)
+    assert not waiting.done()
+    manager.release(running)
+    manager.release(await waiting)
