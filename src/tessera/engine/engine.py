@@ -285,27 +285,27 @@ class Engine:
 
     def _model_stats(self, spec: ModelSpec, residency: dict[str, ModelResidency]) -> ModelStats:
         name = spec.name
-        held = residency.get(name)
-        counters = self._counters.get(name) or ModelCounters()
+        held = residency[name]  # every repository model is registered with residency
+        counters = self._counters[name]
         batcher = self._batchers.get(name)
         measured = self._residency.measured(name)
         return ModelStats(
             name=name,
             task=spec.task.value,
-            state=held.state if held is not None else "unloaded",
-            bytes=held.bytes if held is not None else 0,
-            weights_bytes=held.weights_bytes if held is not None else 0,
+            state=held.state,
+            bytes=held.bytes,
+            weights_bytes=held.weights_bytes,
             measured_bytes=measured.total_bytes if measured is not None else None,
-            measured_by=held.measured_by if held is not None else None,
+            measured_by=held.measured_by,
             activation_bytes_per_unit=self._residency.activation_bytes_per_unit(name),
-            last_used=held.last_used if held is not None else None,
-            load_s=held.load_s if held is not None else None,
-            uses=held.uses if held is not None else 0.0,
-            eviction_score=held.eviction_score if held is not None else 0.0,
-            loads=held.loads if held is not None else 0,
-            evictions=held.evictions if held is not None else 0,
-            pins=held.pins if held is not None else 0,
-            error=held.error if held is not None else None,
+            last_used=held.last_used if held.loads else None,
+            load_s=held.load_s,
+            uses=held.uses,
+            eviction_score=held.eviction_score,
+            loads=held.loads,
+            evictions=held.evictions,
+            pins=held.pins,
+            error=held.error,
             queue_depth=batcher.depth if batcher is not None else 0,
             num_requests=counters.num_requests,
             num_items=counters.num_items,
@@ -384,7 +384,7 @@ class Engine:
             if admission is not None:
                 self._admission.release(admission)
             raise
-        counters = self._counters.setdefault(name, ModelCounters())
+        counters = self._counters[name]
         counters.num_requests += 1
         counters.num_items += len(items)
         return Submission(name, request, admission)
@@ -472,7 +472,7 @@ class Engine:
         if run.peak_bytes is not None:
             self._residency.observe_batch(spec.name, run.peak_bytes, part.units)
         self._predictor(spec.name).observe(part.units, run.run_s)
-        counters = self._counters.setdefault(spec.name, ModelCounters())
+        counters = self._counters[spec.name]
         counters.num_batches += 1
         counters.recent_batches.append((num_items, run.run_s))
         self._stats.on_batch(spec.name, num_items, run.run_s)
@@ -486,7 +486,7 @@ class Engine:
             start = end
 
     def _report_failure(self, spec: ModelSpec, part: BatchPart, error: Exception) -> None:
-        self._counters.setdefault(spec.name, ModelCounters()).num_failures += 1
+        self._counters[spec.name].num_failures += 1
         for request in part.requests:
             if not request.future.done():
                 request.future.set_exception(error)

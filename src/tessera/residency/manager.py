@@ -211,10 +211,12 @@ class ResidencyManager:
         return entry.error if entry is not None else None
 
     def register(self, specs: Iterable[ModelSpec]) -> None:
-        """Every model that may be asked for: while their weights fit the budget
-        together, batches split to fit the room beside them instead of evicting."""
+        """Every model that may be asked for (each is in ``stats()`` from now on):
+        while their weights fit the budget together, batches split to fit the
+        room beside them instead of evicting."""
         for spec in specs:
             self._catalogue[spec.name] = spec
+            self.table.entry(spec.name, spec.max_bytes)  # in stats() from now on
         self._catalogue_total = None
 
     def catalogue_bytes(self) -> int | None:
