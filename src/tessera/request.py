@@ -57,9 +57,5 @@ class Batch:
     formed_at: float
 
     @property
-    def units(self) -> float:
-        return sum(r.units for r in self.requests)
-
-    @property
     def num_items(self) -> int:
         return sum(len(r.items) for r in self.requests)

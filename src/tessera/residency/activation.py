@@ -46,6 +46,3 @@ class ActivationBook:
 
     def observe(self, name: str, peak_bytes: int, units: float) -> None:
         self.of(name).observe(peak_bytes, units)
-
-    def reserve_bytes(self, name: str, units: float) -> int:
-        return self.of(name).reserve_bytes(units)

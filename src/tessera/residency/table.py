@@ -206,17 +206,6 @@ class ResidencyTable:
         those batches end."""
         return sum(e.activation_bytes for e in self.entries.values())
 
-    def weights_held(self, exclude: str | None = None) -> int:
-        """Bytes of weights held by holding models (shared components once),
-        less ``exclude``'s own bytes and the components only it holds."""
-        skip = [] if exclude is None else [exclude]
-        own = sum(
-            e.footprint.own_bytes
-            for e in self.entries.values()
-            if e.state in HOLDING and e.name not in skip
-        )
-        return own + sum(self._held_shared(exclude=skip).values())
-
     def evictable(self, protect: Iterable[str] = ()) -> list[ModelEntry]:
         """Ready, unpinned models other than ``protect``: candidates for eviction."""
         keep = set(protect)

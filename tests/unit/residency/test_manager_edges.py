@@ -133,20 +133,20 @@ def test_fake_host_estimates_nothing_for_a_spec_without_figures() -> None:
 
 def test_activation_book_keeps_one_window_per_model() -> None:
     book = ActivationBook(window=1)
-    assert book.reserve_bytes("a", 10) == 0
+    assert book.of("a").reserve_bytes(10) == 0
     book.observe("a", 500, 10)
     book.observe("b", 10, 10)
-    assert book.reserve_bytes("a", 2) == 100
-    assert book.reserve_bytes("b", 2) == 2
+    assert book.of("a").reserve_bytes(2) == 100
+    assert book.of("b").reserve_bytes(2) == 2
     book.observe("a", 10, 10)  # a window of one: the last batch alone
-    assert book.reserve_bytes("a", 2) == 2
+    assert book.of("a").reserve_bytes(2) == 2
     assert book.of("a") is book.of("a")
     assert book.of("a").num_samples == 2
     default = ActivationBook()
     default.observe("a", 10_000, 1)
     for _ in range(64):
         default.observe("a", 1, 1)
-    assert default.reserve_bytes("a", 1) == 1
+    assert default.of("a").reserve_bytes(1) == 1
 
 
 # -- split_to_fit ---------------------------------------------------------------

@@ -66,9 +66,6 @@ def test_shared_component_counts_once_and_is_free_to_a_second_user() -> None:
     assert table.freed_by(["b"]) == 50
     assert table.freed_by(["a", "b"]) == 550
     assert table.freed_by([]) == 0
-    assert table.weights_held() == 550
-    assert table.weights_held(exclude="a") == 450
-    assert table.weights_held(exclude="nobody") == 550
 
 
 def test_extra_bytes_of_a_holding_model_is_the_difference() -> None:
