@@ -56,9 +56,8 @@ class ModelBatcher:
         self._arrived = asyncio.Event()
         self._slots = asyncio.Semaphore(batching.max_concurrent_batches or max_concurrent_batches)
         self._loop_task: asyncio.Task[None] | None = None
-        self._running: set[asyncio.Task[None]] = set()
-        self._running_items: dict[asyncio.Task[None], int] = {}
-        self._running_since: dict[asyncio.Task[None], float] = {}
+        # Batches running now: their task, and when each formed.
+        self._running: dict[asyncio.Task[None], Batch] = {}
         self._batch_s: float | None = None  # moving average of batch run times
         self.num_batches = 0
         self.num_dropped = 0
@@ -109,15 +108,12 @@ class ModelBatcher:
                 self._slots.release()
                 continue
             task = asyncio.get_running_loop().create_task(self._run(batch))
-            self._running.add(task)
-            self._running_items[task] = batch.num_items
-            self._running_since[task] = self._clock.now()
+            self._running[task] = batch
             task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
-        self._running_items.pop(task, None)
-        run_s = self._clock.now() - self._running_since.pop(task, self._clock.now())
+        batch = self._running.pop(task)
+        run_s = self._clock.now() - batch.formed_at
         average = self._batch_s
         self._batch_s = run_s if average is None else average + BATCH_S_WEIGHT * (run_s - average)
         self._arrived.set()  # a gathering batch may close now
@@ -158,7 +154,7 @@ class ModelBatcher:
         """Whether a partial batch of ``items`` may close: nothing of the model
         runs, it is as large as the largest batch running, or it is time to
         overlap the oldest one (``_overlap_in_s``)."""
-        running = max(self._running_items.values(), default=0)
+        running = max((b.num_items for b in self._running.values()), default=0)
         if items >= min(running, self.batching.max_batch_size):
             return True
         overlap_in = self._overlap_in_s()
@@ -167,9 +163,9 @@ class ModelBatcher:
     def _overlap_in_s(self) -> float | None:
         """Seconds until the oldest running batch is halfway through a typical
         run; None while nothing runs or no run time is known yet."""
-        if self._batch_s is None or not self._running_since:
+        if self._batch_s is None or not self._running:
             return None
-        oldest = min(self._running_since.values())
+        oldest = min(b.formed_at for b in self._running.values())
         return oldest + self._batch_s / 2 - self._clock.now()
 
     async def _next_batch(self) -> Batch | None:

@@ -238,7 +238,7 @@ async def test_a_finished_batch_is_forgotten() -> None:
         batcher.submit(request)
     await asyncio.gather(*(r.future for r in requests))
     await spin()
-    assert batcher._running == set()  # no task object kept per batch served
+    assert batcher._running == {}  # no task object kept per batch served
     await batcher.close()
 
 
