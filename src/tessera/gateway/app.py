@@ -12,7 +12,15 @@ from fastapi import FastAPI
 from tessera import __version__
 from tessera.config import DEFAULT_MAX_BODY_BYTES
 from tessera.engine import Engine, PreloadProgress
-from tessera.gateway import admin, dashboard, kserve, openai_api, tasks_api, tenants_admin
+from tessera.gateway import (
+    admin,
+    dashboard,
+    health,
+    kserve,
+    openai_api,
+    tasks_api,
+    tenants_admin,
+)
 from tessera.gateway.common import BodyLimitMiddleware
 from tessera.gateway.context import RequestContextMiddleware
 from tessera.gateway.errors import install_error_handlers
@@ -62,7 +70,7 @@ def create_app(
     app.state.audit_log = audit_log
     app.state.tiers = tiers or dict(DEFAULT_TIERS)
     install_error_handlers(app)
-    for module in (openai_api, tasks_api, kserve, admin, tenants_admin, dashboard):
+    for module in (health, openai_api, tasks_api, kserve, admin, tenants_admin, dashboard):
         app.include_router(module.router)
     install_observability(
         app, engine, per_tenant_labels=per_tenant_labels, metrics_public=metrics_public

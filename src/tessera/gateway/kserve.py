@@ -40,16 +40,6 @@ async def server_metadata() -> JSONResponse:
     )
 
 
-@router.get("/v2/health/live")
-async def live() -> Response:
-    return Response(status_code=200)
-
-
-@router.get("/v2/health/ready")
-async def ready(request: Request) -> Response:
-    return Response(status_code=200 if engine_of(request).ready else 503)
-
-
 def _io_metadata(spec: ModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     inputs = [{"name": "TEXT", "datatype": "BYTES", "shape": [-1]}]
     if spec.task is Task.EMBEDDING:
@@ -78,17 +68,6 @@ async def model_metadata(name: str, request: Request, version: str | None = None
             "outputs": outputs,
         }
     )
-
-
-@router.get("/v2/models/{name}/ready", response_model=None)
-@router.get("/v2/models/{name}/versions/{version}/ready", response_model=None)
-async def model_ready(name: str, request: Request, version: str | None = None) -> Response:
-    """200 when the model can serve now: resident, or loadable on demand (not failed)."""
-    engine = engine_of(request)
-    if name not in visible_models(request):
-        return Response(status_code=404)
-    model = engine.snapshot().model(name)
-    return Response(status_code=503 if model is not None and model.state == "failed" else 200)
 
 
 def _decode_bytes_tensor(raw: bytes) -> list[str]:
