@@ -106,7 +106,7 @@ def serve(
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the owner's alone
     engine = Engine(repository, settings.engine)
     store, audit_log = _tenancy(settings, engine) if settings.auth else (None, None)
     stats = engine.snapshot()

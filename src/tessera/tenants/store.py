@@ -42,7 +42,7 @@ from tessera.errors import (
     TenantExistsError,
     TenantNotFoundError,
 )
-from tessera.tenants.db import migrate, open_db
+from tessera.tenants.db import migrate, open_db, private_dir
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class TenantStore:
         self._auth_cache: dict[str, Principal] = {}
         self._auth_version: int | None = None
         try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.data_dir)
         except OSError as e:
             raise ConfigError(f"cannot create the data dir {self.data_dir}: {e}") from e
         self._secret = load_secret(self.data_dir / SECRET_FILE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 from collections.abc import Iterator
@@ -371,3 +372,44 @@ def test_a_remembered_key_is_refused_at_once_after_a_change(
         cli.revoke_key(info.prefix)
     assert store.authenticate(key) is None
     assert store.authenticate("tsk_" + "0" * 8 + "_" + "x" * 32) is None
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_data_folder_and_databases_are_the_owners_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tessera.tenants import AuditLog
+
+    data_dir = tmp_path / "data"
+    old_umask = os.umask(0)  # the widest: only the modes asked for at creation hold
+    try:
+        with TenantStore(data_dir) as store:
+            store.add_tenant("acme")
+            audit = AuditLog(data_dir)
+            audit.close_sync()
+            files = sorted(p.name for p in data_dir.iterdir())
+            modes = {p.name: _mode(p) for p in data_dir.iterdir()}
+    finally:
+        os.umask(old_umask)
+    assert {"tessera.db", "tessera.db-wal", "tessera.db-shm", "audit.db"} <= set(files)
+    assert _mode(data_dir) == 0o700
+    assert modes == dict.fromkeys(files, 0o600)
+    # Created private, never narrowed after: nothing was ever wider.
+    assert "readable by others" not in caplog.text
+
+
+def test_an_older_wider_data_folder_is_narrowed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data_dir = tmp_path / "data"
+    with TenantStore(data_dir):
+        pass
+    data_dir.chmod(0o755)
+    (data_dir / DB_FILE).chmod(0o644)
+    with TenantStore(data_dir):
+        assert _mode(data_dir) == 0o700
+        assert _mode(data_dir / DB_FILE) == 0o600
+    assert "readable by others" in caplog.text
