@@ -10,7 +10,7 @@ SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test venv lint bench bench-peers bench-all mutation clean
+.PHONY: serve test venv lint bench bench-peers bench-all soak mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ bench-peers: $(STAMP)
 # Every shipped scenario, one after the other (about 40 minutes on 2 cores).
 bench-all: $(STAMP)
 	$(BIN)/tessera bench $(foreach s,$(SCENARIOS),--scenario benchmarks/scenarios/$(s).yaml) $(ARGS)
+
+# A mixed load on one server for 30 minutes, watched for leaks (docs/reliability.md).
+soak: $(STAMP)
+	$(BIN)/python benchmarks/soak.py $(ARGS)
 
 # Mutation testing of the policy packages against their unit tests (docs/mutation.md).
 # About 15 minutes on 2 cores (docs/mutation.md), so not part of `make test` or CI.
