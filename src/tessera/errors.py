@@ -7,10 +7,11 @@ Core code raises these; only ``gateway/`` maps them to HTTP statuses.
     ├── InvalidInputError           the request is malformed or empty (400/422)
     │   ├── UnsupportedMediaError   an image or file that cannot be decoded (415)
     │   └── PayloadTooLargeError    over a configured size or count limit (413)
+    │       └── RequestTooLargeError a request whose own batch could never fit (413)
     ├── ModelNotFoundError          no such model (404)
     ├── TaskMismatchError           the model does not do that task (400)
     ├── ModelUnavailableError       the model failed to load or cannot fit (503)
-    │   └── ModelTooLargeError      cannot fit even alone in the budget or its cap
+    │   └── ModelTooLargeError      its weights alone cannot fit the budget or its cap
     ├── OverloadedError             a bounded queue is full (503 + Retry-After)
     ├── AuthenticationError         no key, or an unknown or revoked one (401)
     ├── PermissionDeniedError       the tenant may not use that model or route (403)
@@ -23,6 +24,13 @@ Core code raises these; only ``gateway/`` maps them to HTTP statuses.
         ├── TenantExistsError       a tenant of that name exists already (409)
         ├── ApiKeyNotFoundError     no API key with that prefix (404)
         └── InvalidTenantError      a bad tenant field: name, tier, limit, models (422)
+
+Too large: the request's fault or the server's? A request whose own
+activations, beside the model's weights, could never fit the budget (or the
+model's cap) gets ``RequestTooLargeError``, a 413 with the figures: retrying
+cannot help, a smaller request can. A model whose weights alone do not fit
+gets ``ModelTooLargeError``, a 503: the server's configuration is at fault,
+and every request to that model fails alike.
 """
 
 from __future__ import annotations
@@ -48,6 +56,24 @@ class PayloadTooLargeError(InvalidInputError):
     """The request is over a configured size or count limit."""
 
 
+class RequestTooLargeError(PayloadTooLargeError):
+    """The request's own batch (its activations beside the model's weights)
+    needs more bytes than the model may ever have: its cap or the budget."""
+
+    def __init__(
+        self, name: str, activation_bytes: int, weights_bytes: int, limit_bytes: int, what: str
+    ) -> None:
+        super().__init__(
+            f"request to model {name!r} needs {activation_bytes:,} bytes of activations beside"
+            f" {weights_bytes:,} bytes of weights, over {what} of {limit_bytes:,} bytes:"
+            " it could never run; send fewer or shorter inputs"
+        )
+        self.name = name
+        self.activation_bytes = activation_bytes
+        self.weights_bytes = weights_bytes
+        self.limit_bytes = limit_bytes
+
+
 class ModelNotFoundError(TesseraError):
     """No model of that name is in the repository."""
 
@@ -70,7 +96,7 @@ class ModelUnavailableError(TesseraError):
 
 
 class ModelTooLargeError(ModelUnavailableError):
-    """The model (with a batch's activations) cannot fit even alone."""
+    """The model's weights alone cannot fit the budget or its cap."""
 
 
 class OverloadedError(TesseraError):

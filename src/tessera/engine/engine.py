@@ -52,7 +52,7 @@ from tessera.residency import (
     make_eviction_policy,
 )
 from tessera.scheduling import BatchTimePredictor
-from tessera.tasks.types import Task, work_units
+from tessera.tasks.types import Task, request_units
 
 from .executor import BatchRun, ComputeExecutor
 from .host import EngineHost
@@ -376,7 +376,8 @@ class Engine:
                 f" model {name!r} takes at most {spec.max_inputs}"
             )
         self._residency.raise_if_failed(name)
-        units = sum(work_units(item) for item in items)
+        units = request_units(items, spec.inputs)
+        self._residency.raise_if_never_fits(spec, units)
         admission = self._admission.admit(caller.limits, units) if caller is not None else None
         try:
             request = self._queue(spec, list(items), units, timeout_s, caller)

@@ -11,20 +11,30 @@ A model folder looks like Triton's::
 weights carried inside an installed Python package, ``{path: P}`` for a
 folder or file (relative to the model folder), or nothing for the chosen
 version folder.
+
+What a model runs of an input is read from its ``options`` into
+``ModelSpec.inputs`` (``tasks.InputLimits``), so that work units count it:
+``max_length`` (the text window in tokens, 512 when not given: BERT's
+position table, the largest of the text runtimes' defaults), ``truncate``
+(false: refuse an over-window text with 413 instead of truncating it),
+``max_tokens_limit`` (chat), and rapidocr's resizes from ``rapidocr_params``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tessera.errors import ConfigError, ModelUnavailableError
-from tessera.tasks.types import Task
+from tessera.tasks.types import InputLimits, Task
 from tessera.units import parse_bytes
 
 RUNTIMES = ("torch", "onnx", "native")
+TEXT_TASKS = (Task.EMBEDDING, Task.RERANK, Task.CLASSIFY)
+DEFAULT_TEXT_WINDOW = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +73,7 @@ class ModelSpec:
     latency_target_ms: float | None = None
     max_inputs: int = 256
     options: dict[str, Any] = field(default_factory=dict)
+    inputs: InputLimits = field(default_factory=InputLimits)
     description: str = ""
     licence: str = ""
 
@@ -127,6 +138,38 @@ def _number(raw: dict[str, Any], key: str, default: float | None, where: str) ->
     return float(value)
 
 
+def _optional_int(options: dict[str, Any], key: str, where: str) -> int | None:
+    """A positive integer option, or None when the card does not give it."""
+    return None if options.get(key) is None else _int(options, key, 1, where)
+
+
+def parse_inputs(task: Task, options: dict[str, Any], where: str) -> InputLimits:
+    """What the model runs of an input, from its card's options."""
+    truncate = options.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ConfigError(f"{where}: options: truncate must be true or false, got {truncate!r}")
+    window = _optional_int(options, "max_length", f"{where}: options")
+    limits = InputLimits(
+        text_window=window or (DEFAULT_TEXT_WINDOW if task in TEXT_TASKS else None),
+        truncate=truncate,
+        max_new_tokens=_optional_int(options, "max_tokens_limit", f"{where}: options"),
+    )
+    params = options.get("rapidocr_params")
+    if task is not Task.OCR or not isinstance(params, dict):
+        return limits
+
+    def side(key: str, default: int) -> int:
+        value = _optional_int(params, key, f"{where}: options: rapidocr_params")
+        return default if value is None else value
+
+    return dataclasses.replace(
+        limits,
+        ocr_max_side=side("Global.max_side_len", limits.ocr_max_side),
+        ocr_min_side=side("Global.min_side_len", limits.ocr_min_side),
+        ocr_detection_side=side("Det.limit_side_len", limits.ocr_detection_side),
+    )
+
+
 def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
     """Build a ``ModelSpec`` from a parsed ``model.yaml`` in ``folder``."""
     where = str(folder / "model.yaml")
@@ -189,6 +232,7 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         latency_target_ms=_number(raw, "latency_target_ms", None, where),
         max_inputs=_int(raw, "max_inputs", 256, where),
         options=options,
+        inputs=parse_inputs(task, options, where),
         description=str(raw.get("description", "")).strip(),
         licence=str(raw.get("licence", "")).strip(),
     )

@@ -29,7 +29,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tessera.clock import Clock
-from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
+from tessera.errors import (
+    ModelTooLargeError,
+    ModelUnavailableError,
+    OverloadedError,
+    RequestTooLargeError,
+)
 from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
 from tessera.request import QueuedRequest
@@ -349,16 +354,31 @@ class ResidencyManager:
             raise ModelUnavailableError(entry.name, entry.error or "load failed")
 
     def _check_fits(self, spec: ModelSpec, footprint: Footprint, activation_bytes: int) -> None:
-        total = footprint.total_bytes + activation_bytes
-        if spec.max_bytes is not None and total > spec.max_bytes:
-            raise ModelTooLargeError(
-                spec.name, f"needs {total} bytes, over its cap of {spec.max_bytes} bytes"
-            )
-        if not self.table.fits_alone(footprint, activation_bytes):
-            raise ModelTooLargeError(
-                spec.name,
-                f"needs {total} bytes, over the whole budget of {self.table.budget_bytes} bytes",
-            )
+        """``ModelTooLargeError`` (503) when the weights alone are over the
+        model's cap or the budget; ``RequestTooLargeError`` (413) when they fit
+        but not with the batch's ``activation_bytes`` beside them."""
+        weights = footprint.total_bytes
+        for limit, what in (
+            (spec.max_bytes, "its cap"),
+            (self.table.budget_bytes, "the whole budget"),
+        ):
+            if limit is None:
+                continue
+            if weights > limit:
+                raise ModelTooLargeError(
+                    spec.name, f"needs {weights} bytes, over {what} of {limit} bytes"
+                )
+            if weights + activation_bytes > limit:
+                raise RequestTooLargeError(spec.name, activation_bytes, weights, limit, what)
+
+    def raise_if_never_fits(self, spec: ModelSpec, units: float) -> None:
+        """``RequestTooLargeError`` for a request whose own batch of ``units``
+        could never fit beside the model's measured weights (nothing is known,
+        and nothing refused, before the model's first load and warm-up)."""
+        measured = self._measured.get(spec.name)
+        stats = self.activations.of(spec.name)
+        if measured is not None and stats.num_samples:
+            self._check_fits(spec, measured, stats.reserve_bytes(units))
 
     async def _reserve(
         self,

@@ -116,7 +116,7 @@ class FakeModel:
         if self.spec.options.get("fail_run"):
             raise RuntimeError("fake model failure")
         per_unit = int(self.spec.options.get("scratch_bytes_per_unit", 0))
-        scratch_bytes = per_unit * math.ceil(sum(work_units(item) for item in items))
+        scratch_bytes = per_unit * math.ceil(sum(work_units(i, self.spec.inputs) for i in items))
         # Filled, so that every page is resident (a zeroed one may be left unmapped).
         scratch = bytearray(b"\x01") * scratch_bytes
         run_s = float(self.spec.options.get("run_s", 0.0))

@@ -6,6 +6,7 @@ from tessera.tasks.types import (
     ChatOutput,
     ClassifyOutput,
     EmbedInput,
+    InputLimits,
     LabelScore,
     OcrInput,
     OcrLine,
@@ -16,6 +17,7 @@ from tessera.tasks.types import (
     Task,
     TextInput,
     TranslateInput,
+    request_units,
     work_units,
 )
 
@@ -25,6 +27,7 @@ __all__ = [
     "ChatOutput",
     "ClassifyOutput",
     "EmbedInput",
+    "InputLimits",
     "LabelScore",
     "OcrInput",
     "OcrLine",
@@ -35,5 +38,6 @@ __all__ = [
     "Task",
     "TextInput",
     "TranslateInput",
+    "request_units",
     "work_units",
 ]

@@ -5,22 +5,28 @@ batch is a list of items from one or more requests, and a loaded model maps
 items to outputs one for one, in order. Items are plain frozen dataclasses so
 they cross thread boundaries safely; images are decoded numpy arrays.
 
-Work units (the cost used for batching limits and fairness):
-text tasks count approximate tokens (``ceil(chars / 4)``, at least 1) so that
-they can be counted before the tokenizer is resident; OCR counts pages of
-the detection pass (which scales the short side up to 736 pixels, so a small
-page costs as much as a 736 x 736 one and a tall receipt more), a line crop
-its own pixels in such pages; speech and translation count characters; chat
-counts prompt plus maximum generated tokens.
+Work units (the cost used for batching limits, fairness, the quota and the
+activation reservation) count what the model will actually run, as its card
+says (``InputLimits``): text tasks count approximate tokens (``ceil(chars /
+4)``, at least 1, so that they can be counted before the tokenizer is
+resident), capped at the model's window, where the runtime truncates; OCR
+counts pages of the detection pass after rapidocr's resizes (the long side
+brought down to 2,000 pixels, then the short side up to 736, each rounded to
+32), in 736 x 736 pages, so a small page costs as much as a 736 x 736 one, a
+tall receipt more and a 9-megapixel scan what its 2,000-pixel copy costs; a
+line crop its own pixels (after the same bound) in such pages; speech and
+translation count characters; chat counts prompt plus maximum generated tokens.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
+
+from tessera.errors import InvalidInputError, PayloadTooLargeError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -140,33 +146,126 @@ class ChatOutput:
     finish_reason: Literal["stop", "length"]
 
 
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    """What a model runs of an item, from its card (``ModelSpec.inputs``).
+
+    ``text_window``: tokens of each text the model reads; a longer text is
+    truncated to it (counted as the window), or refused with 413 when
+    ``truncate`` is false. ``ocr_*``: rapidocr's resizes before detection
+    (3.10's defaults: ``Global.max_side_len``, ``Global.min_side_len``,
+    ``Det.limit_side_len`` with ``limit_type: min``). ``max_new_tokens``: the
+    most tokens a chat item may ask to generate.
+    """
+
+    text_window: int | None = None
+    truncate: bool = True
+    ocr_max_side: int = 2000
+    ocr_min_side: int = 30
+    ocr_detection_side: int = 736
+    max_new_tokens: int | None = None
+
+
+NO_LIMITS = InputLimits()
+
+
 def _approx_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / 4))
 
 
-# rapidocr's detection resizes an image so that its short side is at least this.
+def _text_units(text: str, limits: InputLimits) -> int:
+    tokens = _approx_tokens(text)
+    window = limits.text_window
+    return tokens if window is None else min(tokens, window)
+
+
+# The side, in pixels, of one work unit of OCR: a page of the detection pass.
 OCR_DETECTION_SIDE = 736
+# rapidocr pads a strip wider than 8:1 (or a page at most 30 pixels high) with
+# rows above and below before detection (Global.width_height_ratio, min_height).
+_OCR_WIDTH_HEIGHT_RATIO = 8
+_OCR_MIN_HEIGHT = 30
 
 
-def _detection_pages(height: int, width: int) -> float:
+def _resized(height: int, width: int, scale: float) -> tuple[int, int]:
+    """rapidocr's resize: each side scaled, then rounded to a multiple of 32."""
+    return (
+        max(32, round(int(height * scale) / 32) * 32),
+        max(32, round(int(width * scale) / 32) * 32),
+    )
+
+
+def _bounded(height: int, width: int, limits: InputLimits) -> tuple[int, int]:
+    """The image rapidocr's pre-processing hands on: long side at most
+    ``ocr_max_side``, then short side at least ``ocr_min_side``."""
+    height, width = max(1, height), max(1, width)
+    if max(height, width) > limits.ocr_max_side:
+        height, width = _resized(height, width, limits.ocr_max_side / max(height, width))
+    if min(height, width) < limits.ocr_min_side:
+        height, width = _resized(height, width, limits.ocr_min_side / min(height, width))
+    return height, width
+
+
+def _detection_pages(height: int, width: int, limits: InputLimits) -> float:
     """The detection pass's pixels, in 736 x 736 pages: what its activations scale with."""
-    scale = max(1.0, OCR_DETECTION_SIDE / max(1, min(height, width)))
-    return (height * scale) * (width * scale) / OCR_DETECTION_SIDE**2
+    height, width = _bounded(height, width, limits)
+    if width / height > _OCR_WIDTH_HEIGHT_RATIO or height <= _OCR_MIN_HEIGHT:
+        padded = max(int(width / _OCR_WIDTH_HEIGHT_RATIO), _OCR_MIN_HEIGHT) * 2
+        height += 2 * int(abs(padded - height) / 2)
+    side = limits.ocr_detection_side
+    if min(height, width) < side:
+        height, width = _resized(height, width, side / min(height, width))
+    return height * width / OCR_DETECTION_SIDE**2
 
 
-def work_units(item: object) -> float:
-    """The cost of one item in its task's own unit."""
+def work_units(item: object, limits: InputLimits = NO_LIMITS) -> float:
+    """The cost of one item in its task's own unit, for a model of ``limits``."""
     match item:
         case TextInput(text=text):
-            return _approx_tokens(text)
+            return _text_units(text, limits)
         case RerankInput(query=query, document=document):
-            return _approx_tokens(query) + _approx_tokens(document)
+            return _text_units(query, limits) + _text_units(document, limits)
         case TranslateInput(text=text) | SpeechInput(text=text):
             return max(1, len(text))
         case OcrInput(image=image, mode="line"):  # recognition alone: its pixels
-            return max(1e-3, float(image.shape[0] * image.shape[1]) / OCR_DETECTION_SIDE**2)
+            height, width = _bounded(int(image.shape[0]), int(image.shape[1]), limits)
+            return max(1e-3, height * width / OCR_DETECTION_SIDE**2)
         case OcrInput(image=image):
-            return _detection_pages(int(image.shape[0]), int(image.shape[1]))
+            return _detection_pages(int(image.shape[0]), int(image.shape[1]), limits)
         case ChatInput(messages=messages, max_tokens=max_tokens):
             return sum(_approx_tokens(m.content) for m in messages) + max_tokens
     raise TypeError(f"not a task item: {type(item).__name__}")
+
+
+def _check_item(index: int, item: object, limits: InputLimits) -> None:
+    """Refuse an item the model would not run whole: a text over its window
+    when the card says ``truncate: false``, a chat over its token limit."""
+    match item:
+        case TextInput(text=text):
+            texts = [text]
+        case RerankInput(query=query, document=document):
+            texts = [query, document]
+        case ChatInput(max_tokens=max_tokens):
+            if limits.max_new_tokens is not None and max_tokens > limits.max_new_tokens:
+                raise InvalidInputError(
+                    f"max_tokens {max_tokens} is over this model's limit of {limits.max_new_tokens}"
+                )
+            return
+        case _:
+            return
+    window = limits.text_window
+    if limits.truncate or window is None:
+        return
+    for text in texts:
+        if _approx_tokens(text) > window:
+            raise PayloadTooLargeError(
+                f"input[{index}] is about {_approx_tokens(text):,} tokens (characters / 4),"
+                f" over the model's window of {window:,} tokens; its card says truncate: false"
+            )
+
+
+def request_units(items: Sequence[object], limits: InputLimits) -> float:
+    """A request's work units, once each item is checked against ``limits``."""
+    for index, item in enumerate(items):
+        _check_item(index, item, limits)
+    return sum(work_units(item, limits) for item in items)

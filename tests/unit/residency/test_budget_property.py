@@ -15,7 +15,12 @@ from hypothesis import strategies as st
 
 from builders import make_spec
 from tessera.clock import FakeClock
-from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
+from tessera.errors import (
+    ModelTooLargeError,
+    ModelUnavailableError,
+    OverloadedError,
+    RequestTooLargeError,
+)
 from tessera.repository.spec import ModelSpec
 from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.fake import FakeModelHost
@@ -119,9 +124,12 @@ async def _run_concurrently(tasks: list[list[Step]], turns: int) -> None:
     outcomes = await asyncio.gather(
         *(_task(manager, host, steps) for steps in tasks), return_exceptions=True
     )
-    # The only error a caller may see besides waiting too long: a model over the budget.
+    # The only errors a caller may see besides waiting too long: a model over the
+    # budget, or a lease whose activations could never fit beside it.
     for outcome in outcomes:
-        if isinstance(outcome, BaseException) and not isinstance(outcome, ModelTooLargeError):
+        if isinstance(outcome, BaseException) and not isinstance(
+            outcome, ModelTooLargeError | RequestTooLargeError
+        ):
             raise outcome
     assert host.violations == []
     assert manager.peak_used_bytes <= BUDGET

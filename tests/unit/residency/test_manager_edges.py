@@ -10,7 +10,12 @@ import pytest
 
 from builders import make_spec
 from tessera.clock import FakeClock
-from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
+from tessera.errors import (
+    ModelTooLargeError,
+    ModelUnavailableError,
+    OverloadedError,
+    RequestTooLargeError,
+)
 from tessera.footprint import Footprint
 from tessera.repository import ModelSpec
 from tessera.request import QueuedRequest, RequestResult
@@ -246,18 +251,20 @@ async def test_fit_counts_activations_and_allows_exactly_the_cap_or_the_budget()
     manager, _host, _clock = make_manager(1000)
     capped = make_spec("c", 300, max_bytes=500)
     manager.release(await manager.acquire(capped, 200))  # 500: exactly its cap
-    with pytest.raises(ModelTooLargeError) as info:
+    with pytest.raises(RequestTooLargeError) as info:  # the request's fault: 413
         await manager.acquire(capped, 201)
-    assert (info.value.name, info.value.reason) == (
-        "c",
-        "needs 501 bytes, over its cap of 500 bytes",
+    assert (info.value.name, info.value.activation_bytes, info.value.limit_bytes) == ("c", 201, 500)
+    assert "201 bytes of activations beside 300 bytes of weights, over its cap of 500" in str(
+        info.value
     )
     whole = make_spec("w", 1000)
     await manager.ensure_loaded(whole)  # exactly the budget
-    with pytest.raises(ModelTooLargeError) as info:
+    with pytest.raises(RequestTooLargeError, match="over the whole budget of 1,000 bytes"):
         await manager.acquire(whole, 1)
-    assert (info.value.name, info.value.reason) == (
-        "w",
+    with pytest.raises(ModelTooLargeError) as too_large:  # the weights alone: the server's, 503
+        await manager.acquire(make_spec("x", 1001), 0)
+    assert (too_large.value.name, too_large.value.reason) == (
+        "x",
         "needs 1001 bytes, over the whole budget of 1000 bytes",
     )
 

@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 
 from builders import make_spec
 from tessera.clock import FakeClock
-from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
+from tessera.errors import (
+    ModelTooLargeError,
+    ModelUnavailableError,
+    OverloadedError,
+    RequestTooLargeError,
+)
 from tessera.residency import (
     Lease,
     ModelState,
@@ -148,9 +153,10 @@ async def test_per_model_cap_is_enforced_on_measured_bytes() -> None:
 
 
 async def test_activation_reservation_that_cannot_fit_alone_is_refused() -> None:
-    manager, _host = make_manager(1000)
-    with pytest.raises(ModelTooLargeError):
+    manager, host = make_manager(1000)
+    with pytest.raises(RequestTooLargeError, match="500 bytes of activations beside 600"):
         await manager.acquire(make_spec("a", 600), 500)
+    assert host.loads["a"] == 0  # refused before loading
 
 
 async def test_failed_load_is_that_models_only() -> None:
