@@ -4,12 +4,27 @@
 happens to a request (when its batch formed, how long it ran, its outputs)
 travels back in the ``RequestResult`` its future is resolved with, not in the
 request itself.
+
+Two things cross from the caller to the work and back, and only the engine
+writes them:
+
+- ``stop``, a thread-safe flag set once the caller has gone (hung up, or its
+  deadline passed). The engine runs a batch with its items' flags
+  (``with_stops``) and a runtime that works in steps (a generation) reads them
+  with ``item_stops`` and stops those items at the next step.
+- ``charge``, the work units the request is finally charged, settled once
+  when its work ends (admission charged an estimate at arrival): what ran
+  for a request that ran, answered or not; nothing for one that never ran or
+  whose batch failed. The quota and the audit row both take this figure.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import contextvars
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -21,6 +36,36 @@ class RequestResult:
     queued_s: float  # from arrival to the forming of its batch
     run_s: float  # the batch's run time
     batch_size: int  # items in the batch it ran in
+
+
+class Charge:
+    """The units a request is charged: settled once, on the event loop (the
+    first ``settle`` wins; listeners hear it once, at once if already settled)."""
+
+    __slots__ = ("_listeners", "started", "units")
+
+    def __init__(self) -> None:
+        self.started = False  # its batch began to run
+        self.units: float | None = None
+        self._listeners: list[Callable[[float], None]] = []
+
+    @property
+    def settled(self) -> bool:
+        return self.units is not None
+
+    def settle(self, units: float) -> None:
+        if self.units is not None:
+            return
+        self.units = units
+        listeners, self._listeners = self._listeners, []
+        for listener in listeners:
+            listener(units)
+
+    def when_settled(self, listener: Callable[[float], None]) -> None:
+        if self.units is not None:
+            listener(self.units)
+        else:
+            self._listeners.append(listener)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -40,6 +85,8 @@ class QueuedRequest:
     tier: str = "standard"
     weight: float = 1.0
     latency_target_s: float | None = None  # set for requests of a latency tier
+    stop: threading.Event = field(default_factory=threading.Event)  # see the module notes
+    charge: Charge = field(default_factory=Charge)
 
     @property
     def gone(self) -> bool:
@@ -59,3 +106,37 @@ class Batch:
     @property
     def num_items(self) -> int:
         return sum(len(r.items) for r in self.requests)
+
+
+# The stop flags of the batch the current thread runs, one per item.
+_STOPS: contextvars.ContextVar[tuple[threading.Event, ...]] = contextvars.ContextVar(
+    "tessera_item_stops", default=()
+)
+
+
+def with_stops(
+    fn: Callable[[Sequence[Any]], list[Any]], requests: Sequence[QueuedRequest]
+) -> Callable[[Sequence[Any]], list[Any]]:
+    """``fn`` (a model's ``run``) to run the items of ``requests`` with their
+    stop flags in view of ``item_stops``; the requests count as started now."""
+    stops = tuple(r.stop for r in requests for _ in r.items)
+    for request in requests:
+        request.charge.started = True
+
+    def run(items: Sequence[Any]) -> list[Any]:
+        token = _STOPS.set(stops)
+        try:
+            return fn(items)
+        finally:
+            _STOPS.reset(token)
+
+    return run
+
+
+def item_stops(num_items: int) -> tuple[threading.Event, ...]:
+    """The stop flags of the ``num_items`` items this thread runs now; flags
+    never set when it runs none (a warm-up, a test calling a model directly)."""
+    stops = _STOPS.get()
+    if len(stops) == num_items:
+        return stops
+    return tuple(threading.Event() for _ in range(num_items))

@@ -3,7 +3,9 @@
 - ``TokenBucket``: QPS with a burst; refills continuously.
 - concurrency: requests in flight per tenant, released when answered.
 - daily quota: work units per UTC day, charged at admission with the
-  request's estimate (for chat: prompt plus maximum new tokens).
+  request's estimate (for chat: prompt plus maximum new tokens), then
+  ``settle``d to what the request is finally charged (what ran; nothing for a
+  request that never ran), the figure its audit row records too.
 
 The controller is plain Python over a ``Clock`` (monotonic, for the bucket)
 and a wall-clock function (for the day boundary), so tests fake both.
@@ -71,9 +73,12 @@ class _TenantState:
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """A granted admission; ``release`` it when the request is answered."""
+    """A granted admission; ``release`` it when the request is answered and
+    ``settle`` it once its final charge is known."""
 
     tenant: str
+    units: float = 0.0  # the estimate charged at admission
+    day: int = -1  # the UTC day it was charged to
 
 
 class AdmissionController:
@@ -142,7 +147,20 @@ class AdmissionController:
             )
         state.in_flight += 1
         state.units_today += units
-        return Admission(limits.name)
+        return Admission(limits.name, units, today)
+
+    def settle(self, admission: Admission, units: float) -> None:
+        """Charge ``units`` in place of the estimate admitted. A request that
+        ends on a later day than it was admitted is charged to that day (the
+        day its audit row is written in)."""
+        state = self._tenants.get(admission.tenant)
+        if state is None:
+            return
+        today = self._today()
+        if state.day != today:
+            state.day, state.units_today = today, 0.0
+        charged = admission.units if admission.day == today else 0.0
+        state.units_today = max(0.0, state.units_today + units - charged)
 
     def remaining(self, limits: TenantLimits) -> float | None:
         state = self._tenants.get(limits.name)

@@ -43,7 +43,7 @@ from tessera.errors import (
 )
 from tessera.metrics import EngineStats, FanoutSink, ModelStats, StatsSink
 from tessera.repository import ModelRepository, ModelSpec
-from tessera.request import Batch, QueuedRequest, RequestResult
+from tessera.request import Batch, Charge, QueuedRequest, RequestResult, with_stops
 from tessera.residency import (
     ActivationBook,
     BatchPart,
@@ -52,7 +52,7 @@ from tessera.residency import (
     make_eviction_policy,
 )
 from tessera.scheduling import BatchTimePredictor
-from tessera.tasks.types import Task, request_units
+from tessera.tasks.types import ChatOutput, Task, request_units
 
 from .executor import BatchRun, ComputeExecutor
 from .host import EngineHost
@@ -119,6 +119,9 @@ class RequestTrace:
     queued_s: float = 0.0
     run_s: float = 0.0
     batch_size: int = 0
+    # The request's final charge, settled when its work ends (which may be
+    # after ``wait`` returns: a generation stops at its next step).
+    charge: Charge | None = None
 
 
 @dataclass(frozen=True)
@@ -391,8 +394,13 @@ class Engine:
         return Submission(name, request, admission)
 
     async def wait(self, submission: Submission, trace: RequestTrace | None = None) -> list[Any]:
-        """The outputs of a submitted request, within its deadline."""
+        """The outputs of a submitted request, within its deadline. If it ends
+        without them (the caller gone, the deadline passed, a failure), its work
+        is told to stop at its next step, and costs nothing if it never began."""
         request = submission.request
+        if submission.admission is not None:
+            settle = functools.partial(self._admission.settle, submission.admission)
+            request.charge.when_settled(settle)
         timeout = request.deadline - request.arrival if request.deadline else None
         result: RequestResult | None = None
         try:
@@ -403,10 +411,15 @@ class Engine:
                 f"no answer from model {submission.model!r} within {timeout:.3g}s"
             ) from e
         finally:
+            if result is None:
+                request.stop.set()
+                if not request.charge.started:
+                    request.charge.settle(0.0)
             if submission.admission is not None:
                 self._admission.release(submission.admission)
             if trace is not None:
-                trace.units = request.units
+                trace.charge = request.charge
+                trace.units = request.charge.units if request.charge.units is not None else 0.0
                 if result is not None:
                     trace.queued_s = result.queued_s
                     trace.run_s = result.run_s
@@ -450,7 +463,8 @@ class Engine:
         try:
             expected_s = self._predictor(spec.name).predict(part.units)
             async with self._residency.lease(spec, part.activation_bytes) as lease:
-                run = await self._executor.run(lease.model.run, items, expected_s)
+                run_items = with_stops(lease.model.run, part.requests)
+                run = await self._executor.run(run_items, items, expected_s)
             if len(run.outputs) != len(items):
                 raise InferenceError(
                     f"model {spec.name!r} returned {len(run.outputs)} outputs"
@@ -480,6 +494,7 @@ class Engine:
         start = 0
         for request in part.requests:
             end = start + len(request.items)
+            request.charge.settle(_units_run(request, run.outputs[start:end]))
             if not request.future.done():
                 queued_s = formed_at - request.arrival
                 result = RequestResult(run.outputs[start:end], queued_s, run.run_s, num_items)
@@ -489,5 +504,15 @@ class Engine:
     def _report_failure(self, spec: ModelSpec, part: BatchPart, error: Exception) -> None:
         self._counters[spec.name].num_failures += 1
         for request in part.requests:
+            request.charge.settle(0.0)  # a failed batch costs its callers nothing
             if not request.future.done():
                 request.future.set_exception(error)
+
+
+def _units_run(request: QueuedRequest, outputs: list[Any]) -> float:
+    """What a request that ran is charged: a chat's prompt and generated tokens
+    as its model counted them (fewer than admitted when it stopped early), any
+    other request its work units."""
+    if outputs and all(isinstance(o, ChatOutput) for o in outputs):
+        return float(sum(o.prompt_tokens + o.completion_tokens for o in outputs))
+    return request.units

@@ -23,7 +23,7 @@ from tessera.gateway import (
 )
 from tessera.gateway.common import BodyLimitMiddleware
 from tessera.gateway.context import RequestContextMiddleware
-from tessera.gateway.errors import install_error_handlers
+from tessera.gateway.errors import UnexpectedErrorMiddleware, install_error_handlers
 from tessera.gateway.observability import install_observability
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tenants import AuditLog, TenantStore
@@ -76,5 +76,6 @@ def create_app(
         app, engine, per_tenant_labels=per_tenant_labels, metrics_public=metrics_public
     )
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+    app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(RequestContextMiddleware)
     return app

@@ -59,9 +59,11 @@ def submit_task(request: Request, model: str, task: Task, items: list[Any]) -> S
     info = request.state.audit
     info.model, info.task = model, task.value
     caller = caller_of(request, model)
-    return engine_of(request).submit(
+    submission = engine_of(request).submit(
         model, task, items, timeout_s=timeout_of(request), caller=caller
     )
+    info.trace.charge = submission.request.charge  # the audit row waits for it
+    return submission
 
 
 async def run_task(request: Request, model: str, task: Task, items: list[Any]) -> list[Any]:
@@ -106,7 +108,9 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 
 class BodyLimitMiddleware:
-    """Refuse request bodies over ``max_body_bytes`` with 413, before parsing."""
+    """Refuse request bodies over ``max_body_bytes`` with 413, before parsing,
+    and compressed ones (a ``Content-Encoding`` other than identity) with 415:
+    no route decompresses a body, so none can be a decompression bomb."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
         self.app = app
@@ -119,6 +123,10 @@ class BodyLimitMiddleware:
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
                 await self._refuse(send)
+                return
+            if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+                message = f"Content-Encoding {value.decode('latin-1')[:40]!r} is not accepted"
+                await self._refuse(send, 415, message, "unsupported_media_type")
                 return
         received = 0
 
@@ -136,16 +144,17 @@ class BodyLimitMiddleware:
         except _BodyTooLarge:
             await self._refuse(send)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(
+        self, send: Send, status: int = 413, message: str = "", kind: str = "payload_too_large"
+    ) -> None:
         import json
 
-        body = json.dumps(
-            error_body(413, f"request body over {self.max_body_bytes} bytes", "payload_too_large")
-        ).encode()
+        message = message or f"request body over {self.max_body_bytes} bytes"
+        body = json.dumps(error_body(status, message, kind)).encode()
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
+                "status": status,
                 "headers": [(b"content-type", b"application/json")],
             }
         )

@@ -6,13 +6,20 @@
   or revoked → 401; ``/admin`` and ``/metrics`` need an admin key → 403
   (``/metrics`` is public where ``app.state.metrics_public`` is set). Keys are checked
   against the store on each request, so revocations apply at once.
-- One audit row per request, refused ones included, written off the hot path
-  by ``AuditLog``; routes add the model, task and trace in ``request.state``.
+- Failed authentication is throttled per client address (``AuthThrottle``):
+  past its threshold a failing address gets 429 with ``Retry-After``; a right
+  key still passes (see ``tenants/throttle.py`` for why).
+- One audit row per API request, refused ones included, and one per request
+  refused by authentication or permission on any route (``/admin`` too),
+  written off the hot path by ``AuditLog``; routes add the model, task and
+  trace in ``request.state``. Nothing of the key but its public prefix is
+  ever logged or audited.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,11 +27,13 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tessera.clock import Clock, MonotonicClock
 from tessera.engine import RequestTrace
 from tessera.gateway.errors import error_body
 from tessera.logs import request_id as request_id_var
 from tessera.metrics import RequestEvent, StatsSink
 from tessera.tenants import AuditRecord, Principal
+from tessera.tenants.throttle import AuthThrottle
 
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/v2", "/openapi.json", "/docs"})
 # The live page and its assets hold no data (the page asks /admin/* with a key).
@@ -65,9 +74,20 @@ def api_key(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Refusal:
+    status: int
+    message: str
+    reason: str
+    retry_after_s: float | None = None
+
+
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(
+        self, app: ASGIApp, *, clock: Clock | None = None, throttle: AuthThrottle | None = None
+    ) -> None:
         self.app = app
+        self.throttle = throttle or AuthThrottle(clock or MonotonicClock())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -98,8 +118,8 @@ class RequestContextMiddleware:
         try:
             refusal = self._authenticate(scope, app_state, state, headers)
             if refusal is not None:
-                info.reason = "auth"
-                await _respond(send_with_id, *refusal, scope["path"])
+                info.reason = refusal.reason
+                await _respond(send_with_id, refusal, scope["path"])
                 return
             await self.app(scope, receive, send_with_id)
         finally:
@@ -112,20 +132,32 @@ class RequestContextMiddleware:
         app_state: Any,
         state: dict[str, Any],
         headers: list[tuple[bytes, bytes]],
-    ) -> tuple[int, str] | None:
+    ) -> _Refusal | None:
         store = getattr(app_state, "tenant_store", None)
         path: str = scope["path"]
         if store is None or path in public_paths(app_state) or is_dashboard(path):
             return None
         key = api_key(headers)
-        if key is None:
-            return 401, "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key'"
-        principal: Principal | None = store.authenticate(key)
+        principal: Principal | None = store.authenticate(key) if key is not None else None
         if principal is None:
-            return 401, "invalid or revoked API key"
+            client = scope.get("client")
+            wait_s = self.throttle.failed(client[0] if client else "")
+            if wait_s is not None:
+                return _Refusal(
+                    429,
+                    "too many failed authentications from this address;"
+                    f" retry after {math.ceil(wait_s)} s",
+                    "auth_throttled",
+                    wait_s,
+                )
+            if key is None:
+                return _Refusal(
+                    401, "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key'", "auth"
+                )
+            return _Refusal(401, "invalid or revoked API key", "auth")
         state["principal"] = principal
         if (path.startswith("/admin") or path == METRICS_PATH) and not principal.admin:
-            return 403, "this route needs an admin key"
+            return _Refusal(403, "this route needs an admin key", "auth")
         return None
 
     def _audit(
@@ -137,13 +169,14 @@ class RequestContextMiddleware:
         started: float,
         path: str,
     ) -> None:
-        if not (path.startswith("/v1/") or path.startswith("/v2/models")) or path == "/v1/models":
+        api = (path.startswith("/v1/") or path.startswith("/v2/models")) and path != "/v1/models"
+        if not api and info.reason not in ("auth", "auth_throttled"):
             return
         principal: Principal | None = state.get("principal")
         tenant = principal.tenant.name if principal else None
         total_s = time.monotonic() - started
         stats: StatsSink | None = getattr(app_state, "stats", None)
-        if stats is not None:
+        if stats is not None and api:
             stats.on_request(
                 RequestEvent(
                     model=info.model,
@@ -159,31 +192,48 @@ class RequestContextMiddleware:
         audit_log = getattr(app_state, "audit_log", None)
         if audit_log is None:
             return
-        audit_log.record(
-            AuditRecord(
-                ts=time.time(),
-                tenant=tenant,
-                key_prefix=principal.key_prefix if principal else None,
-                model=info.model,
-                task=info.task,
-                units=info.trace.units,
-                status=status,
-                queue_s=info.trace.queued_s,
-                total_s=total_s,
-                batch_size=info.trace.batch_size or None,
-                request_id=state.get("request_id"),
-                reason=info.reason,
+        trace = info.trace
+        request_id = state.get("request_id")
+
+        def record(units: float) -> None:
+            audit_log.record(
+                AuditRecord(
+                    ts=time.time(),
+                    tenant=tenant,
+                    key_prefix=principal.key_prefix if principal else None,
+                    model=info.model,
+                    task=info.task,
+                    units=units,
+                    status=status,
+                    queue_s=trace.queued_s,
+                    total_s=total_s,
+                    batch_size=trace.batch_size or None,
+                    request_id=request_id,
+                    reason=info.reason,
+                )
             )
-        )
+
+        if trace.charge is None:
+            record(0.0)  # refused before it was queued: nothing charged
+        else:
+            # Written once the charge is settled: at once for an answered request,
+            # when the work stops for one whose caller left (the units that ran).
+            trace.charge.when_settled(record)
 
 
-async def _respond(send: Send, status: int, message: str, path: str) -> None:
-    kind = "authentication_error" if status == 401 else "permission_denied"
+async def _respond(send: Send, refusal: _Refusal, path: str) -> None:
+    status = refusal.status
+    kind = {401: "authentication_error", 403: "permission_denied"}.get(status, "rate_limited")
     payload: dict[str, Any] = (
-        {"error": message} if path.startswith("/v2") else error_body(status, message, kind)
+        {"error": refusal.message}
+        if path.startswith("/v2")
+        else error_body(status, refusal.message, kind)
     )
     headers = [(b"content-type", b"application/json")]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if refusal.retry_after_s is not None:
+        retry_after = max(1, math.ceil(refusal.retry_after_s))
+        headers.append((b"retry-after", str(retry_after).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": json.dumps(payload).encode()})

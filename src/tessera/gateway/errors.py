@@ -2,6 +2,12 @@
 
 Every error body has the OpenAI shape ``{"error": {"message", "type", "code"}}``
 so the OpenAI, Cohere-style and Triton clients all show the message.
+
+Any other exception (a bug: no input should reach one) is a 500 with the
+exception's type only, and logs one line per request; its traceback is logged
+once per route and exception type (at most ``MAX_TRACEBACKS`` of them per
+process) and otherwise only at DEBUG, so that a tenant who finds such an input
+cannot fill the disk with tracebacks.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.errors import (
     ApiKeyNotFoundError,
@@ -37,6 +44,8 @@ from tessera.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+MAX_TRACEBACKS = 100
 
 _STATUS: list[tuple[type[TesseraError], int, str]] = [
     (PayloadTooLargeError, 413, "payload_too_large"),
@@ -128,8 +137,48 @@ def install_error_handlers(app: FastAPI) -> None:
         body = error_body(exc.status_code, str(exc.detail), "http_error")
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        body = error_body(500, f"internal error: {type(exc).__name__}", "internal_error")
-        return JSONResponse(body, status_code=500)
+class UnexpectedErrorMiddleware:
+    """Any exception a route lets out becomes a JSON 500 here, logged as one
+    line; its traceback once per route and exception type (``MAX_TRACEBACKS``
+    in all), else at DEBUG. Starlette's own handler for ``Exception`` would
+    answer too, but then re-raise, and the server would log a traceback per
+    request and close the connection."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._tracebacks_logged: set[tuple[str, str]] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracking(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracking)
+        except Exception as exc:
+            self._log(scope, exc)
+            if started:  # a stream under way: it ends here, cut short
+                return
+            body = error_body(500, f"internal error: {type(exc).__name__}", "internal_error")
+            await JSONResponse(body, status_code=500)(scope, receive, send)
+
+    def _log(self, scope: Scope, exc: Exception) -> None:
+        route = getattr(scope.get("route"), "path", scope.get("path", ""))
+        key = (f"{scope.get('method', '')} {route}", type(exc).__name__)
+        first = key not in self._tracebacks_logged and len(self._tracebacks_logged) < MAX_TRACEBACKS
+        if first:
+            self._tracebacks_logged.add(key)
+        log.error(
+            "unhandled error on %s: %s: %r%s",
+            key[0],
+            key[1],
+            str(exc)[:200],
+            " (its traceback follows, once for this route and error)" if first else "",
+            exc_info=exc if first or log.isEnabledFor(logging.DEBUG) else None,
+        )

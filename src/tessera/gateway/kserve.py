@@ -9,7 +9,9 @@ binary tensor extension, as ``tritonclient[http]`` speaks them.
 from __future__ import annotations
 
 import json
+import math
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -84,45 +86,164 @@ def _decode_bytes_tensor(raw: bytes) -> list[str]:
     return texts
 
 
-def _flatten(data: Any) -> list[Any]:
-    if isinstance(data, list):
-        return [x for item in data for x in _flatten(item)]
-    return [data]
+# Nesting of a tensor's ``data`` (a list per dimension); deeper is refused
+# before it is walked (Python's own recursion limit is near 1,000).
+MAX_TENSOR_RANK = 8
 
 
-def _parse_request(body: bytes, header_length: str | None) -> tuple[dict[str, Any], list[str]]:
-    """The JSON header and the texts of the (single) BYTES input."""
-    try:
-        if header_length is not None:
-            split = int(header_length)
-            header, binary = json.loads(body[:split]), body[split:]
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """A KServe v2 infer body, validated: its texts and how to answer."""
+
+    texts: list[str]
+    request_id: str | None
+    outputs: frozenset[str]  # outputs named in the request (none: all of them)
+    binary_outputs: frozenset[str]  # outputs asked for as binary tensor data
+    binary_by_default: bool  # ``parameters.binary_data_output``
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _mapping(value: object, where: str) -> dict[str, Any]:
+    """An optional JSON object (``parameters``): absent is empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"{where} must be a JSON object")
+    return value
+
+
+def _flatten_strings(data: object) -> list[str]:
+    """The strings of a BYTES tensor's ``data``, nested at most MAX_TENSOR_RANK
+    deep, without recursion; anything but a string is refused."""
+    texts: list[str] = []
+    stack: list[tuple[object, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, list):
+            if depth >= MAX_TENSOR_RANK:
+                raise InvalidInputError(f"data is nested deeper than {MAX_TENSOR_RANK} levels")
+            stack.extend((item, depth + 1) for item in reversed(value))
+        elif isinstance(value, str):
+            texts.append(value)
         else:
-            header, binary = json.loads(body), b""
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidInputError("request is not valid JSON") from e
-    inputs = header.get("inputs") if isinstance(header, dict) else None
+            raise InvalidInputError(
+                f"a BYTES tensor holds strings; data has {type(value).__name__} {value!r:.40}"
+            )
+    return texts
+
+
+def _shape(tensor: dict[str, Any]) -> list[int]:
+    shape = tensor.get("shape")
+    if (
+        not isinstance(shape, list)
+        or not 1 <= len(shape) <= MAX_TENSOR_RANK
+        or not all(_is_int(d) and d >= 0 for d in shape)
+    ):
+        raise InvalidInputError(
+            f"input shape must be a list of 1 to {MAX_TENSOR_RANK} non-negative integers,"
+            f" got {shape!r:.80}"
+        )
+    return shape
+
+
+def _load_header(body: bytes, header_length: str | None) -> tuple[object, bytes]:
+    """The JSON header and the binary tensor data after it."""
+    split = len(body)
+    if header_length is not None:
+        if not header_length.strip().isdigit() or int(header_length) > len(body):
+            raise InvalidInputError(
+                f"{HEADER_LENGTH} must be a whole number of bytes within the body"
+                f" ({len(body)}), got {header_length!r:.40}"
+            )
+        split = int(header_length)
+    try:
+        return json.loads(body[:split]), body[split:]
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise InvalidInputError("request header is not valid JSON") from e
+
+
+def _texts_of(tensor: dict[str, Any], binary: bytes) -> list[str]:
+    """The texts of a BYTES input tensor, checked against its shape."""
+    name = tensor.get("name")
+    if not isinstance(name, str):
+        raise InvalidInputError("input name must be a string")
+    if tensor.get("datatype") != "BYTES":
+        raise InvalidInputError(f"input {name!r} must be BYTES, not {tensor.get('datatype')!r:.20}")
+    shape = _shape(tensor)
+    size = _mapping(tensor.get("parameters"), f"input {name!r} parameters").get("binary_data_size")
+    if size is not None:
+        if not _is_int(size) or not 0 <= size <= len(binary):
+            raise InvalidInputError(
+                f"binary_data_size must be an integer from 0 to the {len(binary)} bytes"
+                f" after the header, got {size!r:.40}"
+            )
+        if "data" in tensor:
+            raise InvalidInputError(f"input {name!r} has both data and binary_data_size")
+        texts = _decode_bytes_tensor(binary[:size])
+    else:
+        if "data" not in tensor:
+            raise InvalidInputError(f"input {name!r} has neither data nor binary_data_size")
+        texts = _flatten_strings(tensor["data"])
+    if math.prod(shape) != len(texts):
+        raise InvalidInputError(
+            f"input {name!r} has shape {shape} ({math.prod(shape)} elements)"
+            f" but {len(texts)} strings"
+        )
+    return texts
+
+
+def _outputs(outputs: object) -> tuple[frozenset[str], frozenset[str]]:
+    """The requested outputs, and those that want binary data."""
+    if outputs is None:
+        return frozenset(), frozenset()
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+        raise InvalidInputError("outputs must be a list of objects")
+    names, binary = set(), set()
+    for output in outputs:
+        name = output.get("name")
+        if not isinstance(name, str):
+            raise InvalidInputError("output name must be a string")
+        wants = _mapping(output.get("parameters"), f"output {name!r} parameters").get(
+            "binary_data", False
+        )
+        if not isinstance(wants, bool):
+            raise InvalidInputError(f"output {name!r} binary_data must be true or false")
+        names.add(name)
+        if wants:
+            binary.add(name)
+    return frozenset(names), frozenset(binary)
+
+
+def _parse_request(body: bytes, header_length: str | None) -> InferRequest:
+    """The JSON header and the texts of the (single) BYTES input, every field
+    checked: a malformed body is ``InvalidInputError``, never anything else."""
+    header, binary = _load_header(body, header_length)
+    if not isinstance(header, dict):
+        raise InvalidInputError("request header must be a JSON object")
+    inputs = header.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InvalidInputError("infer takes exactly one input: a BYTES tensor of texts")
-    tensor = inputs[0]
-    if tensor.get("datatype") != "BYTES":
-        raise InvalidInputError(f"input {tensor.get('name')!r} must be BYTES")
-    size = (tensor.get("parameters") or {}).get("binary_data_size")
-    if size is not None:
-        texts = _decode_bytes_tensor(binary[: int(size)])
-    else:
-        texts = [str(x) for x in _flatten(tensor.get("data", []))]
-    return header, texts
-
-
-def _wants_binary(header: dict[str, Any], name: str) -> bool:
-    for output in header.get("outputs") or []:
-        if output.get("name") == name:
-            return bool((output.get("parameters") or {}).get("binary_data", False))
-    return bool((header.get("parameters") or {}).get("binary_data_output", False))
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInputError("id must be a string")
+    by_default = _mapping(header.get("parameters"), "parameters").get("binary_data_output", False)
+    if not isinstance(by_default, bool):
+        raise InvalidInputError("binary_data_output must be true or false")
+    outputs, binary_outputs = _outputs(header.get("outputs"))
+    return InferRequest(
+        texts=_texts_of(inputs[0], binary),
+        request_id=request_id,
+        outputs=outputs,
+        binary_outputs=binary_outputs,
+        binary_by_default=by_default,
+    )
 
 
 def _encode_output(
-    header: dict[str, Any], name: str, array: np.ndarray[Any, Any], datatype: str
+    request: InferRequest, name: str, array: np.ndarray[Any, Any], datatype: str
 ) -> tuple[dict[str, Any], bytes]:
     out: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
     if datatype == "BYTES":
@@ -133,7 +254,7 @@ def _encode_output(
     else:
         raw = array.astype("<f4").tobytes()
         data = array.ravel().tolist()
-    if _wants_binary(header, name):
+    if name in request.binary_outputs or request.binary_by_default:
         out["parameters"] = {"binary_data_size": len(raw)}
         return out, raw
     out["data"] = data
@@ -146,12 +267,19 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     engine = engine_of(request)
     try:
         spec = engine.repository.get(name)
-        header, texts = _parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
+        parsed = _parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
+        texts = parsed.texts
         if not texts:
             raise InvalidInputError("input must not be empty")
         items = [TextInput(t) for t in texts]
         if spec.task not in (Task.EMBEDDING, Task.CLASSIFY):
             raise InvalidInputError(f"infer serves embedding and classify models, not {spec.task}")
+        known = {output["name"] for output in _io_metadata(spec)[1]}
+        if not parsed.outputs <= known:
+            raise InvalidInputError(
+                f"model {name!r} has no output {sorted(parsed.outputs - known)};"
+                f" its outputs are {sorted(known)}"
+            )
         outputs_raw = await run_task(request, name, spec.task, items)
     except TesseraError as e:
         request.state.audit.reason = reject_reason(e) or type(e).__name__
@@ -166,7 +294,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         arrays = [("LABEL", labels, "BYTES"), ("SCORE", scores, "FP32")]
     outputs, blobs = [], []
     for out_name, array, datatype in arrays:
-        out, blob = _encode_output(header, out_name, array, datatype)
+        out, blob = _encode_output(parsed, out_name, array, datatype)
         outputs.append(out)
         blobs.append(blob)
     response_header: dict[str, Any] = {
@@ -174,8 +302,8 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         "model_version": str(version or spec.version or 1),
         "outputs": outputs,
     }
-    if "id" in header:
-        response_header["id"] = header["id"]
+    if parsed.request_id is not None:
+        response_header["id"] = parsed.request_id
     head = json.dumps(response_header).encode()
     binary = b"".join(blobs)
     if not binary:

@@ -11,7 +11,9 @@ row's tokens so far, cuts at the first stop string, streams the new text to
 ``on_text`` and tells ``generate`` which rows are done. One hook serves
 streaming, stop strings and per-row ``max_tokens`` alike, for a batch as for
 one item, with no second thread (transformers' ``TextIteratorStreamer`` needs
-one, and its streamers take batch size 1 only).
+one, and its streamers take batch size 1 only). The same hook reads each
+row's stop flag (``request.item_stops``): a row whose caller has gone ends at
+the next step, and when every row has, ``generate`` returns.
 
 Greedy items of a batch run as one left-padded ``generate``; sampling items
 are grouped by (temperature, top_p), and seeded items run alone so that a
@@ -57,6 +59,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
+from tessera.request import item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.tasks.types import ChatInput, ChatOutput
@@ -371,9 +374,12 @@ class CausalLm:
         with self._lock:
             model, tokenizer = self._require()
             prepared = [self._prepare(tokenizer, item) for item in items]
+            stops = item_stops(len(items))
             outputs: list[ChatOutput | None] = [None] * len(prepared)
             for group in _groups([p.item for p in prepared]):
-                results = self._generate(model, tokenizer, [prepared[i] for i in group])
+                results = self._generate(
+                    model, tokenizer, [prepared[i] for i in group], [stops[i] for i in group]
+                )
                 for index, output in zip(group, results, strict=True):
                     outputs[index] = output
         return [o for o in outputs if o is not None]
@@ -413,7 +419,13 @@ class CausalLm:
             )
         return _Prepared(item, prompt, num_prompt_tokens)
 
-    def _generate(self, model: Any, tokenizer: Any, group: list[_Prepared]) -> list[ChatOutput]:
+    def _generate(
+        self,
+        model: Any,
+        tokenizer: Any,
+        group: list[_Prepared],
+        stops: list[threading.Event],
+    ) -> list[ChatOutput]:
         import torch
         from transformers import StoppingCriteriaList
 
@@ -424,7 +436,10 @@ class CausalLm:
         decode = functools.partial(
             tokenizer.decode, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
-        rows = [_RowStream(p.item, decode, self._eos_ids) for p in group]
+        rows = [
+            _RowStream(p.item, decode, self._eos_ids, stop)
+            for p, stop in zip(group, stops, strict=True)
+        ]
         options: dict[str, Any] = {
             "max_new_tokens": max(p.item.max_tokens for p in group),
             "pad_token_id": tokenizer.pad_token_id,
@@ -507,7 +522,9 @@ def _groups(items: Sequence[ChatInput]) -> list[list[int]]:
 class _RowStream:
     """The generated text of one row: stop strings, max_tokens and streaming.
 
-    ``push`` takes each new token and returns whether the row is done. The text
+    ``push`` takes each new token and returns whether the row is done (also
+    once ``stop`` is set: its caller has gone, and nothing more is decoded or
+    streamed; the tokens made so far are counted). The text
     is the decoding of all the row's tokens so far (decoding the running
     sequence, not token by token, gets multi-byte characters and word joins
     right); what has been streamed is always a prefix of the final text, and
@@ -515,9 +532,14 @@ class _RowStream:
     """
 
     def __init__(
-        self, item: ChatInput, decode: Callable[[list[int]], str], eos_ids: frozenset[int]
+        self,
+        item: ChatInput,
+        decode: Callable[[list[int]], str],
+        eos_ids: frozenset[int],
+        stop: threading.Event | None = None,
     ) -> None:
         self._decode = decode
+        self._stop = stop
         self._eos_ids = eos_ids
         self._stops = item.stop
         self._max_tokens = item.max_tokens
@@ -533,6 +555,9 @@ class _RowStream:
         if self.done:
             return True
         self.num_generated += 1
+        if self._stop is not None and self._stop.is_set():
+            self.done = True  # the caller has gone: stop here, emit nothing more
+            return True
         if token_id in self._eos_ids:
             self._end("stop")
             return True

@@ -9,6 +9,8 @@ Its descriptor's ``options`` set what it reports and does::
       fail_load: false       # raise on load
       fail_run: false        # raise on every batch
       run_s: 0.0             # seconds each batch sleeps (integration tests only)
+      word_s: 0.0            # seconds per word a chat answer takes; an item whose
+                             # stop flag is set (its caller left) stops at the next word
       scratch_bytes_per_unit: 0  # bytes a batch really allocates (and touches) per
                                  # work unit while it runs: a measurable peak
 
@@ -32,6 +34,7 @@ import numpy as np
 from tessera.errors import ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
+from tessera.request import item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.tasks.types import (
     ChatInput,
@@ -60,8 +63,11 @@ def fake_embedding(text: str) -> np.ndarray[Any, np.dtype[np.float32]]:
     return vector / np.linalg.norm(vector)
 
 
-def fake_output(item: object) -> object:
-    """The fake answer to one item, by its task."""
+def fake_output(
+    item: object, *, word_s: float = 0.0, stop: threading.Event | None = None
+) -> object:
+    """The fake answer to one item, by its task (a chat echoes its last message
+    word by word, ``word_s`` each, until ``stop`` is set)."""
     match item:
         case TextInput(text=text):
             return fake_embedding(text)
@@ -81,8 +87,12 @@ def fake_output(item: object) -> object:
             )
             return OcrOutput((OcrLine(f"{width}x{height}", 1.0, box),))
         case ChatInput(messages=messages, on_text=on_text):
-            words = messages[-1].content.split()
-            for word in words:
+            words: list[str] = []
+            for word in messages[-1].content.split():
+                if stop is not None and stop.is_set():
+                    break
+                time.sleep(word_s)
+                words.append(word)
                 if on_text is not None:
                     on_text(word + " ")
             text = " ".join(words) + " "
@@ -125,7 +135,12 @@ class FakeModel:
         del scratch
         if self.spec.task is Task.CLASSIFY:
             return [fake_classify(item.text) for item in items]
-        return [fake_output(item) for item in items]
+        word_s = float(self.spec.options.get("word_s", 0.0))
+        stops = item_stops(len(items))
+        return [
+            fake_output(item, word_s=word_s, stop=stop)
+            for item, stop in zip(items, stops, strict=True)
+        ]
 
     def memory(self) -> Footprint:
         return Footprint(

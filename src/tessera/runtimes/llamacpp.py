@@ -25,6 +25,11 @@ applies the chat template of the GGUF (Jinja, as transformers renders it),
 the stop strings (holding back a partial match while streaming), ``max_tokens``,
 temperature, top_p and seed; top-k and min-p are off, as OpenAI's API has them.
 
+An item whose caller has gone (its stop flag, ``request.item_stops``) stops at
+the next chunk: the connection is closed, and llama.cpp's server cancels a
+streamed task when its client goes, which frees the slot. Its output counts
+the prompt and the tokens made so far, from the chunk's ``timings``.
+
 Options (model.yaml ``options``):
 
 - ``gguf_file``: the GGUF file's name inside the source folder.
@@ -61,6 +66,7 @@ import psutil
 
 from tessera.errors import InferenceError, InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
+from tessera.request import item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.causal_lm import _validate
 from tessera.runtimes.llamacpp_worker import EngineSettings
@@ -376,7 +382,7 @@ class LlamaCppModel:
         self._engine = engine
         probe = ChatInput(messages=(ChatMessage("user", "Hi"),), max_tokens=1)
         try:
-            self._complete(engine, probe)
+            self._complete(engine, probe, threading.Event())
         except _EngineGone as e:
             raise ModelUnavailableError(
                 self._spec.name, f"the llama.cpp engine does not answer: {self._gone(engine, e)}"
@@ -391,8 +397,12 @@ class LlamaCppModel:
 
     def run(self, items: Sequence[Any]) -> list[ChatOutput]:
         checked = [self._check(item) for item in items]
+        stops = item_stops(len(checked))
         engine = self._ready_engine()
-        futures = [self._pool.submit(self._complete, engine, item) for item in checked]
+        futures = [
+            self._pool.submit(self._complete, engine, item, stop)
+            for item, stop in zip(checked, stops, strict=True)
+        ]
         try:
             outputs = [f.result() for f in futures]
         except _EngineGone as e:
@@ -485,8 +495,10 @@ class LlamaCppModel:
         _validate(item, self._max_tokens_limit)
         return item
 
-    def _complete(self, engine: _Engine, item: ChatInput) -> ChatOutput:
-        """One chat completion, streamed; raises ``_EngineGone`` if the engine is."""
+    def _complete(self, engine: _Engine, item: ChatInput, stop: threading.Event) -> ChatOutput:
+        """One chat completion, streamed, until ``stop`` is set (the connection
+        is then closed, which ends it in the engine); raises ``_EngineGone`` if
+        the engine is."""
         host, _, port = engine.address.removeprefix("http://").partition(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=self._idle_timeout_s)
         try:
@@ -502,7 +514,7 @@ class LlamaCppModel:
             response = connection.getresponse()
             if response.status != 200:
                 raise _http_error(self._spec.name, response.status, response.read())
-            return _read_stream(response, item)
+            return _read_stream(response, item, stop)
         except (OSError, http.client.HTTPException) as e:  # reset, refused, timed out
             raise _EngineGone(f"{type(e).__name__}: {e}") from e
         finally:
@@ -521,6 +533,8 @@ def _request_body(item: ChatInput) -> dict[str, Any]:
         "min_p": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        # Token counts in every chunk: what an item stopped mid-way has cost.
+        "timings_per_token": True,
         "cache_prompt": True,
     }
     if item.stop:
@@ -553,15 +567,26 @@ def _sse_events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
         yield json.loads(data)
 
 
-def _read_stream(response: http.client.HTTPResponse, item: ChatInput) -> ChatOutput:
+def _read_stream(
+    response: http.client.HTTPResponse, item: ChatInput, stop: threading.Event
+) -> ChatOutput:
     pieces: list[str] = []
     on_text = item.on_text
     finish: str | None = None
     usage: dict[str, Any] | None = None
+    timings: dict[str, Any] = {}
     for event in _sse_events(response):
         if "error" in event:
             raise InferenceError(f"the llama.cpp engine failed the chat: {event['error']}")
         usage = event.get("usage") or usage
+        timings = event.get("timings") or timings
+        if stop.is_set():  # the caller has gone: what ran so far, nothing more
+            return ChatOutput(
+                text="".join(pieces),
+                prompt_tokens=int(timings.get("cache_n", 0)) + int(timings.get("prompt_n", 0)),
+                completion_tokens=int(timings.get("predicted_n", len(pieces))),
+                finish_reason="stop",
+            )
         for choice in event.get("choices") or ():
             piece = (choice.get("delta") or {}).get("content") or ""
             finish = choice.get("finish_reason") or finish

@@ -26,23 +26,36 @@ def decode_base64(data: str) -> bytes:
 
 
 def decode_image(raw: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray[Any, Any]:
-    """Image bytes (PNG, JPEG, WebP, BMP, TIFF...) to an H x W x 3 uint8 BGR array."""
+    """Image bytes (PNG, JPEG, WebP, BMP, TIFF...) to an H x W x 3 uint8 BGR array.
+
+    Decompression bombs are refused before decoding: ``Image.open`` reads only
+    the header, and its width x height is checked against ``max_pixels`` (413)
+    before any pixel is decoded. PIL's own bomb check (a warning, then an error
+    at twice its limit) is silenced in favour of this one.
+    """
     from PIL import Image, UnidentifiedImageError
 
     if not raw:
         raise InvalidInputError("image is empty")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
             image = Image.open(io.BytesIO(raw))
-            width, height = image.size
-            if width * height > max_pixels:
-                raise PayloadTooLargeError(
-                    f"image of {width}x{height} pixels is over the limit of {max_pixels}"
-                )
+        except Image.DecompressionBombError as e:
+            raise PayloadTooLargeError(
+                f"image is over the limit of {max_pixels:,} pixels: {e}"
+            ) from e
+        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+            raise UnsupportedMediaError(f"cannot decode image: {e}") from e
+        width, height = image.size
+        if width * height > max_pixels:
+            raise PayloadTooLargeError(
+                f"image of {width} x {height} pixels is over the limit of {max_pixels:,} pixels"
+            )
+        try:
             rgb = np.asarray(image.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError) as e:
-        raise UnsupportedMediaError(f"cannot decode image: {e}") from e
-    except Image.DecompressionBombWarning as e:
-        raise PayloadTooLargeError(f"image too large: {e}") from e
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+            raise UnsupportedMediaError(f"cannot decode image: {e}") from e
+    if rgb.ndim != 3 or rgb.shape[0] < 1 or rgb.shape[1] < 1:
+        raise UnsupportedMediaError("cannot decode image: it has no pixels")
     return np.ascontiguousarray(rgb[:, :, ::-1])

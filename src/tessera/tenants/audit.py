@@ -8,10 +8,17 @@ tenant and key changes need, and the log can be moved or dropped on its own.
 a task flushes it every ``flush_interval_s`` in a worker thread, in
 transactions of at most ``max_batch`` rows. If writes fail the rows wait for
 the next flush; past ``max_pending`` rows the oldest are dropped and counted.
-Reads see what has been written: at most one flush interval behind.
+Reads see what has been written: at most one flush interval behind. A crash
+(kill -9) loses the rows still pending: those of the last flush interval at
+most (0.5 s by default; the writer's pace is one flush per interval, the
+interval counted from the end of the previous flush). Committed rows survive
+it: WAL with ``synchronous=NORMAL`` loses nothing to a process crash.
 
-Work units count only for requests answered (status < 400): a refused,
-timed-out or failed request is audited but costs its tenant no quota.
+A row's work units are what its request was charged, the same figure the
+quota took (``request.Charge``): what ran for a request that ran, answered or
+not (a generation its caller left is charged its prompt and the tokens made
+before it stopped); nothing for a request refused, never run, or whose batch
+failed. The daily quota is rebuilt at start from these rows.
 """
 
 from __future__ import annotations
@@ -61,6 +68,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX audit_ts ON audit(ts)",
         "CREATE INDEX audit_tenant_ts ON audit(tenant, ts)",
     ),
+    # Rows used to hold a refused or failed request's estimate, which no sum
+    # counted; units now hold what was charged, so theirs is nothing.
+    ("UPDATE audit SET units = 0 WHERE status >= 400",),
 )
 
 
@@ -290,12 +300,12 @@ class AuditLog:
         return [AuditRecord(*row) for row in rows]
 
     def usage(self, since: float, until: float | None = None) -> list[dict[str, Any]]:
-        """Per tenant and model: requests, units (answered ones), errors
-        (status >= 400), mean and max total seconds."""
+        """Per tenant and model: requests, units charged, errors (status >= 400),
+        mean and max total seconds."""
         where, params = _window(since, until)
         sql = (
             "SELECT tenant, model, COUNT(*) AS requests,"
-            " TOTAL(CASE WHEN status < 400 THEN units ELSE 0 END) AS units,"
+            " TOTAL(units) AS units,"
             " SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS errors,"
             " AVG(total_s) AS mean_total_s, MAX(total_s) AS max_total_s"
             " FROM audit" + _where(where) + " GROUP BY tenant, model ORDER BY tenant, model"
@@ -305,10 +315,10 @@ class AuditLog:
         return [dict(row) for row in rows]
 
     def units_since(self, tenant: str, since: float) -> float:
-        """Work units of ``tenant``'s answered requests since ``since`` (as written)."""
+        """Work units charged to ``tenant`` since ``since`` (as written)."""
         with self._lock, self._errors():
             row = self._conn.execute(
-                "SELECT TOTAL(units) FROM audit WHERE tenant = ? AND ts >= ? AND status < 400",
+                "SELECT TOTAL(units) FROM audit WHERE tenant = ? AND ts >= ?",
                 (tenant, since),
             ).fetchone()
         return float(row[0])

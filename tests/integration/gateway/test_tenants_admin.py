@@ -127,7 +127,7 @@ async def test_keys(admin: httpx.AsyncClient, app: FastAPI) -> None:
 async def test_usage(admin: httpx.AsyncClient, app: FastAPI) -> None:
     audit: AuditLog = app.state.audit_log
     now = time.time()
-    for tenant, status, units in [("a", 200, 3.0), ("a", 429, 9.0), ("b", 200, 1.0)]:
+    for tenant, status, units in [("a", 200, 3.0), ("a", 429, 0.0), ("b", 200, 1.0)]:
         audit.record(AuditRecord(now, tenant, None, "embed", "embedding", units, status, 0.0, 0.25))
     audit.record(AuditRecord(now - 3 * 86_400, "a", None, "embed", "embedding", 50, 200, 0, 1))
     await audit.flush()

@@ -3,6 +3,7 @@ path, fast) and the default SmolLM2-135M GGUF (slow: loaded once for the module)
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.util
 import os
@@ -12,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from builders import save_tiny_llama
+from builders import make_queued, save_tiny_llama
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
 from tessera.repository.spec import ModelSpec
+from tessera.request import with_stops
 from tessera.runtimes.base import LoadedModel, standalone_context
 from tessera.runtimes.causal_lm import _RowStream, _safe_end
 from tessera.runtimes.registry import get_loader
@@ -165,6 +167,24 @@ def test_tiny_batch_matches_one_by_one(tiny: LoadedModel) -> None:
     batch = tiny.run([chat(texts[0], max_tokens=5), chat(texts[1], max_tokens=6), streaming])
     assert batch == alone
     assert "".join(pieces) == batch[2].text
+
+
+async def test_tiny_a_row_whose_caller_left_stops_at_the_next_step(tiny: LoadedModel) -> None:
+    loop = asyncio.get_running_loop()
+    gone, kept = make_queued(loop, "gone"), make_queued(loop, "kept")
+
+    def leave(piece: str) -> None:
+        gone.stop.set()  # the caller hangs up once its first piece is out
+
+    items = [chat("hello", max_tokens=40, on_text=leave), chat("hello", max_tokens=40)]
+    left, full = with_stops(tiny.run, [gone, kept])(items)
+    assert isinstance(left, ChatOutput)
+    assert isinstance(full, ChatOutput)
+    assert full.completion_tokens == 40  # the other row of the batch runs on
+    # Stopped at the step after its first streamed piece; those tokens are counted.
+    assert 1 <= left.completion_tokens <= 3
+    assert left.prompt_tokens == full.prompt_tokens
+    assert full.text.startswith(left.text)
 
 
 def test_tiny_seeded_sampling_repeats(tiny: LoadedModel) -> None:

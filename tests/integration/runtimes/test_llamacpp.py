@@ -4,10 +4,14 @@ start their own, ~1 s each)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import http.client
 import importlib.util
+import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +19,11 @@ from typing import Any
 import psutil
 import pytest
 
+from builders import make_queued
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
 from tessera.repository.spec import ModelSpec
+from tessera.request import with_stops
 from tessera.runtimes.base import standalone_context
 from tessera.runtimes.llamacpp import METHOD, LlamaCppModel
 from tessera.runtimes.registry import get_loader
@@ -94,6 +100,46 @@ def test_length_stop_and_streaming(smollm2: LlamaCppModel) -> None:
     cut = run_one(smollm2, chat(QUESTION, max_tokens=16, stop=(" is",), on_text=pieces.append))
     assert (cut.text, cut.finish_reason) == ("The capital of France", "stop")
     assert "".join(pieces) == cut.text
+
+
+def slots_busy(model: LlamaCppModel) -> list[bool]:
+    """Whether each slot of the model's engine is generating now (llama.cpp's /slots)."""
+    engine = model._engine
+    assert engine is not None
+    host, _, port = engine.address.removeprefix("http://").partition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        auth = {"Authorization": f"Bearer {model.settings.api_key}"}
+        connection.request("GET", "/slots", headers=auth)
+        return [bool(slot["is_processing"]) for slot in json.loads(connection.getresponse().read())]
+    finally:
+        connection.close()
+
+
+def test_an_item_whose_caller_left_stops_and_frees_its_slot(smollm2: LlamaCppModel) -> None:
+    loop = asyncio.new_event_loop()  # the requests' futures need one; nothing runs on it
+    gone, kept = make_queued(loop, "gone"), make_queued(loop, "kept")
+    loop.close()
+    pieces: list[str] = []
+
+    def leave(piece: str) -> None:
+        pieces.append(piece)
+        gone.stop.set()  # the caller hangs up once its first piece is out
+
+    # ~1,500 tokens would take the engine many seconds; the item left after one.
+    story = "Tell me a very long story about a cat."
+    left, answered = with_stops(smollm2.run, [gone, kept])(
+        [chat(story, max_tokens=1500, on_text=leave), chat(QUESTION, max_tokens=16)]
+    )
+    assert answered.text == "The capital of France is Paris."
+    assert left.text == "".join(pieces)
+    assert 1 <= left.completion_tokens <= 3
+    assert left.prompt_tokens > 0
+    # The engine cancelled it when its connection closed: no slot stays busy.
+    deadline = time.monotonic() + 5.0
+    while any(slots_busy(smollm2)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(slots_busy(smollm2))
 
 
 def test_batch_keeps_order_and_a_failing_listener_fails_nothing(smollm2: LlamaCppModel) -> None:

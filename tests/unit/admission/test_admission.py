@@ -66,3 +66,25 @@ def test_changed_limits_apply_without_restart() -> None:
     with pytest.raises(RateLimitedError):
         controller.admit(TenantLimits("t", qps=1.0, burst=1), 1)
     controller.admit(TenantLimits("t", qps=100.0, burst=50), 1)
+
+
+def test_settle_charges_what_ran_in_place_of_the_estimate() -> None:
+    controller, _, wall = make_admission()
+    limits = TenantLimits("t", daily_units=100)
+    stopped = controller.admit(limits, 60)  # a generation admitted at its estimate
+    with pytest.raises(RateLimitedError):
+        controller.admit(limits, 50)
+    controller.settle(stopped, 12)  # its caller left after 12 units ran
+    never_ran = controller.admit(limits, 50)
+    controller.settle(never_ran, 0)  # dropped before it ran: nothing
+    with pytest.raises(RateLimitedError) as info:
+        controller.admit(limits, 89)
+    assert "(12 used" in str(info.value)
+    # One admitted yesterday and settled today is charged to today, where its
+    # audit row is written; yesterday's estimate went with yesterday.
+    late = controller.admit(limits, 80)
+    wall.now += 86_400
+    controller.settle(late, 30)
+    with pytest.raises(RateLimitedError) as info:
+        controller.admit(limits, 71)
+    assert "(30 used" in str(info.value)

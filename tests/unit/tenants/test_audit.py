@@ -13,7 +13,15 @@ import pytest
 
 from tessera.errors import ConfigError, InvalidInputError
 from tessera.tenants import AuditLog, AuditRecord
-from tessera.tenants.audit import AUDIT_DB_FILE, DAY_S, iso_time, parse_time, start_of_day_utc
+from tessera.tenants.audit import (
+    AUDIT_DB_FILE,
+    DAY_S,
+    MIGRATIONS,
+    iso_time,
+    parse_time,
+    start_of_day_utc,
+)
+from tessera.tenants.db import migrate, open_db
 
 T0 = 1_700_000_000.0
 
@@ -136,9 +144,11 @@ def test_query_filters(audit: AuditLog) -> None:
 def test_usage_per_tenant_and_model(audit: AuditLog) -> None:
     audit.record(make_record(T0, tenant="a", model="m", units=10, total_s=0.1))
     audit.record(make_record(T0 + 1, tenant="a", model="m", units=30, total_s=0.3))
-    audit.record(make_record(T0 + 2, tenant="a", model="m", units=99, status=429, total_s=0.0))
+    # Units are what each request was charged: nothing for a refused one, what
+    # ran for one that failed after running (a generation cut by its deadline).
+    audit.record(make_record(T0 + 2, tenant="a", model="m", units=0, status=429, total_s=0.0))
     audit.record(make_record(T0 + 3, tenant="a", model="n", units=5, total_s=0.2))
-    audit.record(make_record(T0 + 4, tenant="b", model="m", units=7, status=500, total_s=1.0))
+    audit.record(make_record(T0 + 4, tenant="b", model="m", units=7, status=504, total_s=1.0))
     audit.record(make_record(T0 - 100, tenant="b", model="m", units=1000))
     audit.write_pending()
     rows = audit.usage(since=T0)
@@ -149,19 +159,35 @@ def test_usage_per_tenant_and_model(audit: AuditLog) -> None:
     assert am["mean_total_s"] == pytest.approx(0.4 / 3)
     assert am["max_total_s"] == pytest.approx(0.3)
     bm = by_key["b", "m"]
-    assert (bm["requests"], bm["units"], bm["errors"]) == (1, 0.0, 1)
+    assert (bm["requests"], bm["units"], bm["errors"]) == (1, 7.0, 1)
     assert [r["requests"] for r in audit.usage(since=T0, until=T0 + 2)] == [2]
 
 
-def test_units_since_counts_answered_requests(audit: AuditLog) -> None:
+def test_units_since_counts_every_unit_charged(audit: AuditLog) -> None:
     audit.record(make_record(T0 - 1, units=1000))
     audit.record(make_record(T0, units=10))
-    audit.record(make_record(T0 + 1, units=5, status=429))
-    audit.record(make_record(T0 + 2, units=2.5))
+    audit.record(make_record(T0 + 1, units=0, status=429))
+    audit.record(make_record(T0 + 2, units=2.5, status=499))  # a generation left mid-way
     audit.record(make_record(T0 + 3, tenant="other", units=50))
     audit.write_pending()
     assert audit.units_since("acme", T0) == 12.5
     assert audit.units_since("nobody", T0) == 0.0
+
+
+def test_rows_of_the_old_rule_keep_costing_nothing(tmp_path: Path) -> None:
+    # Before migration 2 a refused or failed request's row held its estimate,
+    # which no sum counted; after it, the sums are the same as they were.
+    conn = open_db(tmp_path / AUDIT_DB_FILE)
+    migrate(conn, MIGRATIONS[:1])
+    insert = "INSERT INTO audit (ts, tenant, units, status, queue_s, total_s) VALUES (?,?,?,?,0,0)"
+    conn.execute(insert, (T0, "acme", 10.0, 200))
+    conn.execute(insert, (T0, "acme", 99.0, 429))
+    conn.close()
+    log = AuditLog(tmp_path, retention_days=None)
+    try:
+        assert log.units_since("acme", T0) == 10.0
+    finally:
+        log.close_sync()
 
 
 async def test_retention_at_start_and_hourly(tmp_path: Path, wall: FakeWall) -> None:
@@ -208,7 +234,7 @@ def test_audit_file_holds_the_schema_once(tmp_path: Path) -> None:
         AuditLog(tmp_path).close_sync()
     conn = sqlite3.connect(tmp_path / AUDIT_DB_FILE)
     try:
-        assert [r[0] for r in conn.execute("SELECT version FROM schema_version")] == [1]
+        assert [r[0] for r in conn.execute("SELECT version FROM schema_version")] == [1, 2]
     finally:
         conn.close()
 

@@ -1,0 +1,240 @@
+"""Bad input gets the right 4xx JSON error, never a 500: KServe v2 bodies,
+images that would decompress to too many pixels, compressed bodies, a text
+over its window, a request that could never fit; an unexpected error logs one
+line, not a traceback per request."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import struct
+import zlib
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from tessera.gateway.errors import UnexpectedErrorMiddleware, install_error_handlers
+
+INFER = "/v2/models/embed/infer"
+
+
+def bytes_input(data: object, shape: object = None, **extra: object) -> dict[str, object]:
+    tensor = {"name": "TEXT", "datatype": "BYTES", "data": data, **extra}
+    tensor["shape"] = [len(data)] if shape is None and isinstance(data, list) else shape
+    return {"inputs": [tensor]}
+
+
+def nested(depth: int) -> object:
+    value: object = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (
+            b'{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": '
+            + b"[" * 30_000
+            + b"]" * 30_000
+            + b"}]}",
+            "not valid JSON",
+        ),
+        (json.dumps(bytes_input(nested(50), [1])).encode(), "nested deeper"),
+        (json.dumps({**bytes_input(["a"]), "parameters": "x"}).encode(), "parameters"),
+        (json.dumps({**bytes_input(["a"]), "parameters": [1]}).encode(), "parameters"),
+        (json.dumps({**bytes_input(["a"]), "outputs": "EMBEDDING"}).encode(), "outputs"),
+        (json.dumps({**bytes_input(["a"]), "outputs": [1, 2]}).encode(), "outputs"),
+        (json.dumps({**bytes_input(["a"]), "outputs": [{"name": "LABEL"}]}).encode(), "LABEL"),
+        (json.dumps(bytes_input(["a", "b"], [3])).encode(), "shape"),
+        (json.dumps(bytes_input(["a"], [1, -1])).encode(), "shape"),
+        (json.dumps(bytes_input(["a"], "1")).encode(), "shape"),
+        (json.dumps(bytes_input([1, None], [2])).encode(), "strings"),
+        (json.dumps(bytes_input([["a"], [2.5]], [2, 1])).encode(), "strings"),
+        (json.dumps(bytes_input(["a"], [1], datatype="FP32")).encode(), "BYTES"),
+        (json.dumps({**bytes_input(["a"]), "id": {"x": 1}}).encode(), "id"),
+        (
+            json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1]}]}).encode(),
+            "neither",
+        ),
+        (json.dumps([1, 2]).encode(), "JSON object"),
+        (b"\xff\xfe", "not valid JSON"),
+    ],
+)
+async def test_malformed_kserve_bodies_are_4xx_json(
+    client: httpx.AsyncClient, body: bytes, says: str
+) -> None:
+    r = await client.post(INFER, content=body)
+    assert 400 <= r.status_code < 500, r.text
+    assert says in r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("size", "header_length", "says"),
+    [
+        ("x", None, "binary_data_size"),
+        (-1, None, "binary_data_size"),
+        (True, None, "binary_data_size"),
+        (10**6, None, "binary_data_size"),
+        (5, "abc", "inference-header-content-length"),
+        (5, "99999", "inference-header-content-length"),
+        (5, "-3", "inference-header-content-length"),
+    ],
+)
+async def test_malformed_binary_tensors_are_4xx_json(
+    client: httpx.AsyncClient, size: object, header_length: str | None, says: str
+) -> None:
+    tensor = {
+        "name": "TEXT",
+        "datatype": "BYTES",
+        "shape": [1],
+        "parameters": {"binary_data_size": size},
+    }
+    head = json.dumps({"inputs": [tensor]}).encode()
+    blob = struct.pack("<I", 1) + b"a"
+    length = str(len(head)) if header_length is None else header_length
+    r = await client.post(
+        INFER, content=head + blob, headers={"inference-header-content-length": length}
+    )
+    assert 400 <= r.status_code < 500, r.text
+    assert says in r.json()["error"]
+
+
+async def test_a_well_formed_kserve_body_nested_by_its_shape_is_served(
+    client: httpx.AsyncClient,
+) -> None:
+    r = await client.post(INFER, json=bytes_input([["a", "b"], ["c", "d"]], [2, 2]))
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["shape"][0] == 4
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG whose header claims ``width`` x ``height`` pixels (its data is empty)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b""))
+        + chunk(b"IEND", b"")
+    )
+
+
+@pytest.mark.parametrize(("width", "height"), [(7000, 7000), (100_000, 100_000), (2**31 - 1, 2)])
+async def test_decompression_bombs_are_refused_from_the_header(
+    client: httpx.AsyncClient, width: int, height: int
+) -> None:
+    bomb = png_header(width, height)
+    r = await client.post("/v1/ocr", files={"file": ("bomb.png", bomb)}, data={"model": "ocr"})
+    assert r.status_code == 413, r.text
+    assert "40,000,000 pixels" in r.json()["error"]["message"]
+    image = base64.b64encode(bomb).decode()
+    r = await client.post("/v1/ocr", json={"model": "ocr", "image": image})
+    assert r.status_code == 413, r.text
+
+
+async def test_a_base64_image_over_the_body_limit_is_413(client: httpx.AsyncClient) -> None:
+    image = base64.b64encode(b"\0" * 100_000).decode()
+    r = await client.post("/v1/ocr", json={"model": "ocr", "image": image})
+    assert r.status_code == 413
+    assert "bytes" in r.json()["error"]["message"]
+
+
+async def test_ocr_json_bodies_nested_deeply_or_of_the_wrong_shape_are_4xx(
+    client: httpx.AsyncClient,
+) -> None:
+    deep = b"[" * 50_000 + b"]" * 50_000
+    for body in (deep, b'{"model": "ocr", "image": 5}', b"[]", b'"x"'):
+        r = await client.post("/v1/ocr", content=body, headers={"content-type": "application/json"})
+        assert 400 <= r.status_code < 500, r.text
+        assert r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
+async def test_compressed_bodies_are_refused_with_415(
+    client: httpx.AsyncClient, encoding: str
+) -> None:
+    body = zlib.compress(json.dumps({"model": "embed", "input": "x"}).encode())
+    r = await client.post(
+        "/v1/embeddings",
+        content=body,
+        headers={"content-type": "application/json", "content-encoding": encoding},
+    )
+    assert r.status_code == 415
+    assert encoding in r.json()["error"]["message"]
+
+
+async def test_a_request_whose_activations_could_never_fit_is_413_not_503(
+    client: httpx.AsyncClient,
+) -> None:
+    # scratch's warm-up measures ~1.25 MiB per unit and the budget is 64 MiB:
+    # 60 units could never run beside its weights.
+    assert (await client.post("/admin/models/scratch/load")).status_code == 200
+    r = await client.post("/v1/embeddings", json={"model": "scratch", "input": "x" * 240})
+    assert r.status_code == 413, r.text
+    message = r.json()["error"]["message"]
+    assert "bytes of activations beside 1,000 bytes of weights" in message
+    assert "over the whole budget of 67,108,864 bytes: it could never run" in message
+    r = await client.post("/v1/embeddings", json={"model": "scratch", "input": "x" * 16})
+    assert r.status_code == 200  # a smaller one is served
+
+
+async def test_a_long_text_is_served_and_charged_to_its_window(
+    client: httpx.AsyncClient,
+) -> None:
+    # The window is 512 tokens by default: a text of about 10,000 tokens is
+    # truncated to it, served, and charged (and counted in usage) as 512.
+    r = await client.post("/v1/embeddings", json={"model": "embed", "input": "word " * 8000})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 512
+
+
+def failing_app() -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/boom/{n}")
+    async def boom(n: int) -> None:
+        raise RuntimeError(f"boom {n}")
+
+    @app.get("/other")
+    async def other() -> None:
+        raise KeyError("other")
+
+    app.add_middleware(UnexpectedErrorMiddleware)
+    return app
+
+
+async def test_an_unexpected_error_is_a_json_500_logged_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    transport = httpx.ASGITransport(app=failing_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        with caplog.at_level(logging.INFO, logger="tessera.gateway.errors"):
+            responses = [await client.get(f"/boom/{i}") for i in range(5)]
+            responses.append(await client.get("/other"))
+    assert [r.status_code for r in responses] == [500] * 6
+    assert responses[0].json()["error"]["message"] == "internal error: RuntimeError"
+    records = [r for r in caplog.records if r.name == "tessera.gateway.errors"]
+    assert len(records) == 6  # one line a request
+    with_traceback = [r.getMessage() for r in records if r.exc_info]
+    # A traceback once per route and error type: /boom/{n} RuntimeError, /other KeyError.
+    assert len(with_traceback) == 2
+    assert "GET /boom/{n}: RuntimeError" in with_traceback[0]
+    assert all("\n" not in r.getMessage() for r in records)
+
+
+async def test_tracebacks_show_again_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    transport = httpx.ASGITransport(app=failing_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        with caplog.at_level(logging.DEBUG, logger="tessera.gateway.errors"):
+            for i in range(3):
+                await client.get(f"/boom/{i}")
+    assert sum(1 for r in caplog.records if r.exc_info) == 3
