@@ -13,6 +13,7 @@ Core code raises these; only ``gateway/`` maps them to HTTP statuses.
     ├── ModelUnavailableError       the model failed to load or cannot fit (503)
     │   └── ModelTooLargeError      its weights alone cannot fit the budget or its cap
     ├── OverloadedError             a bounded queue is full (503 + Retry-After)
+    ├── ShuttingDownError           the server is draining: no new work (503 + Retry-After)
     ├── AuthenticationError         no key, or an unknown or revoked one (401)
     ├── PermissionDeniedError       the tenant may not use that model or route (403)
     ├── RateLimitedError            a tenant limit refused the request (429 + Retry-After)
@@ -87,12 +88,15 @@ class TaskMismatchError(TesseraError):
 
 
 class ModelUnavailableError(TesseraError):
-    """The model cannot serve now: its load failed, or it cannot fit."""
+    """The model cannot serve now: its load failed, or it cannot fit.
 
-    def __init__(self, name: str, reason: str) -> None:
+    ``retry_after_s`` is set where waiting may help (a load backing off)."""
+
+    def __init__(self, name: str, reason: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(f"model {name!r} is unavailable: {reason}")
         self.name = name
         self.reason = reason
+        self.retry_after_s = retry_after_s
 
 
 class ModelTooLargeError(ModelUnavailableError):
@@ -103,6 +107,15 @@ class OverloadedError(TesseraError):
     """A bounded queue is full; retry after ``retry_after_s``."""
 
     def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ShuttingDownError(TesseraError):
+    """The server is stopping: it takes no new work, and work still running
+    when the grace period ends is answered with this."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
 

@@ -87,6 +87,7 @@ class QueuedRequest:
     latency_target_s: float | None = None  # set for requests of a latency tier
     stop: threading.Event = field(default_factory=threading.Event)  # see the module notes
     charge: Charge = field(default_factory=Charge)
+    request_id: str | None = None  # the gateway's x-request-id, for log lines
 
     @property
     def gone(self) -> bool:

@@ -20,8 +20,10 @@ The loop, per batch (vLLM v1's schedule / execute / update split):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import math
 import os
 from collections import deque
 from collections.abc import Sequence
@@ -37,10 +39,14 @@ from tessera.errors import (
     DeadlineExceededError,
     InferenceError,
     InvalidInputError,
+    ModelUnavailableError,
+    OverloadedError,
     PayloadTooLargeError,
+    ShuttingDownError,
     TaskMismatchError,
     TesseraError,
 )
+from tessera.logs import request_id as request_id_var
 from tessera.metrics import EngineStats, FanoutSink, ModelStats, StatsSink
 from tessera.repository import ModelRepository, ModelSpec
 from tessera.request import Batch, Charge, QueuedRequest, RequestResult, with_stops
@@ -186,7 +192,10 @@ class Engine:
         self._predictors: dict[str, BatchTimePredictor] = {}
         self._admission = AdmissionController(self.clock)
         self._preload_done = False
-        self._preload_ok = False
+        # Requests queued and not yet answered; while draining, set when none is.
+        self._pending: set[QueuedRequest] = set()
+        self._draining = False
+        self._drained = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------
 
@@ -204,7 +213,8 @@ class Engine:
         return [spec.name for spec in self.repository if spec.preload]
 
     async def preload(self, progress: PreloadProgress | None = None) -> None:
-        """Load and warm the preload models; ``ready`` once all have."""
+        """Load and warm the preload models; ``ready`` once each has loaded or
+        failed (a failed one is that model's state, retried on demand)."""
         names = self.preload_names()
         if progress is not None:
             progress.start(names)
@@ -228,12 +238,42 @@ class Engine:
         ]
         for failure in failures:
             log.error("preload failed: %s", failure)
-        self._preload_ok = not failures
         self._preload_done = True
 
     @property
+    def phase(self) -> str:
+        """``starting`` (preloading), ``ready``, or ``draining`` (stopping)."""
+        if self._draining:
+            return "draining"
+        return "ready" if self._preload_done else "starting"
+
+    @property
     def ready(self) -> bool:
-        return self._preload_done and self._preload_ok
+        return self.phase == "ready"
+
+    async def drain(self, grace_s: float) -> int:
+        """Stop taking work (``ready`` turns False; new requests get
+        ``ShuttingDownError``), wait up to ``grace_s`` for the accepted ones,
+        then answer those still pending with ``ShuttingDownError``. Returns how
+        many were answered so."""
+        self._draining = True
+        if not self._pending:
+            self._drained.set()
+        with contextlib.suppress(TimeoutError):
+            await self.clock.wait_for(self._drained.wait(), grace_s)
+        left = [r for r in self._pending if not r.future.done()]
+        for request in left:
+            request.future.set_exception(
+                ShuttingDownError(
+                    f"the server stopped before this request finished ({grace_s:g}s grace)"
+                )
+            )
+        return len(left)
+
+    def _forget(self, request: QueuedRequest, _: object) -> None:
+        self._pending.discard(request)
+        if self._draining and not self._pending:
+            self._drained.set()
 
     async def load(self, name: str) -> ModelStats:
         """Load model ``name`` now (if it is not resident) and return its stats."""
@@ -247,6 +287,8 @@ class Engine:
         return await self._residency.unload(name)
 
     async def close(self) -> None:
+        """Fail what still waits, wait for running batches, unload every model
+        and stop the workers (a load still running unloads itself at its end)."""
         for batcher in self._batchers.values():
             await batcher.close()
         await self._residency.close()
@@ -433,11 +475,17 @@ class Engine:
         timeout_s: float | None,
         caller: Caller | None,
     ) -> QueuedRequest:
+        if self._draining:
+            raise ShuttingDownError("the server is shutting down: no new requests")
         now = self.clock.now()
         timeout = timeout_s if timeout_s is not None else self.config.default_timeout_s
         future: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
+        # Submitted while serving the request: the log's context has its id.
+        request_id = request_id_var.get()
         if caller is None:
-            request = QueuedRequest(items, units, now, future, deadline=now + timeout)
+            request = QueuedRequest(
+                items, units, now, future, deadline=now + timeout, request_id=request_id
+            )
         else:
             request = QueuedRequest(
                 items,
@@ -449,36 +497,106 @@ class Engine:
                 tier=caller.tier,
                 weight=caller.weight,
                 latency_target_s=caller.latency_target_s,
+                request_id=request_id,
             )
         self._batcher(spec).submit(request)
+        self._pending.add(request)
+        future.add_done_callback(functools.partial(self._forget, request))
         return request
 
     async def _execute(self, spec: ModelSpec, batch: Batch) -> None:
         """Plan a batch (residency: whole, or parts that fit), run each part, report."""
-        for part in self._residency.plan_batch(spec, batch.requests):
+        try:
+            parts = self._residency.plan_batch(spec, batch.requests)
+        except Exception as e:  # answered, not left to wait for their deadlines
+            log.error("no plan for a batch of model %s: %s: %s", spec.name, type(e).__name__, e)
+            whole = BatchPart(tuple(batch.requests), 0.0, 0)
+            self._report_failure(spec, whole, InferenceError(f"model {spec.name!r} failed"))
+            return
+        for part in parts:
             await self._run(spec, batch.formed_at, part)
 
     async def _run(self, spec: ModelSpec, formed_at: float, part: BatchPart) -> None:
+        """Run a part; if the model raised on it, find whose input it was.
+
+        A failed part is retried in halves (an out-of-memory error too: a
+        half needs half the bytes), and a half that fails while its sibling
+        succeeds is halved again, so one poisoned input fails only its own
+        request and its neighbours, other tenants' included, are answered.
+        When both halves fail the fault is the model's, not one input's:
+        both fail without more retries, so a broken model costs three runs
+        per batch, not one per request."""
+        error = await self._attempt(spec, formed_at, part)
+        if error is None:
+            return
+        if len(part.requests) > 1 and _input_may_be_at_fault(error):
+            log.warning(
+                "batch of model %s (%d requests) failed, retried in halves: %s",
+                spec.name,
+                len(part.requests),
+                _cause(error),
+            )
+            await self._bisect(spec, formed_at, part)
+        else:
+            self._fail_part(spec, part, error)
+
+    async def _bisect(self, spec: ModelSpec, formed_at: float, part: BatchPart) -> None:
+        halves = [h for h in _halves(part) if h.requests]
+        failed = []
+        for half in halves:
+            error = await self._attempt(spec, formed_at, half)
+            if error is not None:
+                failed.append((half, error))
+        for half, error in failed:
+            if len(failed) == 1 and len(half.requests) > 1 and _input_may_be_at_fault(error):
+                await self._bisect(spec, formed_at, half)
+            else:
+                self._fail_part(spec, half, error)
+
+    async def _attempt(
+        self, spec: ModelSpec, formed_at: float, part: BatchPart
+    ) -> BaseException | None:
+        """Lease the model and run ``part`` on it; report a success and return
+        None, or return what failed (nothing is answered then)."""
         items = [item for request in part.requests for item in request.items]
         try:
             expected_s = self._predictor(spec.name).predict(part.units)
             async with self._residency.lease(spec, part.activation_bytes) as lease:
                 run_items = with_stops(lease.model.run, part.requests)
                 run = await self._executor.run(run_items, items, expected_s)
-            if len(run.outputs) != len(items):
-                raise InferenceError(
-                    f"model {spec.name!r} returned {len(run.outputs)} outputs"
-                    f" for {len(items)} inputs"
-                )
         except TesseraError as e:
-            self._report_failure(spec, part, e)
-            return
+            if isinstance(e, ModelUnavailableError | OverloadedError):
+                return e  # no room, or no model: not the input's fault
+            return _RunFailed(e)
         except Exception as e:
-            log.exception("batch of model %s failed", spec.name)
-            error = InferenceError(f"model {spec.name!r} failed: {type(e).__name__}: {e}")
-            self._report_failure(spec, part, error)
-            return
+            return _RunFailed(e)
+        if len(run.outputs) != len(items):
+            return InferenceError(
+                f"model {spec.name!r} returned {len(run.outputs)} outputs for {len(items)} inputs"
+            )
         self._report(spec, formed_at, part, run)
+        return None
+
+    def _fail_part(self, spec: ModelSpec, part: BatchPart, error: BaseException) -> None:
+        """Answer a part's requests with ``error``, as callers may see it (a
+        runtime's own exception is logged, with the request ids, not shown)."""
+        if isinstance(error, _RunFailed):
+            cause = error.cause
+            ids = ", ".join(r.request_id or "-" for r in part.requests)
+            log.error("model %s failed on request(s) %s: %s", spec.name, ids, _cause(cause))
+            log.debug("the failure's traceback", exc_info=cause)
+            if isinstance(cause, TesseraError):
+                error = cause  # raised on purpose, worded for the caller
+            elif _out_of_memory(cause):
+                error = ModelUnavailableError(
+                    spec.name, "out of memory running this request", retry_after_s=1.0
+                )
+            else:
+                error = InferenceError(
+                    f"model {spec.name!r} failed on this request ({type(cause).__name__});"
+                    " the cause is in the server log"
+                )
+        self._report_failure(spec, part, error)
 
     def _report(self, spec: ModelSpec, formed_at: float, part: BatchPart, run: BatchRun) -> None:
         """Hand a batch's outcome to the policies that learn from it, the
@@ -501,12 +619,47 @@ class Engine:
                 request.future.set_result(result)
             start = end
 
-    def _report_failure(self, spec: ModelSpec, part: BatchPart, error: Exception) -> None:
+    def _report_failure(self, spec: ModelSpec, part: BatchPart, error: BaseException) -> None:
         self._counters[spec.name].num_failures += 1
         for request in part.requests:
             request.charge.settle(0.0)  # a failed batch costs its callers nothing
             if not request.future.done():
                 request.future.set_exception(error)
+
+
+class _RunFailed(Exception):
+    """The model raised ``cause`` while running a part (not the lease)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _input_may_be_at_fault(error: BaseException) -> bool:
+    return isinstance(error, _RunFailed)
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    # torch.cuda.OutOfMemoryError, named so that the engine imports no torch.
+    return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+
+
+def _cause(error: BaseException) -> str:
+    error = error.cause if isinstance(error, _RunFailed) else error
+    return f"{type(error).__name__}: {error}"
+
+
+def _halves(part: BatchPart) -> list[BatchPart]:
+    """``part``'s requests still awaited, in two parts of about equal count,
+    each reserving its share of the part's activation bytes."""
+    requests = [r for r in part.requests if not r.gone]
+    middle = len(requests) // 2
+    parts = []
+    for group in (requests[:middle], requests[middle:]):
+        units = sum(r.units for r in group)
+        share = units / part.units if part.units else 0.0
+        parts.append(BatchPart(tuple(group), units, math.ceil(part.activation_bytes * share)))
+    return parts
 
 
 def _units_run(request: QueuedRequest, outputs: list[Any]) -> float:

@@ -106,6 +106,13 @@ class ComputeExecutor:
             if peak is not None and self._starts != started:
                 peak = None  # another batch or a load began meanwhile: its bytes, not ours
             return BatchRun(outputs, run_s, peak)
+        except BaseException as e:
+            if self.device.kind == "cuda" and type(e).__name__ == "OutOfMemoryError":
+                import torch
+
+                # The allocator's cached blocks go back before the engine retries in halves.
+                torch.cuda.empty_cache()
+            raise
         finally:
             with self._cond:
                 self._active -= 1

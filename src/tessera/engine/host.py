@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.device import Device
+from tessera.errors import ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.metrics import NullSink, StatsSink
 from tessera.repository.spec import ModelSpec
@@ -73,6 +74,9 @@ class EngineHost:
         self._first_load_lock = threading.Lock()
         self._adapters_seen: set[str] = set()
         self._torch_configured = False
+        # Set at shutdown: a load still running then (its caller cancelled, as
+        # preload is when the server stops) unloads what it loaded at its end.
+        self._closing = False
 
     def loader(self, spec: ModelSpec) -> ModelLoader:
         if spec.adapter not in self._loaders:
@@ -117,7 +121,11 @@ class EngineHost:
 
     def _load_sync(self, spec: ModelSpec) -> LoadedModel:
         with self.executor.loading():
-            return self._load_once(spec)
+            model = self._load_once(spec)
+        if self._closing:
+            self._unload_sync(model)
+            raise ModelUnavailableError(spec.name, "the server is shutting down")
+        return model
 
     def _load_once(self, spec: ModelSpec) -> LoadedModel:
         if spec.adapter not in self._adapters_seen:
@@ -158,6 +166,7 @@ class EngineHost:
             torch.cuda.empty_cache()
 
     def shutdown(self) -> None:
+        self._closing = True
         self._load_pool.shutdown(wait=True, cancel_futures=True)
 
 

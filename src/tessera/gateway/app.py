@@ -58,11 +58,14 @@ def create_app(
             preload.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await preload
-            await engine.close()
-            if audit_log is not None:
-                await audit_log.close()
-            if tenant_store is not None:
-                tenant_store.close()
+            try:
+                await engine.close()
+            finally:
+                # The audit is flushed even if stopping the engine failed.
+                if audit_log is not None:
+                    await audit_log.close()
+                if tenant_store is not None:
+                    tenant_store.close()
 
     app = FastAPI(title="tessera", version=__version__, lifespan=lifespan)
     app.state.engine = engine

@@ -35,6 +35,7 @@ from tessera.errors import (
     PermissionDeniedError,
     RateLimitedError,
     RequestCancelledError,
+    ShuttingDownError,
     TaskMismatchError,
     TenantError,
     TenantExistsError,
@@ -55,6 +56,7 @@ _STATUS: list[tuple[type[TesseraError], int, str]] = [
     (TaskMismatchError, 400, "invalid_request_error"),
     (ModelUnavailableError, 503, "model_unavailable"),
     (OverloadedError, 503, "overloaded"),
+    (ShuttingDownError, 503, "shutting_down"),
     (DeadlineExceededError, 504, "deadline_exceeded"),
     (RequestCancelledError, 499, "cancelled"),
     (InferenceError, 500, "inference_error"),
@@ -82,7 +84,9 @@ def status_of(error: TesseraError) -> tuple[int, str]:
 
 
 def error_headers(error: TesseraError) -> dict[str, str]:
-    if isinstance(error, OverloadedError):
+    if isinstance(error, OverloadedError | ShuttingDownError):
+        return {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
+    if isinstance(error, ModelUnavailableError) and error.retry_after_s is not None:
         return {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
     if isinstance(error, RateLimitedError):
         headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
@@ -102,6 +106,8 @@ def reject_reason(error: TesseraError) -> str | None:
         return error.reason
     if isinstance(error, OverloadedError):
         return "queue_full"
+    if isinstance(error, ShuttingDownError):
+        return "shutting_down"
     if isinstance(error, DeadlineExceededError):
         return "deadline"
     if isinstance(error, AuthenticationError | PermissionDeniedError):
@@ -136,6 +142,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         body = error_body(exc.status_code, str(exc.detail), "http_error")
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
 
 class UnexpectedErrorMiddleware:
     """Any exception a route lets out becomes a JSON 500 here, logged as one

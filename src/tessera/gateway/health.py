@@ -4,7 +4,7 @@ KServe v2 / Open Inference Protocol paths that Kubernetes and Triton clients use
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from tessera.gateway.common import engine_of, visible_models
 
@@ -17,8 +17,14 @@ async def live() -> Response:
 
 
 @router.get("/v2/health/ready")
-async def ready(request: Request) -> Response:
-    return Response(status_code=200 if engine_of(request).ready else 503)
+async def ready(request: Request) -> JSONResponse:
+    """200 when the server can serve, 503 while it starts (preloads) or drains
+    (stops). A model that failed to load is that model's state, named here but
+    not the server's: the others serve, and it is retried on demand."""
+    engine = engine_of(request)
+    failed = [m.name for m in engine.snapshot().models if m.state == "failed"]
+    body = {"ready": engine.ready, "status": engine.phase, "failed_models": failed}
+    return JSONResponse(body, status_code=200 if engine.ready else 503)
 
 
 @router.get("/v2/models/{name}/ready", response_model=None)

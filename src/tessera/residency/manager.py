@@ -14,6 +14,12 @@ Design notes (the invariants the unit tests check):
   (or is over its own cap) gets ``ModelTooLargeError`` at once.
 - Loads of different models run concurrently: there is no global load lock.
   Decisions are made between awaits, so the event loop makes them atomic.
+- A failed load is that model's state (``failed``, its cause in ``error`` and
+  the log), not the server's: callers get ``ModelUnavailableError`` with a
+  Retry-After and no cause (it may name the server's files) until the retry
+  time, which doubles with each failure in a row (``failed_retry_s`` up to
+  ``failed_retry_max_s``) and resets when a load succeeds. A load cancelled
+  midway (the server stopping during preload) leaves the model unloaded.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from tessera.errors import (
     ModelUnavailableError,
     OverloadedError,
     RequestTooLargeError,
+    TesseraError,
 )
 from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
@@ -51,6 +58,11 @@ from tessera.residency.table import (
 from tessera.runtimes.base import LoadedModel
 
 log = logging.getLogger(__name__)
+
+NO_ESTIMATE = Footprint(0)
+
+# What callers are told of a failed load: its cause may name the server's files.
+LOAD_FAILED = "its load failed (the cause is in the server log)"
 
 # How long a model loaded for a waiting batch is kept from eviction before that
 # batch has pinned it.
@@ -117,7 +129,8 @@ class ResidencyManager:
         clock: Clock,
         *,
         wait_s: float = 30.0,
-        failed_retry_s: float = 30.0,
+        failed_retry_s: float = 2.0,
+        failed_retry_max_s: float = 300.0,
         activations: ActivationBook | None = None,
     ) -> None:
         self.table = ResidencyTable(budget_bytes)
@@ -127,11 +140,16 @@ class ResidencyManager:
         self._clock = clock
         self._wait_s = wait_s
         self._failed_retry_s = failed_retry_s
+        self._failed_retry_max_s = failed_retry_max_s
         self._models: dict[str, LoadedModel] = {}
         self._specs: dict[str, ModelSpec] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
         self._measured: dict[str, Footprint] = {}
-        self._failed_at: dict[str, float] = {}
+        # A model whose last load failed: when it may be tried again, and how
+        # many loads in a row have failed (the backoff doubles with each).
+        self._retry_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._failed_reason: dict[str, str] = {}  # what callers may be told
         # Models loaded and not yet used, with when they became ready: one is not
         # evicted for another until its first batch has pinned it (or a few
         # seconds passed). Without this a model loaded for a batch that waited
@@ -317,9 +335,13 @@ class ResidencyManager:
         )
 
     async def close(self) -> None:
-        """Unload everything (waits for running batches, bounded)."""
+        """Unload everything (waits for running batches, bounded); a model that
+        cannot be unloaded is logged and left, so that the rest still are."""
         for name in list(self.table.entries):
-            await self.unload(name)
+            try:
+                await self.unload(name)
+            except TesseraError as e:
+                log.warning("could not unload %s at close: %s", name, e)
 
     # -- internals --------------------------------------------------------
 
@@ -345,13 +367,17 @@ class ResidencyManager:
             await self._clock.wait_for(self._changed.wait(), bound)
 
     def raise_if_failed(self, name: str) -> None:
-        """``ModelUnavailableError`` while the model's last load failure is recent."""
+        """``ModelUnavailableError`` until the failed model's retry time; the
+        message names no cause (the log and ``error`` have it)."""
         entry = self.table.entries.get(name)
         if entry is None or entry.state is not ModelState.FAILED:
             return
-        failed_at = self._failed_at.get(entry.name, 0.0)
-        if self._clock.now() - failed_at < self._failed_retry_s:
-            raise ModelUnavailableError(entry.name, entry.error or "load failed")
+        wait_s = self._retry_at.get(entry.name, 0.0) - self._clock.now()
+        if wait_s > 0:
+            reason = self._failed_reason.get(entry.name, LOAD_FAILED)
+            raise ModelUnavailableError(
+                entry.name, f"{reason}; retried in {wait_s:.3g}s", retry_after_s=wait_s
+            )
 
     def _check_fits(self, spec: ModelSpec, footprint: Footprint, activation_bytes: int) -> None:
         """``ModelTooLargeError`` (503) when the weights alone are over the
@@ -490,7 +516,18 @@ class ResidencyManager:
             self._notify()
 
     def _expected(self, spec: ModelSpec) -> Footprint:
-        return self._measured.get(spec.name) or self._host.estimate(spec)
+        """The bytes ``spec`` holds (measured) or should hold (estimated). An
+        estimate that fails (weights missing or unreadable) counts nothing:
+        the model's own load then fails, as that model's state, rather than
+        every reader of the catalogue, other models' batches included."""
+        measured = self._measured.get(spec.name)
+        if measured is not None:
+            return measured
+        try:
+            return self._host.estimate(spec)
+        except Exception as e:
+            log.debug("no estimate for %s: %s: %s", spec.name, type(e).__name__, e)
+            return NO_ESTIMATE
 
     async def _load(
         self,
@@ -539,9 +576,16 @@ class ResidencyManager:
         started = self._clock.now()
         try:
             model = await self._host.load(spec)
+        except asyncio.CancelledError:
+            # Stopping during preload: the model is simply not loaded (the host
+            # unloads what a load thread still finishes).
+            self.table.finish_unload(spec.name)
+            raise
         except Exception as e:
-            self._fail(spec.name, f"load failed: {type(e).__name__}: {e}")
-            raise ModelUnavailableError(spec.name, f"load failed: {e}") from e
+            cause = f"{type(e).__name__}: {e}"
+            retry_s = self._fail(spec.name, f"load failed: {cause}", LOAD_FAILED)
+            log.error("model %s failed to load, retried in %.3g s: %s", spec.name, retry_s, cause)
+            raise ModelUnavailableError(spec.name, LOAD_FAILED, retry_after_s=retry_s) from e
         # A model is measured at its first load; a reload keeps that figure (the
         # host does not measure reloads: that would hold running batches back).
         load_s = self._clock.now() - started
@@ -553,7 +597,7 @@ class ResidencyManager:
             self._check_fits(spec, measured, 0)
         except ModelTooLargeError as e:
             await self._host.unload(spec, model)
-            self._fail(spec.name, e.reason)
+            self._fail(spec.name, e.reason, e.reason)
             raise
         while not self.table.settle_load(spec.name, measured):
             need = self.table.extra_bytes(spec.name, measured)
@@ -571,8 +615,17 @@ class ResidencyManager:
             )
         self._models[spec.name] = model
         self.table.mark_ready(spec.name, self._clock.now(), load_s)
+        self._failures.pop(spec.name, None)
+        self._retry_at.pop(spec.name, None)
         self._fresh[spec.name] = self._clock.now()
 
-    def _fail(self, name: str, error: str) -> None:
+    def _fail(self, name: str, error: str, public_reason: str) -> float:
+        """Mark ``name`` failed (``error``, the cause, for operators;
+        ``public_reason`` for callers); returns the seconds until its load is
+        tried again (doubling with each failure in a row, within the cap)."""
         self.table.fail(name, error)
-        self._failed_at[name] = self._clock.now()
+        self._failed_reason[name] = public_reason
+        failures = self._failures[name] = self._failures.get(name, 0) + 1
+        retry_s = min(self._failed_retry_max_s, self._failed_retry_s * 2.0 ** (failures - 1))
+        self._retry_at[name] = self._clock.now() + retry_s
+        return retry_s

@@ -7,7 +7,10 @@ Its descriptor's ``options`` set what it reports and does::
       estimate_bytes: 800    # a different estimate before load (optional)
       shared: {enc: 500}     # shared components it uses, by key
       fail_load: false       # raise on load
+      load_s: 0.0            # seconds a load sleeps (integration tests only)
       fail_run: false        # raise on every batch
+      fail_on: poison        # raise on a batch with an input whose text holds this (optional)
+      max_batch_chars: 1000  # raise MemoryError on a batch of longer texts together (optional)
       run_s: 0.0             # seconds each batch sleeps (integration tests only)
       word_s: 0.0            # seconds per word a chat answer takes; an item whose
                              # stop flag is set (its caller left) stops at the next word
@@ -125,6 +128,13 @@ class FakeModel:
             self.num_batches += 1
         if self.spec.options.get("fail_run"):
             raise RuntimeError("fake model failure")
+        marker = self.spec.options.get("fail_on")
+        if marker and any(marker in getattr(item, "text", "") for item in items):
+            raise RuntimeError(f"fake model failure on an input holding {marker!r}")
+        max_chars = self.spec.options.get("max_batch_chars")
+        num_chars = sum(len(getattr(item, "text", "")) for item in items)
+        if max_chars is not None and num_chars > int(max_chars):
+            raise MemoryError(f"fake model out of memory: {num_chars} characters > {max_chars}")
         per_unit = int(self.spec.options.get("scratch_bytes_per_unit", 0))
         scratch_bytes = per_unit * math.ceil(sum(work_units(i, self.spec.inputs) for i in items))
         # Filled, so that every page is resident (a zeroed one may be left unmapped).
@@ -166,6 +176,9 @@ class FakeLoader:
         return tuple(spec.options.get("shared", {}))
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> FakeModel:
+        load_s = float(spec.options.get("load_s", 0.0))
+        if load_s:
+            time.sleep(load_s)
         if spec.options.get("fail_load"):
             raise ModelUnavailableError(spec.name, "fake load failure")
         return FakeModel(spec, ctx)

@@ -22,6 +22,7 @@ from tessera.request import QueuedRequest, RequestResult
 from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.activation import ActivationBook
 from tessera.residency.fake import FakeModelHost
+from tessera.residency.manager import LOAD_FAILED
 from tessera.residency.plan import split_to_fit
 from tessera.tasks.types import Task
 
@@ -81,14 +82,17 @@ async def test_error_and_retry_window_of_a_failed_load() -> None:
     spec = make_spec("bad", 100, fail_load=True)
     assert manager.error("bad") is None
     assert manager.state("bad") is ModelState.UNLOADED
-    with pytest.raises(ModelUnavailableError):
+    with pytest.raises(ModelUnavailableError) as failed:
         await manager.acquire(spec, 0)
+    assert failed.value.retry_after_s == 2.0
+    assert "fake load failure" not in str(failed.value)  # the cause is the log's
     error = manager.error("bad")
     assert error is not None
-    assert error.startswith("load failed: RuntimeError")
-    clock.advance(29.9)
-    with pytest.raises(ModelUnavailableError, match="load failed"):
-        await manager.acquire(spec, 0)  # within 30 s: refused without a try
+    assert error.startswith("load failed: RuntimeError: fake load failure")
+    clock.advance(1.9)
+    with pytest.raises(ModelUnavailableError, match="load failed") as refused:
+        await manager.acquire(spec, 0)  # within 2 s: refused without a try
+    assert refused.value.retry_after_s == pytest.approx(0.1)
     assert host.loads["bad"] == 1
     clock.advance(0.1)
     with pytest.raises(ModelUnavailableError):
@@ -96,6 +100,35 @@ async def test_error_and_retry_window_of_a_failed_load() -> None:
     assert host.loads["bad"] == 2
     assert manager.table.activation_bytes_held() == 0
     manager.raise_if_failed("never-seen")  # no entry: nothing to say
+
+
+async def test_failed_loads_back_off_exponentially_within_a_cap_and_reset_on_success() -> None:
+    host, clock = FakeModelHost(), FakeClock()
+    manager = ResidencyManager(
+        1000,
+        host,
+        make_eviction_policy("lru"),
+        clock,
+        wait_s=0.0,
+        failed_retry_s=1.0,
+        failed_retry_max_s=5.0,
+    )
+    bad = make_spec("m", 100, fail_load=True)
+    windows = []
+    for _ in range(5):
+        with pytest.raises(ModelUnavailableError) as failed:
+            await manager.acquire(bad, 0)
+        assert failed.value.retry_after_s is not None
+        windows.append(failed.value.retry_after_s)
+        clock.advance(failed.value.retry_after_s)
+    assert windows == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert host.loads["m"] == 5
+    await manager.ensure_loaded(make_spec("m", 100))  # the weights are fixed: it loads
+    assert manager.state("m") is ModelState.READY
+    await manager.unload("m")
+    with pytest.raises(ModelUnavailableError) as failed:
+        await manager.acquire(bad, 0)
+    assert failed.value.retry_after_s == 1.0  # the backoff starts again
 
 
 async def test_measured_footprint_is_kept_and_reused_for_reloads() -> None:
@@ -275,15 +308,13 @@ async def test_retry_window_runs_from_the_failure_and_errors_name_the_model() ->
     spec = make_spec("bad", 100, fail_load=True)
     with pytest.raises(ModelUnavailableError) as info:
         await manager.acquire(spec, 0)
-    assert (info.value.name, info.value.reason) == ("bad", "load failed: fake load failure")
+    assert (info.value.name, info.value.reason) == ("bad", LOAD_FAILED)
     assert manager.error("bad") == "load failed: RuntimeError: fake load failure"
-    clock.advance(29.9)
+    clock.advance(1.5)
     with pytest.raises(ModelUnavailableError) as info:
-        await manager.acquire(spec, 0)  # within 30 s of the failure: refused
-    assert (info.value.name, info.value.reason) == (
-        "bad",
-        "load failed: RuntimeError: fake load failure",
-    )
+        await manager.acquire(spec, 0)  # within 2 s of the failure: refused
+    assert (info.value.name, info.value.reason) == ("bad", f"{LOAD_FAILED}; retried in 0.5s")
+    assert info.value.retry_after_s == 0.5
     assert host.loads["bad"] == 1
 
 
