@@ -37,10 +37,10 @@ def free_port() -> int:
 
 
 def start_server(
-    tmp: Path, *args: str, key: str | None = None
+    tmp: Path, *args: str, key: str | None = None, probe: str = "/v2/health/ready"
 ) -> tuple[subprocess.Popen[bytes], Server]:
     """Start ``tessera serve`` with ``args`` (a later ``--data-dir`` wins) and wait
-    until it is ready."""
+    until it is ready (or until ``probe`` answers 200: ``/v2/health/live``, up)."""
     port = free_port()
     log_path = tmp / f"server-{port}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -54,7 +54,7 @@ def start_server(
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
         try:
-            if httpx.get(f"{server.base_url}/v2/health/ready", timeout=2).status_code == 200:
+            if httpx.get(f"{server.base_url}{probe}", timeout=2).status_code == 200:
                 return process, server
         except httpx.HTTPError:
             pass

@@ -66,6 +66,16 @@ def serve(
     no_auth: Annotated[
         bool, typer.Option("--no-auth", help="Serve without API keys (trusted networks only).")
     ] = False,
+    shutdown_grace: Annotated[
+        float | None,
+        typer.Option(min=0, help="On SIGTERM, seconds accepted requests may still run (30)."),
+    ] = None,
+    header_timeout: Annotated[
+        float | None, typer.Option(min=0.001, help="Seconds for a request's headers (10).")
+    ] = None,
+    body_timeout: Annotated[
+        float | None, typer.Option(min=0.001, help="Seconds for a request's body (60).")
+    ] = None,
     config: ConfigOpt = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
     log_format: Annotated[
@@ -89,16 +99,18 @@ def serve(
         auth=False if no_auth else None,
         log_format=log_format,
         metrics_port=metrics_port,
+        shutdown_grace_s=shutdown_grace,
+        header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout,
     )
     try:
         configure_logging(log_level, settings.log_format)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    import uvicorn
-
     from tessera.engine import Engine
     from tessera.gateway import create_app
+    from tessera.gateway.server import GatewayConfig, GatewayServer
     from tessera.progress import PreloadReporter
 
     try:
@@ -133,13 +145,20 @@ def serve(
             settings.metrics_port, addr=settings.host, registry=app_.state.metrics.registry
         )
         typer.echo(f"metrics on http://{settings.host}:{settings.metrics_port}/metrics")
-    uvicorn.run(
-        app_,
-        host=settings.host,
-        port=settings.port,
-        log_level=log_level.lower(),
-        log_config=None,
+    server = GatewayServer(
+        GatewayConfig(
+            app_,
+            host=settings.host,
+            port=settings.port,
+            log_level=log_level.lower(),
+            log_config=None,
+            header_timeout_s=settings.header_timeout_s,
+            body_timeout_s=settings.body_timeout_s,
+        ),
+        engine,
+        settings.shutdown_grace_s,
     )
+    server.run()
 
 
 def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, AuditLog]:

@@ -31,10 +31,14 @@ A config file may hold any of::
     metrics_port: null           # a port: also serve /metrics there, without a key, on host
     per_tenant_labels: false     # true: a tenant label on tessera_requests_total (at most 50)
     log_format: text             # text | json (one object a line, with the request id)
+    shutdown_grace_s: 30         # on SIGTERM, how long accepted requests may still run
+    header_timeout_s: 10         # a request's head must arrive within this
+    body_timeout_s: 60           # its whole body within this of the head
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,9 @@ from tessera.units import parse_bytes
 # The largest request body the gateway reads. Kept here, not in the gateway, so
 # that reading the config does not import FastAPI, SQLite and Prometheus.
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' terminationGracePeriodSeconds
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,9 @@ class ServerConfig:
     metrics_port: int | None = None
     per_tenant_labels: bool = False
     log_format: str = "text"
+    shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
 
     def repository(self) -> ModelRepository:
         folders = [default_repository_path()] if self.include_default_models else []
@@ -105,6 +115,9 @@ _SERVER_KEYS = {
     "metrics_port",
     "per_tenant_labels",
     "log_format",
+    "shutdown_grace_s",
+    "header_timeout_s",
+    "body_timeout_s",
     *_MS_KEYS,
 }
 
@@ -158,4 +171,22 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         metrics_port=int(values["metrics_port"]) if values.get("metrics_port") else None,
         per_tenant_labels=bool(values.get("per_tenant_labels", False)),
         log_format=str(values.get("log_format", "text")),
+        shutdown_grace_s=_seconds(values, "shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S, 0.0),
+        header_timeout_s=_seconds(values, "header_timeout_s", DEFAULT_HEADER_TIMEOUT_S),
+        body_timeout_s=_seconds(values, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S),
     )
+
+
+def _seconds(
+    values: dict[str, Any], key: str, default: float, minimum: float | None = None
+) -> float:
+    """A number of seconds: at least ``minimum``, or above 0 when none is given."""
+    raw = values.get(key, default)
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{key} must be a number of seconds, not {raw!r}") from e
+    if not (seconds >= minimum if minimum is not None else seconds > 0) or seconds == math.inf:
+        bound = f"at least {minimum:g}" if minimum is not None else "above 0"
+        raise ConfigError(f"{key} must be {bound} seconds, not {raw!r}")
+    return seconds

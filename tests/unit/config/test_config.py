@@ -41,3 +41,20 @@ def test_unknown_keys_and_bad_sizes_are_refused() -> None:
         build_config({"memroy_budget": "1GiB"}, {})
     with pytest.raises(ConfigError, match="not a size"):
         build_config({"memory_budget": "lots"}, {})
+
+
+def test_stop_and_read_deadlines_are_seconds_with_bounds() -> None:
+    defaults = build_config({}, {})
+    assert (defaults.shutdown_grace_s, defaults.header_timeout_s, defaults.body_timeout_s) == (
+        30.0,
+        10.0,
+        60.0,
+    )
+    settings = build_config({"shutdown_grace_s": 0, "header_timeout_s": "2.5"}, {})
+    assert (settings.shutdown_grace_s, settings.header_timeout_s) == (0.0, 2.5)
+    with pytest.raises(ConfigError, match="shutdown_grace_s must be at least 0"):
+        build_config({"shutdown_grace_s": -1}, {})
+    with pytest.raises(ConfigError, match="header_timeout_s must be above 0"):
+        build_config({"header_timeout_s": 0}, {})
+    with pytest.raises(ConfigError, match="body_timeout_s must be a number"):
+        build_config({"body_timeout_s": "soon"}, {})
