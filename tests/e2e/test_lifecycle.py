@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 import yaml
 
@@ -260,6 +261,26 @@ def test_an_idle_server_stops_on_a_signal_with_status_zero(tmp_path: Path, sig: 
     try:
         process.send_signal(sig)
         assert _exit_status(process) == 0
+    finally:
+        stop_server(process)
+    assert "Traceback" not in server.log()
+
+
+def test_sigterm_stops_the_llamacpp_engine_processes_with_the_server(tmp_path: Path) -> None:
+    process, server = start_server(
+        tmp_path, "--no-auth", "--memory-budget", "2GiB", "--preload", "smollm2-135m"
+    )
+    try:
+        workers = [
+            child
+            for child in psutil.Process(process.pid).children(recursive=True)
+            if "llamacpp_worker" in " ".join(child.cmdline())
+        ]
+        assert workers, "the preloaded GGUF model runs in an engine process"
+        process.send_signal(signal.SIGTERM)
+        assert _exit_status(process) == 0
+        _, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"orphans: {alive}"
     finally:
         stop_server(process)
     assert "Traceback" not in server.log()
