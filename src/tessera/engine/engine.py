@@ -541,6 +541,9 @@ class Engine:
             self._fail_part(spec, part, error)
 
     async def _bisect(self, spec: ModelSpec, formed_at: float, part: BatchPart) -> None:
+        for request in part.requests:
+            if request.gone:  # its caller left: not retried, and its failed run costs nothing
+                request.charge.settle(0.0)
         halves = [h for h in _halves(part) if h.requests]
         failed = []
         for half in halves:

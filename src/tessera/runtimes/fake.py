@@ -126,6 +126,13 @@ class FakeModel:
     def run(self, items: Sequence[Any]) -> list[Any]:
         with self._lock:
             self.num_batches += 1
+        per_unit = int(self.spec.options.get("scratch_bytes_per_unit", 0))
+        scratch_bytes = per_unit * math.ceil(sum(work_units(i, self.spec.inputs) for i in items))
+        # Filled, so that every page is resident (a zeroed one may be left unmapped).
+        scratch = bytearray(b"\x01") * scratch_bytes
+        run_s = float(self.spec.options.get("run_s", 0.0))
+        if run_s:  # a failure below comes at the end of the run, as a real one may
+            time.sleep(run_s)
         if self.spec.options.get("fail_run"):
             raise RuntimeError("fake model failure")
         marker = self.spec.options.get("fail_on")
@@ -135,13 +142,6 @@ class FakeModel:
         num_chars = sum(len(getattr(item, "text", "")) for item in items)
         if max_chars is not None and num_chars > int(max_chars):
             raise MemoryError(f"fake model out of memory: {num_chars} characters > {max_chars}")
-        per_unit = int(self.spec.options.get("scratch_bytes_per_unit", 0))
-        scratch_bytes = per_unit * math.ceil(sum(work_units(i, self.spec.inputs) for i in items))
-        # Filled, so that every page is resident (a zeroed one may be left unmapped).
-        scratch = bytearray(b"\x01") * scratch_bytes
-        run_s = float(self.spec.options.get("run_s", 0.0))
-        if run_s:
-            time.sleep(run_s)
         del scratch
         if self.spec.task is Task.CLASSIFY:
             return [fake_classify(item.text) for item in items]

@@ -19,6 +19,7 @@ from tessera.engine import Engine, EngineConfig
 from tessera.gateway import create_app
 from tessera.repository import ModelRepository
 from tessera.runtimes.fake import fake_embedding
+from tessera.tasks.types import Task, TextInput
 
 GATHER = {"max_batch_size": 8, "max_wait_ms": 300}  # concurrent requests form one batch
 MODELS: dict[str, dict[str, Any]] = {
@@ -26,6 +27,12 @@ MODELS: dict[str, dict[str, Any]] = {
     # Its warm-up (8 short sentences) fits; 4 texts of 400 characters do not, 2 do.
     "small-memory": {"task": "embedding", "options": {"max_batch_chars": 1000}, "batching": GATHER},
     "no-memory": {"task": "embedding", "options": {"max_batch_chars": 1000}},
+    # As picky, with batches that take wall time: a caller can leave while one runs.
+    "slow-picky": {
+        "task": "embedding",
+        "options": {"fail_on": "poison", "run_s": 0.3},
+        "batching": GATHER,
+    },
     # Raises on every input sent (its warm-up's sentence excepted, or it would not load).
     "broken": {"task": "embedding", "options": {"fail_on": "#"}, "batching": GATHER},
     "missing": {
@@ -152,3 +159,22 @@ async def test_missing_weights_answer_503_with_retry_after_and_no_server_path(
     ready = await client.get("/v2/models/missing/ready")
     assert ready.status_code == 503
     assert (await client.get("/v2/health/ready")).json()["failed_models"] == ["missing"]
+
+
+async def test_a_caller_gone_from_a_failed_batch_is_charged_nothing(engine: Engine) -> None:
+    """A request whose caller left while its batch ran, and the batch failed, is
+    not retried in the halves; its charge is settled (at nothing), so its audit
+    row is written and the quota gives its estimate back."""
+    leaving = engine.submit("slow-picky", Task.EMBEDDING, [TextInput("a")])
+    poisoned = engine.submit("slow-picky", Task.EMBEDDING, [TextInput("poison")])
+    waits = [asyncio.ensure_future(engine.wait(s)) for s in (leaving, poisoned)]
+    for _ in range(1000):  # until its batch is running
+        if leaving.request.charge.started:
+            break
+        await asyncio.sleep(0.01)
+    waits[0].cancel()
+    results = await asyncio.gather(*waits, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert isinstance(results[1], Exception)
+    assert leaving.request.charge.units == 0.0
+    assert poisoned.request.charge.units == 0.0
