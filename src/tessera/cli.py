@@ -154,6 +154,10 @@ def serve(
             log_config=None,
             header_timeout_s=settings.header_timeout_s,
             body_timeout_s=settings.body_timeout_s,
+            # The client's address is the peer's unless a trusted proxy says otherwise:
+            # uvicorn would take X-Forwarded-For from any local caller by default.
+            proxy_headers=bool(settings.trusted_proxies),
+            forwarded_allow_ips=list(settings.trusted_proxies),
         ),
         engine,
         settings.shutdown_grace_s,

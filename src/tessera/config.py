@@ -34,6 +34,8 @@ A config file may hold any of::
     shutdown_grace_s: 30         # on SIGTERM, how long accepted requests may still run
     header_timeout_s: 10         # a request's head must arrive within this
     body_timeout_s: 60           # its whole body within this of the head
+    trusted_proxies: []          # addresses whose X-Forwarded-For names the client
+                                 # (rate limits, the auth throttle); default: none
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class ServerConfig:
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    trusted_proxies: tuple[str, ...] = ()
 
     def repository(self) -> ModelRepository:
         folders = [default_repository_path()] if self.include_default_models else []
@@ -118,6 +121,7 @@ _SERVER_KEYS = {
     "shutdown_grace_s",
     "header_timeout_s",
     "body_timeout_s",
+    "trusted_proxies",
     *_MS_KEYS,
 }
 
@@ -174,7 +178,17 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         shutdown_grace_s=_seconds(values, "shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S, 0.0),
         header_timeout_s=_seconds(values, "header_timeout_s", DEFAULT_HEADER_TIMEOUT_S),
         body_timeout_s=_seconds(values, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S),
+        trusted_proxies=_addresses(values, "trusted_proxies"),
     )
+
+
+def _addresses(values: dict[str, Any], key: str) -> tuple[str, ...]:
+    raw = values.get(key) or ()
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list | tuple) or not all(isinstance(a, str) and a for a in raw):
+        raise ConfigError(f"{key} must be a list of addresses, not {raw!r}")
+    return tuple(raw)
 
 
 def _seconds(

@@ -234,7 +234,9 @@ def test_failed_authentication_is_throttled_per_address_and_audited(
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         for i in range(DEFAULT_MAX_FAILURES + 5):
             path = "/admin/tenants" if i % 2 else "/v1/models"
-            r = client.get(path, headers={**bad, "x-request-id": f"throttle-{i}"})
+            # A forged X-Forwarded-For names no other client: no proxy is trusted.
+            forged = {"x-forwarded-for": f"203.0.113.{i}"}
+            r = client.get(path, headers={**bad, **forged, "x-request-id": f"throttle-{i}"})
             statuses.append(r.status_code)
         throttled = r
         # A right key still passes from the throttled address; a missing one does not.

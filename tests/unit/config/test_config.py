@@ -58,3 +58,12 @@ def test_stop_and_read_deadlines_are_seconds_with_bounds() -> None:
         build_config({"header_timeout_s": 0}, {})
     with pytest.raises(ConfigError, match="body_timeout_s must be a number"):
         build_config({"body_timeout_s": "soon"}, {})
+
+
+def test_no_proxy_is_trusted_unless_named() -> None:
+    assert build_config({}, {}).trusted_proxies == ()
+    assert build_config({"trusted_proxies": "10.0.0.5"}, {}).trusted_proxies == ("10.0.0.5",)
+    named = build_config({"trusted_proxies": ["10.0.0.5", "10.0.0.6"]}, {})
+    assert named.trusted_proxies == ("10.0.0.5", "10.0.0.6")
+    with pytest.raises(ConfigError, match="trusted_proxies must be a list of addresses"):
+        build_config({"trusted_proxies": [5]}, {})
