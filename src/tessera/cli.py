@@ -170,9 +170,13 @@ def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, Audit
     and an admin key, printed once; seed today's quota use from the audit log."""
     from tessera.tenants import AuditLog, TenantStore
     from tessera.tenants.audit import start_of_day_utc
+    from tessera.tenants.store import key_secret
 
-    store = TenantStore(settings.data_dir)
-    audit_log = AuditLog(settings.data_dir, retention_days=settings.audit_retention_days)
+    # The SQLite files of data_dir, or a PostgreSQL database that gateways share.
+    url = settings.tenant_store
+    secret = key_secret(settings.data_dir, settings.key_secret_file)
+    store = TenantStore(settings.data_dir, url=url, secret=secret)
+    audit_log = AuditLog(settings.data_dir, url=url, retention_days=settings.audit_retention_days)
     bootstrap = store.ensure_bootstrap()
     if bootstrap is not None:
         typer.echo(f"created tenant {bootstrap.tenant.name!r} (tier {bootstrap.tenant.tier})")

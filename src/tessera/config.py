@@ -34,6 +34,10 @@ A config file may hold any of::
     shutdown_grace_s: 30         # on SIGTERM, how long accepted requests may still run
     header_timeout_s: 10         # a request's head must arrive within this
     body_timeout_s: 60           # its whole body within this of the head
+    tenant_store: null           # postgresql://host/db: tenants, keys and the audit shared
+                                 # by many gateways; default: SQLite files in data_dir
+    key_secret_file: null        # the API keys' HMAC secret (default <data_dir>/secret.key;
+                                 # TESSERA_KEY_SECRET, hex, wins): the same on every gateway
     trusted_proxies: []          # addresses whose X-Forwarded-For names the client
                                  # (rate limits, the auth throttle); default: none
 """
@@ -80,6 +84,8 @@ class ServerConfig:
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    tenant_store: str | None = None
+    key_secret_file: Path | None = None
     trusted_proxies: tuple[str, ...] = ()
 
     def repository(self) -> ModelRepository:
@@ -121,6 +127,8 @@ _SERVER_KEYS = {
     "shutdown_grace_s",
     "header_timeout_s",
     "body_timeout_s",
+    "tenant_store",
+    "key_secret_file",
     "trusted_proxies",
     *_MS_KEYS,
 }
@@ -178,6 +186,8 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         shutdown_grace_s=_seconds(values, "shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S, 0.0),
         header_timeout_s=_seconds(values, "header_timeout_s", DEFAULT_HEADER_TIMEOUT_S),
         body_timeout_s=_seconds(values, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S),
+        tenant_store=_optional_str(values, "tenant_store"),
+        key_secret_file=_optional_path(values, "key_secret_file"),
         trusted_proxies=_addresses(values, "trusted_proxies"),
     )
 
@@ -189,6 +199,18 @@ def _addresses(values: dict[str, Any], key: str) -> tuple[str, ...]:
     if not isinstance(raw, list | tuple) or not all(isinstance(a, str) and a for a in raw):
         raise ConfigError(f"{key} must be a list of addresses, not {raw!r}")
     return tuple(raw)
+
+
+def _optional_str(values: dict[str, Any], key: str) -> str | None:
+    raw = values.get(key)
+    if raw is not None and not isinstance(raw, str):
+        raise ConfigError(f"{key} must be a string, not {raw!r}")
+    return raw or None
+
+
+def _optional_path(values: dict[str, Any], key: str) -> Path | None:
+    raw = _optional_str(values, key)
+    return Path(raw) if raw is not None else None
 
 
 def _seconds(

@@ -4,8 +4,10 @@ Admission, scheduling, batching and residency decide in plain Python
 (ARCHITECTURE.md): importing one of them in a fresh interpreter loads no
 torch, numpy, onnxruntime, transformers, ray, and nothing of the HTTP side
 (FastAPI, Starlette, uvicorn, Prometheus). Reading the config loads nothing
-of the HTTP side or of the tenant store (SQLite) either. A failure names the
-chain of imports that loaded the library (from ``python -X importtime``).
+of the HTTP side or of the tenant store (SQLite) either. The drivers of shared
+tenant state (psycopg, redis) load only where a gateway is configured to use
+them. A failure names the chain of imports that loaded the library (from
+``python -X importtime``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ POLICY_PACKAGES = (
     "tessera.residency",
 )
 HTTP = frozenset({"fastapi", "starlette", "uvicorn", "prometheus_client"})
-HEAVY = HTTP | {"torch", "numpy", "onnxruntime", "transformers", "ray"}
+HEAVY = HTTP | {"torch", "numpy", "onnxruntime", "transformers", "ray", "psycopg", "redis"}
 
 
 def fresh_import(module: str) -> tuple[set[str], list[tuple[int, str]]]:
@@ -76,7 +78,7 @@ def test_policy_package_imports_no_heavy_library(package: str) -> None:
 
 
 def test_config_imports_nothing_of_the_http_side() -> None:
-    _check("tessera.config", HTTP | {"sqlite3"})
+    _check("tessera.config", HTTP | {"sqlite3", "psycopg", "redis"})
 
 
 def test_import_chain_names_who_loaded_a_module() -> None:
@@ -87,3 +89,7 @@ def test_import_chain_names_who_loaded_a_module() -> None:
         "tessera.runtimes.fake",
         "tessera.x",
     ]
+
+
+def test_the_tenant_store_imports_its_postgresql_driver_only_when_configured() -> None:
+    _check("tessera.tenants", frozenset({"psycopg", "redis"}))

@@ -3,6 +3,10 @@
 Rows live in ``<data_dir>/audit.db``, a SQLite file apart from ``tessera.db``:
 the writer's transactions and the retention deletes never hold the lock that
 tenant and key changes need, and the log can be moved or dropped on its own.
+With a PostgreSQL ``url`` they live in its table ``audit`` beside the tenants
+(its schema version in ``audit_schema_version``), where the rows of every
+gateway interleave; the sums (``usage``, ``units_since``) are then the
+cluster's, which is what the daily quota is seeded from.
 
 ``record`` only appends to an in-memory deque (no I/O, no lock, never blocks);
 a task flushes it every ``flush_interval_s`` in a worker thread, in
@@ -32,7 +36,6 @@ import logging
 import math
 import operator
 import re
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.errors import ConfigError, InvalidInputError, TenantError
-from tessera.tenants.db import migrate, open_db
+from tessera.tenants.db import Dialect, migrate, open_database
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,7 @@ class AuditLog:
         self,
         data_dir: Path,
         *,
+        url: str | None = None,
         flush_interval_s: float = 0.5,
         max_batch: int = 500,
         retention_days: float | None = 30.0,
@@ -144,9 +148,14 @@ class AuditLog:
         self._wall = wall_clock
         # synchronous=NORMAL: in WAL mode a crash of the process loses nothing;
         # a power cut may lose the last flushes, which an audit log can afford.
-        self._conn = open_db(self.path, synchronous="NORMAL")
+        self._conn = open_database(url, self.path, synchronous="NORMAL")
+        # SQLite keeps the log in a file of its own; in a shared PostgreSQL
+        # database its version table must not be the tenant store's.
+        version_table = (
+            "schema_version" if self._conn.dialect is Dialect.SQLITE else "audit_schema_version"
+        )
         try:
-            migrate(self._conn, MIGRATIONS)
+            migrate(self._conn, MIGRATIONS, version_table)
         except BaseException:
             self._conn.close()
             raise
@@ -232,7 +241,7 @@ class AuditLog:
                 todo -= len(chunk)
                 try:
                     self._insert(chunk)
-                except sqlite3.Error:
+                except self._conn.errors:
                     self._num_failures += 1
                     self._pending.extendleft(reversed(chunk))
                     log.exception("audit log: cannot write %d rows; will retry", len(chunk))
@@ -256,14 +265,8 @@ class AuditLog:
         return deleted
 
     def _insert(self, chunk: list[AuditRecord]) -> None:
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany(_INSERT, [_values(rec) for rec in chunk])
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+        with self._conn.transaction():
+            self._conn.executemany(_INSERT, [_values(rec) for rec in chunk])
 
     def stats(self) -> AuditStats:
         return AuditStats(
@@ -297,7 +300,7 @@ class AuditLog:
             params.append(int(limit))
         with self._lock, self._errors():
             rows = self._conn.execute(sql, params).fetchall()
-        return [AuditRecord(*row) for row in rows]
+        return [AuditRecord(**{column: row[column] for column in COLUMNS}) for row in rows]
 
     def usage(self, since: float, until: float | None = None) -> list[dict[str, Any]]:
         """Per tenant and model: requests, units charged, errors (status >= 400),
@@ -305,7 +308,7 @@ class AuditLog:
         where, params = _window(since, until)
         sql = (
             "SELECT tenant, model, COUNT(*) AS requests,"
-            " TOTAL(units) AS units,"
+            " COALESCE(SUM(units), 0.0) AS units,"
             " SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS errors,"
             " AVG(total_s) AS mean_total_s, MAX(total_s) AS max_total_s"
             " FROM audit" + _where(where) + " GROUP BY tenant, model ORDER BY tenant, model"
@@ -318,17 +321,17 @@ class AuditLog:
         """Work units charged to ``tenant`` since ``since`` (as written)."""
         with self._lock, self._errors():
             row = self._conn.execute(
-                "SELECT TOTAL(units) FROM audit WHERE tenant = ? AND ts >= ?",
+                "SELECT COALESCE(SUM(units), 0.0) AS units FROM audit WHERE tenant = ? AND ts >= ?",
                 (tenant, since),
             ).fetchone()
-        return float(row[0])
+        return float(row["units"])
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
         try:
             yield
-        except sqlite3.Error as e:
-            raise TenantError(f"audit log {self.path}: {e}") from e
+        except self._conn.errors as e:
+            raise TenantError(f"audit log {self._conn.where}: {e}") from e
 
 
 def _window(since: float | None, until: float | None) -> tuple[list[str], list[Any]]:

@@ -1,6 +1,9 @@
 """``tessera tenants``, ``tessera keys`` and ``tessera audit``; mounted on the
 main command by ``register``. Each works on ``--data-dir`` directly, so it may
 run beside a live server: the server sees the change on its next request.
+Gateways sharing a PostgreSQL database are reached the same way: with
+``TESSERA_TENANT_STORE`` set to its URL (and the gateways' key secret in
+``TESSERA_KEY_SECRET`` or ``TESSERA_KEY_SECRET_FILE``).
 
 Lists are rich tables on a terminal and tab-separated lines (with a header)
 otherwise. Errors print one line to stderr and exit 2.
@@ -12,6 +15,7 @@ import contextlib
 import csv
 import enum
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -22,7 +26,14 @@ import typer
 
 from tessera.errors import InvalidTenantError, TesseraError
 from tessera.tenants.audit import AUDIT_DB_FILE, COLUMNS, AuditLog, iso_time, parse_time
-from tessera.tenants.store import DEFAULT_TIER, KNOWN_TIERS, ApiKey, Tenant, TenantStore
+from tessera.tenants.store import (
+    DEFAULT_TIER,
+    KNOWN_TIERS,
+    ApiKey,
+    Tenant,
+    TenantStore,
+    key_secret,
+)
 
 tenants_app = typer.Typer(help="Tenants: tier, limits, allowed models.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys (stored hashed; shown once).", no_args_is_help=True)
@@ -70,10 +81,17 @@ def _clear_errors() -> Iterator[None]:
         raise typer.Exit(2) from e
 
 
+STORE_ENV = "TESSERA_TENANT_STORE"
+SECRET_FILE_ENV = "TESSERA_KEY_SECRET_FILE"
+
+
 @contextlib.contextmanager
 def _store(data_dir: Path) -> Iterator[TenantStore]:
-    with _clear_errors(), TenantStore(data_dir) as store:
-        yield store
+    with _clear_errors():
+        secret_file = os.environ.get(SECRET_FILE_ENV)
+        secret = key_secret(data_dir, Path(secret_file) if secret_file else None)
+        with TenantStore(data_dir, url=os.environ.get(STORE_ENV), secret=secret) as store:
+            yield store
 
 
 # -- tenants -------------------------------------------------------------------
@@ -231,9 +249,10 @@ def audit(
         now = time.time()
         start = parse_time(since, now) if since is not None else None
         end = parse_time(until, now) if until is not None else None
-        if not (data_dir / AUDIT_DB_FILE).exists():
+        url = os.environ.get(STORE_ENV)
+        if url is None and not (data_dir / AUDIT_DB_FILE).exists():
             raise InvalidTenantError(f"no audit log in {data_dir} (is --data-dir right?)")
-        log = AuditLog(data_dir, retention_days=None)
+        log = AuditLog(data_dir, url=url, retention_days=None)
         try:
             records = log.query(tenant=tenant, since=start, until=end)
         finally:

@@ -1,13 +1,19 @@
-"""Tenants and their API keys, in SQLite under the data dir (``tessera.db``).
+"""Tenants and their API keys, in SQLite under the data dir (``tessera.db``),
+or in a PostgreSQL database that many gateways share (``url``).
 
 A key reads ``tsk_<8 public chars>_<43 secret chars>``. Only its prefix
 (``tsk_<8 chars>``, shown to tell keys apart) and HMAC-SHA256(server secret,
 key) are stored. The server secret is ``secret.key`` in the data dir (mode
 0600), never in the database, so a copy of the database alone cannot even
-check a guess. Losing ``secret.key`` invalidates every key.
+check a guess. Losing ``secret.key`` invalidates every key. Gateways sharing
+one database must share the secret too: ``key_secret`` reads it from
+``TESSERA_KEY_SECRET`` (hex) or a file named in the config before the data dir.
 
-Nothing is cached: every ``authenticate`` reads the database, so a change made
-by the CLI (another process) or the admin API takes effect on the next request.
+Nothing is kept stale: every ``authenticate`` checks the database, so a change
+made by the CLI (another process), the admin API or another gateway takes
+effect on the next request. On SQLite a key found once is remembered while
+SQLite's ``data_version`` stays the same (one cheap check instead of a join);
+PostgreSQL has no such check, so there each ``authenticate`` is one query.
 Calls are short and thread-safe; the reader and the writer have a connection
 each, so authentication never waits behind a write of this process.
 """
@@ -25,11 +31,10 @@ import math
 import os
 import re
 import secrets
-import sqlite3
 import string
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -42,12 +47,13 @@ from tessera.errors import (
     TenantExistsError,
     TenantNotFoundError,
 )
-from tessera.tenants.db import migrate, open_db, private_dir
+from tessera.tenants.db import Database, Row, migrate, open_database, private_dir
 
 log = logging.getLogger(__name__)
 
 DB_FILE = "tessera.db"
 SECRET_FILE = "secret.key"
+SECRET_ENV = "TESSERA_KEY_SECRET"
 DEFAULT_TIER = "standard"
 KNOWN_TIERS = ("vip", "standard", "batch")
 BOOTSTRAP_TENANT = "default"
@@ -157,11 +163,20 @@ UNSET = Unset.UNSET
 
 
 class TenantStore:
-    """Tenants and API keys in ``<data_dir>/tessera.db``; see the module notes."""
+    """Tenants and API keys in ``<data_dir>/tessera.db``, or in the PostgreSQL
+    database at ``url``; see the module notes. ``secret`` is the HMAC key
+    (default: ``<data_dir>/secret.key``, made if missing)."""
 
-    def __init__(self, data_dir: Path, *, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        url: str | None = None,
+        secret: bytes | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.data_dir = Path(data_dir)
-        self.path = self.data_dir / DB_FILE
+        self.path = self.data_dir / DB_FILE  # the SQLite file, when there is no url
         self._wall = wall_clock
         # Successful authentications by key digest, valid while the database is
         # unchanged: SQLite's data_version moves when any connection, in any
@@ -172,11 +187,11 @@ class TenantStore:
             private_dir(self.data_dir)
         except OSError as e:
             raise ConfigError(f"cannot create the data dir {self.data_dir}: {e}") from e
-        self._secret = load_secret(self.data_dir / SECRET_FILE)
-        self._writer = open_db(self.path)
+        self._secret = secret if secret is not None else load_secret(self.data_dir / SECRET_FILE)
+        self._writer = open_database(url, self.path)
         try:
             migrate(self._writer, MIGRATIONS)
-            self._reader = open_db(self.path)
+            self._reader = open_database(url, self.path)
         except BaseException:
             self._writer.close()
             raise
@@ -321,8 +336,8 @@ class TenantStore:
             return None
         digest = self._digest(key)
         with self._read() as conn:
-            version = int(conn.execute("PRAGMA data_version").fetchone()[0])
-            if version != self._auth_version:
+            version = conn.data_version()
+            if version is None or version != self._auth_version:
                 self._auth_cache.clear()
                 self._auth_version = version
             cached = self._auth_cache.get(digest)
@@ -344,7 +359,8 @@ class TenantStore:
         prefix = f"{KEY_SCHEME}_{match.group(1)}"
         principal = Principal(tenant=_tenant_of(row), key_prefix=prefix, admin=bool(row["admin"]))
         with self._read_lock:
-            if self._auth_version == version:  # nothing changed since the row was read
+            # Nothing changed since the row was read (never known on PostgreSQL).
+            if version is not None and self._auth_version == version:
                 if len(self._auth_cache) >= AUTH_CACHE_MAX:
                     self._auth_cache.clear()
                 self._auth_cache[digest] = principal
@@ -375,7 +391,7 @@ class TenantStore:
     def _digest(self, key: str) -> str:
         return hmac.new(self._secret, key.encode("utf-8"), hashlib.sha256).hexdigest()
 
-    def _insert_key(self, conn: sqlite3.Connection, tenant: str, admin: bool) -> NewKey:
+    def _insert_key(self, conn: Database, tenant: str, admin: bool) -> NewKey:
         for _ in range(8):
             public = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(_PREFIX_CHARS))
             prefix = f"{KEY_SCHEME}_{public}"
@@ -386,41 +402,34 @@ class TenantStore:
             raise TenantError("could not draw an unused key prefix")
         key = f"{prefix}_{secrets.token_urlsafe(_SECRET_BYTES)}"
         created_at = self._wall()
-        cursor = conn.execute(
+        row = conn.execute(
             "INSERT INTO api_keys (tenant, prefix, key_hash, admin, created_at)"
-            " VALUES (?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?) RETURNING id",
             (tenant, prefix, self._digest(key), int(bool(admin)), created_at),
-        )
-        if cursor.lastrowid is None:
+        ).fetchone()
+        if row is None:
             raise TenantError("the database did not return the new key's id")
-        info = ApiKey(cursor.lastrowid, tenant, prefix, bool(admin), created_at, None)
+        info = ApiKey(int(row["id"]), tenant, prefix, bool(admin), created_at, None)
         return NewKey(key, info)
 
     @contextlib.contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def _read(self) -> Iterator[Database]:
         with self._read_lock, self._errors():
             yield self._reader
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; IMMEDIATE so that a check and the write after
-        it cannot interleave with another process's."""
-        with self._write_lock, self._errors():
-            conn = self._writer
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+    def _write(self) -> Iterator[Database]:
+        """One write transaction; exclusive so that a check and the write after
+        it cannot interleave with another process's (another gateway's)."""
+        with self._write_lock, self._errors(), self._writer.transaction(exclusive=True):
+            yield self._writer
 
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
         try:
             yield
-        except sqlite3.Error as e:
-            raise TenantError(f"tenant store {self.path}: {e}") from e
+        except self._writer.errors as e:
+            raise TenantError(f"tenant store {self._writer.where}: {e}") from e
 
 
 # -- validation ------------------------------------------------------------
@@ -490,21 +499,19 @@ def normalize_prefix(text: str) -> str | None:
 # -- rows --------------------------------------------------------------------
 
 
-def _tenant_row(conn: sqlite3.Connection, name: str) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = conn.execute(
-        "SELECT * FROM tenants WHERE name = ?", (name,)
-    ).fetchone()
+def _tenant_row(conn: Database, name: str) -> Row | None:
+    row: Row | None = conn.execute("SELECT * FROM tenants WHERE name = ?", (name,)).fetchone()
     return row
 
 
-def _get_tenant(conn: sqlite3.Connection, name: str) -> Tenant:
+def _get_tenant(conn: Database, name: str) -> Tenant:
     row = _tenant_row(conn, name)
     if row is None:
         raise TenantNotFoundError(name)
     return _tenant_of(row)
 
 
-def _insert_tenant(conn: sqlite3.Connection, tenant: Tenant) -> None:
+def _insert_tenant(conn: Database, tenant: Tenant) -> None:
     conn.execute(
         "INSERT INTO tenants (name, tier, qps, burst, max_concurrency, daily_units, models,"
         " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -526,7 +533,7 @@ def _tenant_params(tenant: Tenant) -> tuple[object, ...]:
     )
 
 
-def _tenant_of(row: sqlite3.Row) -> Tenant:
+def _tenant_of(row: Row) -> Tenant:
     models = row["models"]
     return Tenant(
         name=row["name"],
@@ -540,7 +547,7 @@ def _tenant_of(row: sqlite3.Row) -> Tenant:
     )
 
 
-def _key_of(row: sqlite3.Row) -> ApiKey:
+def _key_of(row: Row) -> ApiKey:
     return ApiKey(
         id=row["id"],
         tenant=row["tenant"],
@@ -552,6 +559,30 @@ def _key_of(row: sqlite3.Row) -> ApiKey:
 
 
 # -- the server secret ---------------------------------------------------------
+
+
+def key_secret(
+    data_dir: Path, secret_file: Path | None = None, environ: Mapping[str, str] = os.environ
+) -> bytes:
+    """The HMAC secret for keys: ``TESSERA_KEY_SECRET`` (hex, 32 bytes or more)
+    if set, else the file ``secret_file``, else ``<data_dir>/secret.key``
+    (either file made if missing). Gateways that share a database share it."""
+    text = environ.get(SECRET_ENV)
+    if text is None and secret_file is not None:
+        return load_secret(secret_file)
+    if text is None:
+        try:
+            private_dir(data_dir)
+        except OSError as e:
+            raise ConfigError(f"cannot create the data dir {data_dir}: {e}") from e
+        return load_secret(data_dir / SECRET_FILE)
+    try:
+        secret = bytes.fromhex(text.strip())
+    except ValueError as e:
+        raise ConfigError(f"{SECRET_ENV} must be hex: {e}") from e
+    if len(secret) < 32:
+        raise ConfigError(f"{SECRET_ENV} is too short ({len(secret)} bytes, at least 32)")
+    return secret
 
 
 def load_secret(path: Path) -> bytes:

@@ -1,4 +1,7 @@
-"""The audit log: buffered batch writes, queries, usage, retention, time parsing."""
+"""The audit log: buffered batch writes, queries, usage, retention, time parsing.
+
+Tests of the interface take ``audit`` (or ``database_url``) and run on SQLite
+and on PostgreSQL alike; those of the SQLite file itself on SQLite only."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from tessera.errors import ConfigError, InvalidInputError
@@ -59,8 +63,8 @@ def wall() -> FakeWall:
 
 
 @pytest.fixture
-def audit(tmp_path: Path, wall: FakeWall) -> Iterator[AuditLog]:
-    log = AuditLog(tmp_path, max_batch=500, wall_clock=wall)
+def audit(tmp_path: Path, wall: FakeWall, database_url: str | None) -> Iterator[AuditLog]:
+    log = AuditLog(tmp_path, url=database_url, max_batch=500, wall_clock=wall)
     yield log
     log.close_sync()
 
@@ -79,8 +83,10 @@ async def test_records_wait_in_memory_then_flush_in_batches(audit: AuditLog) -> 
     assert await audit.flush() == 0
 
 
-async def test_start_and_close_flush_what_is_pending(tmp_path: Path, wall: FakeWall) -> None:
-    audit = AuditLog(tmp_path, flush_interval_s=3600, wall_clock=wall)
+async def test_start_and_close_flush_what_is_pending(
+    tmp_path: Path, wall: FakeWall, database_url: str | None
+) -> None:
+    audit = AuditLog(tmp_path, url=database_url, flush_interval_s=3600, wall_clock=wall)
     await audit.start()
     audit.record(make_record())
     audit.record(make_record(status=429, reason="rate", units=0.0))
@@ -88,7 +94,7 @@ async def test_start_and_close_flush_what_is_pending(tmp_path: Path, wall: FakeW
     assert audit.stats().written == 2
     audit.record(make_record())  # after close: dropped, not an error
     assert audit.stats().dropped == 1
-    reopened = AuditLog(tmp_path, wall_clock=wall)
+    reopened = AuditLog(tmp_path, url=database_url, wall_clock=wall)
     try:
         assert [r.status for r in reopened.query()] == [200, 429]
         assert reopened.query()[1].reason == "rate"
@@ -98,14 +104,16 @@ async def test_start_and_close_flush_what_is_pending(tmp_path: Path, wall: FakeW
 
 
 async def test_a_failed_write_keeps_the_rows(
-    audit: AuditLog, monkeypatch: pytest.MonkeyPatch
+    audit: AuditLog, monkeypatch: pytest.MonkeyPatch, database_url: str | None
 ) -> None:
     audit.record(make_record(request_id="a"))
     audit.record(make_record(request_id="b"))
     real_insert = audit._insert
 
     def failing(chunk: list[AuditRecord]) -> None:
-        raise sqlite3.OperationalError("disk I/O error")
+        if database_url is None:
+            raise sqlite3.OperationalError("disk I/O error")
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
 
     monkeypatch.setattr(audit, "_insert", failing)
     assert await audit.flush() == 0
@@ -116,8 +124,8 @@ async def test_a_failed_write_keeps_the_rows(
     assert [r.request_id for r in audit.query()] == ["a", "b"]
 
 
-def test_pending_is_bounded_dropping_the_oldest(tmp_path: Path) -> None:
-    audit = AuditLog(tmp_path, max_pending=3, retention_days=None)
+def test_pending_is_bounded_dropping_the_oldest(tmp_path: Path, database_url: str | None) -> None:
+    audit = AuditLog(tmp_path, url=database_url, max_pending=3, retention_days=None)
     try:
         for i in range(5):
             audit.record(make_record(request_id=str(i)))
@@ -190,12 +198,16 @@ def test_rows_of_the_old_rule_keep_costing_nothing(tmp_path: Path) -> None:
         log.close_sync()
 
 
-async def test_retention_at_start_and_hourly(tmp_path: Path, wall: FakeWall) -> None:
-    seed = AuditLog(tmp_path, retention_days=None)
+async def test_retention_at_start_and_hourly(
+    tmp_path: Path, wall: FakeWall, database_url: str | None
+) -> None:
+    seed = AuditLog(tmp_path, url=database_url, retention_days=None)
     seed.record(make_record(T0 - 31 * DAY_S, request_id="old"))
     seed.record(make_record(T0 - 29 * DAY_S, request_id="recent"))
     seed.close_sync()
-    audit = AuditLog(tmp_path, retention_days=30, flush_interval_s=3600, wall_clock=wall)
+    audit = AuditLog(
+        tmp_path, url=database_url, retention_days=30, flush_interval_s=3600, wall_clock=wall
+    )
     assert [r.request_id for r in audit.query()] == ["old", "recent"]
     await audit.start()  # start purges once
     assert [r.request_id for r in audit.query()] == ["recent"]
@@ -218,8 +230,8 @@ def test_purge_waits_for_its_interval(audit: AuditLog, wall: FakeWall) -> None:
     assert audit.query() == []
 
 
-def test_no_retention_keeps_everything(tmp_path: Path) -> None:
-    audit = AuditLog(tmp_path, retention_days=None)
+def test_no_retention_keeps_everything(tmp_path: Path, database_url: str | None) -> None:
+    audit = AuditLog(tmp_path, url=database_url, retention_days=None)
     try:
         audit.record(make_record(1.0))
         audit.write_pending()

@@ -1,4 +1,7 @@
-"""The tenant store: CRUD, keys stored hashed, authentication, bootstrap, migrations."""
+"""The tenant store: CRUD, keys stored hashed, authentication, bootstrap, migrations.
+
+Tests of the interface take ``store`` (or ``database_url``) and run on SQLite
+and on PostgreSQL alike; those of the SQLite files themselves on SQLite only."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from tessera.errors import (
 )
 from tessera.tenants import TenantStore
 from tessera.tenants.db import migrate, open_db, schema_version
-from tessera.tenants.store import DB_FILE, MIGRATIONS, SECRET_FILE
+from tessera.tenants.store import DB_FILE, MIGRATIONS, SECRET_ENV, SECRET_FILE, key_secret
 
 
 class FakeWall:
@@ -39,8 +42,8 @@ def wall() -> FakeWall:
 
 
 @pytest.fixture
-def store(tmp_path: Path, wall: FakeWall) -> Iterator[TenantStore]:
-    with TenantStore(tmp_path, wall_clock=wall) as store:
+def store(tmp_path: Path, wall: FakeWall, database_url: str | None) -> Iterator[TenantStore]:
+    with TenantStore(tmp_path, url=database_url, wall_clock=wall) as store:
         yield store
 
 
@@ -181,12 +184,13 @@ def test_wrong_and_malformed_keys(store: TenantStore) -> None:
 
 
 def test_changes_from_another_process_take_effect_at_once(
-    store: TenantStore, tmp_path: Path
+    store: TenantStore, tmp_path: Path, database_url: str | None
 ) -> None:
     store.add_tenant("acme", qps=1)
     key, info = store.create_key("acme")
-    # A second store on the same data dir stands in for the CLI's process.
-    with TenantStore(tmp_path) as cli:
+    # A second store on the same database stands in for the CLI's process
+    # (or, on PostgreSQL, for another gateway).
+    with TenantStore(tmp_path, url=database_url) as cli:
         cli.update_tenant("acme", qps=9)
         principal = store.authenticate(key)
         assert principal is not None
@@ -250,16 +254,33 @@ def test_no_key_is_stored_in_plain_text(tmp_path: Path) -> None:
     assert stat.S_IMODE((tmp_path / SECRET_FILE).stat().st_mode) == 0o600
 
 
-def test_keys_survive_reopen_and_need_the_secret(tmp_path: Path) -> None:
-    with TenantStore(tmp_path) as store:
+def test_keys_survive_reopen_and_need_the_secret(tmp_path: Path, database_url: str | None) -> None:
+    with TenantStore(tmp_path, url=database_url) as store:
         store.add_tenant("acme")
         key, _ = store.create_key("acme")
-    with TenantStore(tmp_path) as store:
+    with TenantStore(tmp_path, url=database_url) as store:
         assert store.authenticate(key) is not None
     # A new secret (the old one lost) invalidates every key.
     (tmp_path / SECRET_FILE).unlink()
-    with TenantStore(tmp_path) as store:
+    with TenantStore(tmp_path, url=database_url) as store:
         assert store.authenticate(key) is None
+
+
+def test_the_key_secret_comes_from_the_environment_a_file_or_the_data_dir(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "shared.key"
+    from_file = key_secret(tmp_path / "a", shared, environ={})
+    assert shared.is_file()
+    assert key_secret(tmp_path / "b", shared, environ={}) == from_file  # a second gateway
+    own = key_secret(tmp_path, environ={})
+    assert own != from_file
+    assert (tmp_path / SECRET_FILE).read_text().strip() == own.hex()
+    text = "ab" * 32
+    assert key_secret(tmp_path, shared, environ={SECRET_ENV: text}) == bytes.fromhex(text)
+    for bad in ("not hex", "abcd"):
+        with pytest.raises(ConfigError, match=SECRET_ENV):
+            key_secret(tmp_path, environ={SECRET_ENV: bad})
 
 
 @pytest.mark.parametrize("content", ["", "not hex", "abcd"])
@@ -317,13 +338,14 @@ def test_migrate_applies_only_missing_steps(tmp_path: Path) -> None:
         with pytest.raises(ConfigError):
             migrate(conn, [*steps, ["CREATE TABLE c (z INTEGER)", "NOT SQL"]])
         assert schema_version(conn) == 2
-        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master").fetchall()}
         assert "c" not in names
     finally:
         conn.close()
 
 
-def test_foreign_keys_are_on(store: TenantStore) -> None:
+def test_foreign_keys_are_on(tmp_path: Path) -> None:
+    store = TenantStore(tmp_path)
     conn = sqlite3.connect(store.path)
     try:
         # The store's own connections enforce it; check the schema declares it.
@@ -332,10 +354,11 @@ def test_foreign_keys_are_on(store: TenantStore) -> None:
     finally:
         conn.close()
     assert store._writer.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    store.close()
 
 
-def test_closed_store_raises_tenant_error(tmp_path: Path) -> None:
-    store = TenantStore(tmp_path)
+def test_closed_store_raises_tenant_error(tmp_path: Path, database_url: str | None) -> None:
+    store = TenantStore(tmp_path, url=database_url)
     store.close()
     with pytest.raises(TenantError):
         store.list_tenants()
@@ -356,7 +379,7 @@ def test_threads_share_one_store(store: TenantStore) -> None:
 
 
 def test_a_remembered_key_is_refused_at_once_after_a_change(
-    store: TenantStore, tmp_path: Path
+    store: TenantStore, tmp_path: Path, database_url: str | None
 ) -> None:
     store.add_tenant("acme", qps=1)
     key, info = store.create_key("acme")
@@ -364,7 +387,7 @@ def test_a_remembered_key_is_refused_at_once_after_a_change(
         principal = store.authenticate(key)
         assert principal is not None
         assert principal.tenant.qps == 1.0
-    with TenantStore(tmp_path) as cli:
+    with TenantStore(tmp_path, url=database_url) as cli:
         cli.update_tenant("acme", qps=5)
         principal = store.authenticate(key)
         assert principal is not None
