@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -153,7 +154,8 @@ def _load_header(body: bytes, header_length: str | None) -> tuple[object, bytes]
     """The JSON header and the binary tensor data after it."""
     split = len(body)
     if header_length is not None:
-        if not header_length.strip().isdigit() or int(header_length) > len(body):
+        # ASCII digits only: str.isdigit() also takes superscripts ("²"), which int() refuses.
+        if not re.fullmatch(r"[0-9]{1,12}", header_length) or int(header_length) > len(body):
             raise InvalidInputError(
                 f"{HEADER_LENGTH} must be a whole number of bytes within the body"
                 f" ({len(body)}), got {header_length!r:.40}"
