@@ -15,6 +15,7 @@ from tessera.logs import configure_logging
 from tessera.tenants.cli import register as register_tenant_commands
 
 if TYPE_CHECKING:
+    from tessera.admission.shared import RedisAdmissionController
     from tessera.engine import Engine
     from tessera.tenants import AuditLog, TenantStore
 
@@ -119,7 +120,7 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the owner's alone
-    engine = Engine(repository, settings.engine)
+    engine = Engine(repository, settings.engine, admission=_shared_admission(settings))
     store, audit_log = _tenancy(settings, engine) if settings.auth else (None, None)
     stats = engine.snapshot()
     typer.echo(
@@ -185,6 +186,21 @@ def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, Audit
     for tenant in store.list_tenants():
         engine.seed_usage(tenant.name, audit_log.units_since(tenant.name, day_start))
     return store, audit_log
+
+
+def _shared_admission(settings: ServerConfig) -> RedisAdmissionController | None:
+    """Admission counters in Redis when ``admission_store`` names one, else None
+    (the engine's own). Its lease renewer is a daemon thread that ends with the
+    process, when every request has been answered."""
+    if settings.admission_store is None:
+        return None
+    from tessera.admission.shared import RedisAdmissionController
+
+    return RedisAdmissionController.from_url(
+        settings.admission_store,
+        prefix=settings.admission_prefix,
+        lease_s=settings.admission_lease_s,
+    )
 
 
 @models_app.command("list")

@@ -38,6 +38,10 @@ A config file may hold any of::
                                  # by many gateways; default: SQLite files in data_dir
     key_secret_file: null        # the API keys' HMAC secret (default <data_dir>/secret.key;
                                  # TESSERA_KEY_SECRET, hex, wins): the same on every gateway
+    admission_store: null        # redis://host:6379/0: rate, concurrency and daily units
+                                 # counted across gateways; default: in this process
+    admission_prefix: "tessera:" # the Redis keys' prefix
+    admission_lease_s: 30        # a dead gateway's requests in flight count this long
     trusted_proxies: []          # addresses whose X-Forwarded-For names the client
                                  # (rate limits, the auth throttle); default: none
 """
@@ -86,6 +90,9 @@ class ServerConfig:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     tenant_store: str | None = None
     key_secret_file: Path | None = None
+    admission_store: str | None = None
+    admission_prefix: str = "tessera:"
+    admission_lease_s: float = 30.0
     trusted_proxies: tuple[str, ...] = ()
 
     def repository(self) -> ModelRepository:
@@ -129,6 +136,9 @@ _SERVER_KEYS = {
     "body_timeout_s",
     "tenant_store",
     "key_secret_file",
+    "admission_store",
+    "admission_prefix",
+    "admission_lease_s",
     "trusted_proxies",
     *_MS_KEYS,
 }
@@ -188,6 +198,9 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         body_timeout_s=_seconds(values, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S),
         tenant_store=_optional_str(values, "tenant_store"),
         key_secret_file=_optional_path(values, "key_secret_file"),
+        admission_store=_optional_str(values, "admission_store"),
+        admission_prefix=str(values.get("admission_prefix", "tessera:")),
+        admission_lease_s=_seconds(values, "admission_lease_s", 30.0),
         trusted_proxies=_addresses(values, "trusted_proxies"),
     )
 

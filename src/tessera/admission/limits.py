@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tessera.clock import Clock
 from tessera.errors import RateLimitedError
@@ -33,6 +34,13 @@ class TenantLimits:
     burst: int | None = None
     max_concurrency: int | None = None
     daily_units: float | None = None
+
+
+def default_burst(limits: TenantLimits) -> int:
+    """The bucket's size: the tenant's burst, else one second of its rate."""
+    if limits.burst is not None:
+        return limits.burst
+    return max(1, math.ceil(limits.qps)) if limits.qps is not None else 1
 
 
 class TokenBucket:
@@ -81,7 +89,39 @@ class Admission:
     day: int = -1  # the UTC day it was charged to
 
 
+class AdmissionControl(Protocol):
+    """Admission as the engine asks for it: this process's counters
+    (``AdmissionController``) or counters shared by many gateways
+    (``admission.shared.RedisAdmissionController``)."""
+
+    def admit(self, limits: TenantLimits, units: float) -> Admission:
+        """Admit one request of ``units`` work units, or raise ``RateLimitedError``."""
+        ...
+
+    def settle(self, admission: Admission, units: float) -> None:
+        """Charge ``units`` in place of the estimate admitted."""
+        ...
+
+    def release(self, admission: Admission) -> None:
+        """The request is answered: its slot in flight is free."""
+        ...
+
+    def seed_usage(self, tenant: str, units_today: float) -> None:
+        """Start the day's count from what the audit log recorded."""
+        ...
+
+    def remaining(self, limits: TenantLimits) -> float | None:
+        """Whole tokens in the tenant's bucket now; None without a bucket."""
+        ...
+
+    def in_flight(self, tenant: str) -> int:
+        """The tenant's requests admitted and not yet released."""
+        ...
+
+
 class AdmissionController:
+    """``AdmissionControl`` in this process's memory."""
+
     def __init__(self, clock: Clock, wall_time: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._wall_time = wall_time
@@ -95,8 +135,7 @@ class AdmissionController:
             state.limits = limits
             state.bucket = None
         if state.bucket is None and limits.qps is not None:
-            burst = limits.burst if limits.burst is not None else max(1, math.ceil(limits.qps))
-            state.bucket = TokenBucket(limits.qps, burst, self._clock.now())
+            state.bucket = TokenBucket(limits.qps, default_burst(limits), self._clock.now())
         return state
 
     def seed_usage(self, tenant: str, units_today: float) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tessera.admission import Admission, AdmissionController, TenantLimits
+from tessera.admission import Admission, AdmissionControl, AdmissionController, TenantLimits
 from tessera.batching import ModelBatcher, make_queue
 from tessera.clock import Clock, MonotonicClock
 from tessera.device import Device, DeviceStats, make_device
@@ -160,6 +160,7 @@ class Engine:
         clock: Clock | None = None,
         device: Device | None = None,
         stats: StatsSink | None = None,
+        admission: AdmissionControl | None = None,
     ) -> None:
         self.repository = repository
         self.config = config
@@ -190,7 +191,8 @@ class Engine:
         }
         self._batchers: dict[str, ModelBatcher] = {}
         self._predictors: dict[str, BatchTimePredictor] = {}
-        self._admission = AdmissionController(self.clock)
+        # This process's counters, unless the gateways share theirs (in Redis).
+        self._admission = admission if admission is not None else AdmissionController(self.clock)
         self._preload_done = False
         # Requests queued and not yet answered; while draining, set when none is.
         self._pending: set[QueuedRequest] = set()

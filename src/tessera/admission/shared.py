@@ -1,0 +1,385 @@
+"""Admission shared by many gateways: the same limits as ``AdmissionController``
+(a token bucket per tenant, requests in flight, daily work units), kept in
+Redis so that they hold across every gateway at once.
+
+Design notes (the invariants first):
+
+- Every decision is one Lua script, which Redis runs alone: ``admit`` refills
+  and takes from the bucket, checks concurrency and the day's units, and
+  counts the request, or refuses with the reason and the wait, as the
+  in-process controller does (the same checks in the same order, the same
+  ``RateLimitedError`` figures). Two gateways can never both take the last
+  token or the last slot.
+- Time is Redis's own (``TIME`` inside the script), for the bucket and the UTC
+  day alike, so gateways with skewed clocks agree.
+- Requests in flight are counted per gateway, each count with a lease (an
+  expiry in Redis time) that the gateway renews every third of ``lease_s``
+  while it has requests in flight, and that each admit and release renews
+  too. A count whose lease lapsed belongs to a gateway that died (or stalled
+  for longer than the lease) and is dropped by the next script that reads the
+  tenant's counts: a dead gateway's slots come back after ``lease_s``. A
+  gateway that finds its count dropped while it lives writes it back.
+- The day's units are a hash of UTC day -> units, which expires two days
+  after its last write; ``seed_usage`` (from the audit log, at a gateway's
+  start) only fills a day that Redis does not hold yet, so a restarted
+  gateway never overwrites what the others counted.
+- Keys are ``<prefix>{<tenant>}:bucket|flight|units``: the hash tag keeps one
+  tenant's keys in one slot of a Redis Cluster, and each script names every
+  key it touches.
+- Redis unreachable: ``admit`` raises ``TenantError`` (503), refusing rather
+  than admitting without limits; ``release`` and ``settle`` log and go on
+  (the lease returns the slot; the audit log keeps the true charge).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import threading
+from typing import TYPE_CHECKING, Any
+
+from tessera.admission.limits import Admission, TenantLimits, default_burst
+from tessera.errors import RateLimitedError, TenantError
+
+if TYPE_CHECKING:
+    import redis
+    from redis.commands.core import Script
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "tessera:"
+DEFAULT_LEASE_S = 30.0
+
+# Shared by the scripts: Redis time, and the live in-flight count of a tenant
+# (dropping the counts whose lease lapsed). Fields of KEYS flight: n:<gateway>
+# (its count) and u:<gateway> (its lease's end, Redis time).
+_COMMON = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local day = math.floor(now / 86400)
+local function live_in_flight(key)
+  local fields = redis.call('HGETALL', key)
+  local counts, untils = {}, {}
+  for i = 1, #fields, 2 do
+    local kind, gw = string.sub(fields[i], 1, 1), string.sub(fields[i], 3)
+    local value = tonumber(fields[i + 1])
+    if kind == 'n' then counts[gw] = value else untils[gw] = value end
+  end
+  local total = 0
+  for gw, n in pairs(counts) do
+    local lease = untils[gw]
+    if lease == nil or lease < now then
+      redis.call('HDEL', key, 'n:' .. gw, 'u:' .. gw)
+    else
+      total = total + n
+    end
+  end
+  for gw, _ in pairs(untils) do
+    if counts[gw] == nil then redis.call('HDEL', key, 'u:' .. gw) end
+  end
+  return total
+end
+"""
+
+# KEYS: bucket, flight, units. ARGV: gateway, lease_s, max_concurrency (-1: none),
+# daily_units (-1: none), units, rate (-1: none), burst.
+# Returns {'ok', day} or {'concurrency', in_flight} or {'quota', used, reset_s}
+# or {'rate', wait_s, reset_s}; numbers as strings (Lua numbers would be cut to integers).
+_ADMIT = (
+    _COMMON
+    + """
+local gw, lease = ARGV[1], tonumber(ARGV[2])
+local max_concurrency, daily, units = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local rate, burst = tonumber(ARGV[6]), tonumber(ARGV[7])
+local in_flight = live_in_flight(KEYS[2])
+if max_concurrency >= 0 and in_flight >= max_concurrency then
+  return {'concurrency', tostring(in_flight)}
+end
+local used = tonumber(redis.call('HGET', KEYS[3], day) or '0')
+if daily >= 0 and used + units > daily then
+  return {'quota', tostring(used), tostring((day + 1) * 86400 - now)}
+end
+if rate >= 0 then
+  local b = redis.call('HMGET', KEYS[1], 'tokens', 'updated', 'rate', 'burst')
+  local tokens = burst
+  -- A bucket made under other limits starts again full, as a new one would.
+  if b[1] and tonumber(b[3]) == rate and tonumber(b[4]) == burst then
+    tokens = math.min(burst, tonumber(b[1]) + math.max(0, now - tonumber(b[2])) * rate)
+  end
+  local ok = tokens >= 1
+  if ok then tokens = tokens - 1 end
+  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'updated', tostring(now),
+             'rate', ARGV[6], 'burst', ARGV[7])
+  -- Idle long enough to be full again, a bucket is the same as none.
+  redis.call('PEXPIRE', KEYS[1], math.ceil((burst / rate + 60) * 1000))
+  if not ok then
+    return {'rate', tostring((1 - tokens) / rate), tostring((burst - tokens) / rate)}
+  end
+end
+redis.call('HINCRBY', KEYS[2], 'n:' .. gw, 1)
+redis.call('HSET', KEYS[2], 'u:' .. gw, tostring(now + lease))
+redis.call('PEXPIRE', KEYS[2], math.ceil(lease * 2000))
+redis.call('HINCRBYFLOAT', KEYS[3], day, units)
+redis.call('EXPIRE', KEYS[3], 2 * 86400)
+for _, field in ipairs(redis.call('HKEYS', KEYS[3])) do
+  if tonumber(field) < day - 1 then redis.call('HDEL', KEYS[3], field) end
+end
+return {'ok', tostring(day)}
+"""
+)
+
+# KEYS: flight. ARGV: gateway, lease_s.
+_RELEASE = (
+    _COMMON
+    + """
+local n = tonumber(redis.call('HGET', KEYS[1], 'n:' .. ARGV[1]) or '0')
+if n > 1 then
+  redis.call('HINCRBY', KEYS[1], 'n:' .. ARGV[1], -1)
+  redis.call('HSET', KEYS[1], 'u:' .. ARGV[1], tostring(now + tonumber(ARGV[2])))
+elseif n == 1 then
+  redis.call('HDEL', KEYS[1], 'n:' .. ARGV[1], 'u:' .. ARGV[1])
+end
+return 0
+"""
+)
+
+# KEYS: flight. ARGV: gateway, lease_s, this gateway's count (written back if dropped).
+_RENEW = (
+    _COMMON
+    + """
+redis.call('HSETNX', KEYS[1], 'n:' .. ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[1], 'u:' .. ARGV[1], tostring(now + tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 2000))
+return 0
+"""
+)
+
+# KEYS: units. ARGV: the day admitted, the estimate charged then, the final charge.
+_SETTLE = (
+    _COMMON
+    + """
+local charged = 0
+if tonumber(ARGV[1]) == day then charged = tonumber(ARGV[2]) end
+local used = tonumber(redis.call('HGET', KEYS[1], day) or '0')
+redis.call('HSET', KEYS[1], day, tostring(math.max(0, used + tonumber(ARGV[3]) - charged)))
+redis.call('EXPIRE', KEYS[1], 2 * 86400)
+return 0
+"""
+)
+
+# KEYS: units. ARGV: units used today, as the audit log counts them.
+_SEED = (
+    _COMMON
+    + """
+if redis.call('HSETNX', KEYS[1], day, ARGV[1]) == 1 then
+  redis.call('EXPIRE', KEYS[1], 2 * 86400)
+end
+return 0
+"""
+)
+
+# KEYS: bucket. ARGV: rate, burst. The tokens now (a bucket absent or made
+# under other limits is full).
+_TOKENS = (
+    _COMMON
+    + """
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'updated', 'rate', 'burst')
+if b[1] and tonumber(b[3]) == rate and tonumber(b[4]) == burst then
+  return tostring(math.min(burst, tonumber(b[1]) + math.max(0, now - tonumber(b[2])) * rate))
+end
+return tostring(burst)
+"""
+)
+
+# KEYS: flight.
+_IN_FLIGHT = _COMMON + "return live_in_flight(KEYS[1])"
+
+
+class RedisAdmissionController:
+    """``AdmissionControl`` over Redis; see the module notes. ``close`` stops
+    the lease renewals (the counts then lapse after ``lease_s``)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        lease_s: float = DEFAULT_LEASE_S,
+        gateway_id: str | None = None,
+    ) -> None:
+        if not lease_s > 0:
+            raise ValueError("lease_s must be positive")
+        self._client = client
+        self.prefix = prefix
+        self.lease_s = lease_s
+        self.gateway_id = gateway_id or secrets.token_hex(8)
+        self._admit = client.register_script(_ADMIT)
+        self._release = client.register_script(_RELEASE)
+        self._renew = client.register_script(_RENEW)
+        self._settle = client.register_script(_SETTLE)
+        self._seed = client.register_script(_SEED)
+        self._tokens = client.register_script(_TOKENS)
+        self._in_flight = client.register_script(_IN_FLIGHT)
+        # This gateway's requests in flight by tenant: whose leases to renew.
+        self._mine: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._renewer = threading.Thread(
+            target=self._renew_until_closed, name="admission-leases", daemon=True
+        )
+        self._renewer.start()
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, prefix: str = DEFAULT_PREFIX, lease_s: float = DEFAULT_LEASE_S
+    ) -> RedisAdmissionController:
+        import redis
+
+        client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+        return cls(client, prefix=prefix, lease_s=lease_s)
+
+    def close(self) -> None:
+        self._closing.set()
+        self._renewer.join()
+        self._client.close()
+
+    # -- the AdmissionControl interface ---------------------------------------
+
+    def admit(self, limits: TenantLimits, units: float) -> Admission:
+        """Admit one request of ``units`` work units, or raise ``RateLimitedError``."""
+        rate = limits.qps if limits.qps is not None else -1.0
+        burst = max(1.0, default_burst(limits)) if limits.qps is not None else 1.0
+        args = (
+            self.gateway_id,
+            self.lease_s,
+            limits.max_concurrency if limits.max_concurrency is not None else -1,
+            limits.daily_units if limits.daily_units is not None else -1,
+            units,
+            rate,
+            burst,
+        )
+        with self._lock:  # counted here before any renewal can read the count
+            reply = self._run(self._admit, self._keys(limits.name), args)
+            verdict = _text(reply[0])
+            if verdict == "ok":
+                self._mine[limits.name] = self._mine.get(limits.name, 0) + 1
+                return Admission(limits.name, units, int(_text(reply[1])))
+        raise _refusal(limits, units, verdict, [float(_text(r)) for r in reply[1:]])
+
+    def release(self, admission: Admission) -> None:
+        with self._lock:
+            held = self._mine.get(admission.tenant, 0)
+            if held <= 1:
+                self._mine.pop(admission.tenant, None)
+            else:
+                self._mine[admission.tenant] = held - 1
+            self._quietly(
+                "release",
+                self._release,
+                [self._key(admission.tenant, "flight")],
+                (self.gateway_id, self.lease_s),
+            )
+
+    def settle(self, admission: Admission, units: float) -> None:
+        """Charge ``units`` in place of the estimate admitted (to today, Redis's
+        UTC day, if the request ends on a later day than it was admitted)."""
+        args = (admission.day, admission.units, units)
+        self._quietly("settle", self._settle, [self._key(admission.tenant, "units")], args)
+
+    def seed_usage(self, tenant: str, units_today: float) -> None:
+        """Start today's count from the audit log's, unless Redis holds it already."""
+        self._run(self._seed, [self._key(tenant, "units")], (units_today,))
+
+    def remaining(self, limits: TenantLimits) -> float | None:
+        if limits.qps is None:
+            return None
+        args = (limits.qps, max(1.0, default_burst(limits)))
+        return math.floor(
+            float(_text(self._run(self._tokens, [self._key(limits.name, "bucket")], args)))
+        )
+
+    def in_flight(self, tenant: str) -> int:
+        """Requests of ``tenant`` in flight on every live gateway."""
+        return int(self._run(self._in_flight, [self._key(tenant, "flight")], ()))
+
+    # -- leases ------------------------------------------------------------------
+
+    def renew(self) -> None:
+        """Renew this gateway's leases on the tenants it has requests in flight for."""
+        with self._lock:
+            mine = dict(self._mine)
+        for tenant, count in mine.items():
+            args = (self.gateway_id, self.lease_s, count)
+            self._quietly("renew", self._renew, [self._key(tenant, "flight")], args)
+
+    def _renew_until_closed(self) -> None:
+        while not self._closing.wait(self.lease_s / 3):
+            self.renew()
+
+    # -- internals -----------------------------------------------------------------
+
+    def _key(self, tenant: str, kind: str) -> str:
+        return f"{self.prefix}{{{tenant}}}:{kind}"
+
+    def _keys(self, tenant: str) -> list[str]:
+        return [self._key(tenant, kind) for kind in ("bucket", "flight", "units")]
+
+    def _run(self, script: Script, keys: list[str], args: tuple[str | int | float, ...]) -> Any:
+        import redis
+
+        try:
+            return script(keys=keys, args=list(args))
+        except redis.RedisError as e:
+            raise TenantError(f"admission counters in Redis: {e}") from e
+
+    def _quietly(
+        self, what: str, script: Script, keys: list[str], args: tuple[str | int | float, ...]
+    ) -> None:
+        try:
+            self._run(script, keys, args)
+        except TenantError:
+            log.warning(
+                "admission %s failed; its lease or the audit log makes up", what, exc_info=True
+            )
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _refusal(
+    limits: TenantLimits, units: float, reason: str, figures: list[float]
+) -> RateLimitedError:
+    """The same refusal the in-process controller makes, from the script's figures."""
+    if reason == "concurrency":
+        return RateLimitedError(
+            f"tenant {limits.name!r} has {figures[0]:g} requests in flight,"
+            f" its limit is {limits.max_concurrency}",
+            reason="concurrency",
+            retry_after_s=1.0,
+            limit=limits.max_concurrency,
+            remaining=0,
+        )
+    if reason == "quota":
+        used, reset = figures
+        daily = limits.daily_units if limits.daily_units is not None else math.inf
+        return RateLimitedError(
+            f"tenant {limits.name!r} has used its daily quota of {daily:g}"
+            f" work units ({used:g} used, this request needs {units:g})",
+            reason="quota",
+            retry_after_s=reset,
+            limit=limits.daily_units,
+            remaining=max(0.0, daily - used),
+            reset_s=reset,
+        )
+    wait, reset = figures
+    return RateLimitedError(
+        f"tenant {limits.name!r} is over its rate of {limits.qps:g} requests/s",
+        reason="rate",
+        retry_after_s=wait,
+        limit=limits.qps,
+        remaining=0,
+        reset_s=reset,
+    )

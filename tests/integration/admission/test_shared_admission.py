@@ -1,0 +1,233 @@
+"""Admission shared by gateways through a real Redis: two controllers stand
+for two gateways, each with its own client and gateway id, on a key prefix of
+the test's own. Limits hold across both together; a gateway that dies
+without releasing gives its slots back once its lease lapses."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from services import redis_prefix, redis_url
+from tessera.admission import Admission, AdmissionController, TenantLimits
+from tessera.admission.shared import RedisAdmissionController
+from tessera.clock import FakeClock
+from tessera.errors import RateLimitedError
+
+LEASE_S = 1.0
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    with redis_prefix() as prefix:
+        yield prefix
+
+
+@pytest.fixture
+def gateways(prefix: str) -> Iterator[list[RedisAdmissionController]]:
+    pair = [
+        RedisAdmissionController.from_url(redis_url(), prefix=prefix, lease_s=LEASE_S)
+        for _ in range(2)
+    ]
+    yield pair
+    for gateway in pair:
+        gateway.close()
+
+
+def try_admit(
+    gateway: RedisAdmissionController, limits: TenantLimits, units: float = 1.0
+) -> Admission | RateLimitedError:
+    try:
+        return gateway.admit(limits, units)
+    except RateLimitedError as e:
+        return e
+
+
+def test_a_burst_from_two_gateways_passes_exactly_the_buckets_worth(
+    gateways: list[RedisAdmissionController],
+) -> None:
+    # One token every 1000 s: no refill within the test, so the count is exact.
+    limits = TenantLimits("acme", qps=0.001, burst=10)
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        results = list(pool.map(lambda i: try_admit(gateways[i % 2], limits), range(30)))
+    admitted = [r for r in results if isinstance(r, Admission)]
+    refused = [r for r in results if isinstance(r, RateLimitedError)]
+    assert len(admitted) == 10
+    assert {r.reason for r in refused} == {"rate"}
+    # The same figures as the in-process bucket: about one token's wait, a full refill.
+    assert refused[0].retry_after_s == pytest.approx(1000, rel=1e-3)
+    assert refused[0].reset_s == pytest.approx(10_000, rel=1e-3)
+    assert (refused[0].limit, refused[0].remaining) == (0.001, 0)
+    assert gateways[1].remaining(limits) == 0
+    for admission in admitted:
+        gateways[0].release(admission)
+
+
+def test_in_flight_across_two_gateways_never_exceeds_the_limit(
+    gateways: list[RedisAdmissionController],
+) -> None:
+    limits = TenantLimits("acme", max_concurrency=3)
+    lock = threading.Lock()
+    held = {"now": 0, "most": 0, "refused": 0}
+
+    def caller(i: int) -> None:
+        gateway = gateways[i % 2]
+        for _ in range(20):
+            result = try_admit(gateway, limits)
+            if isinstance(result, RateLimitedError):
+                assert result.reason == "concurrency"
+                with lock:
+                    held["refused"] += 1
+                continue
+            with lock:
+                held["now"] += 1
+                held["most"] = max(held["most"], held["now"])
+            with lock:
+                held["now"] -= 1
+            gateway.release(result)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(caller, range(8)))
+    assert held["most"] <= 3
+    assert held["refused"] > 0  # the limit was met, so it was tested
+    assert gateways[0].in_flight("acme") == gateways[1].in_flight("acme") == 0
+
+
+def test_concurrency_and_daily_units_hold_across_two_gateways(
+    gateways: list[RedisAdmissionController],
+) -> None:
+    a, b = gateways
+    limits = TenantLimits("acme", max_concurrency=2, daily_units=100)
+    first = a.admit(limits, 30)
+    second = b.admit(limits, 30)
+    assert a.in_flight("acme") == b.in_flight("acme") == 2
+    refused = try_admit(a, limits, 30)
+    assert isinstance(refused, RateLimitedError)
+    assert (refused.reason, refused.limit, refused.retry_after_s) == ("concurrency", 2, 1.0)
+    assert "2 requests in flight" in str(refused)
+    b.release(first)  # released by the other gateway than admitted it: still one slot
+    b.settle(first, 10)  # it ran 10 units, not the 30 estimated
+    third = a.admit(limits, 30)  # 10 + 30 + 30 = 70 units today
+    a.release(second)
+    b.settle(second, 30)
+    fourth = b.admit(limits, 30)  # 100: exactly the quota
+    a.release(third)
+    a.settle(third, 30)
+    over = try_admit(a, limits, 1)
+    assert isinstance(over, RateLimitedError)
+    assert (over.reason, over.limit, over.remaining) == ("quota", 100, 0.0)
+    assert "(100 used, this request needs 1)" in str(over)
+    assert over.retry_after_s == over.reset_s
+    assert over.reset_s is not None
+    assert 0 < over.reset_s <= 86_400
+    b.release(fourth)
+    b.settle(fourth, 0)  # a request that never ran costs nothing
+    assert isinstance(a.admit(limits, 30), Admission)
+
+
+def test_seeding_fills_only_a_day_redis_does_not_hold(
+    gateways: list[RedisAdmissionController],
+) -> None:
+    a, b = gateways
+    limits = TenantLimits("acme", daily_units=100)
+    a.seed_usage("acme", 60)  # the first gateway up, from the audit log
+    a.admit(limits, 30)
+    b.seed_usage("acme", 60)  # a second one: Redis already counts 90
+    refused = try_admit(b, limits, 20)
+    assert isinstance(refused, RateLimitedError)
+    assert refused.remaining == 10
+
+
+def test_the_same_refusals_as_the_in_process_controller(
+    gateways: list[RedisAdmissionController],
+) -> None:
+    limits = TenantLimits("acme", qps=0.001, burst=3, max_concurrency=2, daily_units=50)
+    local = AdmissionController(FakeClock(), wall_time=lambda: 1_700_000_000.0)
+    steps = [("admit", 20), ("admit", 20), ("admit", 5), ("release", 0), ("release", 0)]
+    steps += [("admit", 20), ("admit", 5), ("release", 0), ("admit", 1)]
+    seen: dict[str, list[tuple[str, float | None, float | None]]] = {}
+    for name, controller in (("local", local), ("shared", gateways[0])):
+        held: list[Admission] = []
+        seen[name] = []
+        for action, units in steps:
+            if action == "release":
+                controller.release(held.pop())
+                continue
+            try:
+                held.append(controller.admit(limits, units))
+                seen[name].append(("ok", None, None))
+            except RateLimitedError as e:
+                seen[name].append((e.reason, e.limit, e.remaining))
+        for admission in held:
+            controller.release(admission)
+    assert seen["shared"] == seen["local"]
+    assert [reason for reason, _, _ in seen["shared"]] == [
+        "ok",
+        "ok",
+        "concurrency",
+        "quota",
+        "ok",
+        "rate",
+    ]
+
+
+def redis_now(client: redis.Redis) -> float:
+    seconds, micros = client.time()
+    return seconds + micros / 1e6
+
+
+def test_a_dead_gateways_slots_come_back_after_its_lease(prefix: str) -> None:
+    client = redis.Redis.from_url(redis_url())
+    living = RedisAdmissionController.from_url(redis_url(), prefix=prefix, lease_s=LEASE_S)
+    dying = RedisAdmissionController.from_url(redis_url(), prefix=prefix, lease_s=LEASE_S)
+    try:
+        limits = TenantLimits("acme", max_concurrency=2)
+        dying.admit(limits, 1)
+        dying.admit(limits, 1)
+        # While it lives, its renewals keep the slots past the first lease.
+        lease_end = redis_now(client) + LEASE_S
+        while redis_now(client) < lease_end + LEASE_S / 2:
+            time.sleep(0.05)
+        refused = try_admit(living, limits)
+        assert isinstance(refused, RateLimitedError)
+        assert refused.reason == "concurrency"
+        # It dies: no release, no more renewals.
+        dying.close()
+        died_at = redis_now(client)
+        while redis_now(client) < died_at + LEASE_S + 0.05:
+            time.sleep(0.05)
+        assert living.in_flight("acme") == 0
+        admitted = [living.admit(limits, 1), living.admit(limits, 1)]
+        assert isinstance(try_admit(living, limits), RateLimitedError)
+        for admission in admitted:
+            living.release(admission)
+    finally:
+        living.close()
+        client.close()
+
+
+def test_a_gateway_dropped_while_alive_writes_its_count_back(prefix: str) -> None:
+    gateway = RedisAdmissionController.from_url(redis_url(), prefix=prefix, lease_s=LEASE_S)
+    other = RedisAdmissionController.from_url(redis_url(), prefix=prefix, lease_s=LEASE_S)
+    client = redis.Redis.from_url(redis_url())
+    try:
+        limits = TenantLimits("acme", max_concurrency=1)
+        admission = gateway.admit(limits, 1)
+        # A stall longer than the lease: another gateway drops the count...
+        client.hset(f"{prefix}{{acme}}:flight", f"u:{gateway.gateway_id}", 0)
+        assert other.in_flight("acme") == 0
+        # ...and the next renewal puts it back, so the limit holds again.
+        gateway.renew()
+        assert other.in_flight("acme") == 1
+        assert isinstance(try_admit(other, limits), RateLimitedError)
+        gateway.release(admission)
+        assert other.in_flight("acme") == 0
+    finally:
+        gateway.close()
+        other.close()
+        client.close()
