@@ -213,3 +213,27 @@ def test_audit_json_with_a_window(cli: Cli) -> None:
         "reason",
     }
     assert json.loads(cli("audit", "--format", "json", "--tenant", "nobody")) == []
+
+
+def test_the_commands_reach_a_shared_database_through_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services import postgres_schema
+
+    secret_file = tmp_path / "shared.key"
+    with postgres_schema() as url:
+        monkeypatch.setenv("TESSERA_TENANT_STORE", url)
+        monkeypatch.setenv("TESSERA_KEY_SECRET_FILE", str(secret_file))
+        Cli(tmp_path / "ops-laptop")("tenants", "add", "acme", "--qps", "3")
+        key = Cli(tmp_path / "ops-laptop")("keys", "create", "acme").split()[-1]
+        log = AuditLog(tmp_path / "gateway", url=url, retention_days=None)
+        log.record(AuditRecord(T0, "acme", None, "m", "embedding", 4.0, 200, 0.0, 0.1))
+        log.close_sync()
+        secret = secret_file.read_text().strip()
+        # A gateway elsewhere, with the same database and secret, sees both.
+        with TenantStore(tmp_path / "gateway", url=url, secret=bytes.fromhex(secret)) as store:
+            principal = store.authenticate(key)
+            assert principal is not None
+            assert principal.tenant.qps == 3.0
+        out = Cli(tmp_path / "elsewhere")("audit", "--format", "json")
+        assert [row["units"] for row in json.loads(out)] == [4.0]
