@@ -3,7 +3,7 @@
 Core code raises these; only ``gateway/`` maps them to HTTP statuses.
 
     TesseraError
-    ├── ConfigError                 bad configuration or model.yaml (at start)
+    ├── ConfigError                 bad configuration or model.yaml (422 when registered)
     ├── InvalidInputError           the request is malformed or empty (400/422)
     │   ├── UnsupportedMediaError   an image or file that cannot be decoded (415)
     │   └── PayloadTooLargeError    over a configured size or count limit (413)
@@ -12,6 +12,7 @@ Core code raises these; only ``gateway/`` maps them to HTTP statuses.
     ├── TaskMismatchError           the model does not do that task (400)
     ├── ModelUnavailableError       the model failed to load or cannot fit (503)
     │   └── ModelTooLargeError      its weights alone cannot fit the budget or its cap
+    ├── RolloutFailedError          a new version failed to load or answer: rolled back (422)
     ├── OverloadedError             a bounded queue is full (503 + Retry-After)
     ├── ShuttingDownError           the server is draining: no new work (503 + Retry-After)
     ├── AuthenticationError         no key, or an unknown or revoked one (401)
@@ -85,6 +86,17 @@ class ModelNotFoundError(TesseraError):
 
 class TaskMismatchError(TesseraError):
     """The model exists but does not perform the requested task."""
+
+
+class RolloutFailedError(TesseraError):
+    """A new model version failed to load or to answer its smoke input; the
+    version it was to replace (if any) still serves."""
+
+    def __init__(self, name: str, version: str, cause: str) -> None:
+        super().__init__(f"version {version} of model {name!r} was rolled back: {cause}")
+        self.name = name
+        self.version = version
+        self.cause = cause
 
 
 class ModelUnavailableError(TesseraError):

@@ -1,9 +1,10 @@
 """The engine: a loop of plan, execute, report over the policies below it.
 
 Its face is a handful of calls: ``submit``/``wait`` (or ``infer``), ``load``,
-``unload``, ``snapshot()`` (one immutable ``EngineStats`` that every reader
-uses) and ``subscribe`` (stats sinks). Nothing outside ``engine/`` reaches
-into its parts.
+``unload``, ``add_model``/``remove_model`` (the model lifecycle: versions
+rolled out while serving, see ``lifecycle.py``), ``snapshot()`` (one
+immutable ``EngineStats`` that every reader uses) and ``subscribe`` (stats
+sinks). Nothing outside ``engine/`` reaches into its parts.
 
 The loop, per batch (vLLM v1's schedule / execute / update split):
 
@@ -25,9 +26,8 @@ import functools
 import logging
 import math
 import os
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,6 +39,7 @@ from tessera.errors import (
     DeadlineExceededError,
     InferenceError,
     InvalidInputError,
+    ModelNotFoundError,
     ModelUnavailableError,
     OverloadedError,
     PayloadTooLargeError,
@@ -60,12 +61,12 @@ from tessera.residency import (
 from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.types import ChatOutput, Task, request_units
 
+from .counters import ModelCounters
 from .executor import BatchRun, ComputeExecutor
 from .host import EngineHost
+from .lifecycle import ModelLifecycle, ServedModel
 
 log = logging.getLogger(__name__)
-
-RECENT_BATCHES = 1024
 
 
 @dataclass(frozen=True)
@@ -132,26 +133,17 @@ class RequestTrace:
 
 @dataclass(frozen=True)
 class Submission:
-    """A queued request, and the admission to release once it is answered."""
+    """A queued request, and the admission to release once it is answered;
+    ``model`` is the version it was queued on (its key), ``version`` that
+    version's label: the one that answers it."""
 
     model: str
     request: QueuedRequest
     admission: Admission | None
+    version: str = "1"
 
 
-@dataclass
-class ModelCounters:
-    num_requests: int = 0
-    num_items: int = 0
-    num_batches: int = 0
-    num_failures: int = 0
-    # The most recent batches: (items, run seconds), for /admin/batches.
-    recent_batches: deque[tuple[int, float]] = field(
-        default_factory=lambda: deque(maxlen=RECENT_BATCHES)
-    )
-
-
-class Engine:
+class Engine(ModelLifecycle):
     def __init__(
         self,
         repository: ModelRepository,
@@ -162,7 +154,6 @@ class Engine:
         stats: StatsSink | None = None,
         admission: AdmissionControl | None = None,
     ) -> None:
-        self.repository = repository
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self._device = device or make_device(config.device)
@@ -185,9 +176,13 @@ class Engine:
             wait_s=config.residency_wait_s,
             activations=activations,
         )
-        self._residency.register(repository)
+        self._served: dict[str, ServedModel] = {}
+        for name in repository.names():
+            versions = repository.versions(name)
+            self._served[name] = ServedModel({s.key: s for s in versions}, versions[-1].key)
+            self._residency.register(versions)
         self._counters: dict[str, ModelCounters] = {
-            name: ModelCounters() for name in repository.names()
+            key: ModelCounters() for served in self._served.values() for key in served.specs
         }
         self._batchers: dict[str, ModelBatcher] = {}
         self._predictors: dict[str, BatchTimePredictor] = {}
@@ -196,8 +191,14 @@ class Engine:
         self._preload_done = False
         # Requests queued and not yet answered; while draining, set when none is.
         self._pending: set[QueuedRequest] = set()
+        self._pending_by_key: dict[str, set[QueuedRequest]] = {}
         self._draining = False
         self._drained = asyncio.Event()
+        # A version switched to while its predecessor still had requests: its
+        # batches wait here until those are answered (answers switch at one point).
+        self._gates: dict[str, asyncio.Event] = {}
+        self._drain_wait_s = config.default_timeout_s
+        self._init_lifecycle()
 
     # -- lifecycle --------------------------------------------------------
 
@@ -212,7 +213,7 @@ class Engine:
     def preload_names(self) -> list[str]:
         if self.config.preload is not None:
             return list(self.config.preload)
-        return [spec.name for spec in self.repository if spec.preload]
+        return [s.current_spec.key for s in self._served.values() if s.current_spec.preload]
 
     async def preload(self, progress: PreloadProgress | None = None) -> None:
         """Load and warm the preload models; ``ready`` once each has loaded or
@@ -224,7 +225,7 @@ class Engine:
         async def load(name: str) -> None:
             error: BaseException | None = None
             try:
-                await self._residency.ensure_loaded(self.repository.get(name))
+                await self._residency.ensure_loaded(self.spec(name))
             except Exception as e:
                 error = e
                 raise
@@ -272,25 +273,27 @@ class Engine:
             )
         return len(left)
 
-    def _forget(self, request: QueuedRequest, _: object) -> None:
+    def _forget(self, key: str, request: QueuedRequest, _: object) -> None:
         self._pending.discard(request)
+        self._pending_by_key[key].discard(request)
         if self._draining and not self._pending:
             self._drained.set()
 
     async def load(self, name: str) -> ModelStats:
         """Load model ``name`` now (if it is not resident) and return its stats."""
-        spec = self.repository.get(name)
+        spec = self.spec(name)
         await self._residency.ensure_loaded(spec)
         return self._model_stats(spec, self._residency_by_name())
 
     async def unload(self, name: str) -> bool:
         """Unload model ``name`` once idle; False if it was not loaded."""
-        self.repository.get(name)
-        return await self._residency.unload(name)
+        return await self._residency.unload(self.spec(name).key)
 
     async def close(self) -> None:
         """Fail what still waits, wait for running batches, unload every model
         and stop the workers (a load still running unloads itself at its end)."""
+        for gate in self._gates.values():
+            gate.set()
         for batcher in self._batchers.values():
             await batcher.close()
         await self._residency.close()
@@ -316,9 +319,18 @@ class Engine:
             ready=self.ready,
             models=tuple(
                 self._model_stats(spec, by_name)
-                for spec in sorted(self.repository, key=lambda s: s.name)
+                for spec in sorted(self._all_versions().values(), key=lambda s: s.key)
             ),
+            rollouts=self.recent_rollouts(),
+            rollouts_total=self.rollout_counts(),
         )
+
+    def _all_versions(self) -> dict[str, ModelSpec]:
+        """Every version served, loading or being checked, by key."""
+        versions = self.staged_versions()
+        for served in self._served.values():
+            versions.update(served.specs)
+        return versions
 
     def _residency_by_name(self) -> dict[str, ModelResidency]:
         return {m.name: m for m in self._residency.stats().models}
@@ -331,8 +343,8 @@ class Engine:
             return None
 
     def _model_stats(self, spec: ModelSpec, residency: dict[str, ModelResidency]) -> ModelStats:
-        name = spec.name
-        held = residency[name]  # every repository model is registered with residency
+        name = spec.key
+        held = residency[name]  # every served version is registered with residency
         counters = self._counters[name]
         batcher = self._batchers.get(name)
         measured = self._residency.measured(name)
@@ -360,22 +372,50 @@ class Engine:
             num_failures=counters.num_failures,
             num_dropped=batcher.num_dropped if batcher is not None else 0,
             recent_batches=tuple(counters.recent_batches),
+            model=spec.name,
+            version=spec.version_label,
+            current=spec.name in self._served and self._served[spec.name].current == name,
         )
 
     # -- the request path ---------------------------------------------------
 
+    def model_names(self) -> list[str]:
+        """The models served now, by name."""
+        return sorted(self._served)
+
+    def versions(self, name: str) -> list[ModelSpec]:
+        """The versions of model ``name`` served now, oldest first."""
+        served = self._served.get(name)
+        if served is None:
+            raise ModelNotFoundError(name)
+        return sorted(served.specs.values(), key=lambda s: s.version or 0)
+
+    def spec(self, name: str) -> ModelSpec:
+        """The version ``name`` names: ``model`` (its current version) or
+        ``model@version`` (that version, while it is served)."""
+        model, _, version = name.partition("@")
+        served = self._served.get(model)
+        if served is None:
+            raise ModelNotFoundError(model)
+        if not version:
+            return served.current_spec
+        for spec in served.specs.values():
+            if spec.version_label == version:
+                return spec
+        raise ModelNotFoundError(name)
+
     def spec_for(self, name: str, task: Task) -> ModelSpec:
-        spec = self.repository.get(name)
+        spec = self.spec(name)
         if spec.task is not task:
             raise TaskMismatchError(f"model {name!r} does {spec.task.value}, not {task.value}")
         return spec
 
     def _batcher(self, spec: ModelSpec) -> ModelBatcher:
-        batcher = self._batchers.get(spec.name)
+        batcher = self._batchers.get(spec.key)
         if batcher is None:
-            predictor = self._predictor(spec.name)
-            batcher = self._batchers[spec.name] = ModelBatcher(
-                spec.name,
+            predictor = self._predictor(spec.key)
+            batcher = self._batchers[spec.key] = ModelBatcher(
+                spec.key,
                 spec.batching,
                 functools.partial(self._execute, spec),
                 self.clock,
@@ -414,7 +454,16 @@ class Engine:
         """Queue a request, or refuse it now, before it costs anything: validation,
         the caller's admission (rate, concurrency, quota), the model's queue bound.
         The caller must ``wait`` on the submission (that releases the admission)."""
-        spec = self.spec_for(name, task)
+        return self._submit(self.spec_for(name, task), items, timeout_s, caller)
+
+    def _submit(
+        self,
+        spec: ModelSpec,
+        items: Sequence[Any],
+        timeout_s: float | None,
+        caller: Caller | None,
+    ) -> Submission:
+        name = spec.key
         if not items:
             raise InvalidInputError("input must not be empty")
         if len(items) > spec.max_inputs:
@@ -435,7 +484,7 @@ class Engine:
         counters = self._counters[name]
         counters.num_requests += 1
         counters.num_items += len(items)
-        return Submission(name, request, admission)
+        return Submission(name, request, admission, spec.version_label)
 
     async def wait(self, submission: Submission, trace: RequestTrace | None = None) -> list[Any]:
         """The outputs of a submitted request, within its deadline. If it ends
@@ -503,17 +552,21 @@ class Engine:
             )
         self._batcher(spec).submit(request)
         self._pending.add(request)
-        future.add_done_callback(functools.partial(self._forget, request))
+        self._pending_by_key.setdefault(spec.key, set()).add(request)
+        future.add_done_callback(functools.partial(self._forget, spec.key, request))
         return request
 
     async def _execute(self, spec: ModelSpec, batch: Batch) -> None:
         """Plan a batch (residency: whole, or parts that fit), run each part, report."""
+        gate = self._gates.get(spec.key)
+        if gate is not None:  # a new version: its predecessor's requests are answered first
+            await gate.wait()
         try:
             parts = self._residency.plan_batch(spec, batch.requests)
         except Exception as e:  # answered, not left to wait for their deadlines
-            log.error("no plan for a batch of model %s: %s: %s", spec.name, type(e).__name__, e)
+            log.error("no plan for a batch of model %s: %s: %s", spec.key, type(e).__name__, e)
             whole = BatchPart(tuple(batch.requests), 0.0, 0)
-            self._report_failure(spec, whole, InferenceError(f"model {spec.name!r} failed"))
+            self._report_failure(spec, whole, InferenceError(f"model {spec.key!r} failed"))
             return
         for part in parts:
             await self._run(spec, batch.formed_at, part)
@@ -534,7 +587,7 @@ class Engine:
         if len(part.requests) > 1 and _input_may_be_at_fault(error):
             log.warning(
                 "batch of model %s (%d requests) failed, retried in halves: %s",
-                spec.name,
+                spec.key,
                 len(part.requests),
                 _cause(error),
             )
@@ -565,7 +618,7 @@ class Engine:
         None, or return what failed (nothing is answered then)."""
         items = [item for request in part.requests for item in request.items]
         try:
-            expected_s = self._predictor(spec.name).predict(part.units)
+            expected_s = self._predictor(spec.key).predict(part.units)
             async with self._residency.lease(spec, part.activation_bytes) as lease:
                 run_items = with_stops(lease.model.run, part.requests)
                 run = await self._executor.run(run_items, items, expected_s)
@@ -577,7 +630,7 @@ class Engine:
             return _RunFailed(e)
         if len(run.outputs) != len(items):
             return InferenceError(
-                f"model {spec.name!r} returned {len(run.outputs)} outputs for {len(items)} inputs"
+                f"model {spec.key!r} returned {len(run.outputs)} outputs for {len(items)} inputs"
             )
         self._report(spec, formed_at, part, run)
         return None
@@ -588,17 +641,17 @@ class Engine:
         if isinstance(error, _RunFailed):
             cause = error.cause
             ids = ", ".join(r.request_id or "-" for r in part.requests)
-            log.error("model %s failed on request(s) %s: %s", spec.name, ids, _cause(cause))
+            log.error("model %s failed on request(s) %s: %s", spec.key, ids, _cause(cause))
             log.debug("the failure's traceback", exc_info=cause)
             if isinstance(cause, TesseraError):
                 error = cause  # raised on purpose, worded for the caller
             elif _out_of_memory(cause):
                 error = ModelUnavailableError(
-                    spec.name, "out of memory running this request", retry_after_s=1.0
+                    spec.key, "out of memory running this request", retry_after_s=1.0
                 )
             else:
                 error = InferenceError(
-                    f"model {spec.name!r} failed on this request ({type(cause).__name__});"
+                    f"model {spec.key!r} failed on this request ({type(cause).__name__});"
                     " the cause is in the server log"
                 )
         self._report_failure(spec, part, error)
@@ -608,12 +661,12 @@ class Engine:
         counters and the sinks, and answer its callers."""
         num_items = len(run.outputs)
         if run.peak_bytes is not None:
-            self._residency.observe_batch(spec.name, run.peak_bytes, part.units)
-        self._predictor(spec.name).observe(part.units, run.run_s)
-        counters = self._counters[spec.name]
+            self._residency.observe_batch(spec.key, run.peak_bytes, part.units)
+        self._predictor(spec.key).observe(part.units, run.run_s)
+        counters = self._counters[spec.key]
         counters.num_batches += 1
         counters.recent_batches.append((num_items, run.run_s))
-        self._stats.on_batch(spec.name, num_items, run.run_s)
+        self._stats.on_batch(spec.key, num_items, run.run_s)
         start = 0
         for request in part.requests:
             end = start + len(request.items)
@@ -625,7 +678,7 @@ class Engine:
             start = end
 
     def _report_failure(self, spec: ModelSpec, part: BatchPart, error: BaseException) -> None:
-        self._counters[spec.name].num_failures += 1
+        self._counters[spec.key].num_failures += 1
         for request in part.requests:
             request.charge.settle(0.0)  # a failed batch costs its callers nothing
             if not request.future.done():

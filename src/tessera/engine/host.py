@@ -112,11 +112,11 @@ class EngineHost:
         try:
             model = await loop.run_in_executor(self._load_pool, self._load_sync, spec)
         except BaseException:
-            self.stats.on_load(spec.name, time.perf_counter() - start, ok=False)
+            self.stats.on_load(spec.key, time.perf_counter() - start, ok=False)
             raise
         seconds = time.perf_counter() - start
-        self.stats.on_load(spec.name, seconds, ok=True)
-        log.info("loaded %s in %.2f s", spec.name, seconds)
+        self.stats.on_load(spec.key, seconds, ok=True)
+        log.info("loaded %s in %.2f s", spec.key, seconds)
         return model
 
     def _load_sync(self, spec: ModelSpec) -> LoadedModel:
@@ -124,7 +124,7 @@ class EngineHost:
             model = self._load_once(spec)
         if self._closing:
             self._unload_sync(model)
-            raise ModelUnavailableError(spec.name, "the server is shutting down")
+            raise ModelUnavailableError(spec.key, "the server is shutting down")
         return model
 
     def _load_once(self, spec: ModelSpec) -> LoadedModel:
@@ -133,7 +133,7 @@ class EngineHost:
                 model = self._load_measured(spec)
                 self._adapters_seen.add(spec.adapter)
                 return model
-        if spec.name in self._loaded_before:
+        if spec.key in self._loaded_before:
             return self.loader(spec).load(spec, self._reload_ctx)
         return self._load_measured(spec)
 
@@ -148,10 +148,14 @@ class EngineHost:
             model.unload()
             raise
         self.activations.observe(
-            spec.name, measured.peak_delta_bytes, sum(work_units(i) for i in items)
+            spec.key, measured.peak_delta_bytes, sum(work_units(i) for i in items)
         )
-        self._loaded_before.add(spec.name)
+        self._loaded_before.add(spec.key)
         return model
+
+    def forget(self, key: str) -> None:
+        """A retired model: a later model of that key is measured afresh."""
+        self._loaded_before.discard(key)
 
     async def unload(self, spec: ModelSpec, model: LoadedModel) -> None:
         loop = asyncio.get_running_loop()

@@ -1,10 +1,17 @@
-"""Operator endpoints: residency, and loading or unloading a model by hand."""
+"""Operator endpoints: residency, loading or unloading a model by hand, and
+the model lifecycle (registering a model or its new versions, retiring one)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from pathlib import Path
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
 
+from tessera.errors import InvalidInputError
 from tessera.gateway.common import engine_of
 
 router = APIRouter(prefix="/admin")
@@ -12,6 +19,9 @@ router = APIRouter(prefix="/admin")
 
 RESIDENCY_FIELDS = (
     "name",
+    "model",
+    "version",
+    "current",
     "state",
     "bytes",
     "weights_bytes",
@@ -40,6 +50,49 @@ async def residency(request: Request) -> JSONResponse:
             "loads_total": stats.loads_total,
             "evictions_total": stats.evictions_total,
             "models": [{f: getattr(m, f) for f in RESIDENCY_FIELDS} for m in stats.models],
+            "rollouts": [dataclasses.asdict(r) for r in stats.rollouts],
+        }
+    )
+
+
+class AddModelRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str  # a model folder on the server: model.yaml and its version folders
+
+
+@router.post("/models")
+async def add_model(body: AddModelRequest, request: Request) -> JSONResponse:
+    """Register the model in a folder, or roll out its new versions, while serving:
+    each new version is loaded, checked and switched to (422 if it was rolled back)."""
+    if not os.path.isabs(body.path):
+        raise InvalidInputError(f"path must be absolute (a folder on the server): {body.path!r}")
+    engine = engine_of(request)
+    rollouts = await engine.add_model(Path(body.path))
+    name = rollouts[-1].model if rollouts else None
+    served = [] if name is None else [v.version_label for v in engine.versions(name)]
+    return JSONResponse(
+        {
+            "name": name,
+            "versions": served,
+            "rollouts": [dataclasses.asdict(r) for r in rollouts],
+        },
+        status_code=201 if rollouts else 200,
+    )
+
+
+@router.delete("/models/{name}")
+async def remove_model(name: str, request: Request) -> JSONResponse:
+    """Retire a model: its requests in flight are answered, then every version
+    is unloaded and forgotten; returns the bytes of the budget it gave back."""
+    engine = engine_of(request)
+    freed = await engine.remove_model(name)
+    return JSONResponse(
+        {
+            "name": name,
+            "state": "removed",
+            "freed_bytes": freed,
+            "used_bytes": engine.snapshot().used_bytes,
         }
     )
 

@@ -33,13 +33,15 @@ def principal_of(request: Request) -> Principal | None:
 
 def visible_models(request: Request) -> list[str]:
     """The models the caller may use (all of them when auth is off)."""
-    names = engine_of(request).repository.names()
+    names = engine_of(request).model_names()
     principal = principal_of(request)
     return [n for n in names if principal is None or principal.tenant.allows(n)]
 
 
 def caller_of(request: Request, model: str) -> Caller | None:
-    """The caller's tenant limits and tier; 403 if it may not use ``model``."""
+    """The caller's tenant limits and tier; 403 if it may not use ``model``
+    (any version of it: ``model@2`` is ``model``'s)."""
+    model = model.partition("@")[0]
     principal = principal_of(request)
     if principal is None:
         return None
@@ -55,13 +57,18 @@ def caller_of(request: Request, model: str) -> Caller | None:
 
 
 def submit_task(request: Request, model: str, task: Task, items: list[Any]) -> Submission:
-    """Admit and queue a request for ``model`` (refusals raise here)."""
+    """Admit and queue a request for ``model`` (``model@version`` for that
+    version; refusals raise here). The response names the version that
+    answers (``x-model-version``), as the audit row does (``model@version``
+    for a model with version folders)."""
     info = request.state.audit
     info.model, info.task = model, task.value
     caller = caller_of(request, model)
     submission = engine_of(request).submit(
         model, task, items, timeout_s=timeout_of(request), caller=caller
     )
+    info.model = submission.model
+    request.state.model_version = submission.version
     info.trace.charge = submission.request.charge  # the audit row waits for it
     return submission
 

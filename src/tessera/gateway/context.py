@@ -113,6 +113,9 @@ class RequestContextMiddleware:
                     *message.get("headers", []),
                     (b"x-request-id", request_id.encode("latin-1")),
                 ]
+                if "model_version" in state:  # the version that answered
+                    version = state["model_version"].encode("latin-1")
+                    message["headers"].append((b"x-model-version", version))
             await send(message)
 
         try:

@@ -55,17 +55,26 @@ def _io_metadata(spec: ModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
     return [], []
 
 
+def _versioned(name: str, version: str | None) -> str:
+    """How the engine names ``version`` of model ``name`` (its current one if None)."""
+    return name if version is None else f"{name}@{version}"
+
+
 @router.get("/v2/models/{name}", response_model=None)
 @router.get("/v2/models/{name}/versions/{version}", response_model=None)
 async def model_metadata(name: str, request: Request, version: str | None = None) -> Response:
     if name not in visible_models(request):
         return _kserve_error(ModelNotFoundError(name))
-    spec = engine_of(request).repository.get(name)
+    engine = engine_of(request)
+    try:
+        spec = engine.spec(_versioned(name, version))
+    except ModelNotFoundError as e:
+        return _kserve_error(e)
     inputs, outputs = _io_metadata(spec)
     return JSONResponse(
         {
             "name": spec.name,
-            "versions": [str(v) for v in spec.versions] or ["1"],
+            "versions": [v.version_label for v in engine.versions(name)],
             "platform": f"tessera_{spec.runtime}",
             "inputs": inputs,
             "outputs": outputs,
@@ -267,8 +276,9 @@ def _encode_output(
 @router.post("/v2/models/{name}/versions/{version}/infer", response_model=None)
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
     engine = engine_of(request)
+    served_as = _versioned(name, version)
     try:
-        spec = engine.repository.get(name)
+        spec = engine.spec(served_as)
         parsed = _parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
         texts = parsed.texts
         if not texts:
@@ -282,7 +292,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
                 f"model {name!r} has no output {sorted(parsed.outputs - known)};"
                 f" its outputs are {sorted(known)}"
             )
-        outputs_raw = await run_task(request, name, spec.task, items)
+        outputs_raw = await run_task(request, served_as, spec.task, items)
     except TesseraError as e:
         request.state.audit.reason = reject_reason(e) or type(e).__name__
         return _kserve_error(e)
@@ -301,7 +311,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         blobs.append(blob)
     response_header: dict[str, Any] = {
         "model_name": name,
-        "model_version": str(version or spec.version or 1),
+        "model_version": request.state.model_version,  # the version that answered
         "outputs": outputs,
     }
     if parsed.request_id is not None:

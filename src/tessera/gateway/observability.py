@@ -12,6 +12,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from tessera.engine import Engine
+from tessera.errors import ModelNotFoundError
 from tessera.gateway.common import engine_of
 from tessera.gateway.errors import error_body
 from tessera.metrics.prometheus import DEFAULT_MAX_TENANT_LABELS, PrometheusMetrics
@@ -57,7 +58,8 @@ async def slo(request: Request) -> JSONResponse:
     if rolling is None:
         return _not_enabled("/admin/slo")
     objective: float = getattr(request.app.state, "slo_objective", DEFAULT_SLO_OBJECTIVE)
-    targets = {spec.name: spec.latency_target_ms for spec in engine_of(request).repository}
+    engine = engine_of(request)
+    targets = {n: engine.spec(n).latency_target_ms for n in engine.model_names()}
     models = [
         {
             "name": w.name,
@@ -73,6 +75,23 @@ async def slo(request: Request) -> JSONResponse:
     return JSONResponse({"window_s": rolling.window_s, "objective": objective, "models": models})
 
 
+class ServedNames:
+    """The names a model label may take: the models and versions served now
+    (models registered while serving are labelled too)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            self._engine.spec(name)
+        except ModelNotFoundError:
+            return False
+        return True
+
+
 def install_observability(
     app: FastAPI,
     engine: Engine,
@@ -85,12 +104,13 @@ def install_observability(
 ) -> PrometheusMetrics:
     """Feed Prometheus and the rolling window from ``engine`` and the gateway, and
     serve them. Call before the app starts (it mounts routes)."""
-    models = frozenset(engine.repository.names())
+    specs = [engine.spec(name) for name in engine.model_names()]
     targets_s = {
         spec.name: spec.latency_target_ms / 1000.0
-        for spec in engine.repository
+        for spec in specs
         if spec.latency_target_ms is not None
     }
+    models = ServedNames(engine)
     prometheus = PrometheusMetrics(
         engine.snapshot,
         models,

@@ -71,7 +71,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
             else row
         )
         data.append({"object": "embedding", "index": index, "embedding": embedding})
-    limits = engine_of(request).repository.get(body.model).inputs
+    limits = engine_of(request).spec(body.model).inputs
     tokens = int(sum(work_units(i, limits) for i in items))  # as charged: to the window
     # orjson writes float32 arrays directly: about 15x faster than json on 384 floats.
     return Response(

@@ -6,7 +6,18 @@ from tessera.metrics.stats import (
     ModelStats,
     NullSink,
     RequestEvent,
+    RolloutCount,
+    RolloutStats,
     StatsSink,
 )
 
-__all__ = ["EngineStats", "FanoutSink", "ModelStats", "NullSink", "RequestEvent", "StatsSink"]
+__all__ = [
+    "EngineStats",
+    "FanoutSink",
+    "ModelStats",
+    "NullSink",
+    "RequestEvent",
+    "RolloutCount",
+    "RolloutStats",
+    "StatsSink",
+]

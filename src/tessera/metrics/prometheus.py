@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -55,7 +55,7 @@ class PrometheusMetrics:
     def __init__(
         self,
         snapshot: Snapshot,
-        models: Collection[str],
+        models: Container[str],
         targets_s: Mapping[str, float],
         *,
         per_tenant_labels: bool = False,
@@ -218,7 +218,15 @@ class EngineCollector(Collector):
                 state.add_metric([model.name, s], 1.0 if s == model.state else 0.0)
             loads.add_metric([model.name], model.loads)
             evictions.add_metric([model.name], model.evictions)
-        yield from (resident, state, loads, evictions)
+        rollouts = CounterMetricFamily(
+            "tessera_model_rollouts",
+            "Rollouts of a model version, by outcome: done, or rolled_back (it failed to"
+            " load or answer, and the version before it kept serving).",
+            labels=["model", "outcome"],
+        )
+        for count in stats.rollouts_total:
+            rollouts.add_metric([count.model, count.outcome], count.num)
+        yield from (resident, state, loads, evictions, rollouts)
 
     def _queues_and_slo(self, stats: EngineStats) -> Iterable[Metric]:
         depth = GaugeMetricFamily(

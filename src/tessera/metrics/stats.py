@@ -83,7 +83,7 @@ class ModelStats:
     ``measured_bytes`` is its first load's measurement, kept for reloads.
     """
 
-    name: str
+    name: str  # what it is served as: the model's name, or name@version
     task: str
     state: str  # unloaded | loading | ready | unloading | failed
     bytes: int
@@ -106,6 +106,39 @@ class ModelStats:
     num_failures: int
     num_dropped: int  # dropped before running: caller gone or deadline passed
     recent_batches: tuple[tuple[int, float], ...]  # (items, run seconds), newest last
+    model: str  # the model's name
+    version: str
+    current: bool  # the version requests naming no version get
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutStats:
+    """One rollout of a model version: its steps' times (engine clock seconds,
+    None until reached), its outcome and the budget's use around it."""
+
+    model: str
+    version: str
+    replaces: str | None  # the version it replaces; None for a new model
+    state: str  # loading | checking | draining | done | rolled_back
+    error: str | None
+    started_at: float
+    loaded_at: float | None
+    checked_at: float | None
+    switched_at: float | None
+    drained_at: float | None
+    finished_at: float | None
+    used_bytes_before: int
+    used_bytes_peak: int
+    used_bytes_after: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutCount:
+    """How many rollouts of ``model`` ended with ``outcome`` (done | rolled_back)."""
+
+    model: str
+    outcome: str
+    num: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +155,16 @@ class EngineStats:
     num_workers: int
     threads_per_worker: int
     ready: bool
-    models: tuple[ModelStats, ...]  # every model of the repository, by name
+    models: tuple[ModelStats, ...]  # every served version of every model, by name
+    rollouts: tuple[RolloutStats, ...] = ()  # the recent ones, oldest first
+    rollouts_total: tuple[RolloutCount, ...] = ()
 
     def model(self, name: str) -> ModelStats | None:
+        """The version served as ``name``, or the current version of model ``name``."""
         for model in self.models:
             if model.name == name:
+                return model
+        for model in self.models:
+            if model.model == name and model.current:
                 return model
         return None

@@ -2,7 +2,8 @@
 
 The default set ships inside tessera (``tessera/models/``); more folders can
 be added with ``--model-repository``. A later folder's model of the same name
-replaces an earlier one.
+replaces an earlier one. Each model's served versions are those its
+``version_policy`` chooses among its version folders (``read_versions``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -23,28 +25,42 @@ def default_repository_path() -> Path:
 
 
 class ModelRepository:
-    """Model specs by name, read once from one or more folders."""
+    """Model specs by name, read once from one or more folders: each model's
+    current (latest served) version, and every version its policy serves."""
 
     def __init__(self, specs: Iterable[ModelSpec]) -> None:
-        self._specs: dict[str, ModelSpec] = {}
-        for spec in specs:
-            self._specs[spec.name] = spec
+        by_name: dict[str, dict[int | None, ModelSpec]] = {}
+        for spec in specs:  # a later spec of the same name and version replaces one
+            by_name.setdefault(spec.name, {})[spec.version] = spec
+        self._versions = {
+            name: sorted(served.values(), key=lambda s: s.version or 0)
+            for name, served in by_name.items()
+        }
+        self._specs = {name: served[-1] for name, served in self._versions.items()}
+        self.folders: tuple[Path, ...] = ()
 
     @classmethod
     def from_folders(cls, folders: Iterable[Path]) -> ModelRepository:
-        specs: list[ModelSpec] = []
+        folders = tuple(folders)
+        specs: dict[str, list[ModelSpec]] = {}
         for folder in folders:
-            if not folder.is_dir():
-                raise ConfigError(f"model repository {folder} is not a folder")
-            for model_dir in sorted(p for p in folder.iterdir() if (p / "model.yaml").is_file()):
-                specs.append(read_spec(model_dir))
-        return cls(specs)
+            for model_dir in model_dirs(folder):
+                served = read_versions(model_dir)
+                specs[served[0].name] = served
+        repository = cls(s for served in specs.values() for s in served)
+        repository.folders = folders
+        return repository
 
     def get(self, name: str) -> ModelSpec:
         try:
             return self._specs[name]
         except KeyError as e:
             raise ModelNotFoundError(name) from e
+
+    def versions(self, name: str) -> list[ModelSpec]:
+        """The versions of ``name`` its policy serves, oldest first."""
+        self.get(name)
+        return list(self._versions[name])
 
     def __contains__(self, name: object) -> bool:
         return name in self._specs
@@ -59,10 +75,47 @@ class ModelRepository:
         return list(self._specs)
 
 
+def model_dirs(folder: Path) -> list[Path]:
+    """The model folders (those with a ``model.yaml``) in a repository folder."""
+    if not folder.is_dir():
+        raise ConfigError(f"model repository {folder} is not a folder")
+    return sorted(p for p in folder.iterdir() if (p / "model.yaml").is_file())
+
+
 def read_spec(model_dir: Path) -> ModelSpec:
-    path = model_dir / "model.yaml"
+    """The model's current version: the latest its policy serves."""
+    return read_versions(model_dir)[-1]
+
+
+def read_versions(model_dir: Path) -> list[ModelSpec]:
+    """Every version of the model in ``model_dir`` that its policy serves,
+    oldest first: one spec per version folder, the model's ``model.yaml``
+    with the folder's own ``model.yaml`` (if any) over it. ``ConfigError``
+    if the descriptor is bad or the policy serves none."""
+    if not (model_dir / "model.yaml").is_file():
+        raise ConfigError(f"{model_dir} has no model.yaml")
+    raw = _load_yaml(model_dir / "model.yaml")
+    base = parse_spec(raw, model_dir)
+    if not base.versions or "version" in raw:
+        return [base]  # no version folders, or the card pins one
+    chosen = base.version_policy.choose(base.versions)
+    if not chosen:
+        raise ConfigError(f"{model_dir}: its version_policy serves none of {list(base.versions)}")
+    return [parse_spec(_version_raw(raw, model_dir / str(v), v), model_dir) for v in chosen]
+
+
+def _version_raw(raw: dict[str, Any], version_dir: Path, version: int) -> dict[str, Any]:
+    own_path = version_dir / "model.yaml"
+    own = _load_yaml(own_path) if own_path.is_file() else {}
+    if not isinstance(own, dict):
+        raise ConfigError(f"{own_path}: expected a mapping")
+    merged = {**raw, **own, "version": version}
+    merged["options"] = {**(raw.get("options") or {}), **(own.get("options") or {})}
+    return merged
+
+
+def _load_yaml(path: Path) -> Any:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from e
-    return parse_spec(raw, model_dir)

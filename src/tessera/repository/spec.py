@@ -6,6 +6,13 @@ A model folder looks like Triton's::
       model.yaml          # name, task, runtime, adapter, source, limits...
       1/                  # version folders (Hugging Face or ONNX layouts)
       2/
+        model.yaml        # optional: this version's changes to the model's card
+
+A version folder's ``model.yaml`` overrides the model's keys (its ``options``
+key by key), so a version that only changes an option is that one line.
+``version_policy`` (Triton's) says which versions are served: ``{latest:
+{num_versions: N}}`` (1 by default), ``{all: {}}`` or ``{specific: {versions:
+[1, 3]}}``. A model without version folders has one version, reported as 1.
 
 ``source`` says where the weights are: ``{package: NAME, path: SUB}`` for
 weights carried inside an installed Python package, ``{path: P}`` for a
@@ -50,6 +57,24 @@ class BatchingSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class VersionPolicy:
+    """Which of a model's versions are served (Triton's ``version_policy``):
+    the ``latest`` N, or the ``specific`` ones; ``latest=None`` with no
+    specific versions serves all."""
+
+    latest: int | None = 1
+    specific: tuple[int, ...] = ()
+
+    def choose(self, versions: tuple[int, ...]) -> tuple[int, ...]:
+        """The served versions among ``versions`` (ascending)."""
+        if self.specific:
+            return tuple(v for v in versions if v in self.specific)
+        if self.latest is None:
+            return versions
+        return versions[-self.latest :]
+
+
+@dataclass(frozen=True, slots=True)
 class SourceSpec:
     package: str | None = None
     path: str | None = None
@@ -76,6 +101,19 @@ class ModelSpec:
     inputs: InputLimits = field(default_factory=InputLimits)
     description: str = ""
     licence: str = ""
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+
+    @property
+    def version_label(self) -> str:
+        """The version as requests and answers name it (1 without version folders)."""
+        return str(self.version if self.version is not None else 1)
+
+    @property
+    def key(self) -> str:
+        """What the engine serves this version as: the model's name, or
+        ``name@version`` for a model with version folders (two versions of one
+        model are served side by side during a rollout)."""
+        return self.name if self.version is None else f"{self.name}@{self.version}"
 
     def resolve_source(self) -> Path:
         """The path of the weights (a folder or a file); raises if absent."""
@@ -176,8 +214,8 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping")
     name = raw.get("name", folder.name)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{where}: name must be a non-empty string")
+    if not isinstance(name, str) or not name or "@" in name or "/" in name:
+        raise ConfigError(f"{where}: name must be a non-empty string without '@' or '/'")
     try:
         task = Task(raw["task"])
     except (KeyError, ValueError) as e:
@@ -198,6 +236,8 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
     )
     version = raw.get("version", versions[-1] if versions else None)
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise ConfigError(f"{where}: version must be an integer, got {version!r}")
 
     batching_raw = raw.get("batching") or {}
     max_batch_size = _int(batching_raw, "max_batch_size", 32, where)
@@ -235,4 +275,28 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         inputs=parse_inputs(task, options, where),
         description=str(raw.get("description", "")).strip(),
         licence=str(raw.get("licence", "")).strip(),
+        version_policy=parse_version_policy(raw.get("version_policy"), where),
     )
+
+
+def parse_version_policy(raw: Any, where: str) -> VersionPolicy:
+    """Triton's ``version_policy``: ``{latest: {num_versions: N}}``, ``{all: {}}``
+    or ``{specific: {versions: [...]}}``; latest 1 when absent."""
+    if raw is None:
+        return VersionPolicy()
+    if not isinstance(raw, dict) or len(raw) != 1:
+        raise ConfigError(f"{where}: version_policy must be one of latest, all, specific")
+    ((kind, body),) = raw.items()
+    body = body or {}
+    if not isinstance(body, dict):
+        raise ConfigError(f"{where}: version_policy: {kind} must be a mapping")
+    if kind == "latest":
+        return VersionPolicy(latest=_int(body, "num_versions", 1, f"{where}: version_policy"))
+    if kind == "all":
+        return VersionPolicy(latest=None)
+    versions = body.get("versions")
+    if kind != "specific" or not isinstance(versions, list) or not versions:
+        raise ConfigError(f"{where}: version_policy must be one of latest, all, specific")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in versions):
+        raise ConfigError(f"{where}: version_policy: specific versions must be integers")
+    return VersionPolicy(latest=None, specific=tuple(sorted(versions)))

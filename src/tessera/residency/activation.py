@@ -46,3 +46,7 @@ class ActivationBook:
 
     def observe(self, name: str, peak_bytes: int, units: float) -> None:
         self.of(name).observe(peak_bytes, units)
+
+    def forget(self, name: str) -> None:
+        """Drop a retired model's measurements."""
+        self._stats.pop(name, None)

@@ -29,8 +29,8 @@ class FakeModelHost:
         return Footprint(own, dict(spec.options.get("shared", {})))
 
     async def load(self, spec: ModelSpec) -> LoadedModel:
-        self.loads[spec.name] += 1
-        gate = self.gates.get(spec.name)
+        self.loads[spec.key] += 1
+        gate = self.gates.get(spec.key)
         if gate is not None:
             await gate.wait()
         load_s = float(spec.options.get("load_s", 0.0))
@@ -41,7 +41,7 @@ class FakeModelHost:
         return FakeModel(spec)
 
     async def unload(self, spec: ModelSpec, model: LoadedModel) -> None:
-        self.unloads[spec.name] += 1
-        self.on_unload.append(spec.name)
+        self.unloads[spec.key] += 1
+        self.on_unload.append(spec.key)
         model.unload()
         await asyncio.sleep(0)

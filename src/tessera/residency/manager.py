@@ -14,6 +14,10 @@ Design notes (the invariants the unit tests check):
   (or is over its own cap) gets ``ModelTooLargeError`` at once.
 - Loads of different models run concurrently: there is no global load lock.
   Decisions are made between awaits, so the event loop makes them atomic.
+- A model is kept (``keep``) while it serves as the version a rollout
+  replaces: the new version's load may evict others, never it. A retired
+  model (``retire``) is unloaded once idle and forgotten: its bytes, its
+  measurement and its place in the catalogue.
 - A failed load is that model's state (``failed``, its cause in ``error`` and
   the log), not the server's: callers get ``ModelUnavailableError`` with a
   Retry-After and no cause (it may name the server's files) until the retry
@@ -167,6 +171,8 @@ class ResidencyManager:
         self._catalogue_total: int | None = None
         self._changed = asyncio.Event()
         self.peak_used_bytes = 0
+        # Models never evicted: versions serving while their successor loads.
+        self._kept: set[str] = set()
 
     # -- public -----------------------------------------------------------
 
@@ -184,15 +190,15 @@ class ResidencyManager:
         waiter = object()  # this caller's place in line, once it waits for room
         try:
             while True:
-                entry = self.table.entry(spec.name, spec.max_bytes)
+                entry = self.table.entry(spec.key, spec.max_bytes)
                 if entry.state is ModelState.READY:
                     lease = await self._reserve(spec, entry, activation_bytes, deadline, waiter)
                     if lease is not None:
                         return lease
                 elif entry.state in (ModelState.LOADING, ModelState.UNLOADING):
-                    await asyncio.shield(self._inflight[spec.name])
+                    await asyncio.shield(self._inflight[spec.key])
                 else:
-                    self.raise_if_failed(spec.name)
+                    self.raise_if_failed(spec.key)
                     # A batch that waited in line and found its model evicted
                     # meanwhile hands its place to the reload: behind its own
                     # place, the load would wait for itself.
@@ -238,9 +244,34 @@ class ResidencyManager:
         while their weights fit the budget together, batches split to fit the
         room beside them instead of evicting."""
         for spec in specs:
-            self._catalogue[spec.name] = spec
-            self.table.entry(spec.name, spec.max_bytes)  # in stats() from now on
+            self._catalogue[spec.key] = spec
+            self.table.entry(spec.key, spec.max_bytes)  # in stats() from now on
         self._catalogue_total = None
+
+    def keep(self, name: str, kept: bool = True) -> None:
+        """Never evict ``name`` (while ``kept``): a version serving while its
+        successor loads beside it."""
+        if kept:
+            self._kept.add(name)
+        else:
+            self._kept.discard(name)
+
+    async def retire(self, name: str) -> None:
+        """Unload ``name`` once idle and forget it: it leaves the catalogue,
+        ``stats()`` and the budget."""
+        await self.unload(name)
+        self.table.entries.pop(name, None)
+        self._catalogue.pop(name, None)
+        self._catalogue_total = None
+        self._measured.pop(name, None)
+        self._specs.pop(name, None)
+        self._retry_at.pop(name, None)
+        self._failures.pop(name, None)
+        self._failed_reason.pop(name, None)
+        self._fresh.pop(name, None)
+        self._kept.discard(name)
+        self.activations.forget(name)
+        self._notify()
 
     def catalogue_bytes(self) -> int | None:
         """The weights of every registered model together (measured bytes where
@@ -278,7 +309,7 @@ class ResidencyManager:
     def plan_batch(self, spec: ModelSpec, requests: list[QueuedRequest]) -> list[BatchPart]:
         """The parts a batch runs in: whole when its measured activation need
         fits ``activation_room``, else halves that each fit."""
-        stats = self.activations.of(spec.name)
+        stats = self.activations.of(spec.key)
         return split_to_fit(requests, stats.reserve_bytes, self.activation_room(spec))
 
     def activation_bytes_per_unit(self, name: str) -> int | None:
@@ -392,17 +423,17 @@ class ResidencyManager:
                 continue
             if weights > limit:
                 raise ModelTooLargeError(
-                    spec.name, f"needs {weights} bytes, over {what} of {limit} bytes"
+                    spec.key, f"needs {weights} bytes, over {what} of {limit} bytes"
                 )
             if weights + activation_bytes > limit:
-                raise RequestTooLargeError(spec.name, activation_bytes, weights, limit, what)
+                raise RequestTooLargeError(spec.key, activation_bytes, weights, limit, what)
 
     def raise_if_never_fits(self, spec: ModelSpec, units: float) -> None:
         """``RequestTooLargeError`` for a request whose own batch of ``units``
         could never fit beside the model's measured weights (nothing is known,
         and nothing refused, before the model's first load and warm-up)."""
-        measured = self._measured.get(spec.name)
-        stats = self.activations.of(spec.name)
+        measured = self._measured.get(spec.key)
+        stats = self.activations.of(spec.key)
         if measured is not None and stats.num_samples:
             self._check_fits(spec, measured, stats.reserve_bytes(units))
 
@@ -434,18 +465,18 @@ class ResidencyManager:
         # model (mixed-zipf: hundreds of deadlines), so there a batch takes
         # room when it finds some, as loads among themselves still wait in line.
         lined = self.every_model_fits()
-        if activation_bytes == 0 or not lined or self._in_turn(waiter, spec.name):
-            reservation = self.table.reserve(spec.name, activation_bytes, self._clock.now())
+        if activation_bytes == 0 or not lined or self._in_turn(waiter, spec.key):
+            reservation = self.table.reserve(spec.key, activation_bytes, self._clock.now())
             if reservation is not None:
-                self._fresh.pop(spec.name, None)
+                self._fresh.pop(spec.key, None)
                 self._notify()
-                return Lease(self._models[spec.name], reservation)
+                return Lease(self._models[spec.key], reservation)
         if lined:
             self._waiting.setdefault(waiter, next(self._tickets))
-        if (lined and not self._in_turn(waiter, spec.name)) or not await self._evict_for(
-            self._short_of(activation_bytes), spec.name
+        if (lined and not self._in_turn(waiter, spec.key)) or not await self._evict_for(
+            self._short_of(activation_bytes), spec.key
         ):
-            await self._wait_change(deadline, spec.name)
+            await self._wait_change(deadline, spec.key)
         return None
 
     def _in_turn(self, waiter: object, name: str) -> bool:
@@ -486,9 +517,8 @@ class ResidencyManager:
         """Evict idle models to free ``need_bytes``; False if the policy finds too few."""
         if need_bytes <= 0:
             return True
-        victims = self._policy.choose(
-            self.table.evictable(protect | self._fresh_now()), need_bytes, self.table.freed_by
-        )
+        candidates = self.table.evictable(protect | self._fresh_now() | self._kept)
+        victims = self._policy.choose(candidates, need_bytes, self.table.freed_by)
         if not victims:
             return False
         log.info("evicting %s to free %d bytes", ", ".join(victims), need_bytes)
@@ -520,13 +550,13 @@ class ResidencyManager:
         estimate that fails (weights missing or unreadable) counts nothing:
         the model's own load then fails, as that model's state, rather than
         every reader of the catalogue, other models' batches included."""
-        measured = self._measured.get(spec.name)
+        measured = self._measured.get(spec.key)
         if measured is not None:
             return measured
         try:
             return self._host.estimate(spec)
         except Exception as e:
-            log.debug("no estimate for %s: %s: %s", spec.name, type(e).__name__, e)
+            log.debug("no estimate for %s: %s: %s", spec.key, type(e).__name__, e)
             return NO_ESTIMATE
 
     async def _load(
@@ -542,33 +572,33 @@ class ResidencyManager:
         line from ``ticket`` (a place the caller already held) or from now."""
         expected = self._expected(spec)
         self._check_fits(spec, expected, activation_bytes)
-        waiter = ("load", spec.name)  # callers loading one model share a place in line
+        waiter = ("load", spec.key)  # callers loading one model share a place in line
         if ticket is not None:
             self._waiting.setdefault(waiter, ticket)
         try:
             while (
                 self._behind(waiter)
-                or self.table.extra_bytes(spec.name, expected) + activation_bytes
+                or self.table.extra_bytes(spec.key, expected) + activation_bytes
                 > self.table.free_bytes()
-                or not self.table.begin_load(spec.name, expected)
+                or not self.table.begin_load(spec.key, expected)
             ):
                 self._waiting.setdefault(waiter, next(self._tickets))
-                extra = self.table.extra_bytes(spec.name, expected)
+                extra = self.table.extra_bytes(spec.key, expected)
                 short = self._short_of(extra + activation_bytes)
-                if self._behind(waiter) or not await self._evict_for(short, spec.name):
-                    await self._wait_change(deadline, spec.name)
-                if self.state(spec.name) not in (ModelState.UNLOADED, ModelState.FAILED):
+                if self._behind(waiter) or not await self._evict_for(short, spec.key):
+                    await self._wait_change(deadline, spec.key)
+                if self.state(spec.key) not in (ModelState.UNLOADED, ModelState.FAILED):
                     return  # another caller started this load meanwhile
         finally:
             self._waiting.pop(waiter, None)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inflight[spec.name] = done
-        self._specs[spec.name] = spec
+        self._inflight[spec.key] = done
+        self._specs[spec.key] = spec
         self._notify()
         try:
             await self._finish_load(spec, deadline)
         finally:
-            del self._inflight[spec.name]
+            del self._inflight[spec.key]
             done.set_result(None)
             self._notify()
 
@@ -579,45 +609,45 @@ class ResidencyManager:
         except asyncio.CancelledError:
             # Stopping during preload: the model is simply not loaded (the host
             # unloads what a load thread still finishes).
-            self.table.finish_unload(spec.name)
+            self.table.finish_unload(spec.key)
             raise
         except Exception as e:
             cause = f"{type(e).__name__}: {e}"
-            retry_s = self._fail(spec.name, f"load failed: {cause}", LOAD_FAILED)
-            log.error("model %s failed to load, retried in %.3g s: %s", spec.name, retry_s, cause)
-            raise ModelUnavailableError(spec.name, LOAD_FAILED, retry_after_s=retry_s) from e
+            retry_s = self._fail(spec.key, f"load failed: {cause}", LOAD_FAILED)
+            log.error("model %s failed to load, retried in %.3g s: %s", spec.key, retry_s, cause)
+            raise ModelUnavailableError(spec.key, LOAD_FAILED, retry_after_s=retry_s) from e
         # A model is measured at its first load; a reload keeps that figure (the
         # host does not measure reloads: that would hold running batches back).
         load_s = self._clock.now() - started
-        measured = self._measured.get(spec.name)
+        measured = self._measured.get(spec.key)
         if measured is None:
-            measured = self._measured[spec.name] = model.memory()
+            measured = self._measured[spec.key] = model.memory()
             self._catalogue_total = None
         try:
             self._check_fits(spec, measured, 0)
         except ModelTooLargeError as e:
             await self._host.unload(spec, model)
-            self._fail(spec.name, e.reason, e.reason)
+            self._fail(spec.key, e.reason, e.reason)
             raise
-        while not self.table.settle_load(spec.name, measured):
-            need = self.table.extra_bytes(spec.name, measured)
-            if await self._make_room(need - self.table.free_bytes(), {spec.name}):
+        while not self.table.settle_load(spec.key, measured):
+            need = self.table.extra_bytes(spec.key, measured)
+            if await self._make_room(need - self.table.free_bytes(), {spec.key}):
                 continue
             # Measured more than expected and the others are busy: give the bytes
             # back now rather than hold more than the budget; the next try
             # reserves the measured figure up front.
             await self._host.unload(spec, model)
-            self.table.finish_unload(spec.name)
+            self.table.finish_unload(spec.key)
             raise OverloadedError(
-                f"model {spec.name!r} measured {measured.total_bytes} bytes, more than expected,"
+                f"model {spec.key!r} measured {measured.total_bytes} bytes, more than expected,"
                 " and there is no room now",
                 retry_after_s=1.0,
             )
-        self._models[spec.name] = model
-        self.table.mark_ready(spec.name, self._clock.now(), load_s)
-        self._failures.pop(spec.name, None)
-        self._retry_at.pop(spec.name, None)
-        self._fresh[spec.name] = self._clock.now()
+        self._models[spec.key] = model
+        self.table.mark_ready(spec.key, self._clock.now(), load_s)
+        self._failures.pop(spec.key, None)
+        self._retry_at.pop(spec.key, None)
+        self._fresh[spec.key] = self._clock.now()
 
     def _fail(self, name: str, error: str, public_reason: str) -> float:
         """Mark ``name`` failed (``error``, the cause, for operators;

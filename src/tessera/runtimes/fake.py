@@ -16,6 +16,7 @@ Its descriptor's ``options`` set what it reports and does::
                              # stop flag is set (its caller left) stops at the next word
       scratch_bytes_per_unit: 0  # bytes a batch really allocates (and touches) per
                                  # work unit while it runs: a measurable peak
+      scale: 1.0             # embeddings of this norm (tells two versions apart)
 
 ``run`` answers each item with an output of its task's type derived from the
 item alone (an embedding seeded by the text, a translation that is the text
@@ -147,10 +148,14 @@ class FakeModel:
             return [fake_classify(item.text) for item in items]
         word_s = float(self.spec.options.get("word_s", 0.0))
         stops = item_stops(len(items))
-        return [
+        outputs = [
             fake_output(item, word_s=word_s, stop=stop)
             for item, stop in zip(items, stops, strict=True)
         ]
+        scale = float(self.spec.options.get("scale", 1.0))
+        if scale != 1.0 and self.spec.task is Task.EMBEDDING:
+            outputs = [np.asarray(output) * np.float32(scale) for output in outputs]
+        return outputs
 
     def memory(self) -> Footprint:
         return Footprint(

@@ -39,7 +39,7 @@ async def metrics() -> AsyncIterator[PrometheusMetrics]:
         EngineConfig(memory_budget_bytes=1 << 20, device="cpu", num_threads=1),
         device=GpuLikeDevice(),
     )
-    models = engine.repository.names()
+    models = engine.model_names()
     yield PrometheusMetrics(engine.snapshot, models, {"embed": 0.2}, per_tenant_labels=True)
     await engine.close()
 

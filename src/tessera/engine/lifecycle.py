@@ -1,0 +1,298 @@
+"""The model lifecycle: register models, roll out versions, retire them, while serving.
+
+Design notes (the invariants the tests check):
+
+- A new version loads beside the one it replaces, counted in the budget; the
+  old one is kept (never evicted for it, nor for anything) while it serves.
+- It takes over only once it has loaded (a first load warms up and measures
+  itself) and answered a smoke input (its task's sample item, the one its
+  warm-up uses) through the normal request path.
+- The switch is one assignment between awaits: a request resolved after it
+  gets the new version, one queued before stays on the old. The new version's
+  batches start only once the old version's requests are answered, so in the
+  order the engine answers, the versions switch at one point.
+- Then the old version, if its policy no longer serves it, is unloaded and
+  forgotten: its bytes go back to the budget.
+- A new version that fails to load or answer is rolled back: unloaded and
+  forgotten, while the old one never stopped. The failure is in the rollout's
+  record (``snapshot().rollouts``, ``/admin/residency``), the log and
+  ``rollouts_total``.
+- One rollout or retirement per model at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tessera.errors import ModelNotFoundError, RolloutFailedError
+from tessera.metrics import RolloutCount, RolloutStats
+from tessera.repository import read_versions
+from tessera.repository.spec import ModelSpec
+from tessera.tasks.samples import warmup_items
+
+from .counters import ModelCounters
+
+if TYPE_CHECKING:
+    from tessera.batching import ModelBatcher
+    from tessera.clock import Clock
+    from tessera.request import QueuedRequest
+    from tessera.residency import ResidencyManager
+    from tessera.scheduling import BatchTimePredictor
+
+    from .host import EngineHost
+
+log = logging.getLogger(__name__)
+
+RECENT_ROLLOUTS = 64
+
+
+@dataclass
+class ServedModel:
+    """A model's served versions by key, and the one requests naming no
+    version get. Changed only between awaits: a switch is atomic."""
+
+    specs: dict[str, ModelSpec]
+    current: str
+
+    @property
+    def current_spec(self) -> ModelSpec:
+        return self.specs[self.current]
+
+
+@dataclass
+class _Rollout:
+    """A rollout's record as it goes (``RolloutStats`` is its snapshot)."""
+
+    stats: RolloutStats
+
+    def mark(self, **changes: Any) -> None:
+        self.stats = dataclasses.replace(self.stats, **changes)
+
+
+class ModelLifecycle:
+    """The engine's lifecycle calls (a mixin of ``Engine``, which owns the
+    state named below)."""
+
+    clock: Clock
+    _served: dict[str, ServedModel]
+    _residency: ResidencyManager
+    _host: EngineHost
+    _counters: dict[str, ModelCounters]
+    _batchers: dict[str, ModelBatcher]
+    _predictors: dict[str, BatchTimePredictor]
+    _pending_by_key: dict[str, set[QueuedRequest]]
+    _gates: dict[str, asyncio.Event]
+    _drain_wait_s: float
+    # The request path, as ``Engine`` provides it.
+    _submit: Callable[[ModelSpec, Sequence[Any], float | None, Any], Any]
+    wait: Callable[[Any], Awaitable[list[Any]]]
+
+    def _init_lifecycle(self) -> None:
+        self._rollouts: deque[_Rollout] = deque(maxlen=RECENT_ROLLOUTS)
+        self._outcomes: Counter[tuple[str, str]] = Counter()
+        self._staged: dict[str, ModelSpec] = {}  # versions loading or checking
+        self._model_locks: dict[str, asyncio.Lock] = {}
+
+    # -- the face ---------------------------------------------------------
+
+    async def add_model(self, folder: Path) -> list[RolloutStats]:
+        """Register the model in ``folder`` (validated: descriptor, weights,
+        a load and an answer), or roll out its versions that are new and retire
+        those its policy no longer serves. Raises ``ConfigError`` for a bad
+        descriptor, ``RolloutFailedError`` for a version rolled back."""
+        versions = read_versions(folder)
+        name = versions[0].name
+        async with self._model_lock(name):
+            served = self._served.get(name)
+            known = set(served.specs) if served is not None else set()
+            wanted = {spec.key for spec in versions}
+            done = []
+            for spec in versions:
+                if spec.key not in known or served is None:
+                    done.append(await self._roll_out(spec, retire=known - wanted))
+                    served = self._served[name]
+                    known = set(served.specs)
+            for key in sorted(known - wanted):
+                await self._retire_version(self._served[name], key)
+            return done
+
+    async def remove_model(self, name: str) -> int:
+        """Retire model ``name``: new requests get 404 at once, those in flight
+        are answered, every version is unloaded and forgotten. Returns the
+        bytes of the budget freed."""
+        async with self._model_lock(name):
+            served = self._served.pop(name, None)
+            if served is None:
+                raise ModelNotFoundError(name)
+            before = self._residency.table.used_bytes()
+            for key in list(served.specs):
+                await self._retire_version(served, key)
+            freed = before - self._residency.table.used_bytes()
+            log.info("model %s retired, %d bytes freed", name, freed)
+            return freed
+
+    def recent_rollouts(self) -> tuple[RolloutStats, ...]:
+        return tuple(r.stats for r in self._rollouts)
+
+    def rollout_counts(self) -> tuple[RolloutCount, ...]:
+        return tuple(RolloutCount(m, o, n) for (m, o), n in sorted(self._outcomes.items()))
+
+    def staged_versions(self) -> dict[str, ModelSpec]:
+        """Versions loading or being checked, not serving yet."""
+        return dict(self._staged)
+
+    # -- one rollout --------------------------------------------------------
+
+    def _model_lock(self, name: str) -> asyncio.Lock:
+        return self._model_locks.setdefault(name, asyncio.Lock())
+
+    async def _roll_out(self, spec: ModelSpec, retire: Iterable[str]) -> RolloutStats:
+        served = self._served.get(spec.name)
+        old = served.current_spec if served is not None else None
+        used = self._residency.table.used_bytes()
+        record = _Rollout(
+            RolloutStats(
+                model=spec.name,
+                version=spec.version_label,
+                replaces=old.version_label if old is not None else None,
+                state="loading",
+                error=None,
+                started_at=self.clock.now(),
+                loaded_at=None,
+                checked_at=None,
+                switched_at=None,
+                drained_at=None,
+                finished_at=None,
+                used_bytes_before=used,
+                used_bytes_peak=used,
+                used_bytes_after=None,
+            )
+        )
+        self._rollouts.append(record)
+        if old is not None:
+            self._residency.keep(old.key)
+        try:
+            await self._stage(spec, record)
+            self._switch(spec, record, retire)
+            await self._drain(old, spec, record)
+            for key in retire:
+                await self._retire_version(self._served[spec.name], key)
+        finally:
+            if old is not None:
+                self._residency.keep(old.key, kept=False)
+        record.mark(
+            state="done",
+            finished_at=self.clock.now(),
+            used_bytes_after=self._residency.table.used_bytes(),
+        )
+        self._outcomes[(spec.name, "done")] += 1
+        log.info("model %s now serves version %s", spec.name, spec.version_label)
+        return record.stats
+
+    async def _stage(self, spec: ModelSpec, record: _Rollout) -> None:
+        """Load ``spec`` beside the serving versions and check it answers;
+        on failure roll it back and raise ``RolloutFailedError``."""
+        self._staged[spec.key] = spec
+        self._residency.register([spec])
+        self._counters[spec.key] = ModelCounters()
+        try:
+            await self._residency.ensure_loaded(spec)
+            record.mark(
+                state="checking",
+                loaded_at=self.clock.now(),
+                used_bytes_peak=self._residency.table.used_bytes(),
+            )
+            await self._smoke(spec)
+            record.mark(checked_at=self.clock.now())
+        except Exception as e:
+            # Residency holds a failed load's own cause (callers are told less).
+            cause = self._residency.error(spec.key) or f"{type(e).__name__}: {e}"
+            log.error(
+                "version %s of model %s rolled back: %s", spec.version_label, spec.name, cause
+            )
+            record.mark(state="rolled_back", error=cause, finished_at=self.clock.now())
+            self._outcomes[(spec.name, "rolled_back")] += 1
+            await self._forget_version(spec.key)
+            record.mark(used_bytes_after=self._residency.table.used_bytes())
+            raise RolloutFailedError(spec.name, spec.version_label, cause) from e
+        finally:
+            self._staged.pop(spec.key, None)
+
+    async def _smoke(self, spec: ModelSpec) -> None:
+        """Run the task's sample item on ``spec`` through the request path."""
+        items = warmup_items(spec.task, 1)
+        submission = self._submit(spec, items, None, None)
+        outputs = await self.wait(submission)
+        if len(outputs) != len(items) or not all(_answers(o) for o in outputs):
+            raise ValueError(f"no valid answer to its smoke input: {outputs!r:.200}")
+
+    def _switch(self, spec: ModelSpec, record: _Rollout, retire: Iterable[str]) -> None:
+        """New requests go to ``spec`` from now on (one step, no await); its
+        batches wait until the versions it replaces have answered theirs."""
+        served = self._served.get(spec.name)
+        if served is None:
+            self._served[spec.name] = ServedModel({spec.key: spec}, spec.key)
+        else:
+            old_key = served.current
+            served.specs[spec.key] = spec
+            served.current = spec.key
+            for key in retire:
+                served.specs.pop(key, None)
+            if self._pending_by_key.get(old_key):
+                self._gates[spec.key] = asyncio.Event()
+        record.mark(state="draining", switched_at=self.clock.now())
+
+    async def _drain(self, old: ModelSpec | None, spec: ModelSpec, record: _Rollout) -> None:
+        """Wait (bounded) for the replaced version's requests, then let the new
+        version's batches start."""
+        try:
+            if old is not None:
+                await self._answered(old.key)
+        finally:
+            gate = self._gates.pop(spec.key, None)
+            if gate is not None:
+                gate.set()
+        record.mark(drained_at=self.clock.now())
+
+    async def _answered(self, key: str) -> None:
+        """Until the requests queued on ``key`` are answered (they have deadlines;
+        bounded by the drain wait all the same)."""
+        futures = [r.future for r in self._pending_by_key.get(key, ())]
+        if futures:
+            with contextlib.suppress(TimeoutError):
+                await self.clock.wait_for(asyncio.wait(futures), self._drain_wait_s)
+
+    async def _retire_version(self, served: ServedModel, key: str) -> None:
+        """Stop serving version ``key``, answer its requests, then unload and forget it."""
+        served.specs.pop(key, None)
+        await self._answered(key)
+        await self._forget_version(key)
+
+    async def _forget_version(self, key: str) -> None:
+        batcher = self._batchers.pop(key, None)
+        if batcher is not None:
+            await batcher.close()
+        await self._residency.retire(key)
+        self._host.forget(key)
+        self._counters.pop(key, None)
+        self._predictors.pop(key, None)
+        self._pending_by_key.pop(key, None)
+
+
+def _answers(output: object) -> bool:
+    """Whether a smoke output is an answer: present, and finite if numeric."""
+    if output is None:
+        return False
+    if isinstance(output, np.ndarray | float):
+        return bool(np.all(np.isfinite(output)))
+    return True

@@ -1,0 +1,233 @@
+"""The model lifecycle on the real app and engine over fake models: versions
+rolled out under load (answers switch at one point, none fails), a broken
+version rolled back, a model registered and retired while serving."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from builders import write_fake_repository
+from tessera.engine import Engine, EngineConfig
+from tessera.errors import RolloutFailedError
+from tessera.gateway import create_app
+from tessera.repository import ModelRepository
+from tessera.tasks.types import Task, TextInput
+
+
+def write_version(model_dir: Path, version: int, **options: Any) -> None:
+    """Version folder ``version`` of a model, its options over the model's."""
+    folder = model_dir / str(version)
+    folder.mkdir()
+    (folder / "model.yaml").write_text(yaml.safe_dump({"options": options}))
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
+    repo = write_fake_repository(tmp_path / "repo", {"ver": {"task": "embedding"}})
+    write_version(repo / "ver", 1, scale=1.0)
+    engine = Engine(
+        ModelRepository.from_folders([repo]),
+        EngineConfig(memory_budget_bytes=1 << 20, device="cpu", num_threads=2, max_queue=64),
+    )
+    await engine.preload()
+    yield engine
+    await engine.close()
+    assert engine.snapshot().used_bytes == 0
+
+
+class Load:
+    """Steady load on model ``ver`` from ``num_clients`` callers; records each
+    answer's version in the order the engine answers (its futures' callbacks)."""
+
+    def __init__(self, engine: Engine, num_clients: int = 4) -> None:
+        self.engine = engine
+        self.answered: list[str] = []  # versions, in the engine's answer order
+        self.norms: dict[str, set[float]] = {}
+        self.failures: list[BaseException] = []
+        self._stop = asyncio.Event()
+        self._grew = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._client(i)) for i in range(num_clients)]
+
+    async def _client(self, i: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            submission = self.engine.submit("ver", Task.EMBEDDING, [TextInput(f"c{i} r{n}")])
+            version = submission.version
+            future = submission.request.future
+            future.add_done_callback(lambda _, v=version: self.answered.append(v))
+            try:
+                (vector,) = await self.engine.wait(submission)
+            except Exception as e:
+                self.failures.append(e)
+                continue
+            finally:
+                self._grew.set()
+            self.norms.setdefault(version, set()).add(round(float(np.linalg.norm(vector)), 3))
+
+    async def until(self, num_answers: int) -> None:
+        while len(self.answered) < num_answers:
+            self._grew.clear()
+            await self._grew.wait()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+async def test_a_new_version_takes_over_under_load_at_one_point(
+    engine: Engine, tmp_path: Path
+) -> None:
+    load = Load(engine)
+    await load.until(50)
+    write_version(tmp_path / "repo" / "ver", 2, scale=2.0, load_s=0.2)
+    (rollout,) = await engine.add_model(tmp_path / "repo" / "ver")
+    start = len(load.answered)
+    await load.until(start + 50)
+    await load.stop()
+
+    assert load.failures == []
+    assert load.norms == {"1": {1.0}, "2": {2.0}}  # each answer from the version it names
+    first_new = load.answered.index("2")
+    assert set(load.answered[:first_new]) == {"1"}
+    assert set(load.answered[first_new:]) == {"2"}  # no old answer after the first new one
+    assert rollout.state == "done"
+    assert (rollout.version, rollout.replaces) == ("2", "1")
+    assert rollout.started_at <= rollout.loaded_at <= rollout.checked_at  # type: ignore[operator]
+    assert rollout.checked_at <= rollout.switched_at <= rollout.drained_at  # type: ignore[operator]
+    # The old version is gone and its bytes with it: only version 2 holds the budget.
+    stats = engine.snapshot()
+    assert [(m.name, m.current) for m in stats.models] == [("ver@2", True)]
+    assert rollout.used_bytes_peak >= 2000  # both versions side by side, 1000 each
+    assert rollout.used_bytes_after == stats.used_bytes == 1000
+
+
+@pytest.mark.parametrize("broken", [{"fail_run": True}, {"fail_load": True}])
+async def test_a_broken_version_is_rolled_back_and_the_old_one_never_stops(
+    engine: Engine, tmp_path: Path, broken: dict[str, Any]
+) -> None:
+    load = Load(engine)
+    await load.until(30)
+    used = engine.snapshot().used_bytes
+    write_version(tmp_path / "repo" / "ver", 2, **broken)
+    with pytest.raises(RolloutFailedError, match="version 2 of model 'ver' was rolled back"):
+        await engine.add_model(tmp_path / "repo" / "ver")
+    start = len(load.answered)
+    await load.until(start + 30)
+    await load.stop()
+
+    assert load.failures == []
+    assert set(load.answered) == {"1"}
+    stats = engine.snapshot()
+    assert [m.name for m in stats.models] == ["ver@1"]
+    assert stats.used_bytes == used
+    (rollout,) = stats.rollouts
+    assert rollout.state == "rolled_back"
+    assert "load failed" in str(rollout.error)  # the cause, for operators
+    assert rollout.switched_at is None
+    assert [(c.model, c.outcome, c.num) for c in stats.rollouts_total] == [
+        ("ver", "rolled_back", 1)
+    ]
+
+
+@pytest.fixture
+async def client(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(engine)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
+        yield client
+
+
+async def test_requests_name_a_version_while_the_policy_serves_two(
+    engine: Engine, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "repo" / "ver"
+    card = yaml.safe_load((model_dir / "model.yaml").read_text())
+    card["version_policy"] = {"latest": {"num_versions": 2}}
+    (model_dir / "model.yaml").write_text(yaml.safe_dump(card))
+    write_version(model_dir, 2, scale=2.0)
+    response = await client.post("/admin/models", json={"path": str(model_dir)})
+    assert response.status_code == 201, response.text
+    assert response.json()["versions"] == ["1", "2"]
+
+    for model, version, norm in (("ver", "2", 2.0), ("ver@1", "1", 1.0), ("ver@2", "2", 2.0)):
+        answer = await client.post("/v1/embeddings", json={"model": model, "input": "hi"})
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-model-version"] == version
+        assert np.linalg.norm(answer.json()["data"][0]["embedding"]) == pytest.approx(norm)
+    missing = await client.post("/v1/embeddings", json={"model": "ver@7", "input": "hi"})
+    assert missing.status_code == 404
+    assert "ver@7" in missing.json()["error"]["message"]
+
+    body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}
+    for path, version in (("/v2/models/ver", "2"), ("/v2/models/ver/versions/1", "1")):
+        answer = await client.post(f"{path}/infer", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model_version"] == version
+        assert answer.headers["x-model-version"] == version
+    metadata = await client.get("/v2/models/ver/versions/1")
+    assert metadata.json()["versions"] == ["1", "2"]
+    assert (await client.get("/v2/models/ver/versions/9")).status_code == 404
+
+
+async def test_a_model_registered_while_serving_answers_at_once_and_gives_its_bytes_back(
+    engine: Engine, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    folder = write_fake_repository(
+        tmp_path / "more", {"new": {"task": "embedding", "options": {"own_bytes": 5000}}}
+    )
+    before = (await client.get("/admin/residency")).json()["used_bytes"]
+    added = await client.post("/admin/models", json={"path": str(folder / "new")})
+    assert added.status_code == 201, added.text
+    assert added.json()["rollouts"][0]["state"] == "done"
+    answer = await client.post("/v1/embeddings", json={"model": "new", "input": "hi"})
+    assert answer.status_code == 200
+    assert (await client.get("/admin/residency")).json()["used_bytes"] == before + 5000
+
+    removed = await client.delete("/admin/models/new")
+    assert removed.status_code == 200
+    assert removed.json()["freed_bytes"] == 5000
+    residency = (await client.get("/admin/residency")).json()
+    assert residency["used_bytes"] == before
+    assert "new" not in [m["name"] for m in residency["models"]]
+    gone = await client.post("/v1/embeddings", json={"model": "new", "input": "hi"})
+    assert gone.status_code == 404
+    assert (await client.delete("/admin/models/new")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "kind"),
+    [
+        ("relative/path", 422, "invalid_request_error"),
+        ("/nonexistent/model", 422, "invalid_model"),
+    ],
+)
+async def test_a_bad_registration_is_refused_with_its_reason(
+    client: httpx.AsyncClient, path: str, status: int, kind: str
+) -> None:
+    response = await client.post("/admin/models", json={"path": path})
+    assert response.status_code == status
+    assert response.json()["error"]["type"] == kind
+
+
+async def test_a_broken_new_model_is_not_registered(
+    client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    folder = write_fake_repository(
+        tmp_path / "more", {"bad": {"task": "embedding", "options": {"fail_run": True}}}
+    )
+    response = await client.post("/admin/models", json={"path": str(folder / "bad")})
+    assert response.status_code == 422
+    assert response.json()["error"]["type"] == "rollout_failed"
+    residency = (await client.get("/admin/residency")).json()
+    assert "bad" not in [m["name"] for m in residency["models"]]
+    assert residency["rollouts"][-1]["state"] == "rolled_back"
+    assert "fake model failure" in residency["rollouts"][-1]["error"]
