@@ -230,6 +230,58 @@ def models_list(model_repository: RepoOpt = None, config: ConfigOpt = None) -> N
     Console(width=200).print(table)
 
 
+UrlOpt = Annotated[str, typer.Option("--url", help="The running server.", envvar="TESSERA_URL")]
+AdminKeyOpt = Annotated[
+    str | None,
+    typer.Option("--key", help="An admin API key.", envvar="TESSERA_ADMIN_KEY"),
+]
+
+
+def _admin_call(method: str, url: str, key: str | None, body: object = None) -> None:
+    """One call to a running server's admin API; prints its JSON answer, exits 1
+    with its error on a refusal, 2 when the server cannot be reached."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        # A rollout loads and checks the model: allow it time.
+        with urllib.request.urlopen(request, timeout=600) as response:
+            typer.echo(response.read().decode())
+    except urllib.error.HTTPError as e:
+        typer.echo(e.read().decode(), err=True)
+        raise typer.Exit(1) from e
+    except OSError as e:
+        typer.echo(f"error: {url}: {e}", err=True)
+        raise typer.Exit(2) from e
+
+
+@models_app.command("add")
+def models_add(
+    folder: Annotated[Path, typer.Argument(help="The model folder (model.yaml, versions).")],
+    url: UrlOpt = "http://127.0.0.1:8000",
+    key: AdminKeyOpt = None,
+) -> None:
+    """Register a model on a running server, or roll out its new versions."""
+    path = str(folder.resolve())
+    _admin_call("POST", f"{url.rstrip('/')}/admin/models", key, {"path": path})
+
+
+@models_app.command("remove")
+def models_remove(
+    name: Annotated[str, typer.Argument(help="The model to retire.")],
+    url: UrlOpt = "http://127.0.0.1:8000",
+    key: AdminKeyOpt = None,
+) -> None:
+    """Retire a model on a running server: drained, unloaded, forgotten."""
+    _admin_call("DELETE", f"{url.rstrip('/')}/admin/models/{name}", key)
+
+
 @app.command()
 def bench(
     model: Annotated[str | None, typer.Option(help="The model to send requests to.")] = None,
