@@ -37,19 +37,15 @@ class ModelRepository:
             for name, served in by_name.items()
         }
         self._specs = {name: served[-1] for name, served in self._versions.items()}
-        self.folders: tuple[Path, ...] = ()
 
     @classmethod
     def from_folders(cls, folders: Iterable[Path]) -> ModelRepository:
-        folders = tuple(folders)
         specs: dict[str, list[ModelSpec]] = {}
         for folder in folders:
             for model_dir in model_dirs(folder):
                 served = read_versions(model_dir)
                 specs[served[0].name] = served
-        repository = cls(s for served in specs.values() for s in served)
-        repository.folders = folders
-        return repository
+        return cls(s for served in specs.values() for s in served)
 
     def get(self, name: str) -> ModelSpec:
         try:
