@@ -113,6 +113,7 @@ def serve(
     from tessera.gateway import create_app
     from tessera.gateway.server import GatewayConfig, GatewayServer
     from tessera.progress import PreloadReporter
+    from tessera.repository.watch import RepositoryWatcher
 
     try:
         repository = settings.repository()
@@ -137,6 +138,11 @@ def serve(
         preload_progress=PreloadReporter(),
         per_tenant_labels=settings.per_tenant_labels,
         metrics_public=settings.metrics_public,
+        # The folders given with --model-repository, never the default models.
+        watcher=RepositoryWatcher(settings.model_repositories)
+        if settings.watch_repository
+        else None,
+        watch_interval_s=settings.watch_interval_s,
     )
     if settings.metrics_port is not None:
         # A scrape-only listener (prometheus_client's own thread): no key, no other routes.

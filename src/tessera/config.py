@@ -42,6 +42,8 @@ A config file may hold any of::
                                  # counted across gateways; default: in this process
     admission_prefix: "tessera:" # the Redis keys' prefix
     admission_lease_s: 30        # a dead gateway's requests in flight count this long
+    watch_repository: false      # poll model_repositories for new models and versions
+    watch_interval_s: 5          # how often (see docs/models.md)
     trusted_proxies: []          # addresses whose X-Forwarded-For names the client
                                  # (rate limits, the auth throttle); default: none
 """
@@ -94,6 +96,8 @@ class ServerConfig:
     admission_prefix: str = "tessera:"
     admission_lease_s: float = 30.0
     trusted_proxies: tuple[str, ...] = ()
+    watch_repository: bool = False
+    watch_interval_s: float = 5.0
 
     def repository(self) -> ModelRepository:
         folders = [default_repository_path()] if self.include_default_models else []
@@ -140,6 +144,8 @@ _SERVER_KEYS = {
     "admission_prefix",
     "admission_lease_s",
     "trusted_proxies",
+    "watch_repository",
+    "watch_interval_s",
     *_MS_KEYS,
 }
 
@@ -202,6 +208,8 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         admission_prefix=str(values.get("admission_prefix", "tessera:")),
         admission_lease_s=_seconds(values, "admission_lease_s", 30.0),
         trusted_proxies=_addresses(values, "trusted_proxies"),
+        watch_repository=bool(values.get("watch_repository", False)),
+        watch_interval_s=_seconds(values, "watch_interval_s", 5.0),
     )
 
 

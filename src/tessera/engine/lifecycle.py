@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tessera.errors import ModelNotFoundError, RolloutFailedError
+from tessera.errors import ModelNotFoundError, RolloutFailedError, TesseraError
 from tessera.metrics import RolloutCount, RolloutStats
 from tessera.repository import read_versions
 from tessera.repository.spec import ModelSpec
@@ -45,6 +45,7 @@ from .counters import ModelCounters
 if TYPE_CHECKING:
     from tessera.batching import ModelBatcher
     from tessera.clock import Clock
+    from tessera.repository.watch import RepositoryWatcher
     from tessera.request import QueuedRequest
     from tessera.residency import ResidencyManager
     from tessera.scheduling import BatchTimePredictor
@@ -140,6 +141,21 @@ class ModelLifecycle:
             freed = before - self._residency.table.used_bytes()
             log.info("model %s retired, %d bytes freed", name, freed)
             return freed
+
+    async def watch_repository(self, watcher: RepositoryWatcher, interval_s: float) -> None:
+        """Until cancelled: every ``interval_s``, hand each model folder the
+        watcher says changed to ``add_model`` (a failure is logged: a version
+        that fails is rolled back and the old one serves on)."""
+        while True:
+            await self.clock.sleep(interval_s)
+            for folder in await asyncio.to_thread(watcher.poll):
+                try:
+                    rollouts = await self.add_model(folder)
+                except (TesseraError, OSError) as e:
+                    log.warning("repository watch: %s not served: %s", folder.name, e)
+                    continue
+                for r in rollouts:
+                    log.info("repository watch: %s@%s %s", r.model, r.version, r.state)
 
     def recent_rollouts(self) -> tuple[RolloutStats, ...]:
         return tuple(r.stats for r in self._rollouts)

@@ -25,6 +25,7 @@ from tessera.gateway.common import BodyLimitMiddleware
 from tessera.gateway.context import RequestContextMiddleware
 from tessera.gateway.errors import UnexpectedErrorMiddleware, install_error_handlers
 from tessera.gateway.observability import install_observability
+from tessera.repository.watch import RepositoryWatcher
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tenants import AuditLog, TenantStore
 
@@ -41,23 +42,35 @@ def create_app(
     preload_progress: PreloadProgress | None = None,
     per_tenant_labels: bool = False,
     metrics_public: bool = False,
+    watcher: RepositoryWatcher | None = None,
+    watch_interval_s: float = 5.0,
 ) -> FastAPI:
     """An app serving ``engine``; preloading starts with the app and runs in the
     background, so liveness answers at once and readiness once it is done.
     With a ``tenant_store`` every route but the health probes (and the live
-    page's static files, and ``/metrics`` if ``metrics_public``) needs an API key."""
+    page's static files, and ``/metrics`` if ``metrics_public``) needs an API key.
+    With a ``watcher``, once preloading is over, the repository folders it
+    watches are polled every ``watch_interval_s`` for new models and versions."""
+
+    async def watch_after(preload: asyncio.Task[None], watcher: RepositoryWatcher) -> None:
+        await asyncio.wait({preload})  # over, whatever its outcome
+        await engine.watch_repository(watcher, watch_interval_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if audit_log is not None:
             await audit_log.start()
         preload = asyncio.create_task(engine.preload(preload_progress), name="preload")
+        tasks = [preload]
+        if watcher is not None:
+            tasks.append(asyncio.create_task(watch_after(preload, watcher), name="watch"))
         try:
             yield
         finally:
-            preload.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await preload
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             try:
                 await engine.close()
             finally:

@@ -19,6 +19,7 @@ from tessera.engine import Engine, EngineConfig
 from tessera.errors import RolloutFailedError
 from tessera.gateway import create_app
 from tessera.repository import ModelRepository
+from tessera.repository.watch import RepositoryWatcher
 from tessera.tasks.types import Task, TextInput
 
 
@@ -136,6 +137,36 @@ async def test_a_broken_version_is_rolled_back_and_the_old_one_never_stops(
     assert [(c.model, c.outcome, c.num) for c in stats.rollouts_total] == [
         ("ver", "rolled_back", 1)
     ]
+
+
+async def test_a_watched_repository_rolls_out_a_version_folder_copied_in(
+    engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    repo = tmp_path / "repo"
+    watch = asyncio.create_task(engine.watch_repository(RepositoryWatcher([repo]), 0.05))
+    try:
+        load = Load(engine)
+        await load.until(20)
+        write_version(repo / "ver", 2, scale=2.0)
+        while [s.key for s in engine.versions("ver")] != ["ver@2"]:
+            await load.until(len(load.answered) + 1)
+        write_version(repo / "ver", 3, fail_load=True)  # rolled back, logged; 2 serves on
+        while len(engine.snapshot().rollouts) < 2:
+            await load.until(len(load.answered) + 1)
+        await load.until(len(load.answered) + 10)
+        await load.stop()
+    finally:
+        watch.cancel()
+    assert load.failures == []
+    assert load.answered[-1] == "2"
+    assert [s.key for s in engine.versions("ver")] == ["ver@2"]
+    assert [(r.version, r.state) for r in engine.snapshot().rollouts] == [
+        ("2", "done"),
+        ("3", "rolled_back"),
+    ]
+    assert "repository watch: ver not served: version 3 of model 'ver' was rolled back" in (
+        caplog.text
+    )
 
 
 @pytest.fixture
