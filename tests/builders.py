@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,8 @@ import yaml
 
 from tessera.admission import AdmissionController
 from tessera.clock import FakeClock
+from tessera.engine import Engine, EngineConfig
+from tessera.repository import ModelRepository
 from tessera.repository.spec import BatchingSpec, ModelSpec
 from tessera.request import QueuedRequest, RequestResult
 from tessera.tasks.types import Task
@@ -56,6 +60,25 @@ def write_fake_repository(
         }
         (folder / "model.yaml").write_text(yaml.safe_dump(descriptor))
     return root
+
+
+@contextlib.asynccontextmanager
+async def fake_engine(
+    root: Path, models: dict[str, dict[str, Any]], **config: Any
+) -> AsyncIterator[Engine]:
+    """An engine over a repository of ``models`` (fake runtime), preloaded, on
+    the CPU with 64 MiB and 2 threads unless ``config`` says otherwise; closed
+    after, when nothing may have leaked: no pins, no bytes held (every model
+    unloaded, so none is a reserved activation), no waiting request."""
+    repository = ModelRepository.from_folders([write_fake_repository(root, models)])
+    settings = {"memory_budget_bytes": 64 * 1024**2, "device": "cpu", "num_threads": 2, **config}
+    engine = Engine(repository, EngineConfig(**settings))
+    await engine.preload()
+    yield engine
+    await engine.close()
+    stats = engine.snapshot()
+    assert stats.used_bytes == 0
+    assert all(m.pins == 0 and m.queue_depth == 0 for m in stats.models)
 
 
 # The metric families the observability issue names (and a few more we promise).

@@ -9,10 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from builders import write_fake_repository
-from tessera.engine import Engine, EngineConfig
+from builders import fake_engine
+from tessera.engine import Engine
 from tessera.gateway import create_app
-from tessera.repository import ModelRepository
 
 FAKE_MODELS: dict[str, dict[str, Any]] = {
     "embed": {"task": "embedding", "preload": True, "max_inputs": 4, "latency_target_ms": 1000},
@@ -37,21 +36,8 @@ FAKE_MODELS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
-    repository = ModelRepository.from_folders(
-        [write_fake_repository(tmp_path / "repo", FAKE_MODELS)]
-    )
-    engine = Engine(
-        repository,
-        EngineConfig(memory_budget_bytes=64 * 1024**2, device="cpu", num_threads=2, max_queue=8),
-    )
-    await engine.preload()
-    yield engine
-    await engine.close()
-    # Nothing leaked: no pins, no bytes held (every model unloaded, so none is
-    # a reserved activation), no waiting request.
-    stats = engine.snapshot()
-    assert stats.used_bytes == 0
-    assert all(m.pins == 0 and m.queue_depth == 0 for m in stats.models)
+    async with fake_engine(tmp_path / "repo", FAKE_MODELS, max_queue=8) as engine:
+        yield engine
 
 
 @pytest.fixture

@@ -14,10 +14,9 @@ import httpx
 import numpy as np
 import pytest
 
-from builders import write_fake_repository
-from tessera.engine import Engine, EngineConfig
+from builders import fake_engine
+from tessera.engine import Engine
 from tessera.gateway import create_app
-from tessera.repository import ModelRepository
 from tessera.runtimes.fake import fake_embedding
 from tessera.tasks.types import Task, TextInput
 
@@ -46,17 +45,8 @@ MODELS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture
 async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
-    repository = ModelRepository.from_folders([write_fake_repository(tmp_path / "repo", MODELS)])
-    engine = Engine(
-        repository,
-        EngineConfig(memory_budget_bytes=64 * 1024**2, device="cpu", num_threads=2),
-    )
-    await engine.preload()
-    yield engine
-    await engine.close()
-    stats = engine.snapshot()
-    assert stats.used_bytes == 0
-    assert all(m.pins == 0 and m.queue_depth == 0 for m in stats.models)
+    async with fake_engine(tmp_path / "repo", MODELS) as engine:
+        yield engine
 
 
 @pytest.fixture
