@@ -147,9 +147,9 @@ class EngineHost:
         except BaseException:
             model.unload()
             raise
-        self.activations.observe(
-            spec.key, measured.peak_delta_bytes, sum(work_units(i) for i in items)
-        )
+        # Counted as the model's requests are (a vision model's page in tokens).
+        units = sum(work_units(i, spec.inputs) for i in items)
+        self.activations.observe(spec.key, measured.peak_delta_bytes, units)
         self._loaded_before.add(spec.key)
         return model
 

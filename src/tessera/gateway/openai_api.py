@@ -1,4 +1,8 @@
-"""OpenAI-compatible endpoints: embeddings, chat completions, speech, models."""
+"""OpenAI-compatible endpoints: embeddings, chat completions, speech, models.
+
+Chat messages may carry images as ``image_url`` parts with ``data:`` URLs, for
+a vision-language OCR model (the server fetches no remote URL).
+"""
 
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from tessera.engine import Engine
 from tessera.errors import InvalidInputError, TesseraError
 from tessera.gateway.common import engine_of, run_task, submit_task, visible_models
 from tessera.gateway.errors import error_body, status_of
+from tessera.tasks.image import decode_base64, decode_image
 from tessera.tasks.types import (
     ChatInput,
     ChatMessage,
@@ -110,23 +116,41 @@ class ChatRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1)
 
 
-def _content_text(message: ChatMessageIn) -> str:
+def _message(message: ChatMessageIn) -> ChatMessage:
+    """A message's text and images: text parts joined, ``image_url`` parts decoded
+    from their ``data:`` URLs (the server fetches nothing: a remote URL is refused)."""
     if message.content is None:
-        return ""
+        return ChatMessage(message.role, "")
     if isinstance(message.content, str):
-        return message.content
-    parts = []
+        return ChatMessage(message.role, message.content)
+    texts: list[str] = []
+    images: list[Any] = []
     for part in message.content:
-        if part.get("type") != "text":
-            raise InvalidInputError(f"content part type {part.get('type')!r} is not supported")
-        parts.append(str(part.get("text", "")))
-    return "".join(parts)
+        kind = part.get("type")
+        if kind == "text":
+            texts.append(str(part.get("text", "")))
+        elif kind == "image_url":
+            images.append(_image_of(part.get("image_url")))
+        else:
+            raise InvalidInputError(f"content part type {kind!r} is not supported")
+    return ChatMessage(message.role, "".join(texts), images=tuple(images))
+
+
+def _image_of(image_url: Any) -> Any:
+    url = image_url.get("url") if isinstance(image_url, dict) else image_url
+    if not isinstance(url, str) or not url:
+        raise InvalidInputError("an image_url part needs a url")
+    if not url.startswith("data:"):
+        raise InvalidInputError(
+            "image_url must be a data: URL (data:image/png;base64,...): the server fetches nothing"
+        )
+    return decode_image(decode_base64(url))
 
 
 def chat_input(body: ChatRequest, on_text: Any = None) -> ChatInput:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return ChatInput(
-        messages=tuple(ChatMessage(m.role, _content_text(m)) for m in body.messages),
+        messages=tuple(_message(m) for m in body.messages),
         max_tokens=body.max_completion_tokens or body.max_tokens or 128,
         temperature=body.temperature,
         top_p=body.top_p,
@@ -136,7 +160,14 @@ def chat_input(body: ChatRequest, on_text: Any = None) -> ChatInput:
     )
 
 
-def _usage(output: ChatOutput) -> dict[str, int]:
+def chat_task(engine: Engine, model: str) -> Task:
+    """A vision-language OCR model answers chats too (its task is ``ocr``);
+    any other model is asked to generate, and refuses if it does not."""
+    spec = engine.spec(model)
+    return spec.task if spec.inputs.vision is not None else Task.GENERATE
+
+
+def usage_of(output: ChatOutput) -> dict[str, int]:
     return {
         "prompt_tokens": output.prompt_tokens,
         "completion_tokens": output.completion_tokens,
@@ -158,14 +189,16 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
         # Submitted here so that a refusal is an HTTP status, not a stream event;
         # the wait runs as its own task so the admission is released even if
         # the stream is never read.
-        submission = submit_task(request, body.model, Task.GENERATE, [chat_input(body, on_text)])
+        task = chat_task(engine_of(request), body.model)
+        submission = submit_task(request, body.model, task, [chat_input(body, on_text)])
         work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
         return StreamingResponse(
             _stream_chat(body.model, work, pieces, completion_id, created),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    (output,) = await run_task(request, body.model, Task.GENERATE, [chat_input(body)])
+    task = chat_task(engine_of(request), body.model)
+    (output,) = await run_task(request, body.model, task, [chat_input(body)])
     return JSONResponse(
         {
             "id": completion_id,
@@ -179,7 +212,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
                     "finish_reason": output.finish_reason,
                 }
             ],
-            "usage": _usage(output),
+            "usage": usage_of(output),
         }
     )
 
@@ -280,4 +313,4 @@ async def list_models(request: Request) -> JSONResponse:
     return JSONResponse({"object": "list", "data": data})
 
 
-__all__ = ["error_body", "router", "texts_of"]
+__all__ = ["error_body", "router", "texts_of", "usage_of"]

@@ -1,8 +1,9 @@
 """Task endpoints outside OpenAI's API: rerank (Cohere/Jina shape), classify,
-OCR and translate."""
+OCR (a prompt and a task for vision-language models) and translate."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -10,11 +11,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from tessera.errors import InvalidInputError
+from tessera.errors import InvalidInputError, TaskMismatchError
 from tessera.gateway.common import engine_of, run_task
-from tessera.gateway.openai_api import texts_of
+from tessera.gateway.openai_api import texts_of, usage_of
+from tessera.repository import ModelSpec
 from tessera.tasks.image import decode_base64, decode_image
+from tessera.tasks.prompts import OcrTask, ocr_prompt, parse_fields
 from tessera.tasks.types import (
+    ChatOutput,
     ClassifyOutput,
     OcrInput,
     OcrOutput,
@@ -87,15 +91,64 @@ async def classify(body: ClassifyRequest, request: Request) -> JSONResponse:
     return JSONResponse({"object": "list", "model": body.model, "data": data})
 
 
-class OcrRequest(BaseModel):
+class OcrOptions(BaseModel):
+    """What a vision-language OCR model is asked: a ``prompt`` of the caller's,
+    or a ``task`` (``fields`` takes names or a JSON schema, ``translate`` a
+    ``language``), and at most ``max_tokens``. Other OCR models take none."""
+
     model_config = ConfigDict(extra="allow")
 
+    prompt: Annotated[str, Field(min_length=1)] | None = None
+    task: OcrTask | None = None
+    fields: list[str] | dict[str, Any] | None = None
+    language: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+
+    def asks(self) -> bool:
+        asked = (self.prompt, self.task, self.fields, self.language, self.max_tokens)
+        return any(value is not None for value in asked)
+
+
+class OcrRequest(OcrOptions):
     model: str
     image: Annotated[str, Field(min_length=1, description="base64 or a data: URL")]
     mode: Literal["page", "line"] = "page"
 
 
-def _ocr_body(model: str, output: OcrOutput) -> dict[str, Any]:
+def ocr_item(
+    spec: ModelSpec, image: Any, mode: Literal["page", "line"], ask: OcrOptions
+) -> OcrInput:
+    """The OCR item for ``spec``'s model: a page and its prompt for a
+    vision-language model, the page alone for any other."""
+    if spec.inputs.vision is None:
+        if ask.asks():
+            raise TaskMismatchError(
+                f"model {spec.name!r} reads pages without a prompt:"
+                " prompt, task, fields, language and max_tokens need a vision-language model"
+            )
+        return OcrInput(image, mode)
+    if ask.prompt is not None and ask.task is not None:
+        raise InvalidInputError("give a prompt or a task, not both")
+    prompt = ask.prompt
+    if ask.task is not None:
+        options = spec.options.get("prompts")
+        prompt = ocr_prompt(options, ask.task, fields=ask.fields, language=ask.language)
+    return OcrInput(image, mode, prompt=prompt, max_tokens=ask.max_tokens)
+
+
+def ocr_body(model: str, output: OcrOutput | ChatOutput, task: OcrTask | None) -> dict[str, Any]:
+    """The answer: a vision-language model's text, usage and (for ``fields``)
+    the JSON it wrote, or None where it wrote none; other models' lines."""
+    if isinstance(output, ChatOutput):
+        body: dict[str, Any] = {
+            "model": model,
+            "text": output.text,
+            "finish_reason": output.finish_reason,
+            "usage": usage_of(output),
+        }
+        if task == "fields":
+            body["fields"] = parse_fields(output.text)
+        return body
     lines = [
         {"text": line.text, "score": line.score, "box": [list(p) for p in line.box]}
         for line in output.lines
@@ -108,17 +161,40 @@ def _ocr_body(model: str, output: OcrOutput) -> dict[str, Any]:
 
 
 async def _ocr(
-    request: Request, model: str, raw: bytes, mode: Literal["page", "line"]
+    request: Request, model: str, raw: bytes, mode: Literal["page", "line"], ask: OcrOptions
 ) -> JSONResponse:
-    engine_of(request).spec_for(model, Task.OCR)
-    item = OcrInput(decode_image(raw), mode)
+    spec = engine_of(request).spec_for(model, Task.OCR)
+    item = ocr_item(spec, decode_image(raw), mode, ask)
     (output,) = await run_task(request, model, Task.OCR, [item])
-    return JSONResponse(_ocr_body(model, output))
+    return JSONResponse(ocr_body(model, output, ask.task))
+
+
+def _form_options(form: Any) -> OcrOptions:
+    """A multipart body's prompt fields (``fields`` as a JSON string)."""
+    raw: dict[str, Any] = {}
+    for key in ("prompt", "task", "fields", "language", "max_tokens"):
+        value = form.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise InvalidInputError(f"multipart field {key!r} must be text")
+        raw[key] = value
+    if "fields" in raw:
+        try:
+            raw["fields"] = json.loads(raw["fields"])
+        except ValueError as e:
+            raise InvalidInputError("multipart field 'fields' must be JSON") from e
+    try:
+        return OcrOptions.model_validate(raw)
+    except ValueError as e:
+        raise InvalidInputError(f"invalid request: {e}") from e
 
 
 @router.post("/v1/ocr")
 async def ocr(request: Request) -> JSONResponse:
-    """JSON ``{model, image: base64, mode}`` or multipart ``file``, ``model``, ``mode``."""
+    """JSON ``{model, image: base64, mode}`` or multipart ``file``, ``model``, ``mode``;
+    for a vision-language model also ``prompt`` or ``task`` (with ``fields`` or
+    ``language``) and ``max_tokens``."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
         async with request.form() as form:
@@ -131,8 +207,9 @@ async def ocr(request: Request) -> JSONResponse:
                 raise InvalidInputError("multipart body needs a 'model' field")
             if mode not in ("page", "line"):
                 raise InvalidInputError("mode must be 'page' or 'line'")
+            ask = _form_options(form)
             raw = await upload.read()
-        return await _ocr(request, model, raw, "line" if mode == "line" else "page")
+        return await _ocr(request, model, raw, "line" if mode == "line" else "page", ask)
     try:
         payload = await request.json()
     except ValueError as e:
@@ -141,7 +218,7 @@ async def ocr(request: Request) -> JSONResponse:
         body = OcrRequest.model_validate(payload)
     except ValueError as e:
         raise InvalidInputError(f"invalid request: {e}") from e
-    return await _ocr(request, body.model, decode_base64(body.image), body.mode)
+    return await _ocr(request, body.model, decode_base64(body.image), body.mode, body)
 
 
 class TranslateRequest(BaseModel):

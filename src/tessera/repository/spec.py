@@ -24,7 +24,10 @@ What a model runs of an input is read from its ``options`` into
 ``max_length`` (the text window in tokens, 512 when not given: BERT's
 position table, the largest of the text runtimes' defaults), ``truncate``
 (false: refuse an over-window text with 413 instead of truncating it),
-``max_tokens_limit`` (chat), and rapidocr's resizes from ``rapidocr_params``.
+``max_tokens_limit`` (chat), rapidocr's resizes from ``rapidocr_params``,
+and a vision-language model's image tokens from ``vision`` (``patch_size``,
+``merge_size``, ``min_pixels``, ``max_pixels``: its processor's) with
+``max_tokens_default`` (what an OCR page may generate when it does not say).
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from tessera.errors import ConfigError, ModelUnavailableError
-from tessera.tasks.types import InputLimits, Task
+from tessera.tasks.types import InputLimits, Task, VisionLimits
 from tessera.units import parse_bytes
 
-RUNTIMES = ("torch", "onnx", "native")
+RUNTIMES = ("torch", "onnx", "native", "external")
+# Engine processes of ``runtime: external`` (``runtimes/external.py``).
+ENGINES = ("llamacpp", "vllm")
 TEXT_TASKS = (Task.EMBEDDING, Task.RERANK, Task.CLASSIFY)
 DEFAULT_TEXT_WINDOW = 512
 
@@ -102,6 +107,7 @@ class ModelSpec:
     description: str = ""
     licence: str = ""
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    engine: str | None = None  # runtime external: the engine process's kind
 
     @property
     def version_label(self) -> str:
@@ -191,6 +197,8 @@ def parse_inputs(task: Task, options: dict[str, Any], where: str) -> InputLimits
         text_window=window or (DEFAULT_TEXT_WINDOW if task in TEXT_TASKS else None),
         truncate=truncate,
         max_new_tokens=_optional_int(options, "max_tokens_limit", f"{where}: options"),
+        max_tokens_default=_int(options, "max_tokens_default", 1024, f"{where}: options"),
+        vision=parse_vision(options.get("vision"), f"{where}: options: vision"),
     )
     params = options.get("rapidocr_params")
     if task is not Task.OCR or not isinstance(params, dict):
@@ -208,6 +216,27 @@ def parse_inputs(task: Task, options: dict[str, Any], where: str) -> InputLimits
     )
 
 
+def parse_vision(raw: Any, where: str) -> VisionLimits | None:
+    """A vision-language model's image processing (``vision`` options), or None."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    unknown = set(raw) - {"patch_size", "merge_size", "min_pixels", "max_pixels"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    default = VisionLimits()
+    vision = VisionLimits(
+        patch_size=_int(raw, "patch_size", default.patch_size, where),
+        merge_size=_int(raw, "merge_size", default.merge_size, where),
+        min_pixels=_int(raw, "min_pixels", default.min_pixels, where),
+        max_pixels=_int(raw, "max_pixels", default.max_pixels, where),
+    )
+    if vision.min_pixels > vision.max_pixels:
+        raise ConfigError(f"{where}: min_pixels is over max_pixels")
+    return vision
+
+
 def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
     """Build a ``ModelSpec`` from a parsed ``model.yaml`` in ``folder``."""
     where = str(folder / "model.yaml")
@@ -223,7 +252,12 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
     runtime = raw.get("runtime")
     if runtime not in RUNTIMES:
         raise ConfigError(f"{where}: runtime must be one of {RUNTIMES}")
-    adapter = raw.get("adapter")
+    engine = raw.get("engine")
+    if runtime == "external" and engine not in ENGINES:
+        raise ConfigError(f"{where}: runtime external needs engine: one of {ENGINES}")
+    if runtime != "external" and engine is not None:
+        raise ConfigError(f"{where}: engine is for runtime external only")
+    adapter = raw.get("adapter", "external" if runtime == "external" else None)
     if not isinstance(adapter, str):
         raise ConfigError(f"{where}: adapter must be a string")
 
@@ -276,6 +310,7 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         description=str(raw.get("description", "")).strip(),
         licence=str(raw.get("licence", "")).strip(),
         version_policy=parse_version_policy(raw.get("version_policy"), where),
+        engine=engine,
     )
 
 

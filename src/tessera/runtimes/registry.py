@@ -21,6 +21,7 @@ ADAPTERS: dict[str, str] = {
     "bergamot": "tessera.runtimes.bergamot:BergamotLoader",
     "hf-causal-lm": "tessera.runtimes.causal_lm:CausalLmLoader",
     "llamacpp": "tessera.runtimes.llamacpp:LlamaCppLoader",
+    "hf-vision-ocr": "tessera.runtimes.vision_ocr:VisionOcrLoader",
     "fake": "tessera.runtimes.fake:FakeLoader",
 }
 

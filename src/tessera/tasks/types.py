@@ -16,6 +16,14 @@ brought down to 2,000 pixels, then the short side up to 736, each rounded to
 tall receipt more and a 9-megapixel scan what its 2,000-pixel copy costs; a
 line crop its own pixels (after the same bound) in such pages; speech and
 translation count characters; chat counts prompt plus maximum generated tokens.
+
+A vision-language model (its card gives ``InputLimits.vision``) reads an
+image as the tokens its processor makes of it (``VisionLimits.image_tokens``:
+the image resized to its pixel bounds in whole merged patches, one token a
+merged patch, one more a row, two around the image, as HunyuanOCR's
+processor does), so its items, an OCR page with a prompt or a chat whose
+messages carry images, cost those tokens plus the prompt's plus the
+maximum new tokens, as a chat does.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
-from tessera.errors import InvalidInputError, PayloadTooLargeError
+from tessera.errors import InvalidInputError, PayloadTooLargeError, TaskMismatchError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -83,10 +91,18 @@ class ClassifyOutput:
 
 @dataclass(frozen=True, slots=True)
 class OcrInput:
-    """A decoded image (height x width x 3, uint8, BGR) and whether it is a page or a line crop."""
+    """A decoded image (height x width x 3, uint8, BGR) and whether it is a page or a line crop.
+
+    For a vision-language OCR model, ``prompt`` is the instruction (None: the
+    model's plain-text prompt) and ``max_tokens`` the most tokens it may
+    write (None: the card's ``max_tokens_default``); its answer is a
+    ``ChatOutput``. Other OCR models take neither.
+    """
 
     image: npt.NDArray[np.uint8]
     mode: Literal["page", "line"] = "page"
+    prompt: str | None = None
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +133,12 @@ class SpeechOutput:
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
+    """One turn; ``images`` (decoded as ``OcrInput``'s, for a vision-language
+    model) come before its text."""
+
     role: str
     content: str
+    images: tuple[npt.NDArray[np.uint8], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +167,41 @@ class ChatOutput:
 
 
 @dataclass(frozen=True, slots=True)
+class VisionLimits:
+    """How a vision-language model's processor turns an image into tokens (the
+    card's ``vision`` options): resized, aspect kept, to sides in whole
+    ``patch_size * merge_size`` blocks and between ``min_pixels`` and
+    ``max_pixels``; one token per merged patch, one more per row, two around."""
+
+    patch_size: int = 16
+    merge_size: int = 2
+    min_pixels: int = 512 * 512
+    max_pixels: int = 2048 * 2048
+    max_aspect_ratio: float = 200.0
+
+    def resized(self, height: int, width: int) -> tuple[int, int]:
+        """The processor's ``smart_resize`` (Qwen2-VL's, which HunyuanVL's copies)."""
+        factor = self.patch_size * self.merge_size
+        h_bar = max(factor, round(height / factor) * factor)
+        w_bar = max(factor, round(width / factor) * factor)
+        if h_bar * w_bar > self.max_pixels:
+            beta = math.sqrt(height * width / self.max_pixels)
+            h_bar = max(factor, math.floor(height / beta / factor) * factor)
+            w_bar = max(factor, math.floor(width / beta / factor) * factor)
+        elif h_bar * w_bar < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h_bar = math.ceil(height * beta / factor) * factor
+            w_bar = math.ceil(width * beta / factor) * factor
+        return h_bar, w_bar
+
+    def image_tokens(self, height: int, width: int) -> int:
+        h_bar, w_bar = self.resized(max(1, height), max(1, width))
+        factor = self.patch_size * self.merge_size
+        rows, columns = h_bar // factor, w_bar // factor
+        return rows * (columns + 1) + 2
+
+
+@dataclass(frozen=True, slots=True)
 class InputLimits:
     """What a model runs of an item, from its card (``ModelSpec.inputs``).
 
@@ -155,7 +210,9 @@ class InputLimits:
     ``truncate`` is false. ``ocr_*``: rapidocr's resizes before detection
     (3.10's defaults: ``Global.max_side_len``, ``Global.min_side_len``,
     ``Det.limit_side_len`` with ``limit_type: min``). ``max_new_tokens``: the
-    most tokens a chat item may ask to generate.
+    most tokens a chat item may ask to generate; ``max_tokens_default``
+    what an OCR page on a vision-language model may generate when it does
+    not say. ``vision``: set for a vision-language model (see ``VisionLimits``).
     """
 
     text_window: int | None = None
@@ -164,6 +221,8 @@ class InputLimits:
     ocr_min_side: int = 30
     ocr_detection_side: int = 736
     max_new_tokens: int | None = None
+    max_tokens_default: int = 1024
+    vision: VisionLimits | None = None
 
 
 NO_LIMITS = InputLimits()
@@ -218,8 +277,26 @@ def _detection_pages(height: int, width: int, limits: InputLimits) -> float:
     return height * width / OCR_DETECTION_SIDE**2
 
 
+def _image_tokens(image: npt.NDArray[np.uint8], vision: VisionLimits) -> int:
+    return vision.image_tokens(int(image.shape[0]), int(image.shape[1]))
+
+
+def ocr_max_tokens(item: OcrInput, limits: InputLimits) -> int:
+    """The most tokens a vision-language model may write for an OCR page."""
+    return item.max_tokens if item.max_tokens is not None else limits.max_tokens_default
+
+
 def work_units(item: object, limits: InputLimits = NO_LIMITS) -> float:
     """The cost of one item in its task's own unit, for a model of ``limits``."""
+    vision = limits.vision
+    if vision is not None:  # a vision-language model: tokens, images included
+        match item:
+            case OcrInput(image=image, prompt=prompt):
+                prompt_tokens = _image_tokens(image, vision) + _approx_tokens(prompt or "")
+                return prompt_tokens + ocr_max_tokens(item, limits)
+            case ChatInput(messages=messages, max_tokens=max_tokens):
+                images = sum(_image_tokens(i, vision) for m in messages for i in m.images)
+                return images + sum(_approx_tokens(m.content) for m in messages) + max_tokens
     match item:
         case TextInput(text=text):
             return _text_units(text, limits)
@@ -239,17 +316,19 @@ def work_units(item: object, limits: InputLimits = NO_LIMITS) -> float:
 
 def _check_item(index: int, item: object, limits: InputLimits) -> None:
     """Refuse an item the model would not run whole: a text over its window
-    when the card says ``truncate: false``, a chat over its token limit."""
+    when the card says ``truncate: false``, a chat over its token limit, an
+    image or a prompt for a model that reads neither."""
+    _check_vision(item, limits)
     match item:
         case TextInput(text=text):
             texts = [text]
         case RerankInput(query=query, document=document):
             texts = [query, document]
         case ChatInput(max_tokens=max_tokens):
-            if limits.max_new_tokens is not None and max_tokens > limits.max_new_tokens:
-                raise InvalidInputError(
-                    f"max_tokens {max_tokens} is over this model's limit of {limits.max_new_tokens}"
-                )
+            _check_max_tokens(max_tokens, limits)
+            return
+        case OcrInput() if limits.vision is not None:
+            _check_max_tokens(ocr_max_tokens(item, limits), limits)
             return
         case _:
             return
@@ -261,6 +340,40 @@ def _check_item(index: int, item: object, limits: InputLimits) -> None:
             raise PayloadTooLargeError(
                 f"input[{index}] is about {_approx_tokens(text):,} tokens (characters / 4),"
                 f" over the model's window of {window:,} tokens; its card says truncate: false"
+            )
+
+
+def _check_max_tokens(max_tokens: int, limits: InputLimits) -> None:
+    if max_tokens < 1:
+        raise InvalidInputError(f"max_tokens must be at least 1, got {max_tokens}")
+    if limits.max_new_tokens is not None and max_tokens > limits.max_new_tokens:
+        raise InvalidInputError(
+            f"max_tokens {max_tokens} is over this model's limit of {limits.max_new_tokens}"
+        )
+
+
+def _check_vision(item: object, limits: InputLimits) -> None:
+    """Images and prompts go to vision-language models only, in shapes their
+    processor takes."""
+    match item:
+        case OcrInput(image=image, prompt=prompt, max_tokens=max_tokens):
+            images = [image]
+            if limits.vision is None and (prompt is not None or max_tokens is not None):
+                raise TaskMismatchError("prompt and max_tokens need a vision-language OCR model")
+        case ChatInput(messages=messages):
+            images = [i for m in messages for i in m.images]
+            if limits.vision is None and images:
+                raise TaskMismatchError("this model does not take images")
+        case _:
+            return
+    if limits.vision is None:
+        return
+    ratio = limits.vision.max_aspect_ratio
+    for image in images:
+        height, width = max(1, int(image.shape[0])), max(1, int(image.shape[1]))
+        if max(height, width) / min(height, width) > ratio:
+            raise InvalidInputError(
+                f"an image of {width} x {height} pixels is over the aspect ratio of {ratio:g}"
             )
 
 
