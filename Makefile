@@ -10,7 +10,7 @@ SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test venv lint bench bench-peers bench-all soak mutation clean
+.PHONY: serve test venv lint bench bench-peers bench-all soak scaleout-sim mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench-all: $(STAMP)
 # A mixed load on one server for 30 minutes, watched for leaks (docs/reliability.md).
 soak: $(STAMP)
 	$(BIN)/python benchmarks/soak.py $(ARGS)
+
+# The scale-out simulator: 100 devices, 1,000 models, on fake time (docs/scale-out.md).
+scaleout-sim: $(STAMP)
+	PYTHONPATH=benchmarks $(BIN)/python -m harness.scaleout $(ARGS)
 
 # Mutation testing of the policy packages against their unit tests (docs/mutation.md).
 # About 15 minutes on 2 cores (docs/mutation.md), so not part of `make test` or CI.
