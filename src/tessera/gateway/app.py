@@ -20,6 +20,7 @@ from tessera.gateway import (
     openai_api,
     tasks_api,
     tenants_admin,
+    websocket,
 )
 from tessera.gateway.common import BodyLimitMiddleware
 from tessera.gateway.context import RequestContextMiddleware
@@ -86,7 +87,9 @@ def create_app(
     app.state.audit_log = audit_log
     app.state.tiers = tiers or dict(DEFAULT_TIERS)
     install_error_handlers(app)
-    for module in (health, openai_api, tasks_api, kserve, admin, tenants_admin, dashboard):
+    app.state.max_body_bytes = max_body_bytes  # the WebSocket's message bound too
+    routers = (health, openai_api, tasks_api, websocket, kserve, admin, tenants_admin, dashboard)
+    for module in routers:
         app.include_router(module.router)
     install_observability(
         app, engine, per_tenant_labels=per_tenant_labels, metrics_public=metrics_public

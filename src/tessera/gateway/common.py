@@ -8,6 +8,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from fastapi import Request
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.admission import TenantLimits
@@ -21,12 +22,12 @@ from tessera.tenants import Principal
 T = TypeVar("T")
 
 
-def engine_of(request: Request) -> Engine:
+def engine_of(request: HTTPConnection) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
 
 
-def principal_of(request: Request) -> Principal | None:
+def principal_of(request: HTTPConnection) -> Principal | None:
     principal: Principal | None = getattr(request.state, "principal", None)
     return principal
 
@@ -38,7 +39,7 @@ def visible_models(request: Request) -> list[str]:
     return [n for n in names if principal is None or principal.tenant.allows(n)]
 
 
-def caller_of(request: Request, model: str) -> Caller | None:
+def caller_of(request: HTTPConnection, model: str) -> Caller | None:
     """The caller's tenant limits and tier; 403 if it may not use ``model``
     (any version of it: ``model@2`` is ``model``'s)."""
     model = model.partition("@")[0]

@@ -14,6 +14,9 @@
   written off the hot path by ``AuditLog``; routes add the model, task and
   trace in ``request.state``. Nothing of the key but its public prefix is
   ever logged or audited.
+- A WebSocket passes through with the throttle in its scope's state: it
+  authenticates itself, at the handshake or by its first message, and audits
+  each of its messages with ``audit_request`` (``gateway/websocket.py``).
 """
 
 from __future__ import annotations
@@ -90,6 +93,10 @@ class RequestContextMiddleware:
         self.throttle = throttle or AuthThrottle(clock or MonotonicClock())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            # The socket authenticates itself (a key at the handshake or in its
+            # first message: gateway/websocket.py), under the same throttle.
+            scope.setdefault("state", {})["auth_throttle"] = self.throttle
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -126,7 +133,7 @@ class RequestContextMiddleware:
                 return
             await self.app(scope, receive, send_with_id)
         finally:
-            self._audit(app_state, state, info, status, started, scope["path"])
+            audit_request(app_state, state, info, status, started, scope["path"])
             request_id_var.reset(token)
 
     def _authenticate(
@@ -163,65 +170,67 @@ class RequestContextMiddleware:
             return _Refusal(403, "this route needs an admin key", "auth")
         return None
 
-    def _audit(
-        self,
-        app_state: Any,
-        state: dict[str, Any],
-        info: AuditInfo,
-        status: int,
-        started: float,
-        path: str,
-    ) -> None:
-        api = (path.startswith("/v1/") or path.startswith("/v2/models")) and path != "/v1/models"
-        if not api and info.reason not in ("auth", "auth_throttled"):
-            return
-        principal: Principal | None = state.get("principal")
-        tenant = principal.tenant.name if principal else None
-        total_s = time.monotonic() - started
-        stats: StatsSink | None = getattr(app_state, "stats", None)
-        if stats is not None and api:
-            stats.on_request(
-                RequestEvent(
-                    model=info.model,
-                    task=info.task,
-                    tier=principal.tenant.tier if principal else None,
-                    tenant=tenant,
-                    status=status,
-                    total_s=total_s,
-                    queue_s=info.trace.queued_s,
-                    reason=info.reason,
-                )
-            )
-        audit_log = getattr(app_state, "audit_log", None)
-        if audit_log is None:
-            return
-        trace = info.trace
-        request_id = state.get("request_id")
 
-        def record(units: float) -> None:
-            audit_log.record(
-                AuditRecord(
-                    ts=time.time(),
-                    tenant=tenant,
-                    key_prefix=principal.key_prefix if principal else None,
-                    model=info.model,
-                    task=info.task,
-                    units=units,
-                    status=status,
-                    queue_s=trace.queued_s,
-                    total_s=total_s,
-                    batch_size=trace.batch_size or None,
-                    request_id=request_id,
-                    reason=info.reason,
-                )
+def audit_request(
+    app_state: Any,
+    state: dict[str, Any],
+    info: AuditInfo,
+    status: int,
+    started: float,
+    path: str,
+) -> None:
+    """One audit row and one ``RequestEvent`` for a request (a WebSocket
+    message too), refused ones included; ``state`` holds its principal and id."""
+    api = (path.startswith("/v1/") or path.startswith("/v2/models")) and path != "/v1/models"
+    if not api and info.reason not in ("auth", "auth_throttled"):
+        return
+    principal: Principal | None = state.get("principal")
+    tenant = principal.tenant.name if principal else None
+    total_s = time.monotonic() - started
+    stats: StatsSink | None = getattr(app_state, "stats", None)
+    if stats is not None and api:
+        stats.on_request(
+            RequestEvent(
+                model=info.model,
+                task=info.task,
+                tier=principal.tenant.tier if principal else None,
+                tenant=tenant,
+                status=status,
+                total_s=total_s,
+                queue_s=info.trace.queued_s,
+                reason=info.reason,
             )
+        )
+    audit_log = getattr(app_state, "audit_log", None)
+    if audit_log is None:
+        return
+    trace = info.trace
+    request_id = state.get("request_id")
 
-        if trace.charge is None:
-            record(0.0)  # refused before it was queued: nothing charged
-        else:
-            # Written once the charge is settled: at once for an answered request,
-            # when the work stops for one whose caller left (the units that ran).
-            trace.charge.when_settled(record)
+    def record(units: float) -> None:
+        audit_log.record(
+            AuditRecord(
+                ts=time.time(),
+                tenant=tenant,
+                key_prefix=principal.key_prefix if principal else None,
+                model=info.model,
+                task=info.task,
+                units=units,
+                status=status,
+                queue_s=trace.queued_s,
+                total_s=total_s,
+                batch_size=trace.batch_size or None,
+                request_id=request_id,
+                reason=info.reason,
+            )
+        )
+
+    if trace.charge is None:
+        record(0.0)  # refused before it was queued: nothing charged
+    else:
+        # Written once the charge is settled: at once for an answered request,
+        # when the work stops for one whose caller left (the units that ran).
+        trace.charge.when_settled(record)
 
 
 async def _respond(send: Send, refusal: _Refusal, path: str) -> None:

@@ -48,11 +48,23 @@ class RerankRequest(BaseModel):
 
 @router.post("/v1/rerank")
 async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
+    items = rerank_items(body)
+    scores = await run_task(request, body.model, Task.RERANK, items)
+    return JSONResponse(rerank_body(body, scores))
+
+
+def rerank_items(body: RerankRequest) -> list[RerankInput]:
     if not body.query.strip():
         raise InvalidInputError("query must not be blank")
-    texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    items = [RerankInput(body.query, text) for text in texts]
-    scores = await run_task(request, body.model, Task.RERANK, items)
+    return [RerankInput(body.query, text) for text in _documents(body)]
+
+
+def _documents(body: RerankRequest) -> list[str]:
+    return [d if isinstance(d, str) else d.text for d in body.documents]
+
+
+def rerank_body(body: RerankRequest, scores: list[Any]) -> dict[str, Any]:
+    texts = _documents(body)
     ranked = sorted(range(len(texts)), key=lambda i: float(scores[i]), reverse=True)
     results: list[dict[str, Any]] = []
     for index in ranked[: body.top_n or len(ranked)]:
@@ -60,9 +72,7 @@ async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
         if body.return_documents:
             result["document"] = {"text": texts[index]}
         results.append(result)
-    return JSONResponse(
-        {"id": str(uuid.uuid4()), "model": body.model, "results": results, "meta": {}}
-    )
+    return {"id": str(uuid.uuid4()), "model": body.model, "results": results, "meta": {}}
 
 
 class ClassifyRequest(BaseModel):
@@ -77,6 +87,10 @@ class ClassifyRequest(BaseModel):
 async def classify(body: ClassifyRequest, request: Request) -> JSONResponse:
     items = [TextInput(t) for t in texts_of(body.input)]
     outputs: list[ClassifyOutput] = await run_task(request, body.model, Task.CLASSIFY, items)
+    return JSONResponse(classify_body(body, outputs))
+
+
+def classify_body(body: ClassifyRequest, outputs: list[ClassifyOutput]) -> dict[str, Any]:
     data = []
     for index, output in enumerate(outputs):
         top = output.labels[: body.top_k]
@@ -88,7 +102,7 @@ async def classify(body: ClassifyRequest, request: Request) -> JSONResponse:
                 "labels": [{"label": ls.label, "score": ls.score} for ls in top],
             }
         )
-    return JSONResponse({"object": "list", "model": body.model, "data": data})
+    return {"object": "list", "model": body.model, "data": data}
 
 
 class OcrOptions(BaseModel):
@@ -232,5 +246,9 @@ class TranslateRequest(BaseModel):
 async def translate(body: TranslateRequest, request: Request) -> JSONResponse:
     items = [TranslateInput(t) for t in texts_of(body.input)]
     outputs = await run_task(request, body.model, Task.TRANSLATE, items)
+    return JSONResponse(translate_body(body, outputs))
+
+
+def translate_body(body: TranslateRequest, outputs: list[Any]) -> dict[str, Any]:
     data = [{"index": i, "translation": str(text)} for i, text in enumerate(outputs)]
-    return JSONResponse({"object": "list", "model": body.model, "data": data})
+    return {"object": "list", "model": body.model, "data": data}
