@@ -63,9 +63,9 @@ BATCH_PER_ITEM_S = 0.003
 class SimConfig:
     num_models: int = 1000
     zipf_s: float = 1.0
-    rate: float = 1500.0  # requests a second, all models, outside bursts
-    duration_s: float = 60.0
-    warmup_s: float = 20.0  # requests arriving before are not in the p99
+    rate: float = 1000.0  # requests a second, all models, outside bursts
+    duration_s: float = 40.0
+    warmup_s: float = 10.0  # requests arriving before are not in the p99
     burst_every_s: float = 5.0  # a burst starts on a random model this often (mean)
     burst_rate: float = 150.0  # requests a second added to the burst's model
     burst_s: float = 10.0
@@ -656,7 +656,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.quick:
         config = SimConfig(num_models=100, rate=200.0, duration_s=20.0, warmup_s=5.0)
     routing = RoutingConfig(target_p99_s=config.target_p99_s / 2)
-    sizes = list(range(10, 101, 5))
+    sizes = list(range(10, 101, 10))
     rows: dict[str, FleetRuns] = {}
     for fleet in ("tessera", "rayserve"):
         rows[fleet] = FleetRuns(*devices_needed(fleet, config, routing, sizes, print))

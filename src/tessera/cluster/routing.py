@@ -22,11 +22,12 @@ Design notes (the invariants the unit tests check):
   go to that device while it loads: a cold model is loaded once, not
   everywhere at once.
 - A model under pressure (queue per replica over ``max_queue_per_replica``, or
-  a replica's p99 over ``target_p99_s``) with a ready replica, for
-  ``scale_up_after_s`` together, gets one more replica on a device not holding
-  it, placed as a cold model is: at most ``max_replicas``, one at a time (the
-  last must be confirmed first). A model whose busy time would fit one replica
-  fewer at ``target_utilization``, and under no pressure, for
+  a replica's p99 over ``target_p99_s``) with a ready replica and its replicas
+  busy at ``target_utilization`` or more (compute-bound: latency made by loads
+  is not cured by a copy), for ``scale_up_after_s`` together, gets one more
+  replica on a device not holding it, placed as a cold model is: at most
+  ``max_replicas``, one at a time (the last must be confirmed first). A model
+  whose busy time would fit one replica fewer at ``target_utilization``, and under no pressure, for
   ``scale_down_after_s`` loses one replica (never the last): the router stops
   sending there, and its caller unloads it.
 - A device removed (dead): its placements and report go; each model it held
@@ -236,7 +237,10 @@ class Router:
         config = self.config
         over_queue = pressure.queue > config.max_queue_per_replica * len(replicas)
         over_p99 = pressure.p99_s is not None and pressure.p99_s > config.target_p99_s
-        if not (pressure.ready and (over_queue or over_p99)):
+        # Compute-bound only: a p99 or queue made by loads (the device evicting
+        # and loading) is not cured by one more copy, which takes more bytes.
+        busy = pressure.busy >= config.target_utilization * len(replicas)
+        if not (pressure.ready and busy and (over_queue or over_p99)):
             self._hot_since.pop(name, None)
             return None
         self._cold_since.pop(name, None)

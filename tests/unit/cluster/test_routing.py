@@ -143,10 +143,17 @@ def test_hot_model_gets_a_replica_after_staying_hot() -> None:
 def test_p99_over_target_makes_a_model_hot() -> None:
     clock = FakeClock()
     router = make_router(clock, "a", "b", scale_up_after_s=0.0, target_p99_s=0.2)
-    router.report(report("a", clock, held("m", p99_s=0.1)))
+    router.report(report("a", clock, held("m", p99_s=0.1, busy_s=0.9)))
     assert router.rebalance(clock.now()) == []
-    router.report(report("a", clock, held("m", p99_s=0.3)))
+    router.report(report("a", clock, held("m", p99_s=0.3, busy_s=0.9)))
     assert router.rebalance(clock.now()) == [AddReplica("m", "b")]
+
+
+def test_latency_made_by_loads_is_not_replicated() -> None:
+    clock = FakeClock()
+    router = make_router(clock, "a", "b", scale_up_after_s=0.0, target_p99_s=0.2)
+    router.report(report("a", clock, held("m", p99_s=3.0, queue=50, busy_s=0.1)))
+    assert router.rebalance(clock.now()) == []
 
 
 def test_loading_model_is_not_replicated_for_its_queue() -> None:
