@@ -44,6 +44,9 @@ from dataclasses import dataclass, field
 # Model states in a report that hold (or are about to hold) the model's bytes.
 HELD_STATES = frozenset({"ready", "loading"})
 
+# The weight of the latest round in a model's smoothed busy share.
+BUSY_SMOOTHING = 0.3
+
 
 @dataclass(frozen=True, slots=True)
 class ModelLoad:
@@ -134,6 +137,9 @@ class Router:
         self._last_used: dict[str, float] = {}
         self._hot_since: dict[str, float] = {}
         self._cold_since: dict[str, float] = {}
+        # Each model's busy share, smoothed over rounds of reports: a batch
+        # longer than a report's window lands in one window of several.
+        self._busy: dict[str, float] = {}
 
     # -- reports ------------------------------------------------------------
 
@@ -224,6 +230,10 @@ class Router:
             if not replicas:
                 continue
             pressure = self._pressure(name, replicas)
+            smoothed = self._busy.get(name, pressure.busy)
+            pressure.busy = self._busy[name] = (
+                BUSY_SMOOTHING * pressure.busy + (1 - BUSY_SMOOTHING) * smoothed
+            )
             action = self._scale_up(name, replicas, pressure, now) or self._scale_down(
                 name, replicas, pressure, now
             )

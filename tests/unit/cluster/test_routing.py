@@ -213,3 +213,15 @@ def test_dead_device_models_placed_again_if_recently_used() -> None:
 def test_no_device_no_route() -> None:
     clock = FakeClock()
     assert Router().route("m", 1, clock.now()) is None
+
+
+def test_batches_longer_than_a_window_still_count_as_busy() -> None:
+    clock = FakeClock()
+    router = make_router(clock, "a", "b", scale_up_after_s=1.0, max_queue_per_replica=4)
+    actions: list[object] = []
+    for i in range(8):  # a long batch ends in every other window of 0.25 s
+        busy = 0.5 if i % 2 else 0.0
+        router.report(report("a", clock, held("m", queue=20, busy_s=busy), window_s=0.25))
+        actions += router.rebalance(clock.now())
+        clock.advance(0.25)
+    assert actions == [AddReplica("m", "b")]
