@@ -1,0 +1,184 @@
+"""A gateway's way to the engine actors: reports in, requests out, through the Router.
+
+Every ``report_interval_s`` it asks each engine actor for its report and feeds
+the ``Router``, then carries out the router's decisions (load a replica, unload
+a dropped one). ``infer`` routes a request to a device, and when that device's
+actor dies (its node gone) it tells the router, which places that device's
+recent models again, and sends the request elsewhere: a request is lost only
+when every try failed so. Inference has no side effect on the engine, and the
+gateway charges the tenant once whatever the tries, so a request that had
+started on the dead device is simply run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from tessera.clock import Clock, MonotonicClock
+from tessera.cluster.routing import AddReplica, DeviceReport, Router
+from tessera.errors import ModelUnavailableError
+from tessera.tasks.types import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoutingCounts:
+    """What this gateway routed: requests, those sent where the model was
+    ready (by the device's last report), and tries re-routed from a dead device."""
+
+    num_requests: int = 0
+    num_resident: int = 0
+    num_rerouted: int = 0
+    num_lost: int = 0
+    replicas_added: int = 0
+    replicas_dropped: int = 0
+
+
+class RayEngines:
+    """The engine actors behind one gateway (see the module notes)."""
+
+    def __init__(
+        self,
+        actors: dict[str, Any],
+        router: Router,
+        *,
+        clock: Clock | None = None,
+        max_tries: int = 3,
+        report_timeout_s: float = 5.0,
+    ) -> None:
+        self._actors = dict(actors)
+        self._dead: set[str] = set()
+        self.router = router
+        self._clock = clock or MonotonicClock()
+        self._max_tries = max_tries
+        self._report_timeout_s = report_timeout_s
+        self._reports: dict[str, DeviceReport] = {}
+        self._bytes: dict[str, int] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self.counts = RoutingCounts()
+
+    async def start(self) -> None:
+        """Read every engine's report once, then keep reading them."""
+        await self.poll()
+        self._poller = asyncio.create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    def report_of(self, device: str) -> DeviceReport | None:
+        return self._reports.get(device)
+
+    async def poll(self) -> None:
+        """One round: every engine's report, then the router's replicas."""
+        names = list(self._actors)
+        results = await asyncio.gather(
+            *(self._report(name) for name in names), return_exceptions=True
+        )
+        now = self._clock.now()
+        for name, result in zip(names, results, strict=True):
+            if isinstance(result, DeviceReport):
+                self._dead.discard(name)  # Ray restarted it
+                report = dataclasses.replace(result, at=now)
+                self._reports[name] = report
+                for load in report.models:
+                    if load.weights_bytes:
+                        self._bytes[load.name] = load.weights_bytes
+                self.router.report(report)
+            elif name not in self._dead:
+                log.warning("engine %s gave no report: %s", name, result)
+                self._lost(name)
+        for action in self.router.rebalance(now):
+            actor = self._actors[action.device]
+            if isinstance(action, AddReplica):
+                self.counts.replicas_added += 1
+                self._spawn(actor.load.remote(action.model))
+            else:
+                self.counts.replicas_dropped += 1
+                self._spawn(actor.unload.remote(action.model))
+
+    async def infer(
+        self, model: str, task: Task, items: Sequence[Any], timeout_s: float | None = None
+    ) -> list[Any]:
+        """Run ``items`` on ``model`` on the device the router picks."""
+        self.counts.num_requests += 1
+        for _ in range(self._max_tries):
+            device = self.router.route(model, self._bytes.get(model, 0), self._clock.now())
+            if device is None:
+                break
+            if self._resident(device, model):
+                self.counts.num_resident += 1
+            try:
+                outputs: list[Any] = await self._actors[device].infer.remote(
+                    model, task, list(items), timeout_s
+                )
+                return outputs
+            except RayActorError:
+                self.counts.num_rerouted += 1
+                self._lost(device)
+            finally:
+                self.router.answered(device)
+        self.counts.num_lost += 1
+        raise ModelUnavailableError(model, "no engine could serve it", retry_after_s=1.0)
+
+    # -- internals ----------------------------------------------------------
+
+    async def _report(self, name: str) -> DeviceReport:
+        ref = self._actors[name].report.remote()
+        report: DeviceReport = await self._clock.wait_for(ref, self._report_timeout_s)
+        return report
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await self._clock.sleep(self.router.config.report_interval_s)
+            await self.poll()
+
+    def _lost(self, device: str) -> None:
+        if device in self._dead:
+            return
+        self._dead.add(device)
+        self._reports.pop(device, None)
+        for action in self.router.remove_device(device, self._clock.now()):
+            self.counts.replicas_added += 1
+            self._spawn(self._actors[action.device].load.remote(action.model))
+
+    def _resident(self, device: str, model: str) -> bool:
+        report = self._reports.get(device)
+        return report is not None and any(
+            m.name == model and m.state == "ready" for m in report.models
+        )
+
+    def _spawn(self, ref: Any) -> None:
+        async def settle() -> None:
+            try:
+                await ref
+            except Exception as e:  # a load that failed: the next report tells
+                log.warning("a replica change failed: %s", e)
+
+        task = asyncio.create_task(settle())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def connect(address: str | None = None) -> None:
+    """Join a running Ray cluster (``auto``: the one this machine belongs to),
+    or start a local one when ``address`` is None; usage stats off."""
+    if ray.is_initialized():
+        return
+    ray.init(address=address, namespace="tessera", include_dashboard=False, log_to_driver=False)
