@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -130,6 +132,26 @@ def test_revoked_key_is_refused_within_a_second(server: Server, keys: dict[str, 
     while status != 401 and time.monotonic() - revoked_at < 1.0:
         status = embed(server, key).status_code
     assert status == 401
+
+
+def test_a_key_revoked_by_the_cli_while_serving_is_refused_at_once(
+    server: Server, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The operator's path: ``tessera keys revoke`` is another process on the
+    server's SQLite file. (Opening a second descriptor of the file in the server
+    once dropped its connections' locks, so this process's exit deleted the WAL
+    under the server, which read a stale snapshot from then on.)"""
+    data_dir = tmp_path_factory.getbasetemp() / "tenants-data"
+    with TenantStore(data_dir) as store:
+        fresh = store.create_key("acme")
+    assert embed(server, fresh.key).status_code == 200
+    subprocess.run(
+        [sys.executable, "-m", "tessera", "keys", "revoke", fresh.info.prefix,
+         "--data-dir", str(data_dir)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    assert embed(server, fresh.key).status_code == 401
 
 
 async def burst(server: Server, key: str, model: str, count: int) -> list[httpx.Response]:

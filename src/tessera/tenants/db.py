@@ -256,9 +256,16 @@ def private_dir(path: Path) -> None:
 
 def _private_file(path: Path) -> None:
     """Create ``path`` empty with mode 0600 if it is missing (SQLite then writes
-    into it, and takes its mode for the side files)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, PRIVATE_FILE_MODE)
-    os.close(fd)
+    into it, and takes its mode for the side files).
+
+    An existing file is never opened: closing any descriptor of a file drops
+    every POSIX lock this process holds on it, so a second connection opened
+    here would take away the first one's locks, and another process closing
+    its last connection would then checkpoint and delete the WAL under this
+    one (which reads a stale snapshot from then on, and would lose its
+    writes): "How To Corrupt An SQLite Database File", 2.2."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE))
     for target in (path, *(path.with_name(path.name + s) for s in _SIDE_FILES)):
         with contextlib.suppress(FileNotFoundError):
             _narrow(target, PRIVATE_FILE_MODE)
