@@ -240,6 +240,23 @@ def test_a_wrong_key_is_refused_with_1008(server: Server, data_dir: Path) -> Non
     assert rows["ws-wrongkey"][2] == 401  # audited as HTTP's failed keys are
 
 
+def test_a_key_revoked_while_its_socket_is_open_ends_it_at_the_next_message(
+    server: Server, data_dir: Path
+) -> None:
+    with TenantStore(data_dir) as store:
+        fresh = store.create_key("acme")
+    with open_socket(server, fresh.key) as ws:
+        ask(ws, {"id": "before", "type": "embeddings", "model": "embed", "input": "x"})
+        assert result_of(ws, "before")["type"] == "result"
+        with TenantStore(data_dir) as store:
+            store.revoke_key(fresh.info.prefix)
+        ask(ws, {"id": "after", "type": "embeddings", "model": "embed", "input": "x"})
+        code, error = closed_with(ws)
+    assert code == 1008
+    assert error is not None
+    assert "revoked" in error["error"]["message"]
+
+
 @pytest.mark.parametrize(
     ("send", "code"),
     [

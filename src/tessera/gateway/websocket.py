@@ -23,11 +23,14 @@ finishes, through the engine's ``submit``/``wait`` under the tenant's caller
 event per engine request, as HTTP's. Authentication: the same API keys, in
 the handshake's ``Authorization``/``x-api-key`` header, or in a first message
 ``{"type": "auth", "key"}`` (answered ``{"type": "auth", "tenant"}``), under
-the HTTP throttle of failed keys. Backpressure: at most ``MAX_IN_FLIGHT``
-messages in flight on a socket; one more is answered with an error 429
-``too_many_in_flight`` for its id (reading goes on, so the client learns at
-once), and answers are written one at a time, awaiting the socket, so a
-client that does not read holds only its own requests' answers.
+the HTTP throttle of failed keys; the key is checked again at every message,
+as HTTP checks it at every request, so a revoked key closes its sockets (1008)
+at their next message and a changed tenant's limits apply at once.
+Backpressure: at most ``MAX_IN_FLIGHT`` messages in flight on a socket; one
+more is answered with an error 429 ``too_many_in_flight`` for its id
+(reading goes on, so the client learns at once), and answers are written one
+at a time, awaiting the socket, so a client that does not read holds only
+its own requests' answers.
 
 The socket is closed, with an error message first where one can be sent,
 with 1008 (policy) for a missing, wrong or revoked key, or anything before
@@ -146,6 +149,7 @@ class _Session:
         self.store = getattr(self.app_state, "tenant_store", None)
         self.max_bytes: int = getattr(self.app_state, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
         self.principal: Principal | None = None
+        self._key: str | None = None  # checked again at each message: a revoked key ends it
         self.in_flight: dict[str, asyncio.Task[None]] = {}
         self._send_lock = asyncio.Lock()
         headers = websocket.scope.get("headers", [])
@@ -176,6 +180,8 @@ class _Session:
                 self._first_message(payload)
                 await self.send({"type": "auth", "tenant": self._tenant()})
                 continue
+            if self.store is not None:
+                self._authenticate(self._key)  # as HTTP does at each request
             self._dispatch(payload)
 
     def _payload(self, message: MutableMapping[str, Any]) -> dict[str, Any]:
@@ -221,7 +227,7 @@ class _Session:
         """The key's principal, or a 1008 close (audited, throttled as HTTP's)."""
         principal = self.store.authenticate(key) if key is not None and self.store else None
         if principal is not None:
-            self.principal = principal
+            self.principal, self._key = principal, key
             self.ws.state.principal = principal
             return
         throttle: AuthThrottle | None = self.ws.scope.get("state", {}).get("auth_throttle")
