@@ -1,4 +1,4 @@
-"""smollm2-135m through llama.cpp (adapter ``llamacpp``) against transformers (``hf-causal-lm``).
+"""smollm2-135m through llama.cpp (``runtime: external``, ``engine: llamacpp``) against transformers (``hf-causal-lm``).
 
     HF_HUB_OFFLINE=1 python benchmarks/llamacpp_bench.py [--threads 1] [--skip-transformers]
 
@@ -47,7 +47,7 @@ def measure(adapter: str, threads: int, cache_dir: str | None) -> dict[str, Any]
     ctx = dataclasses.replace(
         standalone_context(threads), cache_dir=Path(cache_dir) if cache_dir else None
     )
-    loader = get_loader(adapter)
+    loader = get_loader(spec.adapter)
     trim_heap()
     rss_before = rss_bytes()
     start = time.perf_counter()
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
     rows: list[tuple[str, dict[str, Any]]] = []
-    rows.append(("llamacpp", run_child("llamacpp", args.threads, None)))
+    rows.append(("external llamacpp", run_child("external", args.threads, None)))
     if not args.skip_transformers:
         with tempfile.TemporaryDirectory() as cache:
             rows.append(("hf-causal-lm (cold)", run_child("hf-causal-lm", args.threads, cache)))

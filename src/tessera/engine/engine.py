@@ -375,6 +375,7 @@ class Engine(ModelLifecycle):
             model=spec.name,
             version=spec.version_label,
             current=spec.name in self._served and self._served[spec.name].current == name,
+            engine_metrics=self._host.engine_metrics(name),
         )
 
     # -- the request path ---------------------------------------------------

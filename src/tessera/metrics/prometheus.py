@@ -46,6 +46,45 @@ LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120
 MODEL_STATES = ("unloaded", "loading", "ready", "unloading", "failed")
 RESIDENT_STATES = frozenset({"loading", "ready", "unloading"})
 OTHER_TENANT = "other"
+# An engine process's figures (ModelStats.engine_metrics) -> tessera's families:
+# (name, help, counter?). vLLM's are read from its /metrics (runtimes/vllm.py).
+ENGINE_FAMILIES = {
+    "requests_running": (
+        "tessera_engine_requests_running",
+        "Requests a model's engine process runs now (vllm:num_requests_running).",
+        False,
+    ),
+    "requests_waiting": (
+        "tessera_engine_requests_waiting",
+        "Requests waiting inside a model's engine process (vllm:num_requests_waiting).",
+        False,
+    ),
+    "kv_cache_usage_ratio": (
+        "tessera_engine_kv_cache_usage_ratio",
+        "Share of a model's engine KV cache in use, 0..1 (vllm:gpu_cache_usage_perc).",
+        False,
+    ),
+    "prompt_tokens": (
+        "tessera_engine_prompt_tokens",
+        "Prompt tokens a model's engine process has read (vllm:prompt_tokens_total).",
+        True,
+    ),
+    "generation_tokens": (
+        "tessera_engine_generation_tokens",
+        "Tokens a model's engine process has generated (vllm:generation_tokens_total).",
+        True,
+    ),
+    "restarts": (
+        "tessera_engine_restarts",
+        "Starts of a model's engine process after a crash or a hang.",
+        True,
+    ),
+    "sleeping": (
+        "tessera_engine_sleeping",
+        "1 while a model's engine process sleeps (evicted, its process kept).",
+        False,
+    ),
+}
 DEFAULT_MAX_TENANT_LABELS = 50
 
 
@@ -188,6 +227,7 @@ class EngineCollector(Collector):
         yield from self._residency(stats)
         yield from self._queues_and_slo(stats)
         yield from self._device(stats)
+        yield from self._engines(stats)
         yield from self._process_metrics()
 
     def _residency(self, stats: EngineStats) -> Iterable[Metric]:
@@ -242,6 +282,20 @@ class EngineCollector(Collector):
         for name, seconds in sorted(self.targets_s.items()):
             target.add_metric([name], seconds)
         yield target
+
+    def _engines(self, stats: EngineStats) -> Iterable[Metric]:
+        """The figures of models served by engine processes (none: no families)."""
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for model in stats.models:
+            for key, value in sorted(model.engine_metrics.items()):
+                if key not in ENGINE_FAMILIES:
+                    continue
+                name, help_text, counter = ENGINE_FAMILIES[key]
+                if key not in families:
+                    kind = CounterMetricFamily if counter else GaugeMetricFamily
+                    families[key] = kind(name, help_text, labels=["model"])
+                families[key].add_metric([model.name], value)
+        yield from families.values()
 
     def _device(self, stats: EngineStats) -> Iterable[Metric]:
         device = stats.device

@@ -9,7 +9,8 @@ metrics, the admin API, KServe metadata, the live page and the CLI read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tessera.device import DeviceStats
@@ -109,6 +110,10 @@ class ModelStats:
     model: str  # the model's name
     version: str
     current: bool  # the version requests naming no version get
+    # An engine process's own figures (runtime external): requests_running,
+    # requests_waiting, kv_cache_usage_ratio, prompt_tokens, generation_tokens,
+    # restarts, sleeping (see metrics/prometheus.py's ENGINE_FAMILIES).
+    engine_metrics: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ class FakeModelHost:
         self.unloads: Counter[str] = Counter()
         self.gates: dict[str, asyncio.Event] = {}
         self.on_unload: list[str] = []
+        self.evicted: list[str] = []  # unloads made to make room (eviction=True)
 
     def estimate(self, spec: ModelSpec) -> Footprint:
         own = int(spec.options.get("estimate_bytes", spec.options.get("own_bytes", 0)))
@@ -40,8 +41,10 @@ class FakeModelHost:
             raise RuntimeError("fake load failure")
         return FakeModel(spec)
 
-    async def unload(self, spec: ModelSpec, model: LoadedModel) -> None:
+    async def unload(self, spec: ModelSpec, model: LoadedModel, *, eviction: bool = False) -> None:
         self.unloads[spec.key] += 1
         self.on_unload.append(spec.key)
+        if eviction:
+            self.evicted.append(spec.key)
         model.unload()
         await asyncio.sleep(0)

@@ -80,7 +80,10 @@ class ModelHost(Protocol):
 
     async def load(self, spec: ModelSpec) -> LoadedModel: ...
 
-    async def unload(self, spec: ModelSpec, model: LoadedModel) -> None: ...
+    async def unload(self, spec: ModelSpec, model: LoadedModel, *, eviction: bool = False) -> None:
+        """Free what ``model`` holds (``eviction``: to make room; a host may then
+        keep it in a state cheaper to reload, outside the budget)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,7 +527,7 @@ class ResidencyManager:
         log.info("evicting %s to free %d bytes", ", ".join(victims), need_bytes)
         for name in victims:
             self._begin_unload(name, eviction=True)
-        await asyncio.gather(*(self._unload(name) for name in victims))
+        await asyncio.gather(*(self._unload(name, eviction=True) for name in victims))
         return True
 
     def _begin_unload(self, name: str, eviction: bool) -> None:
@@ -534,11 +537,11 @@ class ResidencyManager:
         self.table.begin_unload(name, eviction=eviction)
         self._inflight[name] = asyncio.get_running_loop().create_future()
 
-    async def _unload(self, name: str) -> None:
+    async def _unload(self, name: str, eviction: bool = False) -> None:
         done = self._inflight[name]
         model = self._models.pop(name)
         try:
-            await self._host.unload(self._specs[name], model)
+            await self._host.unload(self._specs[name], model, eviction=eviction)
         finally:
             self.table.finish_unload(name)
             del self._inflight[name]

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from tessera.footprint import Footprint
 from tessera.runtimes.memory import Measured, measure_rss
@@ -45,6 +45,21 @@ class LoadedModel(Protocol):
         ...
 
     def unload(self) -> None: ...
+
+
+@runtime_checkable
+class SleepingModel(Protocol):
+    """A loaded model that can be evicted by putting it to sleep (vLLM's sleep
+    mode): its device bytes are freed but its process stays, and waking it is
+    cheaper than a load."""
+
+    def sleep(self) -> bool:
+        """Free the device bytes; False where it cannot (then it is unloaded)."""
+        ...
+
+    def wake(self) -> None:
+        """Hold them again, ready to run; raises if it cannot."""
+        ...
 
 
 @dataclass(frozen=True)

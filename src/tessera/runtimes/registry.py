@@ -20,7 +20,7 @@ ADAPTERS: dict[str, str] = {
     "piper": "tessera.runtimes.piper:PiperLoader",
     "bergamot": "tessera.runtimes.bergamot:BergamotLoader",
     "hf-causal-lm": "tessera.runtimes.causal_lm:CausalLmLoader",
-    "llamacpp": "tessera.runtimes.llamacpp:LlamaCppLoader",
+    "external": "tessera.runtimes.external:ExternalLoader",
     "hf-vision-ocr": "tessera.runtimes.vision_ocr:VisionOcrLoader",
     "fake": "tessera.runtimes.fake:FakeLoader",
 }

@@ -1,5 +1,5 @@
-"""The ``llamacpp`` adapter with the real packaged SmolLM2-135M Q4_1 GGUF: a llama.cpp
-engine process per model (one loaded for the module; the crash and unload tests
+"""The external runtime's ``llamacpp`` engine with the real packaged SmolLM2-135M Q4_1
+GGUF: a llama.cpp engine process per model (one loaded for the module; the crash and unload tests
 start their own, ~1 s each)."""
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from tessera.repository import default_repository_path, read_spec
 from tessera.repository.spec import ModelSpec
 from tessera.request import with_stops
 from tessera.runtimes.base import standalone_context
-from tessera.runtimes.llamacpp import METHOD, LlamaCppModel
+from tessera.runtimes.external import RSS_METHOD, ExternalModel
+from tessera.runtimes.llamacpp import LlamaCppEngine
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
 
@@ -46,7 +47,7 @@ def chat(text: str, **kwargs: Any) -> ChatInput:
     return ChatInput(messages=(ChatMessage("user", text),), **kwargs)
 
 
-def run_one(model: LlamaCppModel, item: ChatInput) -> ChatOutput:
+def run_one(model: ExternalModel, item: ChatInput) -> ChatOutput:
     (output,) = model.run([item])
     return output
 
@@ -55,10 +56,10 @@ def smollm2_spec() -> ModelSpec:
     return read_spec(default_repository_path() / "smollm2-135m")
 
 
-def load(spec: ModelSpec | None = None) -> LlamaCppModel:
+def load(spec: ModelSpec | None = None) -> ExternalModel:
     spec = spec or smollm2_spec()
     model = get_loader(spec.adapter).load(spec, standalone_context(threads=1))
-    assert isinstance(model, LlamaCppModel)
+    assert isinstance(model, ExternalModel)
     return model
 
 
@@ -70,7 +71,7 @@ def gone(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> Iterator[LlamaCppModel]:
+def smollm2() -> Iterator[ExternalModel]:
     model = load()
     yield model
     pid = model.pid
@@ -79,12 +80,12 @@ def smollm2() -> Iterator[LlamaCppModel]:
     assert gone(pid)
 
 
-def test_smollm2_uses_the_llamacpp_adapter() -> None:
+def test_smollm2_runs_in_an_external_llamacpp_engine() -> None:
     spec = smollm2_spec()
-    assert (spec.adapter, spec.runtime, spec.task.value) == ("llamacpp", "native", "generate")
+    assert (spec.runtime, spec.engine, spec.task.value) == ("external", "llamacpp", "generate")
 
 
-def test_answers_greedily(smollm2: LlamaCppModel) -> None:
+def test_answers_greedily(smollm2: ExternalModel) -> None:
     output = run_one(smollm2, chat(QUESTION, max_tokens=16))
     assert output.text == "The capital of France is Paris."
     assert output.finish_reason == "stop"
@@ -92,7 +93,7 @@ def test_answers_greedily(smollm2: LlamaCppModel) -> None:
     assert 0 < output.completion_tokens <= 16
 
 
-def test_length_stop_and_streaming(smollm2: LlamaCppModel) -> None:
+def test_length_stop_and_streaming(smollm2: ExternalModel) -> None:
     short = run_one(smollm2, chat(QUESTION, max_tokens=2))
     assert (short.finish_reason, short.completion_tokens) == ("length", 2)
 
@@ -102,21 +103,20 @@ def test_length_stop_and_streaming(smollm2: LlamaCppModel) -> None:
     assert "".join(pieces) == cut.text
 
 
-def slots_busy(model: LlamaCppModel) -> list[bool]:
+def slots_busy(model: ExternalModel) -> list[bool]:
     """Whether each slot of the model's engine is generating now (llama.cpp's /slots)."""
-    engine = model._engine
-    assert engine is not None
-    host, _, port = engine.address.removeprefix("http://").partition(":")
+    assert model.address is not None
+    host, _, port = model.address.removeprefix("http://").partition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
-        auth = {"Authorization": f"Bearer {model.settings.api_key}"}
+        auth = {"Authorization": f"Bearer {model.api_key}"}
         connection.request("GET", "/slots", headers=auth)
         return [bool(slot["is_processing"]) for slot in json.loads(connection.getresponse().read())]
     finally:
         connection.close()
 
 
-def test_an_item_whose_caller_left_stops_and_frees_its_slot(smollm2: LlamaCppModel) -> None:
+def test_an_item_whose_caller_left_stops_and_frees_its_slot(smollm2: ExternalModel) -> None:
     loop = asyncio.new_event_loop()  # the requests' futures need one; nothing runs on it
     gone, kept = make_queued(loop, "gone"), make_queued(loop, "kept")
     loop.close()
@@ -142,7 +142,7 @@ def test_an_item_whose_caller_left_stops_and_frees_its_slot(smollm2: LlamaCppMod
     assert not any(slots_busy(smollm2))
 
 
-def test_batch_keeps_order_and_a_failing_listener_fails_nothing(smollm2: LlamaCppModel) -> None:
+def test_batch_keeps_order_and_a_failing_listener_fails_nothing(smollm2: ExternalModel) -> None:
     def explode(piece: str) -> None:
         raise RuntimeError("the client went away")
 
@@ -162,7 +162,7 @@ def test_batch_keeps_order_and_a_failing_listener_fails_nothing(smollm2: LlamaCp
     assert outputs[2].completion_tokens == 3
 
 
-def test_seeded_sampling_repeats(smollm2: LlamaCppModel) -> None:
+def test_seeded_sampling_repeats(smollm2: ExternalModel) -> None:
     item = chat("Tell me a story.", max_tokens=12, temperature=1.0, top_p=0.9, seed=7)
     assert run_one(smollm2, item) == run_one(smollm2, item)
 
@@ -179,14 +179,14 @@ def test_seeded_sampling_repeats(smollm2: LlamaCppModel) -> None:
         chat("hello " * 3000, max_tokens=4),  # over the 2048-token context
     ],
 )
-def test_refuses_invalid_items(smollm2: LlamaCppModel, item: ChatInput) -> None:
+def test_refuses_invalid_items(smollm2: ExternalModel, item: ChatInput) -> None:
     with pytest.raises(InvalidInputError):
         smollm2.run([item])
 
 
-def test_reports_the_engine_process_resident_set(smollm2: LlamaCppModel) -> None:
+def test_reports_the_engine_process_resident_set(smollm2: ExternalModel) -> None:
     report = smollm2.memory()
-    assert report.method == METHOD
+    assert report.method == RSS_METHOD
     assert report.shared_bytes == {}
     pid = smollm2.pid
     assert pid is not None
@@ -216,9 +216,12 @@ def test_a_crash_is_the_models_error_and_the_next_batch_restarts_it() -> None:
 
 def test_threads_follow_the_context_and_unload_ends_the_engine_process() -> None:
     spec = smollm2_spec()
-    model = get_loader(spec.adapter).load(spec, standalone_context(threads=2))
-    assert isinstance(model, LlamaCppModel)
-    assert (model.settings.threads, model.settings.num_slots) == (2, spec.batching.max_batch_size)
+    ctx = standalone_context(threads=2)
+    model = get_loader(spec.adapter).load(spec, ctx)
+    assert isinstance(model, ExternalModel)
+    settings = LlamaCppEngine().settings(spec, ctx, model.api_key, model.window)
+    assert (settings.threads, settings.num_slots) == (2, spec.batching.max_batch_size)
+    assert model.pid is not None
     pid = model.pid
     assert pid is not None
     assert not gone(pid)

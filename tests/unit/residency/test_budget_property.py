@@ -83,12 +83,12 @@ class CountingHost(FakeModelHost):
             self._free(spec.name)
             raise
 
-    async def unload(self, spec: ModelSpec, model: LoadedModel) -> None:
+    async def unload(self, spec: ModelSpec, model: LoadedModel, *, eviction: bool = False) -> None:
         assert self.manager is not None
         if self.manager.table.entries[spec.name].pins:
             self.violations.append(f"{spec.name} unloaded while pinned")
         await self._turns()
-        await super().unload(spec, model)
+        await super().unload(spec, model, eviction=eviction)
         self._free(spec.name)
 
 

@@ -85,6 +85,17 @@ async def test_evicts_least_recently_used_idle_model() -> None:
     assert manager.table.used_bytes() <= 1000
 
 
+async def test_the_host_is_told_which_unloads_are_evictions() -> None:
+    # A host may keep an evicted model cheaper to reload (a vLLM engine asleep).
+    manager, host = make_manager(700)
+    for name in ("a", "b"):
+        await manager.ensure_loaded(make_spec(name, 300))
+    await manager.ensure_loaded(make_spec("c", 300))
+    assert await manager.unload("c")
+    assert host.on_unload == ["a", "c"]
+    assert host.evicted == ["a"]
+
+
 async def test_a_model_being_evicted_can_be_asked_for_at_once() -> None:
     # Eviction once marked its victims unloading before registering their
     # unloads; a request for a victim in between failed with a KeyError (a 500).
@@ -214,10 +225,10 @@ async def _run_ops(ops: list[tuple[str, object, int]]) -> None:
     unloaded_while_pinned: list[str] = []
     original_unload = host.unload
 
-    async def checked_unload(spec, model):  # type: ignore[no-untyped-def]
+    async def checked_unload(spec, model, *, eviction=False):  # type: ignore[no-untyped-def]
         if manager.table.entries[spec.name].pins:
             unloaded_while_pinned.append(spec.name)
-        await original_unload(spec, model)
+        await original_unload(spec, model, eviction=eviction)
 
     host.unload = checked_unload  # type: ignore[method-assign]
     for kind, arg, activation in ops:

@@ -1,0 +1,161 @@
+"""One chat completion streamed from an OpenAI-compatible engine process.
+
+What the external runtime (``runtimes/external.py``) sends each item as and
+reads back: ``POST /v1/chat/completions`` with ``stream: true``, read as
+server-sent events until ``[DONE]``. Streaming serves ``on_text``, tells a
+crash mid-answer (the connection resets, or the stream ends before its last
+chunk) apart from a slow answer, and bounds a hung engine: the connection's
+timeout is the longest wait for the next chunk. An item whose caller has gone
+(its stop flag) stops at the next chunk: the connection is closed, which ends
+the generation in llama.cpp's and vLLM's servers alike.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+from tessera.errors import InferenceError, InvalidInputError
+from tessera.tasks.types import ChatInput, ChatOutput
+
+logger = logging.getLogger(__name__)
+
+
+class EngineGone(Exception):
+    """The engine closed a connection or stopped answering (the runtime's own)."""
+
+
+def complete(
+    address: str,
+    api_key: str,
+    body: Mapping[str, Any],
+    item: ChatInput,
+    stop: threading.Event,
+    timeout_s: float,
+) -> ChatOutput:
+    """One chat completion of ``body`` (``request_body``'s), streamed, until
+    ``stop`` is set; raises ``EngineGone`` if the engine is."""
+    host, _, port = address.removeprefix("http://").partition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+    response: http.client.HTTPResponse | None = None
+    try:
+        connection.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps(body),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
+        )
+        response = connection.getresponse()
+        if response.status != 200:
+            raise http_error(str(body.get("model")), response.status, response.read())
+        return _read_stream(response, item, stop)
+    except (OSError, http.client.HTTPException) as e:  # reset, refused, timed out
+        raise EngineGone(f"{type(e).__name__}: {e}") from e
+    finally:
+        if response is not None:  # its socket too (a read that timed out keeps it)
+            response.close()
+        connection.close()
+
+
+def request_body(model: str, item: ChatInput, extras: Mapping[str, Any]) -> dict[str, Any]:
+    """The OpenAI chat request of ``item``, with the engine's own ``extras``."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": m.role, "content": m.content} for m in item.messages],
+        "max_tokens": item.max_tokens,
+        "temperature": item.temperature,
+        "top_p": item.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **extras,
+    }
+    if item.stop:
+        body["stop"] = list(item.stop)
+    if item.seed is not None:
+        body["seed"] = item.seed
+    return body
+
+
+def http_error(name: str, status: int, raw: bytes) -> Exception:
+    try:
+        error = json.loads(raw).get("error", {})
+        message = str(error.get("message", raw[:200]) if isinstance(error, dict) else error)
+    except (ValueError, AttributeError):
+        message = raw[:200].decode(errors="replace")
+    if 400 <= status < 500:
+        return InvalidInputError(f"model {name!r} refused the chat: {message}")
+    return InferenceError(f"model {name!r}: its engine answered {status}: {message}")
+
+
+def _sse_events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
+    """The JSON events of a server-sent-events stream, up to ``[DONE]``."""
+    for raw in response:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[len(b"data:") :].strip()
+        if data == b"[DONE]":
+            return
+        yield json.loads(data)
+
+
+def _ran_so_far(
+    timings: Mapping[str, Any], usage: Mapping[str, Any] | None, num_pieces: int
+) -> tuple[int, int]:
+    """Prompt and completion tokens of an answer cut short: llama.cpp's per-chunk
+    ``timings``, else vLLM's per-chunk ``usage`` (continuous usage stats), else
+    a token a piece."""
+    if timings:
+        prompt = int(timings.get("cache_n", 0)) + int(timings.get("prompt_n", 0))
+        return prompt, int(timings.get("predicted_n", num_pieces))
+    if usage:
+        return int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return 0, num_pieces
+
+
+def _read_stream(
+    response: http.client.HTTPResponse, item: ChatInput, stop: threading.Event
+) -> ChatOutput:
+    pieces: list[str] = []
+    on_text = item.on_text
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] = {}
+    for event in _sse_events(response):
+        if "error" in event:
+            raise InferenceError(f"the engine failed the chat: {event['error']}")
+        usage = event.get("usage") or usage
+        timings = event.get("timings") or timings
+        if stop.is_set():  # the caller has gone: what ran so far, nothing more
+            prompt, completion = _ran_so_far(timings, usage, len(pieces))
+            return ChatOutput(
+                text="".join(pieces),
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                finish_reason="stop",
+            )
+        for choice in event.get("choices") or ():
+            piece = (choice.get("delta") or {}).get("content") or ""
+            finish = choice.get("finish_reason") or finish
+            if not piece:
+                continue
+            pieces.append(piece)
+            if on_text is not None:
+                try:
+                    on_text(piece)
+                except Exception:  # a failing listener must not fail the other items
+                    logger.exception("on_text raised; streaming to it stops")
+                    on_text = None
+    if finish is None or usage is None:
+        raise EngineGone("the stream ended before its last chunk")
+    reason: Literal["stop", "length"] = "length" if finish == "length" else "stop"
+    return ChatOutput(
+        text="".join(pieces),
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+        finish_reason=reason,
+    )

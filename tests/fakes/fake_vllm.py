@@ -1,0 +1,254 @@
+"""A fake vLLM OpenAI server for the external runtime's tests (vLLM cannot be
+installed here): ``python tests/fakes/fake_vllm.py MODEL --port P ...``.
+
+It takes ``vllm serve``'s command line as tessera writes it (``--host``,
+``--port``, ``--served-model-name``, ``--gpu-memory-utilization``,
+``--enable-sleep-mode``, ``--max-num-seqs``), its API key from
+``VLLM_API_KEY``, and serves vLLM's endpoints: ``/health``, ``/v1/models``,
+``/v1/chat/completions`` (streamed or not, usage per chunk with
+``continuous_usage_stats``), ``/metrics`` (``vllm:*`` families), and, with
+``VLLM_SERVER_DEV_MODE=1``, ``/sleep``, ``/wake_up`` and ``/is_sleeping``.
+
+Its "weights" are ``--weights-mib`` of written (resident) host memory: sleep
+level 1 frees them, so its resident set drops, as a real engine's device
+bytes do (vLLM moves them to host memory; the fake rebuilds them on wake).
+A completion is ``max_tokens`` tokens ("w0 w1 ..."), one every
+``--token-delay-s``; the port opens after ``--load-delay-s``. With
+``--engine-core-child`` it starts a child process, as vLLM's API server starts
+its engine core, to show that stopping or killing it reaches its group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class State:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.lock = threading.Lock()
+        self.weights: bytearray | None = None
+        self.running = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.load()
+
+    def load(self) -> None:
+        self.weights = bytearray(b"\x01") * (self.args.weights_mib * 2**20)
+
+    def metrics(self) -> str:
+        name = self.args.served_model_name
+        usage = self.running / self.args.max_num_seqs
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            f'vllm:num_requests_running{{model_name="{name}"}} {self.running}',
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f'vllm:num_requests_waiting{{model_name="{name}"}} 0',
+            "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.",
+            "# TYPE vllm:gpu_cache_usage_perc gauge",
+            f'vllm:gpu_cache_usage_perc{{model_name="{name}"}} {usage}',
+            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f'vllm:prompt_tokens_total{{model_name="{name}"}} {self.prompt_tokens}',
+            "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+            "# TYPE vllm:generation_tokens_total counter",
+            f'vllm:generation_tokens_total{{model_name="{name}"}} {self.generation_tokens}',
+        ]
+        return "\n".join(lines) + "\n"
+
+
+class Handler(BaseHTTPRequestHandler):
+    state: State
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def _json(self, status: int, body: Any) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def _error(self, status: int, message: str) -> None:
+        self._json(status, {"error": {"message": message, "code": status}})
+
+    def _authorised(self) -> bool:
+        key = os.environ.get("VLLM_API_KEY")
+        given = self.headers.get("Authorization")
+        if key and self.path.startswith("/v1") and given != f"Bearer {key}":
+            self._error(401, "Unauthorized")
+            return False
+        return True
+
+    def _dev(self) -> bool:
+        if os.environ.get("VLLM_SERVER_DEV_MODE") != "1":
+            self._error(404, "Not Found")
+            return False
+        return True
+
+    def do_GET(self) -> None:
+        state = self.state
+        if not self._authorised():
+            return
+        if self.path == "/health":
+            self._json(200, {})
+        elif self.path == "/v1/models":
+            name = state.args.served_model_name
+            self._json(200, {"object": "list", "data": [{"id": name, "object": "model"}]})
+        elif self.path == "/metrics":
+            raw = state.metrics().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+        elif self.path == "/is_sleeping" and self._dev():
+            self._json(200, {"is_sleeping": state.weights is None})
+        else:
+            self._error(404, "Not Found")
+
+    def do_POST(self) -> None:
+        state = self.state
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not self._authorised():
+            return
+        if self.path.startswith("/sleep") and self._dev():
+            if not state.args.enable_sleep_mode:
+                self._error(500, "Sleep mode is not enabled (--enable-sleep-mode)")
+                return
+            with state.lock:
+                state.weights = None
+            self._json(200, {})
+        elif self.path == "/wake_up" and self._dev():
+            with state.lock:
+                if state.weights is None:
+                    state.load()
+            self._json(200, {})
+        elif self.path == "/v1/chat/completions":
+            self._chat(json.loads(raw or b"{}"))
+        elif not self.path.startswith(("/sleep", "/wake_up")):
+            self._error(404, "Not Found")
+
+    def _chat(self, body: dict[str, Any]) -> None:
+        state = self.state
+        if body.get("model") != state.args.served_model_name:
+            self._error(404, f"The model `{body.get('model')}` does not exist.")
+            return
+        if state.weights is None:
+            self._error(503, "the engine is sleeping")
+            return
+        messages = body.get("messages") or []
+        prompt = sum(len(str(m.get("content", "")).split()) for m in messages) + 4
+        max_tokens = int(body.get("max_tokens") or 16)
+        with state.lock:
+            state.running += 1
+            state.prompt_tokens += prompt
+        if body.get("stream"):
+            self._stream(body, prompt, max_tokens)
+            return
+        text = self._generate(max_tokens, lambda _i, _piece: None)
+        usage = {"prompt_tokens": prompt, "completion_tokens": max_tokens}
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "finish_reason": "length"}
+        self._json(200, {"object": "chat.completion", "choices": [choice], "usage": usage})
+
+    def _generate(self, max_tokens: int, emit: Any) -> str:
+        """The tokens, one every --token-delay-s; the request stops running
+        before its last chunk is sent (as a scrape after the answer sees)."""
+        pieces = []
+        try:
+            for i in range(max_tokens):
+                time.sleep(self.state.args.token_delay_s)
+                piece = f"w{i} " if i < max_tokens - 1 else f"w{i}"
+                pieces.append(piece)
+                with self.state.lock:
+                    self.state.generation_tokens += 1
+                    if i == max_tokens - 1:
+                        self.state.running -= 1
+                emit(i, piece)
+        except OSError:  # the client left
+            with self.state.lock:
+                self.state.running -= 1
+        return "".join(pieces)
+
+    def _stream(self, body: dict[str, Any], prompt: int, max_tokens: int) -> None:
+        options = body.get("stream_options") or {}
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+
+        def send(event: dict[str, Any] | str) -> None:
+            data = event if isinstance(event, str) else json.dumps(event)
+            self.wfile.write(f"data: {data}\n\n".encode())
+            self.wfile.flush()
+
+        def usage(done: int) -> dict[str, int]:
+            return {
+                "prompt_tokens": prompt,
+                "completion_tokens": done,
+                "total_tokens": prompt + done,
+            }
+
+        def emit(i: int, piece: str) -> None:
+            last = i == max_tokens - 1
+            chunk: dict[str, Any] = {
+                "object": "chat.completion.chunk",
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"content": piece},
+                        "finish_reason": "length" if last else None,
+                    }
+                ],
+            }
+            if options.get("continuous_usage_stats"):
+                chunk["usage"] = usage(i + 1)
+            send(chunk)
+
+        self._generate(max_tokens, emit)
+        if options.get("include_usage"):
+            send({"object": "chat.completion.chunk", "choices": [], "usage": usage(max_tokens)})
+        send("[DONE]")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--enable-sleep-mode", action="store_true")
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--weights-mib", type=int, default=48)
+    parser.add_argument("--token-delay-s", type=float, default=0.005)
+    parser.add_argument("--load-delay-s", type=float, default=0.0)
+    parser.add_argument("--engine-core-child", action="store_true")
+    args = parser.parse_args()
+    if not 0 < args.gpu_memory_utilization <= 1:
+        parser.error("--gpu-memory-utilization must be in (0, 1]")
+    args.served_model_name = args.served_model_name or args.model
+    if args.engine_core_child:
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    Handler.state = State(args)
+    time.sleep(args.load_delay_s)
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

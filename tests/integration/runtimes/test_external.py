@@ -1,0 +1,161 @@
+"""The external runtime's supervision against ``tests/fakes/fake_vllm.py``: a
+real engine process per model on loopback (vLLM's endpoints, a fake model),
+loaded with the runtime's own loader, outside the engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fakes import write_fake_vllm_model
+from tessera.device import CpuDevice
+from tessera.errors import ModelUnavailableError
+from tessera.repository import read_spec
+from tessera.runtimes.base import standalone_context
+from tessera.runtimes.external import NVML_METHOD, RSS_METHOD, ExternalModel
+from tessera.runtimes.registry import get_loader
+from tessera.tasks.types import ChatInput, ChatMessage
+from tessera.units import parse_bytes
+
+WEIGHTS = 48 * 2**20  # the fake's --weights-mib default
+
+
+def chat(max_tokens: int = 4, on_text: Callable[[str], None] | None = None) -> ChatInput:
+    messages = (ChatMessage("user", "Hello there"),)
+    return ChatInput(messages=messages, max_tokens=max_tokens, on_text=on_text)
+
+
+def load(repository: Path, name: str, **options: object) -> ExternalModel:
+    spec = read_spec(write_fake_vllm_model(repository, name, **options))  # type: ignore[arg-type]
+    model = get_loader(spec.adapter).load(spec, standalone_context(threads=1))
+    assert isinstance(model, ExternalModel)
+    return model
+
+
+def group(model: ExternalModel) -> list[psutil.Process]:
+    """The engine's process group: the process and its children."""
+    assert model.pid is not None
+    parent = psutil.Process(model.pid)
+    return [parent, *parent.children(recursive=True)]
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Iterator[ExternalModel]:
+    model = load(tmp_path, "fake-a", args=("--engine-core-child",))
+    processes = group(model)
+    yield model
+    model.unload()
+    assert all(gone(p) for p in processes), "the engine's group outlived its unload"
+
+
+def test_the_vllm_command_line_carries_the_slice_the_window_and_sleep_mode(
+    model: ExternalModel,
+) -> None:
+    parent, child = group(model)
+    argv = parent.cmdline()
+    fraction = float(argv[argv.index("--gpu-memory-utilization") + 1])
+    exact = parse_bytes("256MiB") / CpuDevice().total_bytes()
+    assert exact - 1e-6 <= fraction <= exact  # rounded down: within the slice
+    assert argv[argv.index("--max-num-seqs") + 1] == "4"  # max_batch_size x 1 batch at once
+    assert argv[argv.index("--served-model-name") + 1] == "fake-a"
+    assert "--enable-sleep-mode" in argv
+    assert model.api_key not in " ".join(argv)  # in its environment, not on ps's screen
+    assert os.getpgid(child.pid) == os.getpgid(parent.pid) == parent.pid
+
+
+def test_streams_and_exports_the_engine_metrics(model: ExternalModel) -> None:
+    pieces: list[str] = []
+    first, second = model.run([chat(5, on_text=pieces.append), chat(3)])
+    assert (first.text, first.finish_reason, first.completion_tokens) == (
+        "w0 w1 w2 w3 w4", "length", 5,
+    )  # fmt: skip
+    assert "".join(pieces) == first.text
+    assert second.completion_tokens == 3
+    metrics = model.engine_metrics()
+    # The ready probe ("Hi": 5 tokens in the fake, 1 out), then the batch's.
+    assert metrics["generation_tokens"] == 1 + 5 + 3
+    assert metrics["prompt_tokens"] == 5 + first.prompt_tokens + second.prompt_tokens
+    assert (metrics["requests_running"], metrics["sleeping"], metrics["restarts"]) == (0, 0, 0)
+    report = model.memory()
+    assert report.method in (RSS_METHOD, NVML_METHOD)
+    assert report.own_bytes > WEIGHTS
+
+
+def test_sleep_frees_the_weights_and_keeps_the_process_and_wake_brings_them_back(
+    model: ExternalModel,
+) -> None:
+    pid, awake = model.pid, model.memory().own_bytes
+    assert model.sleep()
+    asleep = model.memory().own_bytes
+    assert awake - asleep > 0.9 * WEIGHTS
+    assert model.pid == pid
+    assert model.engine_metrics()["sleeping"] == 1
+    model.wake()
+    assert model.memory().own_bytes - asleep > 0.9 * WEIGHTS
+    (output,) = model.run([chat(2)])
+    assert output.text == "w0 w1"
+    assert (model.pid, model.engine_metrics()["sleeping"]) == (pid, 0)
+
+
+def test_a_crash_is_503_at_once_its_group_is_killed_and_the_engine_restarts(
+    model: ExternalModel,
+) -> None:
+    parent, child = group(model)
+    os.kill(parent.pid, signal.SIGKILL)
+    with pytest.raises(ModelUnavailableError, match="SIGKILL") as raised:
+        model.run([chat(4)])
+    assert raised.value.retry_after_s is not None
+    assert raised.value.retry_after_s >= 1
+    assert gone(parent)
+    psutil.wait_procs([child], timeout=10)
+    assert gone(child), "the engine core child outlived its parent's crash"
+    (output,) = model.run([chat(2)])
+    assert output.text == "w0 w1"
+    assert model.pid != parent.pid
+    assert model.engine_metrics()["restarts"] == 1
+
+
+def test_a_hung_engine_is_killed_after_its_deadline_and_restarted(tmp_path: Path) -> None:
+    model = load(tmp_path, "fake-hung", idle_timeout_s=1, args=("--token-delay-s", "0.05"))
+    try:
+        hung = psutil.Process(model.pid)
+        started: list[str] = []
+
+        def stop_engine(piece: str) -> None:
+            if not started:
+                started.append(piece)
+                hung.suspend()  # SIGSTOP: alive, connected, silent
+
+        with pytest.raises(ModelUnavailableError, match=r"hung .* was killed"):
+            model.run([chat(100, on_text=stop_engine)])
+        assert gone(hung)
+        (output,) = model.run([chat(2)])
+        assert output.completion_tokens == 2
+    finally:
+        model.unload()
+
+
+def test_an_engine_that_exits_at_start_is_the_models_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelUnavailableError, match="exited with status 2"):
+        load(tmp_path, "fake-bad", args=("--no-such-option",))
+
+
+def test_a_vllm_model_needs_its_slice(tmp_path: Path) -> None:
+    folder = write_fake_vllm_model(tmp_path, "fake-no-slice")
+    card = (folder / "model.yaml").read_text().replace("max_bytes: 256MiB", "{}")
+    (folder / "model.yaml").write_text(card.replace("memory:\n  {}", "memory: {}"))
+    spec = read_spec(folder)
+    with pytest.raises(ModelUnavailableError, match=r"memory\.max_bytes"):
+        get_loader(spec.adapter).estimate_bytes(spec)
