@@ -1,5 +1,12 @@
 """The engine's side of residency: estimate, load (with a measured warm-up) and
-unload models, off the event loop."""
+unload models, off the event loop.
+
+A model that can sleep (``runtimes.base.SleepingModel``: vLLM's sleep mode) is
+evicted by putting it to sleep: its device bytes leave the budget as an
+unloaded model's do, but the host keeps it, and its next load wakes it. A model
+that cannot (or fails to) sleep is unloaded; a sleeping one that fails to wake
+is unloaded and loaded afresh. Unloading for any other cause (by hand, retired,
+the server stopping) ends it."""
 
 from __future__ import annotations
 
@@ -20,7 +27,13 @@ from tessera.footprint import Footprint
 from tessera.metrics import NullSink, StatsSink
 from tessera.repository.spec import ModelSpec
 from tessera.residency import ActivationBook
-from tessera.runtimes.base import LoadContext, LoadedModel, ModelLoader, SharedComponents
+from tessera.runtimes.base import (
+    LoadContext,
+    LoadedModel,
+    ModelLoader,
+    SharedComponents,
+    SleepingModel,
+)
 from tessera.runtimes.memory import Measured
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.samples import warmup_items
@@ -77,6 +90,10 @@ class EngineHost:
         # Set at shutdown: a load still running then (its caller cancelled, as
         # preload is when the server stops) unloads what it loaded at its end.
         self._closing = False
+        # Loaded models by key, and evicted ones that sleep (their process kept).
+        self._live: dict[str, LoadedModel] = {}
+        self._asleep: dict[str, LoadedModel] = {}
+        self._asleep_lock = threading.Lock()
 
     def loader(self, spec: ModelSpec) -> ModelLoader:
         if spec.adapter not in self._loaders:
@@ -120,11 +137,31 @@ class EngineHost:
         return model
 
     def _load_sync(self, spec: ModelSpec) -> LoadedModel:
-        with self.executor.loading():
-            model = self._load_once(spec)
+        model = self._wake(spec)
+        if model is None:
+            with self.executor.loading():
+                model = self._load_once(spec)
         if self._closing:
             self._unload_sync(model)
             raise ModelUnavailableError(spec.key, "the server is shutting down")
+        self._live[spec.key] = model
+        return model
+
+    def _wake(self, spec: ModelSpec) -> LoadedModel | None:
+        """The model put to sleep when it was evicted, awake; None if there is none
+        (or it did not wake, and was ended)."""
+        with self._asleep_lock:
+            model = self._asleep.pop(spec.key, None)
+        if model is None:
+            return None
+        assert isinstance(model, SleepingModel)  # only those are kept asleep
+        try:
+            model.wake()
+        except Exception as e:
+            log.warning("%s did not wake (%s); loading it afresh", spec.key, e)
+            self._unload_sync(model)
+            return None
+        log.info("woke %s", spec.key)
         return model
 
     def _load_once(self, spec: ModelSpec) -> LoadedModel:
@@ -156,9 +193,27 @@ class EngineHost:
     def forget(self, key: str) -> None:
         """A retired model: a later model of that key is measured afresh."""
         self._loaded_before.discard(key)
+        with self._asleep_lock:
+            model = self._asleep.pop(key, None)
+        if model is not None:  # asleep: ended off the event loop
+            self._load_pool.submit(self._unload_sync, model)
 
-    async def unload(self, spec: ModelSpec, model: LoadedModel) -> None:
+    def engine_metrics(self, key: str) -> dict[str, float]:
+        """The engine process's own metrics of a model served by one (else empty)."""
+        model = self._live.get(key) or self._asleep.get(key)
+        read = getattr(model, "engine_metrics", None)
+        return dict(read()) if callable(read) else {}
+
+    async def unload(self, spec: ModelSpec, model: LoadedModel, *, eviction: bool = False) -> None:
         loop = asyncio.get_running_loop()
+        self._live.pop(spec.key, None)
+        if eviction and isinstance(model, SleepingModel) and not self._closing:
+            asleep = await loop.run_in_executor(self._load_pool, model.sleep)
+            if asleep:
+                with self._asleep_lock:
+                    self._asleep[spec.key] = model
+                log.info("%s sleeps (evicted)", spec.key)
+                return
         await loop.run_in_executor(self._load_pool, self._unload_sync, model)
 
     def _unload_sync(self, model: LoadedModel) -> None:
@@ -172,6 +227,10 @@ class EngineHost:
     def shutdown(self) -> None:
         self._closing = True
         self._load_pool.shutdown(wait=True, cancel_futures=True)
+        with self._asleep_lock:
+            asleep, self._asleep = list(self._asleep.values()), {}
+        for model in asleep:
+            self._unload_sync(model)
 
 
 def _unmeasured(fn: Callable[[], Any]) -> Measured:
