@@ -1,6 +1,10 @@
-"""smollm2-135m through llama.cpp (``runtime: external``, ``engine: llamacpp``) against transformers (``hf-causal-lm``).
+"""smollm2-135m: the external llama.cpp engine against in-process transformers.
 
-    HF_HUB_OFFLINE=1 python benchmarks/llamacpp_bench.py [--threads 1] [--skip-transformers]
+    HF_HUB_OFFLINE=1 nice .venv/bin/python benchmarks/llamacpp_bench.py [--threads 1] \
+        [--skip-transformers] [--out benchmarks/results]
+
+The first is ``runtime: external``, ``engine: llamacpp`` (its card as shipped);
+the second ``hf-causal-lm`` (transformers dequantises the same GGUF to fp32).
 
 Each adapter loads the packaged SmolLM2-135M-Instruct Q4_1 GGUF in a process of
 its own (one after the other, so that they never share the cores) with the
@@ -8,14 +12,17 @@ same thread count, and reports: load seconds (transformers: a cold conversion
 of the GGUF, then a load from its converted cache), the bytes the runtime
 reports and how it measured them, the resident-set growth of the process that
 holds the weights, time to first token, and decode tokens/s for one greedy
-answer of 64 tokens and for a batch of 4. Prints a Markdown table; writes
-nothing.
+answer of 64 tokens and for a batch of 4. Prints a Markdown table and writes
+it with the figures to ``OUT/external-llamacpp-DATE.{md,json}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -101,10 +108,27 @@ def run_child(adapter: str, threads: int, cache_dir: str | None) -> dict[str, An
     return result
 
 
+def table(rows: list[tuple[str, dict[str, Any]]], threads: int) -> str:
+    lines = [
+        f"smollm2-135m, {threads} thread(s), {NUM_TOKENS} new tokens\n",
+        "| runtime | load s | bytes (MiB) | measured as | server RSS growth (MiB) "
+        "| first token s | tok/s (1) | tok/s (batch 4) | answer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in rows:
+        lines.append(
+            f"| {name} | {r['load_s']:.2f} | {r['bytes'] / 2**20:.0f} | {r['method']} "
+            f"| {r['server_rss_growth_bytes'] / 2**20:.0f} | {r['first_token_s']:.3f} "
+            f"| {r['one_tokens_per_s']:.1f} | {r['batch_tokens_per_s']:.1f} | {r['answer']!r} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     rows: list[tuple[str, dict[str, Any]]] = []
     rows.append(("external llamacpp", run_child("external", args.threads, None)))
@@ -112,18 +136,20 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as cache:
             rows.append(("hf-causal-lm (cold)", run_child("hf-causal-lm", args.threads, cache)))
             rows.append(("hf-causal-lm (cached)", run_child("hf-causal-lm", args.threads, cache)))
-    print(f"smollm2-135m, {args.threads} thread(s), {NUM_TOKENS} new tokens\n")
-    print(
-        "| runtime | load s | bytes (MiB) | measured as | first token s | tok/s (1) "
-        "| tok/s (batch 4) | answer |"
+    text = table(rows, args.threads)
+    print(text)
+    date = datetime.date.today().isoformat()
+    base = args.out / f"external-llamacpp-{date}"
+    rerun = "HF_HUB_OFFLINE=1 nice .venv/bin/python benchmarks/llamacpp_bench.py"
+    base.with_suffix(".md").write_text(
+        f"# External llama.cpp engine vs in-process transformers, {date}\n\n"
+        f"Rerun: `{rerun} --threads {args.threads}`\n\n{text}"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for name, r in rows:
-        print(
-            f"| {name} | {r['load_s']:.2f} | {r['bytes'] / 2**20:.0f} | {r['method']} "
-            f"| {r['first_token_s']:.3f} "
-            f"| {r['one_tokens_per_s']:.1f} | {r['batch_tokens_per_s']:.1f} | {r['answer']!r} |"
-        )
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform()}
+    figures = {"date": date, "threads": args.threads, "num_tokens": NUM_TOKENS}
+    report = {**figures, "machine": machine, "rows": [{"name": n, **r} for n, r in rows]}
+    base.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {base}.md and .json")
 
 
 if __name__ == "__main__":
