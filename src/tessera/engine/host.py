@@ -34,6 +34,7 @@ from tessera.runtimes.base import (
     SharedComponents,
     SleepingModel,
 )
+from tessera.runtimes.isolated import IsolatedLoader
 from tessera.runtimes.memory import Measured
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.samples import warmup_items
@@ -67,7 +68,7 @@ class EngineHost:
         self.shared = SharedComponents()
         # The warm-up after a first load seeds the model's activation peaks.
         self.activations = activations
-        self._loaders: dict[str, ModelLoader] = {}
+        self._loaders: dict[tuple[str, str], ModelLoader] = {}
         self._load_pool = ThreadPoolExecutor(
             max_concurrent_loads, thread_name_prefix="tessera-load"
         )
@@ -96,9 +97,12 @@ class EngineHost:
         self._asleep_lock = threading.Lock()
 
     def loader(self, spec: ModelSpec) -> ModelLoader:
-        if spec.adapter not in self._loaders:
-            self._loaders[spec.adapter] = get_loader(spec.adapter)
-        return self._loaders[spec.adapter]
+        key = (spec.adapter, spec.isolation)
+        if key not in self._loaders:
+            isolated = spec.isolation == "process"
+            loader = IsolatedLoader(spec.adapter) if isolated else get_loader(spec.adapter)
+            self._loaders[key] = loader
+        return self._loaders[key]
 
     def estimate(self, spec: ModelSpec) -> Footprint:
         loader = self.loader(spec)
@@ -123,7 +127,7 @@ class EngineHost:
 
     async def load(self, spec: ModelSpec) -> LoadedModel:
         loop = asyncio.get_running_loop()
-        if spec.runtime == "torch":
+        if spec.runtime == "torch" and spec.isolation == "inline":
             self.configure_threads()
         start = time.perf_counter()
         try:

@@ -30,6 +30,7 @@ RESIDENCY_FIELDS = (
     "evictions",
     "pins",
     "error",
+    "engine_metrics",
     "measured_by",
     "load_s",
     "uses",

@@ -45,6 +45,8 @@ from tessera.units import parse_bytes
 RUNTIMES = ("torch", "onnx", "native", "external")
 # Engine processes of ``runtime: external`` (``runtimes/external.py``).
 ENGINES = ("llamacpp", "vllm")
+# Where a model runs: the server's process, or a worker process of its own.
+ISOLATIONS = ("inline", "process")
 TEXT_TASKS = (Task.EMBEDDING, Task.RERANK, Task.CLASSIFY)
 DEFAULT_TEXT_WINDOW = 512
 
@@ -108,6 +110,8 @@ class ModelSpec:
     licence: str = ""
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
     engine: str | None = None  # runtime external: the engine process's kind
+    isolation: str = "inline"  # or "process": a worker process of its own
+    mps_active_thread_percentage: int | None = None  # a process worker's MPS share (CUDA)
 
     @property
     def version_label(self) -> str:
@@ -291,6 +295,15 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
     options = raw.get("options") or {}
     if not isinstance(options, dict):
         raise ConfigError(f"{where}: options must be a mapping")
+    isolation = parse_isolation(raw, task, runtime, adapter, where)
+    mps = raw.get("mps_active_thread_percentage")
+    if mps is not None:
+        if isolation != "process":
+            raise ConfigError(f"{where}: mps_active_thread_percentage needs isolation: process")
+        if not isinstance(mps, int) or isinstance(mps, bool) or not 1 <= mps <= 100:
+            raise ConfigError(
+                f"{where}: mps_active_thread_percentage must be an integer 1..100, got {mps!r}"
+            )
     return ModelSpec(
         name=name,
         task=task,
@@ -311,7 +324,23 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         licence=str(raw.get("licence", "")).strip(),
         version_policy=parse_version_policy(raw.get("version_policy"), where),
         engine=engine,
+        isolation=isolation,
+        mps_active_thread_percentage=mps,
     )
+
+
+def parse_isolation(raw: dict[str, Any], task: Task, runtime: str, adapter: str, where: str) -> str:
+    """``isolation``: ``inline`` (the default: in the server's process) or
+    ``process`` (a worker process of its own, ``runtimes/isolated.py``)."""
+    isolation = raw.get("isolation", "inline")
+    if isolation not in ISOLATIONS:
+        raise ConfigError(f"{where}: isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    if isolation == "process" and runtime == "external":
+        raise ConfigError(f"{where}: runtime external runs in a process of its own already")
+    if isolation == "process" and (task is Task.GENERATE or adapter == "hf-vision-ocr"):
+        # Their items carry the server's callbacks (streamed text, stop flags).
+        raise ConfigError(f"{where}: isolation: process is not for generating models")
+    return str(isolation)
 
 
 def parse_version_policy(raw: Any, where: str) -> VersionPolicy:

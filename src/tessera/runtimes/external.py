@@ -328,6 +328,28 @@ class EngineProcess:
             self._stderr.close()
 
 
+class RestartBackoff:
+    """When a crashed process may be started again: at once after its first
+    crash, then after 0.5 s doubling with each crash in a row (30 s at most);
+    a success resets the count. Not thread-safe: its owner's lock guards it."""
+
+    def __init__(self) -> None:
+        self.num_crashes = 0  # in a row
+        self._restart_after = 0.0  # time.monotonic() before which no restart is tried
+
+    def crashed(self) -> None:
+        self.num_crashes += 1
+        backoff_s = min(_MAX_BACKOFF_S, 0.5 * 2 ** (self.num_crashes - 1))
+        self._restart_after = time.monotonic() + (backoff_s if self.num_crashes > 1 else 0.0)
+
+    def succeeded(self) -> None:
+        self.num_crashes = 0
+
+    def wait_s(self) -> float:
+        """Seconds before a restart may be tried (0 or less: now)."""
+        return self._restart_after - time.monotonic()
+
+
 def nvml_bytes(pids: Sequence[int], index: int) -> int | None:
     """Device bytes NVML counts for ``pids`` on card ``index`` (None without
     pynvml, a card, or any of them on it: then the caller falls back to RSS)."""
@@ -369,9 +391,8 @@ class ExternalModel:
         self._engine: EngineProcess | None = None
         self._unloaded = False
         self._asleep = False
-        self._num_crashes = 0  # in a row: reset by a batch that succeeds
+        self._backoff = RestartBackoff()  # reset by a batch that succeeds
         self._num_restarts = 0
-        self._restart_after = 0.0  # time.monotonic() before which no restart is tried
         self._last_bytes = 0
         self._method = RSS_METHOD
         self._metrics: dict[str, float] = {}
@@ -449,13 +470,13 @@ class ExternalModel:
             with self._lock:
                 if self._engine is engine:
                     self._crashed_locked(engine)
-                retry_s = max(1.0, self._restart_after - time.monotonic())
+                retry_s = max(1.0, self._backoff.wait_s())
             raise ModelUnavailableError(
                 self._spec.name,
                 f"{reason}; the engine restarts on the next batch",
                 retry_after_s=retry_s,
             ) from e
-        self._num_crashes = 0
+        self._backoff.succeeded()
         self._scrape(engine)
         return outputs
 
@@ -547,11 +568,12 @@ class ExternalModel:
                 return engine
             if engine is not None:
                 self._crashed_locked(engine)
-            wait_s = self._restart_after - time.monotonic()
+            wait_s = self._backoff.wait_s()
             if wait_s > 0:
                 raise ModelUnavailableError(
                     self._spec.name,
-                    f"the {self._kind.label} engine crashed {self._num_crashes} times in a row;"
+                    f"the {self._kind.label} engine crashed {self._backoff.num_crashes} times"
+                    " in a row;"
                     f" it restarts in {wait_s:.1f} s",
                     retry_after_s=wait_s,
                 )
@@ -570,9 +592,7 @@ class ExternalModel:
         engine.kill()
         engine.close()
         self._engine = None
-        self._num_crashes += 1
-        backoff_s = min(_MAX_BACKOFF_S, 0.5 * 2 ** (self._num_crashes - 1))
-        self._restart_after = time.monotonic() + (backoff_s if self._num_crashes > 1 else 0.0)
+        self._backoff.crashed()
 
     def _gone(self, engine: EngineProcess, error: EngineGone) -> str:
         """Describe why the engine stopped answering, and make sure it is gone."""

@@ -10,6 +10,8 @@ Its descriptor's ``options`` set what it reports and does::
       load_s: 0.0            # seconds a load sleeps (integration tests only)
       fail_run: false        # raise on every batch
       fail_on: poison        # raise on a batch with an input whose text holds this (optional)
+      abort_on: crash        # os.abort() the process on such a batch (a native crash;
+                             # for a model with isolation: process)
       max_batch_chars: 1000  # raise MemoryError on a batch of longer texts together (optional)
       run_s: 0.0             # seconds each batch sleeps (integration tests only)
       word_s: 0.0            # seconds per word a chat answer takes; an item whose
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 import time
 import zlib
@@ -136,6 +139,9 @@ class FakeModel:
             time.sleep(run_s)
         if self.spec.options.get("fail_run"):
             raise RuntimeError("fake model failure")
+        crash = self.spec.options.get("abort_on")
+        if crash and any(crash in getattr(item, "text", "") for item in items):
+            os.abort()
         marker = self.spec.options.get("fail_on")
         if marker and any(marker in getattr(item, "text", "") for item in items):
             raise RuntimeError(f"fake model failure on an input holding {marker!r}")

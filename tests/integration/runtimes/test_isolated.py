@@ -1,0 +1,149 @@
+"""``isolation: process``: models in worker processes of their own, loaded with
+``IsolatedLoader`` outside the engine: answers as inline (large arrays through
+shared memory), an ``os.abort()``, a hang and a leak that end only the worker,
+unloading that ends it, and a real native model (bergamot) answering as inline."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from builders import make_spec
+from tessera.errors import ModelUnavailableError
+from tessera.repository import read_spec
+from tessera.repository.spec import ModelSpec
+from tessera.runtimes.base import standalone_context
+from tessera.runtimes.fake import FakeModel
+from tessera.runtimes.isolated import SHM_MIN_BYTES, IsolatedLoader, IsolatedModel
+from tessera.runtimes.registry import get_loader
+from tessera.tasks.types import OcrInput, SpeechInput, Task, TextInput, TranslateInput
+
+MODELS = Path(__file__).resolve().parents[3] / "src" / "tessera" / "models"
+SHM = Path("/dev/shm")
+
+
+def isolated(spec: ModelSpec) -> IsolatedModel:
+    spec = dataclasses.replace(spec, isolation="process")
+    return IsolatedLoader(spec.adapter).load(spec, standalone_context())
+
+
+def gone(pid: int) -> bool:
+    """Whether the worker has ended (the model reaps its workers as they end)."""
+    return not psutil.pid_exists(pid)
+
+
+def shm_blocks() -> set[str]:
+    return {p.name for p in SHM.glob("psm_*")} if SHM.exists() else set()
+
+
+def test_worker_answers_as_inline_with_large_arrays_through_shared_memory() -> None:
+    speech = make_spec("speech", task=Task.TTS)
+    ocr = make_spec("ocr", task=Task.OCR)
+    page = np.random.default_rng(0).integers(0, 255, (600, 800, 3), dtype=np.uint8)
+    texts = ["short", "long " * 200]  # the long one's audio is over SHM_MIN_BYTES
+    before = shm_blocks()
+    speaker, reader = isolated(speech), isolated(ocr)
+    try:
+        audio = speaker.run([SpeechInput(t) for t in texts])
+        inline = FakeModel(speech).run([SpeechInput(t) for t in texts])
+        assert audio[1].samples.nbytes >= SHM_MIN_BYTES > audio[0].samples.nbytes
+        for got, want in zip(audio, inline, strict=True):
+            np.testing.assert_array_equal(got.samples, want.samples)
+            assert got.sample_rate == want.sample_rate
+        assert page.nbytes >= SHM_MIN_BYTES
+        assert reader.run([OcrInput(page)]) == FakeModel(ocr).run([OcrInput(page)])
+        assert speaker.memory().method == "worker process rss"
+        assert speaker.memory().own_bytes > 0
+    finally:
+        speaker.unload()
+        reader.unload()
+    assert shm_blocks() <= before  # every block was unlinked
+
+
+def test_abort_fails_only_its_batch_with_retry_after_and_a_new_worker_serves() -> None:
+    model = isolated(make_spec("crashy", abort_on="CRASH"))
+    try:
+        assert len(model.run([TextInput("fine")])) == 1
+        first = model.pid
+        assert first is not None
+        with pytest.raises(ModelUnavailableError, match="SIGABRT") as caught:
+            model.run([TextInput("fine too"), TextInput("CRASH here")])
+        assert caught.value.retry_after_s is not None
+        assert caught.value.retry_after_s >= 1
+        assert gone(first)
+        (output,) = model.run([TextInput("again")])  # a first crash: no backoff
+        assert model.pid not in (None, first)
+        (want,) = FakeModel(make_spec("x")).run([TextInput("again")])
+        np.testing.assert_array_equal(output, want)
+        assert model.engine_metrics()["restarts"] == 1
+    finally:
+        model.unload()
+
+
+def test_a_hung_batch_kills_its_worker() -> None:
+    model = isolated(make_spec("slow", run_s=60, run_timeout_s=0.5))
+    try:
+        pid = model.pid
+        assert pid is not None
+        with pytest.raises(ModelUnavailableError, match="hung"):
+            model.run([TextInput("x")])
+        assert gone(pid)
+    finally:
+        model.unload()
+
+
+def test_a_worker_past_max_bytes_is_ended_after_its_batch() -> None:
+    model = isolated(make_spec("leaky", max_bytes=1024))  # any interpreter is larger
+    try:
+        pid = model.pid
+        assert pid is not None
+        assert len(model.run([TextInput("x")])) == 1  # the answer is kept
+        assert gone(pid)
+        assert model.pid is None
+        assert len(model.run([TextInput("y")])) == 1  # and the next batch restarts it
+    finally:
+        model.unload()
+
+
+def test_load_failure_is_unavailable_and_unload_ends_the_worker() -> None:
+    with pytest.raises(ModelUnavailableError, match="fake load failure"):
+        isolated(make_spec("broken", fail_load=True))
+    model = isolated(make_spec("fine"))
+    pid = model.pid
+    assert pid is not None
+    model.unload()
+    assert gone(pid)
+    with pytest.raises(ModelUnavailableError, match="unloaded"):
+        model.run([TextInput("x")])
+
+
+def test_mps_share_is_reported() -> None:
+    spec = dataclasses.replace(make_spec("mps"), mps_active_thread_percentage=30)
+    model = isolated(spec)
+    try:
+        metrics = model.engine_metrics()
+        assert metrics["mps_active_thread_percentage"] == 30
+        assert metrics["worker_pid"] == model.pid != os.getpid()
+    finally:
+        model.unload()
+
+
+@pytest.mark.slow
+def test_bergamot_in_a_worker_answers_as_inline() -> None:
+    spec = read_spec(MODELS / "bergamot-en-pt")
+    items = [TranslateInput(t) for t in ("Good morning.", "Where is the station?", "Thank you!")]
+    inline = get_loader(spec.adapter).load(spec, standalone_context())
+    try:
+        want = inline.run(items)
+    finally:
+        inline.unload()
+    model = isolated(spec)
+    try:
+        assert model.run(items) == want
+    finally:
+        model.unload()
