@@ -28,6 +28,11 @@ model with the adapter there, and runs each batch it is sent.
 - **MPS**: ``mps_active_thread_percentage`` on the card is set as
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` in the worker before its model touches
   CUDA, and reported with the worker's pid and restarts in ``engine_metrics``.
+  Once the worker has loaded, it is verified: its pid must be among the
+  clients of a running MPS server (``nvidia-cuda-mps-control``'s
+  ``get_server_list``, then ``get_client_list PID``); ``mps_client`` is 1
+  when it is, 0 when an MPS daemon answers without it (the share does not
+  apply: a warning says so), and absent when no daemon answers (a warning too).
 
 Not for chat models: their items carry the server's streaming callbacks.
 """
@@ -40,6 +45,8 @@ import logging
 import multiprocessing
 import os
 import pickle
+import shutil
+import subprocess
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -289,6 +296,7 @@ class IsolatedModel:
         self._num_restarts = 0
         self._last_bytes = 0
         self._method = RSS_METHOD
+        self._mps_client: bool | None = None  # verified after each load where asked
 
     @property
     def pid(self) -> int | None:
@@ -324,7 +332,27 @@ class IsolatedModel:
             reason = f"its worker did not load: {type(reply.error).__name__}: {reply.error}"
             raise ModelUnavailableError(self._spec.key, reason) from reply.error
         logger.info("worker of %s (pid %d) loaded", self._spec.key, worker.pid)
+        if self._args.mps_active_thread_percentage is not None:
+            self._mps_client = self._check_mps(worker.pid)
         return worker
+
+    def _check_mps(self, pid: int) -> bool | None:
+        """Whether the worker ``pid`` is an MPS client (None: no daemon answers)."""
+        clients = mps_clients()
+        if clients is None:
+            logger.warning(
+                "%s asks for an MPS share, but no MPS control daemon answers: not applied",
+                self._spec.key,
+            )
+            return None
+        if pid not in clients:
+            logger.warning(
+                "%s asks for an MPS share, but its worker (pid %d) is not an MPS client",
+                self._spec.key,
+                pid,
+            )
+            return False
+        return True
 
     def _exchange(self, worker: _Worker, message: _Run | None, timeout_s: float) -> _Reply:
         """Send ``message`` (None: only wait for the load's reply) and wait for
@@ -438,6 +466,8 @@ class IsolatedModel:
             metrics["worker_pid"] = float(pid)
         if self._args.mps_active_thread_percentage is not None:
             metrics["mps_active_thread_percentage"] = float(self._args.mps_active_thread_percentage)
+            if self._mps_client is not None:
+                metrics["mps_client"] = 1.0 if self._mps_client else 0.0
         return metrics
 
     def unload(self) -> None:
@@ -453,3 +483,33 @@ def _rss(pid: int) -> int | None:
         return int(psutil.Process(pid).memory_info().rss)
     except psutil.Error:
         return None
+
+
+MPS_CONTROL = "nvidia-cuda-mps-control"
+
+
+def mps_clients() -> set[int] | None:
+    """The pids of every running MPS server's clients, or None where no MPS
+    control daemon answers (no binary on the PATH, or it fails)."""
+    servers = _mps_query("get_server_list")
+    if servers is None:
+        return None
+    clients: set[int] = set()
+    for server in servers:
+        clients.update(_mps_query(f"get_client_list {server}") or ())
+    return clients
+
+
+def _mps_query(command: str) -> list[int] | None:
+    executable = shutil.which(MPS_CONTROL)
+    if executable is None:
+        return None
+    try:
+        done = subprocess.run(
+            [executable], input=command + "\n", capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return [int(word) for word in done.stdout.split() if word.isdecimal()]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,12 @@ from tessera.repository import read_spec
 from tessera.repository.spec import ModelSpec
 from tessera.runtimes.base import standalone_context
 from tessera.runtimes.fake import FakeModel
-from tessera.runtimes.isolated import SHM_MIN_BYTES, IsolatedLoader, IsolatedModel
+from tessera.runtimes.isolated import (
+    MPS_CONTROL,
+    SHM_MIN_BYTES,
+    IsolatedLoader,
+    IsolatedModel,
+)
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.types import OcrInput, SpeechInput, Task, TextInput, TranslateInput
 
@@ -122,15 +128,52 @@ def test_load_failure_is_unavailable_and_unload_ends_the_worker() -> None:
         model.run([TextInput("x")])
 
 
-def test_mps_share_is_reported() -> None:
+def fake_mps_control(folder: Path, *, lists_children: bool) -> None:
+    """A stand-in ``nvidia-cuda-mps-control`` on the PATH: one MPS server, 4242,
+    whose clients are the children of the process that asks (the worker is one)
+    if ``lists_children``, else one unrelated pid."""
+    script = folder / MPS_CONTROL
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys, psutil\n"
+        "command = sys.stdin.readline().split()\n"
+        "if command == ['get_server_list']:\n"
+        "    print(4242)\n"
+        "elif command == ['get_client_list', '4242']:\n"
+        f"    if {lists_children}:\n"
+        "        print(*(c.pid for c in psutil.Process(os.getppid()).children()))\n"
+        "    else:\n"
+        "        print(1)\n"
+        "else:\n"
+        "    sys.exit(1)\n"
+    )
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("control", "client"), [("lists the worker", 1.0), ("lists others", 0.0), ("none", None)]
+)
+def test_mps_share_is_reported_and_verified_against_the_daemon(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    control: str,
+    client: float | None,
+) -> None:
+    if control != "none":
+        fake_mps_control(tmp_path, lists_children=control == "lists the worker")
+    monkeypatch.setenv("PATH", f"{tmp_path}:/nonexistent")  # no real daemon either way
     spec = dataclasses.replace(make_spec("mps"), mps_active_thread_percentage=30)
     model = isolated(spec)
     try:
         metrics = model.engine_metrics()
         assert metrics["mps_active_thread_percentage"] == 30
         assert metrics["worker_pid"] == model.pid != os.getpid()
+        assert metrics.get("mps_client") == client
     finally:
         model.unload()
+    warned = "asks for an MPS share" in caplog.text
+    assert warned == (client != 1.0)
 
 
 @pytest.mark.slow
