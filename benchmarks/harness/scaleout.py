@@ -38,9 +38,11 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from harness.report import output_stem
 from tessera.clock import FakeClock
 from tessera.cluster import AddReplica, DeviceReport, ModelLoad, Router, RoutingConfig
 from tessera.errors import TesseraError
@@ -664,15 +666,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(dedicated)
     rows["one model per device"] = FleetRuns(dedicated, [dedicated])
     args.out.mkdir(parents=True, exist_ok=True)
-    table = write_report(rows, args.out, args.name)
+    day = datetime.now(UTC).date().isoformat()
+    name = output_stem(args.out, day, args.name).name  # NAME-DAY[-N]: never overwritten
+    table = write_report(rows, args.out, name)
     print(table)
     data = {
         "config": asdict(config),
         "routing": asdict(routing),
         "fleets": {fleet: [asdict(r) for r in row.runs] for fleet, row in rows.items()},
     }
-    (args.out / f"{args.name}.json").write_text(json.dumps(data, indent=2) + "\n")
-    (args.out / f"{args.name}.md").write_text(table + "\n")
+    (args.out / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (args.out / f"{name}.md").write_text(table + "\n")
 
 
 if __name__ == "__main__":
