@@ -375,14 +375,12 @@ class CausalLm:
             model, tokenizer = self._require()
             prepared = [self._prepare(tokenizer, item) for item in items]
             stops = item_stops(len(items))
-            outputs: list[ChatOutput | None] = [None] * len(prepared)
-            for group in _groups([p.item for p in prepared]):
-                results = self._generate(
+            return generate_in_groups(
+                [p.item for p in prepared],
+                lambda group: self._generate(
                     model, tokenizer, [prepared[i] for i in group], [stops[i] for i in group]
-                )
-                for index, output in zip(group, results, strict=True):
-                    outputs[index] = output
-        return [o for o in outputs if o is not None]
+                ),
+            )
 
     def memory(self) -> Footprint:
         return Footprint(own_bytes=self._bytes, method="torch tensors")
@@ -498,6 +496,18 @@ def _eos_ids(spec: ModelSpec, model: Any, tokenizer: Any) -> frozenset[int]:
     if not ids:
         raise ModelUnavailableError(spec.name, "the model has no EOS token; set stop_tokens")
     return frozenset(ids)
+
+
+def generate_in_groups(
+    chats: Sequence[ChatInput], generate: Callable[[list[int]], list[ChatOutput]]
+) -> list[ChatOutput]:
+    """One output per chat, in their order: ``generate`` runs once for each
+    group of chats (by index) that can share one ``generate`` call."""
+    outputs: list[ChatOutput | None] = [None] * len(chats)
+    for group in _groups(chats):
+        for index, output in zip(group, generate(group), strict=True):
+            outputs[index] = output
+    return [o for o in outputs if o is not None]
 
 
 def _groups(items: Sequence[ChatInput]) -> list[list[int]]:

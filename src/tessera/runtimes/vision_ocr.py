@@ -39,9 +39,9 @@ from tessera.runtimes.base import LoadContext
 from tessera.runtimes.causal_lm import (
     _SAMPLING_LOCK,
     _eos_ids,
-    _groups,
     _row_criteria_class,
     _RowStream,
+    generate_in_groups,
 )
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.tasks.prompts import ocr_prompt
@@ -141,12 +141,10 @@ class VisionOcr:
                 raise ModelUnavailableError(self._spec.name, "the model was unloaded")
             chats = [self._chat(item) for item in items]
             stops = item_stops(len(items))
-            outputs: list[ChatOutput | None] = [None] * len(chats)
-            for group in _groups(chats):
-                results = self._generate([chats[i] for i in group], [stops[i] for i in group])
-                for index, output in zip(group, results, strict=True):
-                    outputs[index] = output
-        return [o for o in outputs if o is not None]
+            return generate_in_groups(
+                chats,
+                lambda group: self._generate([chats[i] for i in group], [stops[i] for i in group]),
+            )
 
     def memory(self) -> Footprint:
         return Footprint(own_bytes=self._bytes, method="torch tensors")
