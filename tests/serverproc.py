@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -70,3 +72,23 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=10)
+
+
+def audit_rows(
+    data_dir: Path, prefix: str, count: int, columns: str = "tenant, status, reason"
+) -> dict[str, tuple[Any, ...]]:
+    """A server's audit rows (``columns``) by request id, for the ids starting
+    with ``prefix``, once ``count`` are written (the audit is written off the
+    hot path) or after 10 s."""
+    deadline = time.monotonic() + 10
+    rows: list[tuple[Any, ...]] = []
+    while time.monotonic() < deadline:
+        with sqlite3.connect(data_dir / "audit.db") as conn:
+            rows = conn.execute(
+                f"SELECT request_id, {columns} FROM audit WHERE request_id LIKE ?",
+                (prefix + "%",),
+            ).fetchall()
+        if len(rows) >= count:
+            break
+        time.sleep(0.2)
+    return {str(row[0]): row[1:] for row in rows}

@@ -6,9 +6,7 @@ in the quota and the audit."""
 
 from __future__ import annotations
 
-import sqlite3
 import stat
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 import yaml
 
 from builders import write_fake_repository
-from serverproc import Server, start_server, stop_server
+from serverproc import Server, audit_rows, start_server, stop_server
 from tessera.tenants import TenantStore
 from tessera.tenants.throttle import DEFAULT_MAX_FAILURES
 
@@ -73,24 +71,6 @@ def server(data_dir: Path, keys: dict[str, str]) -> Iterator[Server]:
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-def audit_rows(
-    data_dir: Path, prefix: str, count: int, columns: str = "tenant, status, reason"
-) -> dict[str, tuple[object, ...]]:
-    """Audit rows whose request id starts with ``prefix``, once ``count`` are written."""
-    deadline = time.monotonic() + 10
-    rows: list[tuple[object, ...]] = []
-    while time.monotonic() < deadline:
-        with sqlite3.connect(data_dir / "audit.db") as conn:
-            rows = conn.execute(
-                f"SELECT request_id, {columns} FROM audit WHERE request_id LIKE ?",
-                (prefix + "%",),
-            ).fetchall()
-        if len(rows) >= count:
-            break
-        time.sleep(0.2)
-    return {str(row[0]): row[1:] for row in rows}
 
 
 def test_a_non_admin_key_sees_only_its_own_tenant(

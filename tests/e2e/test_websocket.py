@@ -9,8 +9,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,11 +20,12 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from builders import write_fake_repository
-from serverproc import Server, start_server, stop_server
+from serverproc import Server, audit_rows, start_server, stop_server
 from tessera.gateway.websocket import MAX_IN_FLIGHT
 from tessera.tenants import TenantStore
 
 MAX_MESSAGE_BYTES = 64 * 1024
+WS_COLUMNS = "tenant, model, status, units"  # the audit columns these tests read
 WORDS = 200  # the chatty model's answer: a word every 50 ms, 10 s in all
 MODELS = {
     "embed": {"task": "embedding"},
@@ -118,22 +117,6 @@ def closed_with(ws: ClientConnection) -> tuple[int | None, dict[str, Any] | None
         return (e.rcvd.code if e.rcvd else None), error
 
 
-def audit_rows(data_dir: Path, prefix: str, count: int) -> dict[str, tuple[Any, ...]]:
-    deadline = time.monotonic() + 15
-    rows: list[tuple[Any, ...]] = []
-    while time.monotonic() < deadline:
-        with sqlite3.connect(data_dir / "audit.db") as conn:
-            rows = conn.execute(
-                "SELECT request_id, tenant, model, status, units FROM audit"
-                " WHERE request_id LIKE ?",
-                (prefix + "%",),
-            ).fetchall()
-        if len(rows) >= count:
-            break
-        time.sleep(0.2)
-    return {str(row[0]): row[1:] for row in rows}
-
-
 def test_every_task_is_answered_with_its_http_body(
     server: Server, key: str, data_dir: Path
 ) -> None:
@@ -164,7 +147,7 @@ def test_every_task_is_answered_with_its_http_body(
     assert base64.b64decode(data["s"]["audio"])[:4] == b"RIFF"
     assert data["o"]["pages"][0]["text"] == "40x30"
     assert data["h"]["choices"][0]["message"]["content"] == "a b "
-    rows = audit_rows(data_dir, "ws-tasks/", len(messages))
+    rows = audit_rows(data_dir, "ws-tasks/", len(messages), WS_COLUMNS)
     assert {k.removeprefix("ws-tasks/") for k in rows} == set(messages)
     assert all(row[0] == "acme" and row[2] == 200 for row in rows.values())
 
@@ -236,7 +219,7 @@ def test_a_wrong_key_is_refused_with_1008(server: Server, data_dir: Path) -> Non
         ask(ws, {"type": "auth", "key": "tsk_nothere1_" + "y" * 43})
         code, _ = closed_with(ws)
     assert code == 1008
-    rows = audit_rows(data_dir, "ws-wrongkey", 1)
+    rows = audit_rows(data_dir, "ws-wrongkey", 1, WS_COLUMNS)
     assert rows["ws-wrongkey"][2] == 401  # audited as HTTP's failed keys are
 
 
@@ -330,7 +313,7 @@ def test_a_client_that_leaves_mid_stream_stops_its_generation(
             assert answer(ws)["type"] == "delta"
     # Closed after three words: the generation stops at its next word and is
     # charged its prompt and the words made, far from all 200 (10 s of them).
-    (row,) = audit_rows(data_dir, "ws-leave/", 1).values()
+    (row,) = audit_rows(data_dir, "ws-leave/", 1, WS_COLUMNS).values()
     tenant, model, status, units = row
     assert (tenant, model, status) == ("acme", "chatty", 499)
     assert 1 + 3 <= float(units) < 1 + WORDS / 2
