@@ -135,10 +135,10 @@ class ModelLifecycle:
             served = self._served.pop(name, None)
             if served is None:
                 raise ModelNotFoundError(name)
-            before = self._residency.table.used_bytes()
+            before = self._residency.table.weight_bytes()
             for key in list(served.specs):
                 await self._retire_version(served, key)
-            freed = before - self._residency.table.used_bytes()
+            freed = before - self._residency.table.weight_bytes()
             log.info("model %s retired, %d bytes freed", name, freed)
             return freed
 
@@ -175,7 +175,7 @@ class ModelLifecycle:
     async def _roll_out(self, spec: ModelSpec, retire: Iterable[str]) -> RolloutStats:
         served = self._served.get(spec.name)
         old = served.current_spec if served is not None else None
-        used = self._residency.table.used_bytes()
+        used = self._residency.table.weight_bytes()
         record = _Rollout(
             RolloutStats(
                 model=spec.name,
@@ -209,7 +209,7 @@ class ModelLifecycle:
         record.mark(
             state="done",
             finished_at=self.clock.now(),
-            used_bytes_after=self._residency.table.used_bytes(),
+            used_bytes_after=self._residency.table.weight_bytes(),
         )
         self._outcomes[(spec.name, "done")] += 1
         log.info("model %s now serves version %s", spec.name, spec.version_label)
@@ -226,7 +226,7 @@ class ModelLifecycle:
             record.mark(
                 state="checking",
                 loaded_at=self.clock.now(),
-                used_bytes_peak=self._residency.table.used_bytes(),
+                used_bytes_peak=self._residency.table.weight_bytes(),
             )
             await self._smoke(spec)
             record.mark(checked_at=self.clock.now())
@@ -239,7 +239,7 @@ class ModelLifecycle:
             record.mark(state="rolled_back", error=cause, finished_at=self.clock.now())
             self._outcomes[(spec.name, "rolled_back")] += 1
             await self._forget_version(spec.key)
-            record.mark(used_bytes_after=self._residency.table.used_bytes())
+            record.mark(used_bytes_after=self._residency.table.weight_bytes())
             raise RolloutFailedError(spec.name, spec.version_label, cause) from e
         finally:
             self._staged.pop(spec.key, None)

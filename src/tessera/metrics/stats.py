@@ -132,6 +132,8 @@ class RolloutStats:
     switched_at: float | None
     drained_at: float | None
     finished_at: float | None
+    # Bytes the models hold (weights; the activation room of running batches,
+    # which comes and goes with them, left out).
     used_bytes_before: int
     used_bytes_peak: int
     used_bytes_after: int | None

@@ -108,6 +108,11 @@ class ResidencyTable:
         )
         return own + sum(self._held_shared().values())
 
+    def weight_bytes(self) -> int:
+        """Bytes held by models themselves: what is used less the activation
+        room running batches hold for now."""
+        return self.used_bytes() - self.activation_bytes_held()
+
     def free_bytes(self) -> int:
         return self.budget_bytes - self.used_bytes()
 
