@@ -26,7 +26,7 @@ import functools
 import logging
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,6 +58,7 @@ from tessera.residency import (
     ResidencyManager,
     make_eviction_policy,
 )
+from tessera.runtimes.base import ModelLoader
 from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.types import ChatOutput, Task, request_units
 
@@ -153,7 +154,10 @@ class Engine(ModelLifecycle):
         device: Device | None = None,
         stats: StatsSink | None = None,
         admission: AdmissionControl | None = None,
+        loaders: Mapping[str, ModelLoader] | None = None,
     ) -> None:
+        """``loaders``: loaders by adapter name beside the registry's (the
+        cluster gateway's ``cluster`` runtime)."""
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self._device = device or make_device(config.device)
@@ -165,7 +169,12 @@ class Engine(ModelLifecycle):
         self._stats = FanoutSink() if stats is None else FanoutSink(stats)
         activations = ActivationBook()
         self._host = EngineHost(
-            self._device, self._executor, activations, self._stats, cache_dir=config.cache_dir
+            self._device,
+            self._executor,
+            activations,
+            self._stats,
+            cache_dir=config.cache_dir,
+            loaders=loaders,
         )
         budget = config.memory_budget_bytes or self._device.default_budget_bytes()
         self._residency = ResidencyManager(

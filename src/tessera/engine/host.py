@@ -16,7 +16,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,9 @@ MAX_WARMUP_ITEMS = 8
 # Tasks whose items are heavy (a page, a sentence of speech, a generation)
 # warm up on one item: enough to measure a peak per unit, cheap on a cold load.
 ONE_ITEM_WARMUP = frozenset({Task.OCR, Task.TTS, Task.GENERATE})
+# Runtimes whose models hold nothing here (a cluster gateway's, which run on
+# engine actors): loaded without a measurement or a warm-up.
+UNMEASURED_RUNTIMES = frozenset({"cluster"})
 
 
 class EngineHost:
@@ -61,6 +64,7 @@ class EngineHost:
         stats: StatsSink | None = None,
         max_concurrent_loads: int = 2,
         cache_dir: Path | None = None,
+        loaders: Mapping[str, ModelLoader] | None = None,
     ):
         self.device = device
         self.executor = executor
@@ -68,7 +72,9 @@ class EngineHost:
         self.shared = SharedComponents()
         # The warm-up after a first load seeds the model's activation peaks.
         self.activations = activations
-        self._loaders: dict[tuple[str, str], ModelLoader] = {}
+        self._loaders: dict[tuple[str, str], ModelLoader] = {
+            (adapter, "inline"): loader for adapter, loader in (loaders or {}).items()
+        }
         self._load_pool = ThreadPoolExecutor(
             max_concurrent_loads, thread_name_prefix="tessera-load"
         )
@@ -169,6 +175,8 @@ class EngineHost:
         return model
 
     def _load_once(self, spec: ModelSpec) -> LoadedModel:
+        if spec.runtime in UNMEASURED_RUNTIMES:
+            return self.loader(spec).load(spec, self._reload_ctx)
         if spec.adapter not in self._adapters_seen:
             with self._first_load_lock:
                 model = self._load_measured(spec)
