@@ -39,17 +39,23 @@ def free_port() -> int:
 
 
 def start_server(
-    tmp: Path, *args: str, key: str | None = None, probe: str = "/v2/health/ready"
+    tmp: Path,
+    *args: str,
+    key: str | None = None,
+    probe: str = "/v2/health/ready",
+    command_name: str = "serve",
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], Server]:
-    """Start ``tessera serve`` with ``args`` (a later ``--data-dir`` wins) and wait
+    """Start ``tessera serve`` (or ``command_name``) with ``args`` (a later
+    ``--data-dir`` wins) and ``env`` over this process's environment, and wait
     until it is ready (or until ``probe`` answers 200: ``/v2/health/live``, up)."""
     port = free_port()
     log_path = tmp / f"server-{port}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    command = [sys.executable, "-m", "tessera", "serve", "--port", str(port)]
+    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    command = [sys.executable, "-m", "tessera", command_name, "--port", str(port)]
     command += ["--data-dir", str(tmp / "data"), *args]
     with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environ)
     server = Server(f"http://127.0.0.1:{port}", port, log_path, key)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -16,7 +16,9 @@ from tessera.tenants.cli import register as register_tenant_commands
 
 if TYPE_CHECKING:
     from tessera.admission.shared import RedisAdmissionController
+    from tessera.cluster.client import RayEngines
     from tessera.engine import Engine
+    from tessera.repository import ModelRepository
     from tessera.tenants import AuditLog, TenantStore
 
 app = typer.Typer(help="Serve many small AI models, for many tenants, from one device.")
@@ -77,6 +79,14 @@ def serve(
     body_timeout: Annotated[
         float | None, typer.Option(min=0.001, help="Seconds for a request's body (60).")
     ] = None,
+    cluster_address: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            help="Route to the engines of this Ray cluster (auto, or its address)"
+            " instead of serving models here.",
+        ),
+    ] = None,
     config: ConfigOpt = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
     log_format: Annotated[
@@ -103,7 +113,60 @@ def serve(
         shutdown_grace_s=shutdown_grace,
         header_timeout_s=header_timeout,
         body_timeout_s=body_timeout,
+        cluster=cluster_address,
     )
+    _serve(settings, log_level, start_engines=False)
+
+
+@app.command()
+def cluster(
+    address: Annotated[
+        str,
+        typer.Option(
+            help="The Ray cluster: auto (the one this machine joined with ray start),"
+            " local (start one here), or its address."
+        ),
+    ] = "local",
+    host: Annotated[str | None, typer.Option(help="Address to bind.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to bind.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Where state is kept.")] = None,
+    memory_budget: Annotated[
+        str | None, typer.Option(help="Each engine's budget. Default: its device's share.")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="Each engine's: auto, cpu, cuda.")] = None,
+    threads: Annotated[int | None, typer.Option(help="Each engine's thread budget.")] = None,
+    cpu_share: Annotated[
+        float | None, typer.Option(help="CPUs an engine takes on a node without GPUs (1).")
+    ] = None,
+    model_repository: RepoOpt = None,
+    no_auth: Annotated[
+        bool, typer.Option("--no-auth", help="Serve without API keys (trusted networks only).")
+    ] = False,
+    config: ConfigOpt = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
+) -> None:
+    """Start one engine per device of a Ray cluster (a Ray actor each), and a
+    gateway routing to them. More gateways: ``tessera serve --cluster ADDRESS``."""
+    _offline()
+    settings = _config(
+        config,
+        host=host,
+        port=port,
+        data_dir=str(data_dir) if data_dir else None,
+        memory_budget=memory_budget,
+        device=device,
+        num_threads=threads,
+        model_repositories=model_repository,
+        auth=False if no_auth else None,
+        cluster=address,
+        cluster_cpu_share=cpu_share,
+    )
+    _serve(settings, log_level, start_engines=True)
+
+
+def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> None:
+    """Run a gateway: over its own engine, or over the engines of
+    ``settings.cluster`` (started first when ``start_engines``)."""
     try:
         configure_logging(log_level, settings.log_format)
     except ValueError as e:
@@ -121,14 +184,18 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the owner's alone
-    engine = Engine(repository, settings.engine, admission=_shared_admission(settings))
+    ray_engines: RayEngines | None = None
+    if settings.cluster is not None:
+        engine, ray_engines = _cluster_engine(settings, repository, start_engines)
+    else:
+        engine = Engine(repository, settings.engine, admission=_shared_admission(settings))
+        stats = engine.snapshot()
+        typer.echo(
+            f"tessera on {stats.device_name}: {len(repository)} models,"
+            f" budget {stats.budget_bytes} bytes,"
+            f" {stats.num_workers} workers x {stats.threads_per_worker} threads"
+        )
     store, audit_log = _tenancy(settings, engine) if settings.auth else (None, None)
-    stats = engine.snapshot()
-    typer.echo(
-        f"tessera on {stats.device_name}: {len(repository)} models,"
-        f" budget {stats.budget_bytes} bytes,"
-        f" {stats.num_workers} workers x {stats.threads_per_worker} threads"
-    )
     app_ = create_app(
         engine,
         max_body_bytes=settings.max_body_bytes,
@@ -143,6 +210,7 @@ def serve(
         if settings.watch_repository
         else None,
         watch_interval_s=settings.watch_interval_s,
+        cluster=ray_engines,
     )
     if settings.metrics_port is not None:
         # A scrape-only listener (prometheus_client's own thread): no key, no other routes.
@@ -170,6 +238,45 @@ def serve(
         settings.shutdown_grace_s,
     )
     server.run()
+
+
+def _cluster_engine(
+    settings: ServerConfig, repository: ModelRepository, start_engines: bool
+) -> tuple[Engine, RayEngines]:
+    """The gateway's engine over the engine actors of ``settings.cluster``."""
+    from tessera.cluster import Router
+    from tessera.cluster.actor import find_engines
+    from tessera.cluster.actor import start_engines as start_actors
+    from tessera.cluster.client import RayEngines, connect
+    from tessera.cluster.gateway import (
+        CLUSTER_RUNTIME,
+        ClusterLoader,
+        gateway_config,
+        gateway_repository,
+    )
+    from tessera.engine import Engine
+
+    address = settings.cluster
+    connect(None if address == "local" else address)
+    if start_engines:
+        actors = start_actors(repository, settings.engine, cpu_share=settings.cluster_cpu_share)
+    else:
+        actors = find_engines()
+        if not actors:
+            typer.echo(
+                "error: no tessera engines in that Ray cluster (start them with tessera cluster)",
+                err=True,
+            )
+            raise typer.Exit(2)
+    typer.echo(f"tessera gateway over {len(actors)} engines: {', '.join(sorted(actors))}")
+    ray_engines = RayEngines(actors, Router(settings.cluster_routing))
+    engine = Engine(
+        gateway_repository(repository),
+        gateway_config(settings.engine, settings.cluster_window),
+        admission=_shared_admission(settings),
+        loaders={CLUSTER_RUNTIME: ClusterLoader(ray_engines)},
+    )
+    return engine, ray_engines
 
 
 def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, AuditLog]:

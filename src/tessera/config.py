@@ -46,10 +46,26 @@ A config file may hold any of::
     watch_interval_s: 5          # how often (see docs/models.md)
     trusted_proxies: []          # addresses whose X-Forwarded-For names the client
                                  # (rate limits, the auth throttle); default: none
+    cluster: null                # a Ray cluster's address (auto: the one this machine
+                                 # joined; local: start one): serve from engine actors
+                                 # there (tessera cluster; see docs/scale-out.md)
+    cluster_window: 32           # batches of each model a gateway has in flight there
+    cluster_cpu_share: 1         # CPUs an engine actor takes on a node without GPUs
+    cluster_routing:             # the router's targets (RoutingConfig); these are defaults
+      report_interval_s: 0.25
+      target_p99_s: 0.5
+      max_queue_per_replica: 8
+      target_utilization: 0.6
+      scale_up_after_s: 1
+      scale_down_after_s: 20
+      max_replicas: 8
+      placement_ttl_s: 10
+      cold_after_s: 60
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +73,7 @@ from typing import Any
 
 import yaml
 
+from tessera.cluster.routing import RoutingConfig
 from tessera.engine import EngineConfig
 from tessera.errors import ConfigError
 from tessera.repository import ModelRepository, default_repository_path
@@ -98,6 +115,10 @@ class ServerConfig:
     trusted_proxies: tuple[str, ...] = ()
     watch_repository: bool = False
     watch_interval_s: float = 5.0
+    cluster: str | None = None
+    cluster_window: int = 32
+    cluster_cpu_share: float = 1.0
+    cluster_routing: RoutingConfig = field(default_factory=RoutingConfig)
 
     def repository(self) -> ModelRepository:
         folders = [default_repository_path()] if self.include_default_models else []
@@ -146,6 +167,10 @@ _SERVER_KEYS = {
     "trusted_proxies",
     "watch_repository",
     "watch_interval_s",
+    "cluster",
+    "cluster_window",
+    "cluster_cpu_share",
+    "cluster_routing",
     *_MS_KEYS,
 }
 
@@ -210,7 +235,39 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         trusted_proxies=_addresses(values, "trusted_proxies"),
         watch_repository=bool(values.get("watch_repository", False)),
         watch_interval_s=_seconds(values, "watch_interval_s", 5.0),
+        cluster=_optional_str(values, "cluster"),
+        cluster_window=_positive_int(values, "cluster_window", 32),
+        cluster_cpu_share=_seconds(values, "cluster_cpu_share", 1.0),
+        cluster_routing=_routing(values.get("cluster_routing")),
     )
+
+
+def _positive_int(values: dict[str, Any], key: str, default: int) -> int:
+    raw = values.get(key, default)
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 1:
+        raise ConfigError(f"{key} must be a whole number above 0, not {raw!r}")
+    return raw
+
+
+def _routing(raw: object) -> RoutingConfig:
+    """The router's targets: RoutingConfig's fields, each a number above 0."""
+    if raw is None:
+        return RoutingConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"cluster_routing must be a mapping, not {raw!r}")
+    known = {f.name: f.default for f in dataclasses.fields(RoutingConfig)}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown cluster_routing keys: {sorted(unknown)}")
+    values: dict[str, Any] = {}
+    for key, default in known.items():
+        if key not in raw:
+            continue
+        if isinstance(default, int):
+            values[key] = _positive_int(raw, key, default)
+        else:
+            values[key] = _seconds(raw, key, float(str(default)))
+    return RoutingConfig(**values)
 
 
 def _addresses(values: dict[str, Any], key: str) -> tuple[str, ...]:

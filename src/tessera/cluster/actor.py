@@ -10,6 +10,7 @@ its own event loop; the gateways' ``RayEngines`` route to it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +54,15 @@ class EngineActor:
         self._engine.subscribe(self._busy)
         self._latencies: dict[str, list[float]] = {}
         self._reported_at = time.monotonic()
+        self._preloaded: asyncio.Task[None] | None = None
+
+    async def ready(self) -> str:
+        """Once the models marked preload are loaded (the first call starts
+        that): the engine's name."""
+        if self._preloaded is None:
+            self._preloaded = asyncio.create_task(self._engine.preload())
+        await asyncio.shield(self._preloaded)
+        return self._device
 
     async def infer(
         self, model: str, task: Task, items: Sequence[Any], timeout_s: float | None

@@ -55,6 +55,7 @@ class RayEngines:
         clock: Clock | None = None,
         max_tries: int = 3,
         report_timeout_s: float = 5.0,
+        ready_timeout_s: float = 300.0,
     ) -> None:
         self._actors = dict(actors)
         self._dead: set[str] = set()
@@ -62,14 +63,22 @@ class RayEngines:
         self._clock = clock or MonotonicClock()
         self._max_tries = max_tries
         self._report_timeout_s = report_timeout_s
+        self._ready_timeout_s = ready_timeout_s
         self._reports: dict[str, DeviceReport] = {}
         self._bytes: dict[str, int] = {}
         self._poller: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self.counts = RoutingCounts()
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
-        """Read every engine's report once, then keep reading them."""
+        """Read every engine's report once, then keep reading them (on the
+        running loop, which ``infer`` must be called on: ``loop``)."""
+        self.loop = asyncio.get_running_loop()
+        await self._clock.wait_for(
+            asyncio.gather(*(actor.ready.remote() for actor in self._actors.values())),
+            self._ready_timeout_s,
+        )
         await self.poll()
         self._poller = asyncio.create_task(self._poll_forever())
 
@@ -84,6 +93,37 @@ class RayEngines:
 
     def report_of(self, device: str) -> DeviceReport | None:
         return self._reports.get(device)
+
+    def stats(self) -> dict[str, Any]:
+        """What ``/admin/cluster`` shows: each engine's last report, each model's
+        replicas, and what this gateway routed."""
+        now = self._clock.now()
+        engines: list[dict[str, Any]] = []
+        held: set[str] = set(self._bytes)
+        for name in sorted(self._actors):
+            report = self._reports.get(name)
+            loads = report.models if report is not None else ()
+            held.update(m.name for m in loads)
+            engines.append(
+                {
+                    "name": name,
+                    "alive": name not in self._dead,
+                    "report_age_s": round(now - report.at, 3) if report else None,
+                    "budget_bytes": report.budget_bytes if report else None,
+                    "used_bytes": report.used_bytes if report else None,
+                    "models": [dataclasses.asdict(m) for m in loads],
+                }
+            )
+        models = sorted(held)
+        counts = self.counts
+        return {
+            "engines": engines,
+            "replicas": {m: sorted(self.router.replicas(m)) for m in models},
+            "routing": dataclasses.asdict(counts),
+            "resident_share": counts.num_resident / counts.num_requests
+            if counts.num_requests
+            else None,
+        }
 
     async def poll(self) -> None:
         """One round: every engine's report, then the router's replicas."""
@@ -101,9 +141,12 @@ class RayEngines:
                     if load.weights_bytes:
                         self._bytes[load.name] = load.weights_bytes
                 self.router.report(report)
-            elif name not in self._dead:
-                log.warning("engine %s gave no report: %s", name, result)
-                self._lost(name)
+            elif isinstance(result, RayActorError):
+                if name not in self._dead:
+                    log.warning("engine %s is gone: %s", name, result)
+                    self._lost(name)
+            else:  # slow, not gone: its last report stands
+                log.warning("engine %s gave no report: %r", name, result)
         for action in self.router.rebalance(now):
             actor = self._actors[action.device]
             if isinstance(action, AddReplica):

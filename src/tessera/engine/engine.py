@@ -64,7 +64,7 @@ from tessera.tasks.types import ChatOutput, Task, request_units
 
 from .counters import ModelCounters
 from .executor import BatchRun, ComputeExecutor
-from .host import EngineHost
+from .host import UNMEASURED_RUNTIMES, EngineHost
 from .lifecycle import ModelLifecycle, ServedModel
 
 log = logging.getLogger(__name__)
@@ -87,9 +87,13 @@ class EngineConfig:
     # While two or more tenants use a model, cap a batch's predicted run time
     # here (the fair queue's quantum); None: full batches whatever the mix.
     fair_quantum_s: float | None = 0.025
-    # Batches predicted to run this long (a page of OCR, a chat generation) run in
-    # a lane of their own, so that they cannot hold every worker; None: one lane.
+    # Batches predicted to run this long (a page of OCR, a chat generation) are
+    # long work; None: every batch is short, in one lane.
     long_batch_s: float | None = 0.5
+    # How long work shares the workers (executor.py): "steps", compute slots that
+    # long batches give to short ones at each step boundary, a worker kept for
+    # short work; "lane", threads of their own beside the short ones' workers.
+    long_work: str = "steps"
     # Where loaders keep converted weights (a GGUF model's) between loads and
     # restarts; None: no cache.
     cache_dir: Path | None = None
@@ -164,7 +168,11 @@ class Engine(ModelLifecycle):
         num_threads = config.num_threads or os.cpu_count() or 1
         num_workers = config.num_workers or num_threads
         self._executor = ComputeExecutor(
-            self._device, num_threads, num_workers, long_batch_s=config.long_batch_s
+            self._device,
+            num_threads,
+            num_workers,
+            long_batch_s=config.long_batch_s,
+            long_work=config.long_work,
         )
         self._stats = FanoutSink() if stats is None else FanoutSink(stats)
         activations = ActivationBook()
@@ -670,7 +678,7 @@ class Engine(ModelLifecycle):
         """Hand a batch's outcome to the policies that learn from it, the
         counters and the sinks, and answer its callers."""
         num_items = len(run.outputs)
-        if run.peak_bytes is not None:
+        if run.peak_bytes is not None and spec.runtime not in UNMEASURED_RUNTIMES:
             self._residency.observe_batch(spec.key, run.peak_bytes, part.units)
         self._predictor(spec.key).observe(part.units, run.run_s)
         counters = self._counters[spec.key]

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tessera.errors import InvalidInputError
 from tessera.gateway.common import engine_of
+from tessera.gateway.errors import error_body
 
 router = APIRouter(prefix="/admin")
 
@@ -54,6 +55,17 @@ async def residency(request: Request) -> JSONResponse:
             "rollouts": [dataclasses.asdict(r) for r in stats.rollouts],
         }
     )
+
+
+@router.get("/cluster")
+async def cluster(request: Request) -> JSONResponse:
+    """The engine actors this gateway routes to, as their last reports say,
+    and what this gateway routed (404 for a gateway that serves its own models)."""
+    engines = request.app.state.cluster
+    if engines is None:
+        message = "this gateway serves its own models: it routes to no cluster"
+        return JSONResponse(error_body(404, message, "not_found"), status_code=404)
+    return JSONResponse(engines.stats())
 
 
 class AddModelRequest(BaseModel):

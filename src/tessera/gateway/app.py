@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -30,6 +31,9 @@ from tessera.repository.watch import RepositoryWatcher
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tenants import AuditLog, TenantStore
 
+if TYPE_CHECKING:
+    from tessera.cluster.client import RayEngines
+
 log = logging.getLogger(__name__)
 
 
@@ -45,23 +49,32 @@ def create_app(
     metrics_public: bool = False,
     watcher: RepositoryWatcher | None = None,
     watch_interval_s: float = 5.0,
+    cluster: RayEngines | None = None,
 ) -> FastAPI:
     """An app serving ``engine``; preloading starts with the app and runs in the
     background, so liveness answers at once and readiness once it is done.
     With a ``tenant_store`` every route but the health probes (and the live
     page's static files, and ``/metrics`` if ``metrics_public``) needs an API key.
     With a ``watcher``, once preloading is over, the repository folders it
-    watches are polled every ``watch_interval_s`` for new models and versions."""
+    watches are polled every ``watch_interval_s`` for new models and versions.
+    With a ``cluster`` (the engine actors that ``engine``'s models run on),
+    their reports are read from the start, and ``/admin/cluster`` shows them."""
 
     async def watch_after(preload: asyncio.Task[None], watcher: RepositoryWatcher) -> None:
         await asyncio.wait({preload})  # over, whatever its outcome
         await engine.watch_repository(watcher, watch_interval_s)
 
+    async def start() -> None:
+        # Ready once the cluster's engines answer (if it routes to one), then preloaded.
+        if cluster is not None:
+            await cluster.start()
+        await engine.preload(preload_progress)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if audit_log is not None:
             await audit_log.start()
-        preload = asyncio.create_task(engine.preload(preload_progress), name="preload")
+        preload = asyncio.create_task(start(), name="preload")
         tasks = [preload]
         if watcher is not None:
             tasks.append(asyncio.create_task(watch_after(preload, watcher), name="watch"))
@@ -74,6 +87,8 @@ def create_app(
                     await task
             try:
                 await engine.close()
+                if cluster is not None:
+                    await cluster.close()
             finally:
                 # The audit is flushed even if stopping the engine failed.
                 if audit_log is not None:
@@ -83,6 +98,7 @@ def create_app(
 
     app = FastAPI(title="tessera", version=__version__, lifespan=lifespan)
     app.state.engine = engine
+    app.state.cluster = cluster
     app.state.tenant_store = tenant_store
     app.state.audit_log = audit_log
     app.state.tiers = tiers or dict(DEFAULT_TIERS)
