@@ -6,12 +6,23 @@ global setting, onnxruntime's session option, a native engine's option), so
 torch, onnxruntime and native engines together never oversubscribe the cores.
 
 A batch predicted to run for ``long_batch_s`` or more (a page of OCR, a
-chat generation) runs in a lane of its own, ``num_workers`` more threads,
-so that it cannot hold every worker while short batches of other models
-wait behind it: the operating system then shares the cores between the
-long batch and the short ones, as it would between one process per model.
-Short batches never wait for a long one to end; long ones give up some
-speed while short ones run beside them.
+chat generation) is *long*; how long work shares the workers with short
+work is ``long_work``:
+
+- ``steps`` (the default): a batch computes only while it holds one of
+  ``num_workers`` compute slots (``scheduling/slot.py``). Short batches are
+  granted first; long ones compute a step at a time and at each step
+  boundary (``step.step_boundary``: a decode step, OCR's detection and each
+  recognition chunk) give their slot to short batches that wait, and while
+  short work is active long batches hold at most ``num_workers - 1`` slots.
+  So a short batch waits at most for the end of a step, most often not at
+  all, and never shares its core with more threads than there are cores.
+  Long batches still run on threads of their own (a paused one holds its
+  thread, not a slot), so short batches always find a thread.
+- ``lane``: long batches run in a lane of ``num_workers`` more threads and
+  the operating system shares the cores between them and the short ones, as
+  it would between one process per model: short batches never wait for a
+  long one, but run slower beside it (the cores are oversubscribed).
 
 Memory measurements need quiet: ``measure_exclusive`` waits until no batch
 runs and holds new ones back while it measures a load. A batch's own
@@ -32,12 +43,16 @@ from typing import Any
 
 from tessera.device import Device
 from tessera.runtimes.memory import Measured, measure_rss, peak_rss_bytes, reset_peak, rss_bytes
+from tessera.scheduling.slot import ComputeSlots, SlotClaim
+from tessera.step import stepping
+
+LONG_WORK_MODES = ("steps", "lane")
 
 
 @dataclass(frozen=True, slots=True)
 class BatchRun:
     outputs: list[Any]
-    run_s: float
+    run_s: float  # computing: the seconds it waited at step boundaries are not counted
     peak_bytes: int | None  # activation peak above the level before the batch
 
 
@@ -48,17 +63,27 @@ class ComputeExecutor:
         num_threads: int,
         num_workers: int,
         long_batch_s: float | None = None,
+        long_work: str = "steps",
     ) -> None:
         if num_workers < 1 or num_threads < 1:
             raise ValueError("num_threads and num_workers must be >= 1")
+        if long_work not in LONG_WORK_MODES:
+            raise ValueError(f"long_work must be one of {LONG_WORK_MODES}, not {long_work!r}")
         self.device = device
         self.num_workers = num_workers
         self.threads_per_worker = max(1, num_threads // num_workers)
         self.long_batch_s = long_batch_s
+        self.long_work = long_work
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="tessera-compute")
         self._long_pool = (
             ThreadPoolExecutor(num_workers, thread_name_prefix="tessera-long")
             if long_batch_s is not None
+            else None
+        )
+        # Compute slots (long_work: steps): guarded by _cond, as the counts below.
+        self._slots = (
+            ComputeSlots(num_workers, long_batch_s)
+            if long_batch_s is not None and long_work == "steps"
             else None
         )
         self._cond = threading.Condition()
@@ -70,6 +95,17 @@ class ComputeExecutor:
         self._exclusive = False
         self._exclusive_waiting = 0
 
+    @property
+    def num_yields(self) -> int:
+        """Compute slots long batches gave up at step boundaries so far."""
+        return self._slots.num_yields if self._slots is not None else 0
+
+    @property
+    def num_waiting(self) -> int:
+        """Batches waiting for a compute slot now (at their start or at a boundary)."""
+        with self._cond:
+            return self._slots.num_waiting if self._slots is not None else 0
+
     async def run(
         self,
         fn: Callable[[Sequence[Any]], list[Any]],
@@ -77,7 +113,7 @@ class ComputeExecutor:
         expected_s: float | None = None,
     ) -> BatchRun:
         """Run ``fn(items)`` on a worker; ``expected_s``, the predicted run time,
-        picks the long lane when it is at least ``long_batch_s``."""
+        makes it long when it is at least ``long_batch_s``."""
         pool = self._pool
         if (
             self._long_pool is not None
@@ -87,9 +123,14 @@ class ComputeExecutor:
         ):
             pool = self._long_pool
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(pool, self._run_sync, fn, items)
+        return await loop.run_in_executor(pool, self._run_sync, fn, items, expected_s)
 
-    def _run_sync(self, fn: Callable[[Sequence[Any]], list[Any]], items: Sequence[Any]) -> BatchRun:
+    def _run_sync(
+        self,
+        fn: Callable[[Sequence[Any]], list[Any]],
+        items: Sequence[Any],
+        expected_s: float | None,
+    ) -> BatchRun:
         with self._cond:
             while self._exclusive or self._exclusive_waiting:
                 self._cond.wait()
@@ -97,11 +138,14 @@ class ComputeExecutor:
             self._starts += 1
             started = self._starts
             alone = self._active == 1 and self._loading == 0
+        hook: _SlotHook | None = None
         try:
+            hook = self._take_slot(expected_s)
             measure = self._start_peak() if alone else None
             start = time.perf_counter()
-            outputs = fn(items)
-            run_s = time.perf_counter() - start
+            with stepping(hook) if hook is not None else contextlib.nullcontext():
+                outputs = fn(items)
+            run_s = time.perf_counter() - start - (hook.paused_s if hook is not None else 0.0)
             peak = self._end_peak(measure) if measure is not None else None
             if peak is not None and self._starts != started:
                 peak = None  # another batch or a load began meanwhile: its bytes, not ours
@@ -115,8 +159,20 @@ class ComputeExecutor:
             raise
         finally:
             with self._cond:
+                if hook is not None:
+                    hook.release()
                 self._active -= 1
                 self._cond.notify_all()
+
+    def _take_slot(self, expected_s: float | None) -> _SlotHook | None:
+        """Wait for a compute slot for a batch about to run; its hook for the
+        batch's step boundaries (None: no slots, ``long_work: lane``)."""
+        if self._slots is None:
+            return None
+        with self._cond:
+            claim = self._slots.claim(expected_s, time.monotonic())
+            _wait_for_slot(self._cond, self._slots, claim)
+        return _SlotHook(self._cond, self._slots, claim)
 
     @contextlib.contextmanager
     def loading(self) -> Iterator[None]:
@@ -178,3 +234,50 @@ class ComputeExecutor:
         self._pool.shutdown(wait=True, cancel_futures=True)
         if self._long_pool is not None:
             self._long_pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _wait_for_slot(cond: threading.Condition, slots: ComputeSlots, claim: SlotClaim) -> None:
+    """Wait (holding ``cond``, which guards ``slots``) until ``claim`` holds a slot."""
+    while not claim.holding:
+        cond.wait(slots.wake_in(time.monotonic()))
+        if slots.regrant(time.monotonic()):
+            cond.notify_all()  # the worker kept for short work went to a long batch
+
+
+class _SlotHook:
+    """A batch's step hook (``step.StepHook``): gives its compute slot up where
+    the slots say so, and counts the seconds it waited for one again, which
+    are not its run time."""
+
+    def __init__(self, cond: threading.Condition, slots: ComputeSlots, claim: SlotClaim) -> None:
+        self._cond = cond
+        self._slots = slots
+        self._claim = claim
+        self.paused_s = 0.0
+
+    def boundary(self) -> None:
+        with self._cond:
+            begun = time.monotonic()
+            if not self._slots.boundary(self._claim, begun):
+                return
+            self._cond.notify_all()  # the slot it gave up went to a waiting batch
+            _wait_for_slot(self._cond, self._slots, self._claim)
+            self.paused_s += time.monotonic() - begun
+
+    def release(self) -> None:
+        """The batch has ended (called holding ``cond``)."""
+        self._slots.release(self._claim, time.monotonic())
+
+    @contextlib.contextmanager
+    def blocked(self) -> Iterator[None]:
+        with self._cond:
+            begun = time.monotonic()
+            self._slots.suspend(self._claim, begun)
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._slots.resume(self._claim, time.monotonic())
+                _wait_for_slot(self._cond, self._slots, self._claim)
+                self.paused_s += time.monotonic() - begun

@@ -1,4 +1,5 @@
-"""The compute executor's long lane: a long batch cannot hold every worker.
+"""The compute executor's long lane (``long_work: lane``): a long batch cannot
+hold every worker. The default, ``steps``, is tested in ``test_executor_steps.py``.
 
 Batches run on real threads, so these tests wait on events, never on time:
 each batch records the thread it ran on and the order it ran in, and a gate
@@ -58,8 +59,10 @@ async def submitted(task: asyncio.Future[Any]) -> None:
     assert not task.done()
 
 
-async def test_short_batch_runs_while_a_long_one_holds_the_only_worker() -> None:
-    executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1, long_batch_s=0.5)
+async def test_in_the_lane_a_short_batch_runs_while_a_long_one_holds_the_only_worker() -> None:
+    executor = ComputeExecutor(
+        CpuDevice(), num_threads=1, num_workers=1, long_batch_s=0.5, long_work="lane"
+    )
     log = Log()
     try:
         long_run = asyncio.ensure_future(executor.run(log.blocking("long"), ["page"], 3.0))
