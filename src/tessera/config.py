@@ -20,7 +20,9 @@ A config file may hold any of::
     preload: [all-minilm-l6-v2]  # default: the models whose model.yaml says preload
     scheduling: fair             # fair (weighted across tenants) | fifo
     fair_quantum_ms: 25          # 2+ tenants on a model: cap a batch's run time (null: off)
-    long_batch_ms: 500           # batches predicted this long get a lane of their own (null: off)
+    long_batch_ms: 500           # batches predicted this long are long work (null: none is)
+    long_work: steps             # steps: long work yields to short batches at each step and
+                                 # leaves them a worker; lane: threads of its own (the OS shares)
     tiers:                       # weights and latency targets; these are the defaults
       vip: {weight: 4, latency_target_ms: 250}
       standard: {weight: 2}
@@ -75,6 +77,7 @@ import yaml
 
 from tessera.cluster.routing import RoutingConfig
 from tessera.engine import EngineConfig
+from tessera.engine.executor import LONG_WORK_MODES
 from tessera.errors import ConfigError
 from tessera.repository import ModelRepository, default_repository_path
 from tessera.scheduling import DEFAULT_TIERS, TierSpec, parse_tiers
@@ -134,6 +137,7 @@ _ENGINE_KEYS = {
     "default_timeout_s",
     "residency_wait_s",
     "scheduling",
+    "long_work",
 }
 # Keys given in one unit in the file and another in EngineConfig.
 _MS_KEYS = {"fair_quantum_ms": "fair_quantum_s", "long_batch_ms": "long_batch_s"}
@@ -194,6 +198,8 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
     if unknown:
         raise ConfigError(f"unknown config keys: {sorted(unknown)}")
     engine_values = {k: values[k] for k in _ENGINE_KEYS if k in values}
+    if engine_values.get("long_work", "steps") not in LONG_WORK_MODES:
+        raise ConfigError(f"long_work must be one of {', '.join(LONG_WORK_MODES)}")
     for key, field_name in _MS_KEYS.items():
         if key in file_values or key in values:
             raw = values.get(key)

@@ -27,6 +27,7 @@ def test_documented_example_is_accepted() -> None:
     assert settings.engine.memory_budget_bytes == 700 * 1024**2
     assert settings.tiers["vip"].latency_target_s == pytest.approx(0.25)
     assert settings.engine.scheduling == "fair"
+    assert settings.engine.long_work == "steps"
 
 
 def test_command_line_wins_and_none_means_unset() -> None:
@@ -67,3 +68,10 @@ def test_no_proxy_is_trusted_unless_named() -> None:
     assert named.trusted_proxies == ("10.0.0.5", "10.0.0.6")
     with pytest.raises(ConfigError, match="trusted_proxies must be a list of addresses"):
         build_config({"trusted_proxies": [5]}, {})
+
+
+def test_long_work_is_steps_or_lane() -> None:
+    assert build_config({}, {}).engine.long_work == "steps"
+    assert build_config({"long_work": "lane"}, {}).engine.long_work == "lane"
+    with pytest.raises(ConfigError, match="long_work must be one of steps, lane"):
+        build_config({"long_work": "threads"}, {})
