@@ -10,7 +10,7 @@ SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test venv lint bench bench-peers bench-all soak scaleout-sim mutation clean
+.PHONY: serve test venv lint bench bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ soak: $(STAMP)
 # The scale-out simulator: 100 devices, 1,000 models, on fake time (docs/scale-out.md).
 scaleout-sim: $(STAMP)
 	PYTHONPATH=benchmarks $(BIN)/python -m harness.scaleout $(ARGS)
+
+# tessera on a 3-node Ray cluster on this machine, two gateways (docs/scale-out.md); ~3 min.
+bench-cluster: $(STAMP)
+	$(BIN)/python benchmarks/cluster_bench.py $(ARGS)
 
 # Mutation testing of the policy packages against their unit tests (docs/mutation.md).
 # About 15 minutes on 2 cores (docs/mutation.md), so not part of `make test` or CI.
