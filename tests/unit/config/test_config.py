@@ -75,3 +75,23 @@ def test_long_work_is_steps_or_lane() -> None:
     assert build_config({"long_work": "lane"}, {}).engine.long_work == "lane"
     with pytest.raises(ConfigError, match="long_work must be one of steps, lane"):
         build_config({"long_work": "threads"}, {})
+
+
+def test_cluster_settings_and_the_routers_targets() -> None:
+    config = build_config(
+        {"cluster": "head:6380", "cluster_window": 8, "cluster_routing": {"target_p99_s": 0.2}},
+        {},
+    )
+    assert (config.cluster, config.cluster_window) == ("head:6380", 8)
+    assert config.cluster_routing.target_p99_s == 0.2
+    assert config.cluster_routing.max_replicas == 8  # the rest stay at their defaults
+    assert build_config({}, {}).cluster is None
+    for bad in (
+        {"cluster_routing": {"target_p99": 1}},
+        {"cluster_routing": {"max_replicas": 0}},
+        {"cluster_routing": {"scale_up_after_s": "soon"}},
+        {"cluster_routing": [1]},
+        {"cluster_window": 0},
+    ):
+        with pytest.raises(ConfigError):
+            build_config(bad, {})
