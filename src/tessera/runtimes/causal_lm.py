@@ -13,7 +13,9 @@ streaming, stop strings and per-row ``max_tokens`` alike, for a batch as for
 one item, with no second thread (transformers' ``TextIteratorStreamer`` needs
 one, and its streamers take batch size 1 only). The same hook reads each
 row's stop flag (``request.item_stops``): a row whose caller has gone ends at
-the next step, and when every row has, ``generate`` returns.
+the next step, and when every row has, ``generate`` returns. Between two
+steps the hook is a step boundary (``step.step_boundary``), where the
+executor may let short batches of other models run before the next step.
 
 Greedy items of a batch run as one left-padded ``generate``; sampling items
 are grouped by (temperature, top_p), and seeded items run alone so that a
@@ -62,6 +64,7 @@ from tessera.footprint import Footprint
 from tessera.request import item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
+from tessera.step import holding, step_boundary
 from tessera.tasks.types import ChatInput, ChatOutput
 
 if TYPE_CHECKING:
@@ -371,7 +374,8 @@ class CausalLm:
         self._lock = threading.Lock()
 
     def run(self, items: Sequence[Any]) -> list[ChatOutput]:
-        with self._lock:
+        # Held across step boundaries: taken with ``holding`` (see step.py).
+        with holding(self._lock):
             model, tokenizer = self._require()
             prepared = [self._prepare(tokenizer, item) for item in items]
             stops = item_stops(len(items))
@@ -450,7 +454,10 @@ class CausalLm:
             options["top_k"] = 0  # OpenAI semantics: no top-k unless asked
         else:
             options["do_sample"] = False
-        with _SAMPLING_LOCK if sampling else contextlib.nullcontext(), torch.inference_mode():
+        with (
+            holding(_SAMPLING_LOCK) if sampling else contextlib.nullcontext(),
+            torch.inference_mode(),
+        ):
             if first.seed is not None:
                 torch.manual_seed(first.seed)
             # Only ids and mask: some tokenizers add token_type_ids, which generate refuses.
@@ -648,6 +655,8 @@ def _row_criteria_class() -> type[Any]:
         def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
             last = input_ids[:, -1].tolist()
             done = [row.push(token) for row, token in zip(self._rows, last, strict=True)]
+            if not all(done):
+                step_boundary()  # between two decode steps: short batches may run here
             return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
     return RowCriteria

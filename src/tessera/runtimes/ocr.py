@@ -2,7 +2,17 @@
 
 A *page* runs detection, the optional 0/180-degree line classifier and
 recognition; a *line crop* runs recognition alone, and the line crops of a
-batch go through the recognizer in one call (one padded ONNX batch).
+batch go through the recognizer together (padded ONNX batches of
+``rec_batch_num``, the card's ``max_batch_size``).
+
+A batch runs in steps with a step boundary between them
+(``step.step_boundary``), where short batches of other models may run
+first: each page's detection, its line classification, and each recognizer
+batch. The stages are rapidocr's own (``detect_and_crop``,
+``cls_and_rotate``, the recognizer, ``build_final_output``), called one by
+one as ``RapidOCR.__call__`` calls them, and the recognizer's batches are the
+ones it would form itself (crops sorted by aspect ratio, then cut in
+``rec_batch_num``), so a page reads as one call reads it.
 
 Only the models bundled in ``rapidocr/models/`` are offline: rapidocr fetches
 any model it is not given a path for (``default_models.yaml`` lists URLs), so
@@ -23,6 +33,7 @@ from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes
+from tessera.step import step_boundary
 from tessera.tasks.types import OcrInput, OcrLine, OcrOutput
 
 if TYPE_CHECKING:
@@ -133,44 +144,62 @@ class RapidOcrModel:
 
     def run(self, items: Sequence[Any]) -> list[Any]:
         checked = [_check_item(item) for item in items]
+        steps = _Steps()
         outputs: list[OcrOutput | None] = [None] * len(checked)
         line_ids = [i for i, item in enumerate(checked) if item.mode == "line"]
         if line_ids:
             for i, output in zip(
-                line_ids, self._recognize([checked[i].image for i in line_ids]), strict=True
+                line_ids, self._recognize([checked[i].image for i in line_ids], steps), strict=True
             ):
                 outputs[i] = output
         for i, item in enumerate(checked):
             if item.mode == "page":
-                outputs[i] = self._page(item.image)
+                outputs[i] = self._page(item.image, steps)
         return outputs
 
-    def _page(self, image: npt.NDArray[np.uint8]) -> OcrOutput:
-        # Pass every stage flag: rapidocr keeps the last call's flags as its state.
-        result = self.engine(image, use_det=True, use_cls=self.use_cls, use_rec=True)
+    def _page(self, image: npt.NDArray[np.uint8], steps: _Steps) -> OcrOutput:
+        """Detection, classification and recognition, each a step (see the module notes)."""
+        from rapidocr.ch_ppocr_cls import TextClsOutput
+        from rapidocr.main import RapidOCRError
+
+        engine = self.engine
+        original = engine.load_img(image)
+        prepared, record = engine.preprocess_img(original)
+        steps.next()
+        try:
+            crops, detected = engine.detect_and_crop(prepared, record)
+            lines, classified = crops, TextClsOutput()
+            if self.use_cls:
+                steps.next()
+                lines, classified = engine.cls_and_rotate(crops)
+        except RapidOCRError:  # no text found (rapidocr logs it as a warning, and so reads nothing)
+            return OcrOutput(lines=())
+        recognized = self._recognizer_batches(lines, steps)
+        result = engine.build_final_output(
+            original, detected, classified, recognized, crops, record
+        )
         txts = getattr(result, "txts", None)
         boxes = getattr(result, "boxes", None)
         if not txts or boxes is None:
             return OcrOutput(lines=())
-        lines = tuple(
-            OcrLine(
-                text=str(text),
-                score=float(score),
-                box=tuple((float(x), float(y)) for x, y in box),
+        return OcrOutput(
+            lines=tuple(
+                OcrLine(
+                    text=str(text),
+                    score=float(score),
+                    box=tuple((float(x), float(y)) for x, y in box),
+                )
+                for box, text, score in zip(boxes, txts, result.scores, strict=True)
             )
-            for box, text, score in zip(boxes, txts, result.scores, strict=True)
         )
-        return OcrOutput(lines=lines)
 
-    def _recognize(self, crops: list[npt.NDArray[np.uint8]]) -> list[OcrOutput]:
-        """Recognition alone over line crops, in one recognizer call; the same
-        pre-processing as ``engine(img, use_det=False)`` (bounds on the sides)."""
-        from rapidocr.ch_ppocr_rec import TextRecInput
-
+    def _recognize(self, crops: list[npt.NDArray[np.uint8]], steps: _Steps) -> list[OcrOutput]:
+        """Recognition alone over line crops; the same pre-processing as
+        ``engine(img, use_det=False)`` (bounds on the sides)."""
         prepared = [self.engine.preprocess_img(self.engine.load_img(crop))[0] for crop in crops]
-        result = self.engine._load_rec_model()(TextRecInput(img=prepared))
+        result = self._recognizer_batches(prepared, steps)
         outputs = []
-        for crop, text, score in zip(crops, result.txts, result.scores, strict=True):
+        for crop, text, score in zip(crops, result.txts or (), result.scores, strict=True):
             if not str(text).strip():
                 outputs.append(OcrOutput(lines=()))
                 continue
@@ -178,11 +207,52 @@ class RapidOcrModel:
             outputs.append(OcrOutput(lines=(line,)))
         return outputs
 
+    def _recognizer_batches(self, images: list[npt.NDArray[np.uint8]], steps: _Steps) -> Any:
+        """The recognizer over ``images``, a step per batch of ``rec_batch_num``,
+        formed as the recognizer forms them in one call (sorted by aspect
+        ratio), so each text is the one that call gives; its ``TextRecOutput``."""
+        import numpy as np
+        from rapidocr.ch_ppocr_rec import TextRecInput, TextRecOutput
+
+        recognizer = self.engine._load_rec_model()
+        ratios = np.array([image.shape[1] / float(image.shape[0]) for image in images])
+        order = [int(i) for i in np.argsort(ratios)]
+        txts: list[str] = [""] * len(images)
+        scores: list[float] = [0.0] * len(images)
+        size = int(recognizer.rec_batch_num)
+        for begin in range(0, len(order), size):
+            steps.next()
+            batch = order[begin : begin + size]
+            result = recognizer(TextRecInput(img=[images[i] for i in batch]))
+            for i, text, score in zip(batch, result.txts, result.scores, strict=True):
+                txts[i], scores[i] = text, score
+        output: Any = TextRecOutput  # its annotations say 1-tuples; it takes any length
+        return output(
+            imgs=images,
+            txts=tuple(txts),
+            scores=scores,
+            word_results=tuple(None for _ in images),
+        )
+
     def memory(self) -> Footprint:
         return Footprint(own_bytes=self.own_bytes, method=self.method)
 
     def unload(self) -> None:
         self.engine = None
+
+
+class _Steps:
+    """A batch's steps: a step boundary before each but the first."""
+
+    __slots__ = ("_begun",)
+
+    def __init__(self) -> None:
+        self._begun = False
+
+    def next(self) -> None:
+        if self._begun:
+            step_boundary()
+        self._begun = True
 
 
 class RapidOcrLoader:

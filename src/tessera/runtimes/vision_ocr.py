@@ -44,6 +44,7 @@ from tessera.runtimes.causal_lm import (
     generate_in_groups,
 )
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
+from tessera.step import holding
 from tessera.tasks.prompts import ocr_prompt
 from tessera.tasks.types import (
     ChatInput,
@@ -136,7 +137,8 @@ class VisionOcr:
         self._lock = threading.Lock()  # the processor's tokenizer is not thread-safe
 
     def run(self, items: Sequence[Any]) -> list[ChatOutput]:
-        with self._lock:
+        # Held across step boundaries: taken with ``holding`` (see step.py).
+        with holding(self._lock):
             if self._model is None:
                 raise ModelUnavailableError(self._spec.name, "the model was unloaded")
             chats = [self._chat(item) for item in items]
@@ -227,7 +229,10 @@ class VisionOcr:
         if first.temperature > 0:
             options |= {"temperature": first.temperature, "top_p": first.top_p, "top_k": 0}
         sampling = first.temperature > 0
-        with _SAMPLING_LOCK if sampling else contextlib.nullcontext(), torch.inference_mode():
+        with (
+            holding(_SAMPLING_LOCK) if sampling else contextlib.nullcontext(),
+            torch.inference_mode(),
+        ):
             if first.seed is not None:
                 torch.manual_seed(first.seed)
             self._model.generate(**encoded, **options)

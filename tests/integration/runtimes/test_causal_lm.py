@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import importlib.util
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 
 from builders import make_queued, save_tiny_llama
+from tessera.device import CpuDevice
+from tessera.engine.executor import ComputeExecutor
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
 from tessera.repository.spec import ModelSpec
@@ -29,6 +32,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+HANG_GUARD_S = 30.0  # only a broken executor waits this long
+
+
 def chat(text: str, **kwargs: Any) -> ChatInput:
     return ChatInput(messages=(ChatMessage("user", text),), **kwargs)
 
@@ -42,6 +48,40 @@ def run_one(model: LoadedModel, item: ChatInput) -> ChatOutput:
 def streamed(text: str, **kwargs: Any) -> tuple[ChatInput, list[str]]:
     pieces: list[str] = []
     return chat(text, on_text=pieces.append, **kwargs), pieces
+
+
+async def run_with_a_short_batch_between_steps(
+    model: LoadedModel, items: list[ChatInput]
+) -> tuple[list[Any], int]:
+    """``model``'s outputs for ``items`` run as a long batch on a one-worker
+    executor (``long_work: steps``), with a short batch queued once its first
+    piece is out, so that it gives its slot up at a step boundary; and how many
+    times it gave it up."""
+    first_piece, go_on = threading.Event(), threading.Event()
+
+    def hold(piece: str) -> None:  # the first piece waits until the short batch is queued
+        if not first_piece.is_set():
+            first_piece.set()
+            go_on.wait(HANG_GUARD_S)
+
+    held = [dataclasses.replace(items[0], on_text=hold), *items[1:]]
+    executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1, long_batch_s=0.5)
+    try:
+        long_run = asyncio.ensure_future(executor.run(model.run, held, expected_s=60.0))
+        assert await asyncio.to_thread(first_piece.wait, HANG_GUARD_S)
+        short = asyncio.ensure_future(executor.run(list, ["short"], expected_s=0.01))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + HANG_GUARD_S
+        while executor.num_waiting == 0:  # the short batch waits for the only slot
+            assert loop.time() < deadline, "the short batch never queued"
+            await asyncio.sleep(0.001)
+        go_on.set()
+        assert (await short).outputs == ["short"]
+        run = await long_run
+    finally:
+        go_on.set()
+        executor.shutdown()
+    return run.outputs, executor.num_yields
 
 
 # --- the streaming and stop-string logic alone ------------------------------------
@@ -187,6 +227,14 @@ async def test_tiny_a_row_whose_caller_left_stops_at_the_next_step(tiny: LoadedM
     assert full.text.startswith(left.text)
 
 
+async def test_tiny_greedy_answers_are_the_same_in_steps(tiny: LoadedModel) -> None:
+    items = [chat("hello", max_tokens=24), chat("world", max_tokens=16)]
+    whole = tiny.run(items)
+    stepped, num_yields = await run_with_a_short_batch_between_steps(tiny, items)
+    assert stepped == whole
+    assert num_yields >= 1
+
+
 def test_tiny_seeded_sampling_repeats(tiny: LoadedModel) -> None:
     item = chat("hello", max_tokens=12, temperature=1.0, top_p=0.9, seed=7)
     first = tiny.run([item, chat("world", max_tokens=4, temperature=0.5)])[0]
@@ -292,3 +340,17 @@ def test_smollm2_batch_and_bytes(smollm2: LoadedModel) -> None:
     # (the model adds only small buffers such as the rotary frequencies).
     estimate = get_loader(spec.adapter).estimate_bytes(spec)
     assert abs(estimate - smollm2.memory().own_bytes) < 1024 * 1024
+
+
+@pytest.mark.slow
+@needs_smollm2
+async def test_smollm2_greedy_answers_are_the_same_in_steps(smollm2: LoadedModel) -> None:
+    items = [
+        chat("Which city is the capital of France?", max_tokens=24),
+        chat("Write one sentence about cats.", max_tokens=32),
+    ]
+    whole = smollm2.run(items)
+    stepped, num_yields = await run_with_a_short_batch_between_steps(smollm2, items)
+    assert stepped == whole
+    assert "Paris" in stepped[0].text
+    assert num_yields >= 1

@@ -6,6 +6,7 @@ font, so nothing is read from the network or the system's font folders.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,9 @@ from PIL import Image, ImageDraw, ImageFont
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.repository import read_spec
 from tessera.runtimes.base import LoadedModel, standalone_context
+from tessera.runtimes.ocr import RapidOcrModel
 from tessera.runtimes.registry import get_loader
+from tessera.step import stepping
 from tessera.tasks.types import OcrInput, OcrOutput, SpeechInput, SpeechOutput, TranslateInput
 
 pytestmark = pytest.mark.slow
@@ -89,6 +92,40 @@ def test_ocr_page_reads_lines_in_order(ocr: LoadedModel) -> None:
         assert 0.5 <= line.score <= 1.0
         assert len(line.box) == 4
         assert all(isinstance(x, float) and isinstance(y, float) for x, y in line.box)
+
+
+class CountingHook:
+    """A step hook (``step.StepHook``) that counts boundaries; nothing waits."""
+
+    def __init__(self) -> None:
+        self.boundaries = 0
+
+    def boundary(self) -> None:
+        self.boundaries += 1
+
+    def blocked(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def test_ocr_page_in_steps_reads_as_one_rapidocr_call(ocr: LoadedModel) -> None:
+    # More lines than one recognizer batch (the card's max_batch_size, 8).
+    lines = [f"Line {i}: the quick brown fox {7 * i}" for i in range(9)] + ["x", "A longer line"]
+    page = render(lines, width=900)
+    hook = CountingHook()
+
+    with stepping(hook):
+        [output] = ocr.run([OcrInput(page, "page")])
+
+    assert isinstance(ocr, RapidOcrModel)
+    reference = ocr.engine(page, use_det=True, use_cls=True, use_rec=True)
+    assert len(output.lines) == len(reference.txts) >= 9
+    assert [line.text for line in output.lines] == list(reference.txts)
+    assert [line.score for line in output.lines] == [float(s) for s in reference.scores]
+    assert [line.box for line in output.lines] == [
+        tuple((float(x), float(y)) for x, y in box) for box in reference.boxes
+    ]
+    # Detection | classification | recognition of 8 lines | recognition of the rest.
+    assert hook.boundaries == 3
 
 
 def test_ocr_line_crops_recognized_alone_in_one_batch(ocr: LoadedModel) -> None:
