@@ -298,6 +298,7 @@ def markdown(figures: dict[str, Any], date: str) -> str:
             fmt(h["seconds_to_second_replica"]),
             "-",
         ),
+        ("hot model: replicas after 20 s of overload", str(h["replicas_at_end"]), ">= 2"),
         (
             "hot model: p99 before / after (s)",
             f"{fmt(h['p99_before_s'])} / {fmt(h['p99_after_s'])}",
@@ -336,7 +337,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--qps-seconds", type=float, default=60.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--table-of", type=Path, help="Print the table of a run's JSON again; run nothing."
+    )
     args = parser.parse_args()
+    if args.table_of is not None:
+        stem = args.table_of.with_suffix("")
+        date = stem.name.removeprefix("cluster-")[:10]
+        text = markdown(json.loads(args.table_of.read_text()), date)
+        stem.with_suffix(".md").write_text(text)
+        print(text)
+        return
     with tempfile.TemporaryDirectory(prefix="tessera-cluster-") as tmp:
         figures = deploy_and_run(Path(tmp), args.qps_seconds)
     date = datetime.date.today().isoformat()
