@@ -6,7 +6,13 @@ evicted by putting it to sleep: its device bytes leave the budget as an
 unloaded model's do, but the host keeps it, and its next load wakes it. A model
 that cannot (or fails to) sleep is unloaded; a sleeping one that fails to wake
 is unloaded and loaded afresh. Unloading for any other cause (by hand, retired,
-the server stopping) ends it."""
+the server stopping) ends it.
+
+A model that can wait in the host tier (``runtimes.base.OffloadingModel``) is
+offloaded when residency keeps it there (``offload``): its weights move to host
+memory and the host keeps the model; ``restore`` brings it back, ``drop`` ends
+it. Both run off the event loop, as loads do, and count as loads for the
+measurement of batches (``executor.loading``)."""
 
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from tessera.runtimes.base import (
     LoadContext,
     LoadedModel,
     ModelLoader,
+    OffloadingModel,
     SharedComponents,
     SleepingModel,
 )
@@ -101,6 +108,8 @@ class EngineHost:
         self._live: dict[str, LoadedModel] = {}
         self._asleep: dict[str, LoadedModel] = {}
         self._asleep_lock = threading.Lock()
+        # Evicted models waiting in the host tier (residency decides which).
+        self._kept: dict[str, OffloadingModel] = {}
 
     def loader(self, spec: ModelSpec) -> ModelLoader:
         key = (spec.adapter, spec.isolation)
@@ -202,6 +211,77 @@ class EngineHost:
         self._loaded_before.add(spec.key)
         return model
 
+    async def offload(self, spec: ModelSpec, model: LoadedModel) -> Footprint | None:
+        """Move an evicted model's weights to the host tier and keep it; None
+        where it cannot go (nothing moved: the caller unloads it)."""
+        if not isinstance(model, OffloadingModel) or self._closing:
+            return None
+        self._live.pop(spec.key, None)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._load_pool, self._offload_sync, spec, model)
+
+    def _offload_sync(self, spec: ModelSpec, model: OffloadingModel) -> Footprint | None:
+        start = time.perf_counter()
+        try:
+            with self.executor.loading():
+                held = model.offload()
+        except Exception as e:
+            log.warning("%s could not move to the host tier: %s: %s", spec.key, type(e).__name__, e)
+            return None
+        if held is None:
+            return None
+        self._empty_device_cache()
+        with self._asleep_lock:
+            self._kept[spec.key] = model
+        log.info(
+            "%s waits in the host tier: %d bytes (%s), moved in %.3f s",
+            spec.key,
+            held.total_bytes,
+            held.method,
+            time.perf_counter() - start,
+        )
+        return held
+
+    async def restore(self, spec: ModelSpec) -> LoadedModel | None:
+        """The model kept in the host tier, back on the device; None if it could
+        not come back (it is then ended)."""
+        with self._asleep_lock:
+            model = self._kept.pop(spec.key, None)
+        if model is None:
+            return None
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        restored = await loop.run_in_executor(self._load_pool, self._restore_sync, spec, model)
+        seconds = time.perf_counter() - start
+        self.stats.on_load(spec.key, seconds, ok=restored)
+        if not restored:
+            return None
+        log.info("%s came back from the host tier in %.3f s", spec.key, seconds)
+        self._live[spec.key] = model
+        return model
+
+    def _restore_sync(self, spec: ModelSpec, model: OffloadingModel) -> bool:
+        try:
+            with self.executor.loading():
+                model.restore()
+        except Exception as e:
+            cause = f"{type(e).__name__}: {e}"
+            log.warning("%s did not come back from the host tier: %s", spec.key, cause)
+            self._unload_sync(model)
+            return False
+        if self._closing:
+            self._unload_sync(model)
+            return False
+        return True
+
+    async def drop(self, spec: ModelSpec) -> None:
+        """End the model kept in the host tier (off the event loop)."""
+        with self._asleep_lock:
+            model = self._kept.pop(spec.key, None)
+        if model is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._load_pool, self._unload_sync, model)
+
     def forget(self, key: str) -> None:
         """A retired model: a later model of that key is measured afresh."""
         self._loaded_before.discard(key)
@@ -231,6 +311,9 @@ class EngineHost:
     def _unload_sync(self, model: LoadedModel) -> None:
         model.unload()
         gc.collect()
+        self._empty_device_cache()
+
+    def _empty_device_cache(self) -> None:
         if self.device.kind == "cuda":
             import torch
 
@@ -240,8 +323,9 @@ class EngineHost:
         self._closing = True
         self._load_pool.shutdown(wait=True, cancel_futures=True)
         with self._asleep_lock:
-            asleep, self._asleep = list(self._asleep.values()), {}
-        for model in asleep:
+            held = [*self._asleep.values(), *self._kept.values()]
+            self._asleep, self._kept = {}, {}
+        for model in held:
             self._unload_sync(model)
 
 

@@ -24,6 +24,13 @@ Design notes (the invariants the unit tests check):
   time, which doubles with each failure in a row (``failed_retry_s`` up to
   ``failed_retry_max_s``) and resets when a load succeeds. A load cancelled
   midway (the server stopping during preload) leaves the model unloaded.
+- With a host tier (``host_budget_bytes``, see ``tier.py``), a model evicted
+  to make room on the device is offered to it: kept (its weights moved to
+  host memory by the host) when the tier's policy finds it room, else
+  unloaded. Its next load is taken from the tier (a copy) and, should that
+  fail, from its files. Changes to the tier are made one at a time (a lock
+  around admissions and drops, never around loads). Unloading by hand,
+  retiring and closing drop a model's copy too.
 """
 
 from __future__ import annotations
@@ -59,7 +66,8 @@ from tessera.residency.table import (
     Reservation,
     ResidencyTable,
 )
-from tessera.runtimes.base import LoadedModel
+from tessera.residency.tier import HostTier
+from tessera.runtimes.base import LoadedModel, OffloadingModel
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +93,20 @@ class ModelHost(Protocol):
         keep it in a state cheaper to reload, outside the budget)."""
         ...
 
+    async def offload(self, spec: ModelSpec, model: LoadedModel) -> Footprint | None:
+        """Move an evicted model into the host tier and return the host bytes it
+        holds there; None where it cannot go (nothing moved: unload it)."""
+        ...
+
+    async def restore(self, spec: ModelSpec) -> LoadedModel | None:
+        """The model kept in the host tier, back on the device; None if it could
+        not come back (the host ended it: load it from its files)."""
+        ...
+
+    async def drop(self, spec: ModelSpec) -> None:
+        """End the model kept in the host tier."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ModelResidency:
@@ -107,6 +129,11 @@ class ModelResidency:
     load_s: float | None  # how long its last load took
     uses: float  # decayed count of its uses (see table.USE_HALF_LIFE_S)
     eviction_score: float  # the cost policy's: uses x load s / bytes; lowest goes first
+    host_tier: bool = False  # waits in the host tier now
+    host_bytes: int = 0  # what it holds there (its shared components whole)
+    files_load_s: float | None = None  # its last load from files
+    host_load_s: float | None = None  # its last load from the host tier
+    host_loads: int = 0  # loads from the host tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +144,10 @@ class ResidencyStats:
     loads_total: int
     evictions_total: int
     models: tuple[ModelResidency, ...]
+    host_budget_bytes: int = 0  # 0: no host tier
+    host_used_bytes: int = 0
+    host_loads_total: int = 0  # loads from the host tier
+    host_drops_total: int = 0  # copies dropped from it to make room
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +170,12 @@ class ResidencyManager:
         failed_retry_s: float = 2.0,
         failed_retry_max_s: float = 300.0,
         activations: ActivationBook | None = None,
+        host_budget_bytes: int = 0,
     ) -> None:
+        """``host_budget_bytes``: the host tier's budget (0: no host tier)."""
         self.table = ResidencyTable(budget_bytes)
+        self.host_tier = HostTier(host_budget_bytes, policy, clock) if host_budget_bytes else None
+        self._tier_lock = asyncio.Lock()
         self.activations = activations if activations is not None else ActivationBook()
         self._host = host
         self._policy = policy
@@ -219,11 +254,14 @@ class ResidencyManager:
         self.release(await self.acquire(spec, 0))
 
     async def unload(self, name: str) -> bool:
-        """Unload a model once it is idle; False if it was not loaded."""
+        """Unload a model once it is idle, and drop its host-tier copy; False if
+        it was not loaded on the device."""
         deadline = self._clock.now() + self._wait_s
         while True:
             entry = self.table.entries.get(name)
             if entry is None or entry.state in (ModelState.UNLOADED, ModelState.FAILED):
+                async with self._tier_lock:
+                    await self._drop(name)
                 return False
             if entry.state is ModelState.READY and entry.pins == 0:
                 self._begin_unload(name, eviction=False)
@@ -342,12 +380,17 @@ class ResidencyManager:
             split = sum(num // holders[key] for key, num in e.footprint.shared_bytes.items())
             return e.footprint.own_bytes + e.activation_bytes + split
 
+        tier = self.host_tier
         return ResidencyStats(
             budget_bytes=self.table.budget_bytes,
             used_bytes=self.table.used_bytes(),
             peak_used_bytes=self.peak_used_bytes,
             loads_total=sum(e.loads for e in entries),
             evictions_total=sum(e.evictions for e in entries),
+            host_budget_bytes=tier.budget_bytes if tier is not None else 0,
+            host_used_bytes=tier.used_bytes() if tier is not None else 0,
+            host_loads_total=sum(e.host_loads for e in entries),
+            host_drops_total=tier.drops_total() if tier is not None else 0,
             models=tuple(
                 ModelResidency(
                     name=e.name,
@@ -363,6 +406,11 @@ class ResidencyManager:
                     load_s=e.load_s,
                     uses=e.uses_at(now),
                     eviction_score=eviction_score(e, now),
+                    host_tier=tier is not None and tier.holds(e.name),
+                    host_bytes=tier.bytes_of(e.name) if tier is not None else 0,
+                    files_load_s=e.files_load_s,
+                    host_load_s=e.host_load_s,
+                    host_loads=e.host_loads,
                 )
                 for e in entries
             ),
@@ -540,8 +588,10 @@ class ResidencyManager:
     async def _unload(self, name: str, eviction: bool = False) -> None:
         done = self._inflight[name]
         model = self._models.pop(name)
+        spec = self._specs[name]
         try:
-            await self._host.unload(self._specs[name], model, eviction=eviction)
+            if not (eviction and await self._offload(spec, model)):
+                await self._host.unload(spec, model, eviction=eviction)
         finally:
             self.table.finish_unload(name)
             del self._inflight[name]
@@ -608,7 +658,10 @@ class ResidencyManager:
     async def _finish_load(self, spec: ModelSpec, deadline: float) -> None:
         started = self._clock.now()
         try:
-            model = await self._host.load(spec)
+            model = await self._restore(spec)
+            from_host = model is not None
+            if model is None:
+                model = await self._host.load(spec)
         except asyncio.CancelledError:
             # Stopping during preload: the model is simply not loaded (the host
             # unloads what a load thread still finishes).
@@ -647,10 +700,74 @@ class ResidencyManager:
                 retry_after_s=1.0,
             )
         self._models[spec.key] = model
-        self.table.mark_ready(spec.key, self._clock.now(), load_s)
+        self.table.mark_ready(spec.key, self._clock.now(), load_s, from_host=from_host)
         self._failures.pop(spec.key, None)
         self._retry_at.pop(spec.key, None)
         self._fresh[spec.key] = self._clock.now()
+
+    # -- the host tier -----------------------------------------------------
+
+    async def _offload(self, spec: ModelSpec, model: LoadedModel) -> bool:
+        """Keep an evicted model in the host tier if the tier's policy finds it
+        room (dropping less valuable copies first); False: not kept, unload it."""
+        tier = self.host_tier
+        if tier is None or not isinstance(model, OffloadingModel):
+            return False
+        name = spec.key
+        async with self._tier_lock:
+            entry = self.table.entries[name]
+            expected = self._measured.get(name, entry.footprint)
+            victims = tier.make_room(entry, expected)
+            if victims is None:
+                log.debug("%s is not kept in the host tier: no room worth making", name)
+                return False
+            for victim in victims:
+                await self._drop(victim)
+            if not tier.begin_admit(name, expected):
+                return False
+            try:
+                held = await self._host.offload(spec, model)
+            except BaseException:
+                tier.finish(name)
+                raise
+            if held is None:
+                tier.finish(name)
+                return False
+            if not tier.settle(name, held, entry):
+                log.info("%s holds %d host bytes, more than its room", name, held.total_bytes)
+                try:  # its expected bytes stay held until it is gone
+                    await self._host.drop(spec)
+                finally:
+                    tier.finish(name)
+            return True
+
+    async def _drop(self, name: str) -> None:
+        """Drop ``name``'s copy from the host tier, if it holds one (call under
+        the tier lock)."""
+        tier = self.host_tier
+        if tier is None or not tier.holds(name):
+            return
+        log.info("dropping %s from the host tier", name)
+        tier.begin_drop(name)
+        try:
+            await self._host.drop(self._specs[name])
+        finally:
+            tier.finish(name)
+
+    async def _restore(self, spec: ModelSpec) -> LoadedModel | None:
+        """``spec``'s model from the host tier; None if it is not there or could
+        not come back (then it loads from its files)."""
+        tier = self.host_tier
+        if tier is None or not tier.holds(spec.key):
+            return None
+        tier.begin_take(spec.key)
+        try:
+            model = await self._host.restore(spec)
+        finally:
+            tier.finish(spec.key)
+        if model is None:
+            log.warning("%s did not come back from the host tier: loaded from files", spec.key)
+        return model
 
     def _fail(self, name: str, error: str, public_reason: str) -> float:
         """Mark ``name`` failed (``error``, the cause, for operators;

@@ -51,6 +51,9 @@ class ModelEntry:
     error: str | None = None
     use_weight: float = 0.0  # decayed count of uses, as of ``last_used``
     load_s: float | None = None  # how long its last load took
+    files_load_s: float | None = None  # its last load from files
+    host_load_s: float | None = None  # its last load from the host tier
+    host_loads: int = 0  # loads from the host tier
 
     @property
     def weights_bytes(self) -> int:
@@ -161,13 +164,22 @@ class ResidencyTable:
         entry.footprint = measured
         return True
 
-    def mark_ready(self, name: str, now: float, load_s: float | None = None) -> None:
+    def mark_ready(
+        self, name: str, now: float, load_s: float | None = None, *, from_host: bool = False
+    ) -> None:
+        """``name`` is loaded, in ``load_s`` seconds, from its files or (``from_host``)
+        from the host tier."""
         entry = self.entries[name]
         entry.state = ModelState.READY
         entry.loads += 1
+        entry.host_loads += from_host
         entry.touch(now, use=False)
         if load_s is not None:
             entry.load_s = load_s
+            if from_host:
+                entry.host_load_s = load_s
+            else:
+                entry.files_load_s = load_s
 
     def fail(self, name: str, error: str) -> None:
         entry = self.entries[name]

@@ -10,10 +10,17 @@ Components shared between models (one MiniLM encoder under embedding, rerank
 and intent models) are acquired through ``SharedComponents``: the first model
 loads it, the others get the same object, and the ``Footprint`` a model
 reports names it by key so the budget counts it once.
+
+A model that can wait in the host tier when evicted (``OffloadingModel``)
+moves its weights off the device and back; a shared component it holds moves
+when the last of its holders on the device leaves (``SharedComponents.park``)
+and comes back with the first that returns (``unpark``, or ``acquire`` by a
+model loading beside it).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +35,8 @@ if TYPE_CHECKING:
     from tessera.repository.spec import ModelSpec
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class LoadedModel(Protocol):
@@ -59,6 +68,27 @@ class SleepingModel(Protocol):
 
     def wake(self) -> None:
         """Hold them again, ready to run; raises if it cannot."""
+        ...
+
+
+@runtime_checkable
+class OffloadingModel(LoadedModel, Protocol):
+    """A loaded model that can wait in the host tier when evicted: ``offload``
+    moves its weights off the device into host memory (pinned on CUDA; on CPU
+    mappings of its weight files, which the page cache backs), ``restore``
+    brings them back, a copy rather than a load. ``unload`` still frees
+    everything, offloaded or not. Shared components move with their holders
+    (``SharedComponents.park``)."""
+
+    def offload(self) -> Footprint | None:
+        """Move the weights to host memory and return the host bytes they hold
+        there (``method`` says how); None where it cannot, and then nothing moved
+        (the caller unloads it)."""
+        ...
+
+    def restore(self) -> None:
+        """Bring the weights back to the device, ready to run; raises if it
+        cannot (the caller then unloads it and loads it from its files)."""
         ...
 
 
@@ -94,7 +124,8 @@ class ModelLoader(Protocol):
 class _Shared:
     value: Any
     num_bytes: int
-    refs: int
+    refs: int  # holders, on the device or in the host tier
+    active: int  # holders on the device
 
 
 class SharedComponents:
@@ -103,6 +134,10 @@ class SharedComponents:
     ``acquire(key, factory)`` returns the existing component or builds it with
     ``factory() -> (value, num_bytes)``; ``release(key)`` drops a reference and
     frees the component (calling ``on_free`` if given) when none are left.
+    A holder evicted to the host tier keeps its reference but leaves the
+    device (``park``): the component is offloaded (its ``offload()``, as
+    ``OffloadingModel``'s) when no holder is left on the device, and restored
+    when one comes back (``unpark``) or a new one acquires it.
     Thread-safe; a factory for one key runs once even if called concurrently.
     """
 
@@ -123,29 +158,74 @@ class SharedComponents:
         with key_lock:
             with self._lock:
                 item = self._items.get(key)
-                if item is not None:
+            if item is not None:
+                if item.active == 0:  # every holder waits in the host tier
+                    item.value.restore()
+                with self._lock:
                     item.refs += 1
-                    value: T = item.value
-                    return value
+                    item.active += 1
+                value: T = item.value
+                return value
             built, num_bytes = factory()
             with self._lock:
-                self._items[key] = _Shared(built, num_bytes, 1)
+                self._items[key] = _Shared(built, num_bytes, 1, 1)
                 if on_free is not None:
                     self._on_free[key] = on_free
             return built
 
-    def release(self, key: str) -> None:
+    def park(self, key: str) -> bool:
+        """A holder of ``key`` leaves the device for the host tier, keeping its
+        reference; the last to leave offloads the component. False (nothing
+        changed) where the component cannot be offloaded."""
         with self._lock:
             item = self._items.get(key)
-            if item is None:
-                return
-            item.refs -= 1
-            if item.refs > 0:
-                return
-            del self._items[key]
-            on_free = self._on_free.pop(key, None)
-        if on_free is not None:
-            on_free(item.value)
+            key_lock = self._key_locks.get(key)
+        if item is None or key_lock is None:
+            return False
+        if not callable(getattr(item.value, "offload", None)):
+            return False
+        with key_lock:
+            if item.active == 1 and item.value.offload() is None:
+                return False
+            with self._lock:
+                item.active -= 1
+        return True
+
+    def unpark(self, key: str) -> None:
+        """A parked holder of ``key`` comes back to the device; the first back
+        restores the component (raises, changing nothing, if it cannot)."""
+        with self._lock:
+            item = self._items[key]
+            key_lock = self._key_locks[key]
+        with key_lock:
+            if item.active == 0:
+                item.value.restore()
+            with self._lock:
+                item.active += 1
+
+    def release(self, key: str, *, parked: bool = False) -> None:
+        """Drop a holder's reference (``parked``: a holder in the host tier).
+        The last reference frees the component; the last holder on the device
+        leaving while others wait in the host tier offloads it."""
+        with self._lock:
+            item = self._items.get(key)
+            key_lock = self._key_locks.get(key)
+        if item is None or key_lock is None:
+            return
+        with key_lock:
+            with self._lock:
+                item.refs -= 1
+                if not parked:
+                    item.active -= 1
+                gone = item.refs == 0
+                if gone:
+                    del self._items[key]
+                    on_free = self._on_free.pop(key, None)
+            if gone:
+                if on_free is not None:
+                    on_free(item.value)
+            elif not parked and item.active == 0 and item.value.offload() is None:
+                log.warning("shared component %s stays on the device: it could not offload", key)
 
     def bytes_of(self, key: str) -> int:
         with self._lock:

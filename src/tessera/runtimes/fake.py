@@ -19,6 +19,9 @@ Its descriptor's ``options`` set what it reports and does::
       scratch_bytes_per_unit: 0  # bytes a batch really allocates (and touches) per
                                  # work unit while it runs: a measurable peak
       scale: 1.0             # embeddings of this norm (tells two versions apart)
+      host_tier: false       # true: waits in the host tier when evicted (OffloadingModel)
+      host_bytes: 1000       # the host bytes it then reports (default: own_bytes)
+      fail_restore: false    # raise when brought back from the host tier
 
 ``run`` answers each item with an output of its task's type derived from the
 item alone (an embedding seeded by the text, a translation that is the text
@@ -111,8 +114,23 @@ def fake_classify(text: str) -> ClassifyOutput:
     return ClassifyOutput((LabelScore(f"label-{len(text) % 3}", 0.9), LabelScore("other", 0.1)))
 
 
-def _component(num_bytes: int) -> tuple[object, int]:
-    return object(), num_bytes
+class FakeComponent:
+    """A shared component that can follow its holders into the host tier."""
+
+    def __init__(self, num_bytes: int) -> None:
+        self.num_bytes = num_bytes
+        self.offloaded = False
+
+    def offload(self) -> Footprint:
+        self.offloaded = True
+        return Footprint(self.num_bytes, method="fake host copy")
+
+    def restore(self) -> None:
+        self.offloaded = False
+
+
+def _component(num_bytes: int) -> tuple[FakeComponent, int]:
+    return FakeComponent(num_bytes), num_bytes
 
 
 class FakeModel:
@@ -121,6 +139,7 @@ class FakeModel:
         self._ctx = ctx
         self.num_batches = 0
         self.unloaded = False
+        self.offloaded = False  # waiting in the host tier
         self._lock = threading.Lock()
         self._shared: dict[str, int] = dict(spec.options.get("shared", {}))
         if ctx is not None:
@@ -128,6 +147,8 @@ class FakeModel:
                 ctx.shared.acquire(key, functools.partial(_component, num_bytes))
 
     def run(self, items: Sequence[Any]) -> list[Any]:
+        if self.offloaded:
+            raise ModelUnavailableError(self.spec.name, "the model waits in the host tier")
         with self._lock:
             self.num_batches += 1
         per_unit = int(self.spec.options.get("scratch_bytes_per_unit", 0))
@@ -174,7 +195,34 @@ class FakeModel:
         self.unloaded = True
         if self._ctx is not None:
             for key in self._shared:
-                self._ctx.shared.release(key)
+                self._ctx.shared.release(key, parked=self.offloaded)
+
+
+class FakeOffloadingModel(FakeModel):
+    """A fake model that can wait in the host tier (option ``host_tier``)."""
+
+    def offload(self) -> Footprint | None:
+        """Into the host tier, its shared components parked with it (they move
+        once no holder is left on the device)."""
+        if self.offloaded:
+            return None
+        if self._ctx is not None:
+            parked = [key for key in self._shared if self._ctx.shared.park(key)]
+            if len(parked) < len(self._shared):
+                for key in parked:
+                    self._ctx.shared.unpark(key)
+                return None
+        self.offloaded = True
+        own = int(self.spec.options.get("host_bytes", self.spec.options.get("own_bytes", 0)))
+        return Footprint(own, dict(self._shared), method="fake host copy")
+
+    def restore(self) -> None:
+        if self.spec.options.get("fail_restore"):
+            raise RuntimeError("fake restore failure")
+        if self._ctx is not None:
+            for key in self._shared:
+                self._ctx.shared.unpark(key)
+        self.offloaded = False
 
 
 class FakeLoader:
@@ -192,4 +240,12 @@ class FakeLoader:
             time.sleep(load_s)
         if spec.options.get("fail_load"):
             raise ModelUnavailableError(spec.name, "fake load failure")
-        return FakeModel(spec, ctx)
+        return make_fake_model(spec, ctx)
+
+
+def make_fake_model(spec: ModelSpec, ctx: LoadContext | None = None) -> FakeModel:
+    """The fake model of ``spec``: one that can wait in the host tier if its
+    options say ``host_tier``."""
+    if spec.options.get("host_tier"):
+        return FakeOffloadingModel(spec, ctx)
+    return FakeModel(spec, ctx)
