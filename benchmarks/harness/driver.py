@@ -137,10 +137,12 @@ class Driver:
         on_answer: Callable[[], None] | None = None,  # after each foreground answer
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Clock | None = None,
+        round_robin: bool = False,  # each tenant's n-th request to its models[n % len]
     ) -> None:
         self._endpoint = endpoint
         self._models = models
         self._zipf = zipf
+        self._round_robin = round_robin
         self._seed = seed
         self._on_answer = on_answer or (lambda: None)
         self._transport = transport  # tests serve an app in-process
@@ -206,6 +208,12 @@ class Driver:
         if not state.load.background:
             self._on_answer()
 
+    def _pick(self, state: _Tenant) -> str:
+        """The model of the request just issued: in turn, or drawn by popularity."""
+        if self._round_robin:
+            return state.models[(state.issued - 1) % len(state.models)]
+        return state.rng.choices(state.models, state.weights)[0]
+
     def _clients(self, state: _Tenant) -> _Clients:
         return _Clients(self._endpoint.headers(state.load.name), self._transport)
 
@@ -214,8 +222,7 @@ class Driver:
             async with self._clients(state) as clients:
                 while self._more(state, deadline, stop):
                     state.issued += 1
-                    model = state.rng.choices(state.models, state.weights)[0]
-                    await self._one(clients, state, model, state.issued)
+                    await self._one(clients, state, self._pick(state), state.issued)
 
         await asyncio.gather(*(caller() for _ in range(state.load.concurrency or 1)))
 
@@ -230,8 +237,9 @@ class Driver:
                 if not self._more(state, deadline, stop):
                     break
                 state.issued += 1
-                model = state.rng.choices(state.models, state.weights)[0]
-                task = asyncio.ensure_future(self._one(client, state, model, state.issued))
+                task = asyncio.ensure_future(
+                    self._one(client, state, self._pick(state), state.issued)
+                )
                 running.add(task)
                 task.add_done_callback(running.discard)
             with contextlib.suppress(asyncio.CancelledError):

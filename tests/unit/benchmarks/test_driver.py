@@ -64,11 +64,20 @@ def make_driver(
     models: list[str],
     zipf: float | None = None,
     on_answer: Callable[[], None] | None = None,
+    round_robin: bool = False,
 ) -> Driver:
     """A driver and the app it calls, both on one fresh fake clock."""
     clock = FakeClock()
     transport = httpx.ASGITransport(app=make_app(clock))
-    return Driver(endpoint, models, zipf, on_answer=on_answer, transport=transport, clock=clock)
+    return Driver(
+        endpoint,
+        models,
+        zipf,
+        on_answer=on_answer,
+        transport=transport,
+        clock=clock,
+        round_robin=round_robin,
+    )
 
 
 async def test_closed_loop_tenants_each_send_their_bound() -> None:
@@ -145,3 +154,12 @@ async def test_zipf_popularity_follows_the_listed_order() -> None:
     )
     counts = Counter(r.model for r in result.records)
     assert counts["m1"] > counts["m2"] > counts["m4"]
+
+
+async def test_round_robin_sends_each_model_in_turn() -> None:
+    endpoint = FakeEndpoint()
+    result = await make_driver(endpoint, ["m1", "m2", "m3"], round_robin=True).run(
+        [TenantLoad("a", concurrency=1)], requests=7, duration_s=30
+    )
+    assert [b["model"] for b in endpoint.bodies] == ["m1", "m2", "m3"] * 2 + ["m1"]
+    assert Counter(r.model for r in result.records) == {"m1": 3, "m2": 2, "m3": 2}
