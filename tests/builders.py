@@ -69,7 +69,8 @@ async def fake_engine(
     """An engine over a repository of ``models`` (fake runtime), preloaded, on
     the CPU with 64 MiB and 2 threads unless ``config`` says otherwise; closed
     after, when nothing may have leaked: no pins, no bytes held (every model
-    unloaded, so none is a reserved activation), no waiting request."""
+    unloaded, so none is a reserved activation, and no copy left in the host
+    tier), no waiting request."""
     repository = ModelRepository.from_folders([write_fake_repository(root, models)])
     settings = {"memory_budget_bytes": 64 * 1024**2, "device": "cpu", "num_threads": 2, **config}
     engine = Engine(repository, EngineConfig(**settings))
@@ -78,6 +79,7 @@ async def fake_engine(
     await engine.close()
     stats = engine.snapshot()
     assert stats.used_bytes == 0
+    assert stats.host_used_bytes == 0
     assert all(m.pins == 0 and m.queue_depth == 0 for m in stats.models)
 
 

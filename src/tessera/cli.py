@@ -27,6 +27,13 @@ app.add_typer(models_app, name="models")
 register_tenant_commands(app)
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML config file.")]
+HostBudgetOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="The host tier, where evicted models wait ready to copy back: bytes or a size"
+        " (4GiB), 0 for none. Default: a quarter of the RAM."
+    ),
+]
 RepoOpt = Annotated[
     list[Path] | None,
     typer.Option("--model-repository", help="Extra model repository folder (repeatable)."),
@@ -55,6 +62,7 @@ def serve(
     memory_budget: Annotated[
         str | None, typer.Option(help="Bytes or a size (700MiB). Default: the device's share.")
     ] = None,
+    host_memory_budget: HostBudgetOpt = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
     threads: Annotated[int | None, typer.Option(help="Thread budget (default: all cores).")] = None,
     workers: Annotated[int | None, typer.Option(help="Batches run at once.")] = None,
@@ -101,6 +109,7 @@ def serve(
         port=port,
         data_dir=str(data_dir) if data_dir else None,
         memory_budget=memory_budget,
+        host_memory_budget=host_memory_budget,
         device=device,
         num_threads=threads,
         num_workers=workers,
@@ -133,6 +142,7 @@ def cluster(
     memory_budget: Annotated[
         str | None, typer.Option(help="Each engine's budget. Default: its device's share.")
     ] = None,
+    host_memory_budget: HostBudgetOpt = None,
     device: Annotated[str | None, typer.Option(help="Each engine's: auto, cpu, cuda.")] = None,
     threads: Annotated[int | None, typer.Option(help="Each engine's thread budget.")] = None,
     cpu_share: Annotated[
@@ -154,6 +164,7 @@ def cluster(
         port=port,
         data_dir=str(data_dir) if data_dir else None,
         memory_budget=memory_budget,
+        host_memory_budget=host_memory_budget,
         device=device,
         num_threads=threads,
         model_repositories=model_repository,
@@ -192,7 +203,7 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
         stats = engine.snapshot()
         typer.echo(
             f"tessera on {stats.device_name}: {len(repository)} models,"
-            f" budget {stats.budget_bytes} bytes,"
+            f" budget {stats.budget_bytes} bytes, host tier {stats.host_budget_bytes},"
             f" {stats.num_workers} workers x {stats.threads_per_worker} threads"
         )
     store, audit_log = _tenancy(settings, engine) if settings.auth else (None, None)

@@ -8,6 +8,8 @@ A config file may hold any of::
     data_dir: ./data
     cache_dir: ./data/cache      # converted weights between loads; default: <data_dir>/cache
     memory_budget: 700MiB        # bytes or a size; default: the device's share
+    host_memory_budget: 4GiB     # the host tier (evicted models ready to copy back):
+                                 # default a quarter of the RAM; 0: none
     device: auto                 # auto | cpu | cuda | cuda:N
     num_threads: 2               # the process's thread budget; default: all cores
     num_workers: 2               # batches at once; each gets num_threads / num_workers
@@ -149,6 +151,7 @@ _SERVER_KEYS = {
     "data_dir",
     "cache_dir",
     "memory_budget",
+    "host_memory_budget",
     "max_body_bytes",
     "model_repositories",
     "include_default_models",
@@ -205,12 +208,14 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
             raw = values.get(key)
             engine_values[field_name] = float(raw) / 1000 if raw is not None else None
     budget = values.get("memory_budget")
+    host_budget = values.get("host_memory_budget")
     preload = values.get("preload")
     data_dir = Path(values.get("data_dir", "data"))
     # Absent: under data_dir; an explicit null in the file: no cache.
     cache_dir = values.get("cache_dir", data_dir / "cache")
     engine = EngineConfig(
         memory_budget_bytes=parse_bytes(budget) if budget is not None else None,
+        host_memory_budget_bytes=parse_bytes(host_budget) if host_budget is not None else None,
         preload=tuple(preload) if preload is not None else None,
         cache_dir=Path(cache_dir) if cache_dir is not None else None,
         **engine_values,

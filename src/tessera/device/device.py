@@ -3,7 +3,10 @@
 Both sit behind one small interface: total memory, the default budget, the
 names the runtimes use for it, and live stats. On CPU the default budget is
 half of the machine's RAM (the rest is for the OS, the server and the
-tokenizers); on CUDA it is 80% of the card.
+tokenizers); on CUDA it is 80% of the card. The host tier (evicted models kept
+ready in host memory) gets a quarter of the machine's RAM by default on both:
+pinned memory on CUDA; on CPU mostly page cache that the kernel may reclaim
+(see docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ import psutil
 
 CPU_BUDGET_SHARE = 0.5
 CUDA_BUDGET_SHARE = 0.8
+HOST_TIER_SHARE = 0.25  # of the machine's RAM, on either device
+
+
+def default_host_budget_bytes() -> int:
+    """The host tier's default budget: a share of the machine's RAM."""
+    return int(psutil.virtual_memory().total * HOST_TIER_SHARE)
 
 
 @dataclass(frozen=True, slots=True)

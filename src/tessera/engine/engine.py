@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from tessera.admission import Admission, AdmissionControl, AdmissionController, TenantLimits
 from tessera.batching import ModelBatcher, make_queue
 from tessera.clock import Clock, MonotonicClock
-from tessera.device import Device, DeviceStats, make_device
+from tessera.device import Device, DeviceStats, default_host_budget_bytes, make_device
 from tessera.errors import (
     DeadlineExceededError,
     InferenceError,
@@ -75,6 +75,9 @@ class EngineConfig:
     """Engine settings, parsed once at start and passed down."""
 
     memory_budget_bytes: int | None = None  # None: the device's default share
+    # The host tier's budget: evicted models kept ready in host memory, so that
+    # a reload is a copy. None: a quarter of the machine's RAM; 0: no host tier.
+    host_memory_budget_bytes: int | None = None
     device: str = "auto"
     num_threads: int | None = None  # None: every core
     num_workers: int | None = None  # None: one per thread
@@ -185,6 +188,7 @@ class Engine(ModelLifecycle):
             loaders=loaders,
         )
         budget = config.memory_budget_bytes or self._device.default_budget_bytes()
+        host_budget = config.host_memory_budget_bytes
         self._residency = ResidencyManager(
             budget,
             self._host,
@@ -192,6 +196,7 @@ class Engine(ModelLifecycle):
             self.clock,
             wait_s=config.residency_wait_s,
             activations=activations,
+            host_budget_bytes=default_host_budget_bytes() if host_budget is None else host_budget,
         )
         self._served: dict[str, ServedModel] = {}
         for name in repository.names():
@@ -331,6 +336,10 @@ class Engine(ModelLifecycle):
             peak_used_bytes=residency.peak_used_bytes,
             loads_total=residency.loads_total,
             evictions_total=residency.evictions_total,
+            host_budget_bytes=residency.host_budget_bytes,
+            host_used_bytes=residency.host_used_bytes,
+            host_loads_total=residency.host_loads_total,
+            host_drops_total=residency.host_drops_total,
             num_workers=self._executor.num_workers,
             threads_per_worker=self._executor.threads_per_worker,
             ready=self.ready,
@@ -378,6 +387,11 @@ class Engine(ModelLifecycle):
             load_s=held.load_s,
             uses=held.uses,
             eviction_score=held.eviction_score,
+            host_tier=held.host_tier,
+            host_bytes=held.host_bytes,
+            files_load_s=held.files_load_s,
+            host_load_s=held.host_load_s,
+            host_loads=held.host_loads,
             loads=held.loads,
             evictions=held.evictions,
             pins=held.pins,

@@ -36,6 +36,11 @@ RESIDENCY_FIELDS = (
     "load_s",
     "uses",
     "eviction_score",
+    "host_tier",
+    "host_bytes",
+    "files_load_s",
+    "host_load_s",
+    "host_loads",
     "queue_depth",
 )
 
@@ -51,6 +56,10 @@ async def residency(request: Request) -> JSONResponse:
             "peak_used_bytes": stats.peak_used_bytes,
             "loads_total": stats.loads_total,
             "evictions_total": stats.evictions_total,
+            "host_budget_bytes": stats.host_budget_bytes,
+            "host_used_bytes": stats.host_used_bytes,
+            "host_loads_total": stats.host_loads_total,
+            "host_drops_total": stats.host_drops_total,
             "models": [{f: getattr(m, f) for f in RESIDENCY_FIELDS} for m in stats.models],
             "rollouts": [dataclasses.asdict(r) for r in stats.rollouts],
         }

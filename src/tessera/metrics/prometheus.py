@@ -251,6 +251,16 @@ class EngineCollector(Collector):
         evictions = CounterMetricFamily(
             "tessera_model_evictions", "Models evicted to make room.", labels=["model"]
         )
+        host_bytes = GaugeMetricFamily(
+            "tessera_model_host_tier_bytes",
+            "Bytes a model evicted to the host tier holds there (0 unless it waits there).",
+            labels=["model"],
+        )
+        host_loads = CounterMetricFamily(
+            "tessera_model_host_tier_loads",
+            "Loads of a model from the host tier (a copy; the rest read its files).",
+            labels=["model"],
+        )
         for model in stats.models:
             held = model.bytes if model.state in RESIDENT_STATES else 0
             resident.add_metric([model.name], held)
@@ -258,6 +268,8 @@ class EngineCollector(Collector):
                 state.add_metric([model.name, s], 1.0 if s == model.state else 0.0)
             loads.add_metric([model.name], model.loads)
             evictions.add_metric([model.name], model.evictions)
+            host_bytes.add_metric([model.name], model.host_bytes)
+            host_loads.add_metric([model.name], model.host_loads)
         rollouts = CounterMetricFamily(
             "tessera_model_rollouts",
             "Rollouts of a model version, by outcome: done, or rolled_back (it failed to"
@@ -266,7 +278,25 @@ class EngineCollector(Collector):
         )
         for count in stats.rollouts_total:
             rollouts.add_metric([count.model, count.outcome], count.num)
-        yield from (resident, state, loads, evictions, rollouts)
+        yield from (resident, state, loads, evictions, rollouts, host_bytes, host_loads)
+        yield from self._host_tier(stats)
+
+    def _host_tier(self, stats: EngineStats) -> Iterable[Metric]:
+        yield GaugeMetricFamily(
+            "tessera_host_tier_budget_bytes",
+            "The host tier's budget (evicted models kept in host memory); 0: no tier.",
+            stats.host_budget_bytes,
+        )
+        yield GaugeMetricFamily(
+            "tessera_host_tier_used_bytes",
+            "Bytes the models in the host tier hold (shared components once).",
+            stats.host_used_bytes,
+        )
+        yield CounterMetricFamily(
+            "tessera_host_tier_drops",
+            "Copies dropped from the host tier to make room for others.",
+            stats.host_drops_total,
+        )
 
     def _queues_and_slo(self, stats: EngineStats) -> Iterable[Metric]:
         depth = GaugeMetricFamily(

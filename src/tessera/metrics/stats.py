@@ -82,6 +82,8 @@ class ModelStats:
     activations and an equal part of each shared component among the resident
     models using it); ``weights_bytes`` counts its shared components whole;
     ``measured_bytes`` is its first load's measurement, kept for reloads.
+    ``host_bytes`` is what it holds in the host tier while it waits there
+    (``host_tier``), its shared components whole.
     """
 
     name: str  # what it is served as: the model's name, or name@version
@@ -96,6 +98,11 @@ class ModelStats:
     load_s: float | None  # how long its last load took (what an eviction costs)
     uses: float  # decayed count of uses (a use weighs half after a minute)
     eviction_score: float  # uses x load s / bytes: the lowest is evicted first
+    host_tier: bool  # waits in the host tier now
+    host_bytes: int
+    files_load_s: float | None  # its last load from files (the first: with its warm-up)
+    host_load_s: float | None  # its last load from the host tier: a copy
+    host_loads: int  # loads from the host tier
     loads: int
     evictions: int
     pins: int
@@ -163,6 +170,10 @@ class EngineStats:
     threads_per_worker: int
     ready: bool
     models: tuple[ModelStats, ...]  # every served version of every model, by name
+    host_budget_bytes: int  # the host tier's budget; 0: no host tier
+    host_used_bytes: int
+    host_loads_total: int  # loads from the host tier
+    host_drops_total: int  # copies dropped from it to make room
     rollouts: tuple[RolloutStats, ...] = ()  # the recent ones, oldest first
     rollouts_total: tuple[RolloutCount, ...] = ()
 

@@ -30,6 +30,17 @@ def test_documented_example_is_accepted() -> None:
     assert settings.engine.long_work == "steps"
 
 
+def test_the_host_tier_budget_is_a_size_zero_turns_it_off_and_absent_is_the_default() -> None:
+    assert build_config({"host_memory_budget": "2GiB"}, {}).engine.host_memory_budget_bytes == (
+        2 * 1024**3
+    )
+    assert build_config({}, {"host_memory_budget": "0"}).engine.host_memory_budget_bytes == 0
+    assert build_config({}, {}).engine.host_memory_budget_bytes is None  # a quarter of the RAM
+    assert documented_example()["host_memory_budget"] == "4GiB"
+    with pytest.raises(ConfigError, match="not a size"):
+        build_config({"host_memory_budget": "plenty"}, {})
+
+
 def test_command_line_wins_and_none_means_unset() -> None:
     settings = build_config({"port": 1, "auth": True}, {"port": 2, "auth": False, "host": None})
     assert settings.port == 2

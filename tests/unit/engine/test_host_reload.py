@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from builders import make_spec
@@ -44,3 +45,20 @@ async def test_a_reload_is_neither_measured_nor_warmed_up_again() -> None:
     finally:
         host.shutdown()
         executor.shutdown()
+
+
+async def test_the_host_tier_gets_a_quarter_of_the_ram_unless_the_config_says() -> None:
+    import psutil
+
+    from tessera.engine import Engine, EngineConfig
+    from tessera.repository import ModelRepository
+
+    ram = psutil.virtual_memory().total
+    for given, budget in ((None, int(ram * 0.25)), (0, 0), (5000, 5000)):
+        config = EngineConfig(device="cpu", memory_budget_bytes=1 << 20, num_threads=1)
+        config = dataclasses.replace(config, host_memory_budget_bytes=given)
+        engine = Engine(ModelRepository([make_spec("a")]), config)
+        try:
+            assert engine.snapshot().host_budget_bytes == budget
+        finally:
+            await engine.close()
