@@ -11,6 +11,12 @@ weights and the tokenizer.
 
 Everything loads from local folders with ``local_files_only=True``: a folder
 that lacks a file fails the load instead of reaching for a hub.
+
+Every model here can wait in the host tier when evicted
+(``runtimes.base.OffloadingModel``): its encoder's weights move to host memory
+(``runtimes/hostcopy.py``) while the modules, the config and the tokenizer
+stay built, so coming back is a copy, not a load. A shared encoder moves when
+the last of its models on the device leaves.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from tessera.errors import InferenceError, InvalidInputError, ModelUnavailableEr
 from tessera.footprint import Footprint
 from tessera.runtimes.base import LoadContext, SharedComponents
 from tessera.runtimes.digest import content_digest
+from tessera.runtimes.hostcopy import HostCopy
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.tasks.types import ClassifyOutput, LabelScore, RerankInput, Task, TextInput
 
@@ -205,6 +212,7 @@ class SentenceEncoder:
         self.device = device
         self.num_bytes = torch_module_bytes(model)
         self._tokenize_lock = threading.Lock()
+        self._host_copy: HostCopy | None = None  # its weights while in the host tier
 
     @classmethod
     def from_folder(cls, path: Path, device: str) -> SentenceEncoder:
@@ -255,10 +263,33 @@ class SentenceEncoder:
             result: npt.NDArray[np.float32] = vectors.float().cpu().numpy()
         return result
 
+    def offload(self) -> Footprint | None:
+        """Move the weights to the host tier (the module and tokenizer stay built)."""
+        if self.model is None or self._host_copy is not None:
+            return None
+        self._host_copy = HostCopy.offload([self.model], self.device)
+        empty_device_cache(self.device)
+        return self._host_copy.footprint()
+
+    @property
+    def host_method(self) -> str | None:
+        """How the host tier holds the weights now; None while they are on the device."""
+        copy = self._host_copy
+        return copy.footprint().method if copy is not None else None
+
+    def restore(self) -> None:
+        """Bring the weights back from the host tier."""
+        copy = self._host_copy
+        if copy is None:
+            raise ModelUnavailableError("hf-encoder", "its weights are not in the host tier")
+        copy.restore()
+        self._host_copy = None
+
     def close(self) -> None:
         """Drop the weights (called when the last user releases the encoder)."""
         self.model = None
         self.tokenizer = None
+        self._host_copy = None
         empty_device_cache(self.device)
 
 
@@ -314,11 +345,12 @@ class SharedEncoderModel:
         self._own_bytes = own_bytes
         self._method = method
         self._unload_lock = threading.Lock()
+        self._parked = False  # in the host tier: the encoder is not held on the device
 
     @property
     def encoder(self) -> SentenceEncoder:
         encoder = self._encoder
-        if encoder is None:
+        if encoder is None or self._parked:
             raise ModelUnavailableError(self._key, "the model was unloaded")
         return encoder
 
@@ -340,12 +372,36 @@ class SharedEncoderModel:
             method=self._method,
         )
 
+    def offload(self) -> Footprint | None:
+        """Leave the device for the host tier: the shared encoder goes too once
+        no model on the device holds it. What this model owns beside it (a head)
+        stays in process memory."""
+        with self._unload_lock:
+            encoder = self._encoder
+            if encoder is None or self._parked or not self._shared.park(self._key):
+                return None
+            self._parked = True
+        held = encoder.host_method or "held for it while another model uses it on the device"
+        return Footprint(
+            own_bytes=self._own_bytes,
+            shared_bytes={self._key: self._shared.bytes_of(self._key)},
+            method=f"shared encoder: {held}; the rest in process memory",
+        )
+
+    def restore(self) -> None:
+        with self._unload_lock:
+            if self._encoder is None or not self._parked:
+                raise ModelUnavailableError(self._key, "the model is not in the host tier")
+            self._shared.unpark(self._key)
+            self._parked = False
+
     def unload(self) -> None:
         with self._unload_lock:
             if self._encoder is None:
                 return
             self._encoder = None
-        self._shared.release(self._key)
+            parked, self._parked = self._parked, False
+        self._shared.release(self._key, parked=parked)
 
 
 # --- adapters ------------------------------------------------------------------------
@@ -426,12 +482,13 @@ class HfSequenceClassifierModel:
         self._head = head
         self._max_length = max_length
         self._bytes = encoder.num_bytes
+        self._parked = False  # in the host tier
 
     def run(self, items: Sequence[Any]) -> list[Any]:
         import torch
 
         encoder = self._encoder
-        if encoder is None:
+        if encoder is None or self._parked:
             raise ModelUnavailableError("hf-sequence-classifier", "the model was unloaded")
         if not items:
             return []
@@ -447,6 +504,21 @@ class HfSequenceClassifierModel:
 
     def memory(self) -> Footprint:
         return Footprint(own_bytes=self._bytes, method=_TORCH_METHOD)
+
+    def offload(self) -> Footprint | None:
+        encoder = self._encoder
+        if encoder is None or self._parked:
+            return None
+        held = encoder.offload()
+        self._parked = held is not None
+        return held
+
+    def restore(self) -> None:
+        encoder = self._encoder
+        if encoder is None or not self._parked:
+            raise ModelUnavailableError("hf-sequence-classifier", "not in the host tier")
+        encoder.restore()
+        self._parked = False
 
     def unload(self) -> None:
         encoder, self._encoder = self._encoder, None

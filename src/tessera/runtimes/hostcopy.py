@@ -1,0 +1,291 @@
+"""Torch weights in the host tier: moved off the device when a model is
+evicted, brought back by a copy (or a mapping) when it is needed again.
+
+- CUDA: every tensor storage of the modules is copied into pinned host memory
+  (asynchronously, then synchronised) and the device storage is freed;
+  restoring copies each back with ``non_blocking`` copies and one synchronise.
+  What the tier holds is the pinned bytes.
+- CPU: a storage that maps a weight file (transformers maps safetensors files
+  rather than reading them) is let go: the process unmaps it, its pages stay
+  in the kernel's page cache (outside the resident set, reclaimable under
+  memory pressure, then read from disk on the next restore), and restoring
+  maps the same bytes of the same file again, read nowhere and parsed by no
+  one. A storage that maps no file, or whose mapping was written to
+  (copy-on-write pages that the file does not hold), is left as it is: it
+  stays in process memory, counted as such.
+
+Views keep their storage offsets and strides, so tied weights stay tied. The
+skeleton (modules, config) and whatever the caller keeps beside it (a
+tokenizer) stay in process memory, unmeasured: a few MiB a model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tessera.footprint import Footprint
+
+_SMAPS = Path("/proc/self/smaps")
+PINNED = "pinned host memory"
+
+
+class HostCopyError(RuntimeError):
+    """A host copy cannot be restored (its weight file changed on disk)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """A parameter or buffer, and where its data sits in its storage."""
+
+    tensor: Any
+    storage: int  # index of its storage in the copy
+    offset: int  # in elements of its dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FileSpan:
+    """Where a CPU storage's bytes sit in a file, and the file as it was then."""
+
+    path: str
+    offset: int
+    nbytes: int
+    identity: tuple[int, int, int]  # inode, size, mtime (ns)
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A mapping of the process: [start, end) maps ``path`` from ``offset``;
+    ``anonymous_bytes`` of it are copy-on-write pages (written since)."""
+
+    start: int
+    end: int
+    offset: int
+    path: str
+    anonymous_bytes: int
+
+
+class HostCopy:
+    """The tensors of some torch modules, held in the host tier (see the module
+    docstring). ``offload`` moves them; ``restore`` brings them back once."""
+
+    def __init__(
+        self,
+        device: str,
+        views: list[_View],
+        nbytes: list[int],
+        held: list[Any],
+        spans: list[FileSpan | None],
+    ) -> None:
+        self.device = device
+        self._views = views
+        self._nbytes = nbytes  # per storage
+        # Per storage: its pinned host copy (CUDA), else None; and on CPU the
+        # file span it maps, None for one left in place (process memory).
+        self._held = held
+        self._spans = spans
+        self._restored = False
+
+    @classmethod
+    def offload(cls, modules: Iterable[Any], device: str) -> HostCopy:
+        """Move the parameters and buffers of ``modules`` (on ``device``) to host memory."""
+        storages: list[Any] = []
+        index: dict[int, int] = {}
+        views: list[_View] = []
+        for tensor in _tensors(modules):
+            storage = tensor.untyped_storage()
+            if storage.nbytes() == 0:
+                continue
+            position = index.setdefault(storage.data_ptr(), len(storages))
+            if position == len(storages):
+                storages.append(storage)
+            views.append(
+                _View(
+                    tensor,
+                    position,
+                    tensor.storage_offset(),
+                    tuple(tensor.size()),
+                    tuple(tensor.stride()),
+                )
+            )
+        nbytes = [int(s.nbytes()) for s in storages]
+        if device.startswith("cuda"):
+            held = _to_pinned(storages, device)
+            spans: list[FileSpan | None] = [None] * len(storages)
+        else:
+            held = [None] * len(storages)
+            spans = file_spans(storages, read_regions())
+        del storages  # the views below hold the last references
+        for view in views:
+            if held[view.storage] is not None or spans[view.storage] is not None:
+                view.tensor.data = _empty(view.tensor)
+        return cls(device, views, nbytes, held, spans)
+
+    def footprint(self) -> Footprint:
+        """The host bytes this copy holds and how."""
+        if self.device.startswith("cuda"):
+            return Footprint(sum(self._nbytes), method=PINNED)
+        mapped = sum(s.nbytes for s in self._spans if s is not None)
+        kept = sum(n for n, s in zip(self._nbytes, self._spans, strict=True) if s is None)
+        return Footprint(
+            mapped + kept,
+            method=f"page cache, mapped weight files ({mapped} B); process memory ({kept} B)",
+        )
+
+    def restore(self) -> None:
+        """Put every tensor back on the device; raises ``HostCopyError`` if a
+        mapped file changed since (then the modules are unusable: unload them)."""
+        if self._restored:
+            raise HostCopyError("this host copy was restored already")
+        if self.device.startswith("cuda"):
+            storages = _from_pinned(self._held, self.device)
+        else:
+            storages = _map_spans(self._spans)
+        for view in self._views:
+            storage = storages[view.storage]
+            if storage is not None:
+                view.tensor.data = _view_on(storage, view)
+        self._held = [None] * len(self._held)
+        self._restored = True
+
+
+def _tensors(modules: Iterable[Any]) -> Iterator[Any]:
+    """Every distinct parameter and buffer of ``modules``."""
+    seen: set[int] = set()
+    for module in modules:
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                yield tensor
+
+
+def _empty(tensor: Any) -> Any:
+    import torch
+
+    return torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+
+
+def _view_on(storage: Any, view: _View) -> Any:
+    import torch
+
+    tensor = torch.empty(0, dtype=view.tensor.dtype, device=storage.device)
+    return tensor.set_(storage, view.offset, view.size, view.stride)
+
+
+def _to_pinned(storages: list[Any], device: str) -> list[Any]:
+    """Pinned host copies of CUDA ``storages`` (the copies overlap; one
+    synchronise before the device storages may go)."""
+    import torch
+
+    held = []
+    for storage in storages:
+        source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
+        host.copy_(source, non_blocking=True)
+        held.append(host)
+    torch.cuda.synchronize(device)
+    return [h.untyped_storage() for h in held]
+
+
+def _from_pinned(held: list[Any], device: str) -> list[Any]:
+    import torch
+
+    copies = []
+    for storage in held:
+        host = torch.empty(0, dtype=torch.uint8).set_(storage)
+        copies.append(host.to(device, non_blocking=True))
+    torch.cuda.synchronize(device)
+    return [c.untyped_storage() for c in copies]
+
+
+def _map_spans(spans: list[FileSpan | None]) -> list[Any]:
+    """Storages over the files' bytes again: one private mapping a file
+    (copy-on-write, as transformers maps them), nothing read."""
+    import torch
+
+    maps: dict[str, mmap.mmap] = {}
+    storages: list[Any] = []
+    for span in spans:
+        if span is None:
+            storages.append(None)
+            continue
+        mapped = maps.get(span.path)
+        if mapped is None:
+            if _identity(span.path) != span.identity:
+                raise HostCopyError(f"{span.path} changed since its model was evicted")
+            with open(span.path, "rb") as f:
+                mapped = maps[span.path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        tensor = torch.frombuffer(mapped, dtype=torch.uint8, count=span.nbytes, offset=span.offset)
+        storages.append(tensor.untyped_storage())
+    return storages
+
+
+def _identity(path: str) -> tuple[int, int, int]:
+    stat = os.stat(path)
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def read_regions(smaps: Path = _SMAPS) -> list[Region]:
+    """The file mappings of this process, adjacent pieces of one mapping merged
+    (empty where /proc is absent)."""
+    try:
+        text = smaps.read_text()
+    except OSError:
+        return []
+    regions: list[Region] = []
+    in_file = False  # whether the lines read now describe a file mapping
+    for line in text.splitlines():
+        head = line.split(maxsplit=5)
+        if head and not head[0].endswith(":"):  # a mapping's first line
+            in_file = len(head) == 6 and head[4] != "0"  # an inode: a file
+            if in_file:
+                start, end = (int(x, 16) for x in head[0].split("-"))
+                regions.append(Region(start, end, int(head[2], 16), head[5], 0))
+        elif in_file and head[0] == "Anonymous:":
+            last = regions[-1]
+            regions[-1] = Region(last.start, last.end, last.offset, last.path, int(head[1]) * 1024)
+    return _merged(regions)
+
+
+def _merged(regions: list[Region]) -> list[Region]:
+    merged: list[Region] = []
+    for region in regions:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and last.path == region.path
+            and last.end == region.start
+            and last.offset + (last.end - last.start) == region.offset
+        ):
+            anonymous = last.anonymous_bytes + region.anonymous_bytes
+            merged[-1] = Region(last.start, region.end, last.offset, last.path, anonymous)
+        else:
+            merged.append(region)
+    return merged
+
+
+def file_spans(storages: list[Any], regions: list[Region]) -> list[FileSpan | None]:
+    """For each storage, the span of a file it maps whole and unwritten; None
+    for one that maps no file (or was written to since it was mapped)."""
+    spans: list[FileSpan | None] = []
+    for storage in storages:
+        start, nbytes = storage.data_ptr(), storage.nbytes()
+        region = next((r for r in regions if r.start <= start < r.end), None)
+        if region is None or start + nbytes > region.end or region.anonymous_bytes:
+            spans.append(None)
+            continue
+        try:
+            identity = _identity(region.path)
+        except OSError:  # deleted since it was mapped
+            spans.append(None)
+            continue
+        offset = region.offset + (start - region.start)
+        spans.append(FileSpan(region.path, offset, nbytes, identity))
+    return spans

@@ -1,0 +1,162 @@
+"""The host tier on real torch weights (CPU): a copy held as the mapped
+safetensors file (its pages left to the page cache, unmapped from the process)
+and mapped again on the way back; then the real MiniLM trio through the
+engine, evicted by another model and brought back from the tier with the same
+answers. Timing is the benchmark's (benchmarks/reload_bench.py), not asserted.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tessera.engine import Engine, EngineConfig
+from tessera.repository import ModelRepository, default_repository_path, read_spec
+from tessera.runtimes.hostcopy import PINNED, HostCopy, HostCopyError, read_regions
+from tessera.tasks.types import ClassifyOutput, RerankInput, Task, TextInput
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+pytestmark = pytest.mark.slow
+MIB = 1024**2
+
+
+def tiny_module(folder: Path) -> tuple[Any, Path]:
+    """A small tied-weight model whose tensors map ``folder/model.safetensors``,
+    as transformers maps them, plus one buffer in process memory."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 64))
+    path = folder / "model.safetensors"
+    safetensors_torch.save_file({k: v.contiguous() for k, v in module.state_dict().items()}, path)
+    with safetensors_torch.safe_open(str(path), "pt") as f:
+        for name, tensor in module.named_parameters():
+            tensor.data = f.get_tensor(name)
+    module[1].weight = torch.nn.Parameter(module[0].weight.data)  # tied: one storage, two views
+    module.register_buffer("scale", torch.full((64,), 2.0))  # not from a file
+    return module.eval(), path
+
+
+def forward(module: Any) -> Any:
+    with torch.inference_mode():
+        return module[1](module[0](torch.arange(8))) * module.scale
+
+
+def mapped(path: Path) -> bool:
+    return any(r.path == str(path) for r in read_regions())
+
+
+def test_a_cpu_copy_unmaps_the_file_and_maps_the_same_bytes_back(tmp_path: Path) -> None:
+    module, path = tiny_module(tmp_path)
+    before = forward(module)
+    assert mapped(path)
+
+    copy = HostCopy.offload([module], "cpu")
+    held = copy.footprint()
+    assert not mapped(path)  # the pages are the page cache's now, not the process's
+    assert module[0].weight.numel() == 0
+    assert held.total_bytes == 64 * 16 * 4 + 64 * 4 + 64 * 4  # embedding (tied), bias, buffer
+    assert f"mapped weight files ({64 * 16 * 4 + 64 * 4} B)" in held.method
+    assert f"process memory ({64 * 4} B)" in held.method
+
+    copy.restore()
+    assert mapped(path)
+    assert torch.equal(forward(module), before)
+    # The tied view shares its storage with the embedding again.
+    weight, tied = module[0].weight, module[1].weight
+    assert weight.untyped_storage().data_ptr() == tied.untyped_storage().data_ptr()
+    with pytest.raises(HostCopyError):
+        copy.restore()
+
+
+def test_a_cpu_copy_whose_file_changed_refuses_to_come_back(tmp_path: Path) -> None:
+    module, path = tiny_module(tmp_path)
+    copy = HostCopy.offload([module], "cpu")
+    os.utime(path, ns=(0, 0))
+    with pytest.raises(HostCopyError):
+        copy.restore()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_copy_is_pinned_host_memory_and_comes_back_equal(tmp_path: Path) -> None:
+    module, _ = tiny_module(tmp_path)
+    module = module.to("cuda")
+    before = forward_on(module, "cuda")
+    copy = HostCopy.offload([module], "cuda")
+    assert copy.footprint().method == PINNED
+    assert module[0].weight.numel() == 0
+    copy.restore()
+    assert torch.equal(forward_on(module, "cuda"), before)
+
+
+def forward_on(module: Any, device: str) -> Any:
+    with torch.inference_mode():
+        return module[1](module[0](torch.arange(8, device=device))) * module.scale
+
+
+# -- the MiniLM trio through the engine -----------------------------------------
+
+TRIO = ("all-minilm-l6-v2", "minilm-rerank", "intent-minilm")
+OTHER = "all-minilm-l6-v2-int8"  # an ONNX model that does not fit beside them
+SENTENCES = [TextInput("A man is eating food."), TextInput("Where is the train station?")]
+PAIR = [RerankInput("How do I bake bread?", "Mix flour, water and yeast, then bake it.")]
+
+
+async def answers(engine: Engine) -> tuple[Any, Any, Any]:
+    vectors = await engine.infer(TRIO[0], Task.EMBEDDING, SENTENCES)
+    scores = await engine.infer(TRIO[1], Task.RERANK, PAIR)
+    intents = await engine.infer(TRIO[2], Task.CLASSIFY, SENTENCES)
+    return np.stack(vectors), scores, intents
+
+
+async def test_the_minilm_trio_comes_back_from_the_host_tier_with_identical_answers() -> None:
+    folder = default_repository_path()
+    repository = ModelRepository([read_spec(folder / name) for name in (*TRIO, OTHER)])
+    engine = Engine(
+        repository,
+        EngineConfig(
+            memory_budget_bytes=160 * MIB,
+            host_memory_budget_bytes=200 * MIB,
+            device="cpu",
+            num_threads=1,
+            preload=(),
+        ),
+    )
+    try:
+        vectors, scores, intents = await answers(engine)
+        await engine.infer(OTHER, Task.EMBEDDING, SENTENCES)  # evicts the trio
+        stats = engine.snapshot()
+        for name in TRIO:
+            model = stats.model(name)
+            assert model is not None
+            assert (model.state, model.host_tier) == ("unloaded", True)
+        encoder_bytes = stats.host_used_bytes
+        assert 80 * MIB < encoder_bytes < 100 * MIB  # one encoder for three, and a head
+
+        again = await answers(engine)  # the trio is back: OTHER goes
+        assert np.array_equal(again[0], vectors)
+        assert again[1] == scores
+        assert again[2] == intents
+        assert isinstance(intents[0], ClassifyOutput)
+        stats = engine.snapshot()
+        for name in TRIO:
+            model = stats.model(name)
+            assert model is not None
+            assert (model.state, model.loads, model.host_loads) == ("ready", 2, 1)
+            assert model.files_load_s is not None
+            assert model.host_load_s is not None
+        other = stats.model(OTHER)
+        assert other is not None
+        # The ONNX session does not use the tier: it was unloaded.
+        assert (other.state, other.host_tier, other.evictions) == ("unloaded", False, 1)
+    finally:
+        await engine.close()
+    assert engine.snapshot().host_used_bytes == 0
