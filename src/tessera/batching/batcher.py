@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable
 
 from tessera.batching.queue import FifoQueue, RequestQueue
@@ -46,6 +47,7 @@ class ModelBatcher:
         max_queue: int = 100,
         queue: RequestQueue | None = None,
         max_concurrent_batches: int = 1,
+        predict: Callable[[float], float | None] | None = None,
     ) -> None:
         self.name = name
         self.batching = batching
@@ -54,7 +56,9 @@ class ModelBatcher:
         self.max_queue = max_queue
         self._queue: RequestQueue = queue if queue is not None else FifoQueue()
         self._arrived = asyncio.Event()
-        self._slots = asyncio.Semaphore(batching.max_concurrent_batches or max_concurrent_batches)
+        self.num_slots = batching.max_concurrent_batches or max_concurrent_batches
+        self._slots = asyncio.Semaphore(self.num_slots)
+        self._predict = predict
         self._loop_task: asyncio.Task[None] | None = None
         # Batches running now: their task, and when each formed.
         self._running: dict[asyncio.Task[None], Batch] = {}
@@ -67,18 +71,49 @@ class ModelBatcher:
         return len(self._queue)
 
     def submit(self, request: QueuedRequest) -> None:
-        """Queue a request; ``OverloadedError`` if the queue is full."""
+        """Queue a request; ``OverloadedError`` if the queue is full: it holds
+        ``max_queue`` requests, or more work than ``request`` could wait for
+        (its batch would start after its deadline)."""
         if len(self._queue) >= self.max_queue:
             raise OverloadedError(
                 f"queue of model {self.name!r} is full ({self.max_queue} requests)",
                 retry_after_s=self._retry_after_s(),
             )
+        wait_s = self.predicted_wait_s(request)
+        if wait_s is not None and request.deadline is not None:
+            left_s = request.deadline - request.arrival
+            if wait_s > left_s:
+                raise OverloadedError(
+                    f"model {self.name!r} has {wait_s:.3g}s of work before this request,"
+                    f" more than its {left_s:.3g}s deadline",
+                    retry_after_s=max(self._retry_after_s(), wait_s - left_s),
+                )
         self._queue.push(request)
         self._arrived.set()
         if self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(
                 self._loop(), name=f"batcher:{self.name}"
             )
+
+    def predicted_wait_s(self, request: QueuedRequest) -> float | None:
+        """Seconds before ``request``'s batch would start if it were queued now:
+        the batches running now and the full batches of the work ahead of it
+        (batches of its kind: ``max_batch_size`` items like it, at most
+        ``max_batch_units``; the rest of that work shares its batch), at the
+        predicted run time of such a batch, over the batches that run at once.
+        None before the model has run a batch."""
+        if self._predict is None:
+            return None
+        per_item = request.units / max(1, len(request.items))
+        batch_units = max(
+            request.units,
+            min(self.batching.max_batch_units, per_item * self.batching.max_batch_size),
+        )
+        batch_s = self._predict(batch_units)
+        if batch_s is None:
+            return None
+        batches = math.floor(self._queue.units_ahead(request) / batch_units) + len(self._running)
+        return batches * batch_s / self.num_slots
 
     def _retry_after_s(self) -> float:
         return max(1.0, self.batching.max_wait_ms / 1000)

@@ -30,6 +30,11 @@ class RequestQueue(Protocol):
 
     def oldest_arrival(self) -> float | None: ...
 
+    def units_ahead(self, request: QueuedRequest) -> float:
+        """The work units this queue would serve before ``request`` if it
+        were pushed now (an estimate: arrivals after it may go first)."""
+        ...
+
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[QueuedRequest]: ...
@@ -45,9 +50,11 @@ class FifoQueue:
 
     def __init__(self) -> None:
         self._items: deque[QueuedRequest] = deque()
+        self._units = 0.0
 
     def push(self, request: QueuedRequest) -> None:
         self._items.append(request)
+        self._units += request.units
 
     def pop_batch(self, max_items: int, max_units: float, now: float) -> list[QueuedRequest]:
         batch: list[QueuedRequest] = []
@@ -60,16 +67,21 @@ class FifoQueue:
             batch.append(self._items.popleft())
             num_items += len(head.items)
             units += head.units
+        self._units = self._units - units if self._items else 0.0
         return batch
 
     def remove_if(self, predicate: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]:
         removed = [r for r in self._items if predicate(r)]
         if removed:
             self._items = deque(r for r in self._items if not predicate(r))
+            self._units = sum(r.units for r in self._items)
         return removed
 
     def oldest_arrival(self) -> float | None:
         return self._items[0].arrival if self._items else None
+
+    def units_ahead(self, request: QueuedRequest) -> float:
+        return self._units
 
     def __len__(self) -> int:
         return len(self._items)

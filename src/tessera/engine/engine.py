@@ -82,7 +82,9 @@ class EngineConfig:
     num_threads: int | None = None  # None: every core
     num_workers: int | None = None  # None: one per thread
     eviction_policy: str = "cost"
-    max_queue: int = 100
+    # Requests waiting per model, at most: a bound on memory; before it, a
+    # request whose predicted wait passes its deadline is refused (batcher.py).
+    max_queue: int = 1000
     default_timeout_s: float = 60.0
     residency_wait_s: float = 30.0
     preload: tuple[str, ...] | None = None  # None: the models marked preload
@@ -454,6 +456,7 @@ class Engine(ModelLifecycle):
                 max_queue=self.config.max_queue,
                 queue=make_queue(self.config.scheduling, predictor, self.config.fair_quantum_s),
                 max_concurrent_batches=self._executor.num_workers,
+                predict=predictor.predict,
             )
         return batcher
 

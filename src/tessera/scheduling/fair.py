@@ -55,6 +55,7 @@ class FairQueue:
         self._tenant_seen: dict[str, float] = {}  # tenant -> last arrival
         self._latency_horizon_s = latency_horizon_s
         self._queues: dict[str, deque[QueuedRequest]] = {}
+        self._units: dict[str, float] = {}  # tenant -> units of its backlog
         self.counters: dict[str, float] = {}
         self._last_left = 0.0  # the counter of the last tenant served out of its backlog
         self._len = 0
@@ -71,6 +72,7 @@ class FairQueue:
             self._lift(request.tenant)
             queue = self._queues.setdefault(request.tenant, deque())
         queue.append(request)
+        self._units[request.tenant] = self._units.get(request.tenant, 0.0) + request.units
         self._len += 1
 
     def pop_batch(self, max_items: int, max_units: float, now: float) -> list[QueuedRequest]:
@@ -109,12 +111,35 @@ class FairQueue:
             if len(kept) != len(queue):
                 removed.extend(r for r in queue if predicate(r))
                 self._queues[tenant] = kept
+                self._units[tenant] = sum(r.units for r in kept)
         self._len -= len(removed)
         return removed
 
     def oldest_arrival(self) -> float | None:
         heads = [queue[0].arrival for queue in self._queues.values() if queue]
         return min(heads, default=None)
+
+    def units_ahead(self, request: QueuedRequest) -> float:
+        """Its tenant's backlog, and of each other backlogged tenant's what the
+        weights serve before it: each of them up to the counter this tenant
+        will have when ``request`` heads its backlog. (Latency-tier requests that arrive
+        later go first; they are not foreseen.)"""
+        tenant = request.tenant
+        weight = max(request.weight, 1e-9)
+        own = self._units.get(tenant, 0.0) if self._queues.get(tenant) else 0.0
+        if own:
+            start = self.counters[tenant]
+        else:  # it would be lifted as it is pushed
+            others = [self.counters[t] for t in self._backlogged() if t != tenant]
+            floor = min(others, default=self._last_left)
+            start = max(self.counters.get(tenant, floor), floor)
+        reached = start + own / weight  # its counter when it heads its tenant's queue
+        ahead = own
+        for other in self._backlogged():
+            if other != tenant:
+                share = max(0.0, reached - self.counters[other]) * self._queues[other][0].weight
+                ahead += min(self._units[other], share)
+        return ahead
 
     def __len__(self) -> int:
         return self._len
@@ -157,6 +182,7 @@ class FairQueue:
 
     def _take(self, tenant: str) -> None:
         request = self._queues[tenant].popleft()
+        self._units[tenant] = self._units[tenant] - request.units if self._queues[tenant] else 0.0
         self._len -= 1
         self.counters[tenant] += request.units / max(request.weight, 1e-9)
         if not self._queues[tenant]:

@@ -14,10 +14,14 @@ from collections import deque
 class BatchTimePredictor:
     def __init__(self, window: int = 256) -> None:
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+        # The fit of the samples as they are (admission asks for every request).
+        self._fit: tuple[float, float] | None = None
+        self._fitted = False
 
     def observe(self, units: float, run_s: float) -> None:
         if units > 0 and run_s >= 0:
             self._samples.append((units, run_s))
+            self._fitted = False
 
     @property
     def num_samples(self) -> int:
@@ -25,6 +29,11 @@ class BatchTimePredictor:
 
     def coefficients(self) -> tuple[float, float] | None:
         """(fixed seconds, seconds per unit), both non-negative."""
+        if not self._fitted:
+            self._fit, self._fitted = self._least_squares(), True
+        return self._fit
+
+    def _least_squares(self) -> tuple[float, float] | None:
         n = len(self._samples)
         if n == 0:
             return None

@@ -1,0 +1,162 @@
+"""Queues bounded by time, not count: a request is refused (503, Retry-After from
+the prediction) only when the work queued before it, at the model's measured
+batch times, would pass its deadline; the work before it is its place in the
+queue's own order (FIFO: everything; fair: what the weights serve first)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tessera.batching import FifoQueue, ModelBatcher
+from tessera.clock import FakeClock
+from tessera.errors import OverloadedError
+from tessera.repository.spec import BatchingSpec
+from tessera.request import Batch, QueuedRequest, RequestResult
+from tessera.scheduling import BatchTimePredictor, FairQueue
+
+
+def request(
+    *, tenant: str = "t", units: float = 1.0, items: int = 1, weight: float = 1.0,
+    deadline: float | None = None,
+) -> QueuedRequest:  # fmt: skip
+    future: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
+    return QueuedRequest(
+        items=list(range(items)),
+        units=units,
+        arrival=0.0,
+        future=future,
+        tenant=tenant,
+        weight=weight,
+        deadline=deadline,
+    )
+
+
+async def test_fifo_work_ahead_is_everything_queued() -> None:
+    queue = FifoQueue()
+    assert queue.units_ahead(request()) == 0
+    for units in (3.0, 4.0, 5.0):
+        queue.push(request(units=units))
+    assert queue.units_ahead(request()) == 12
+    queue.pop_batch(max_items=1, max_units=100, now=0.0)
+    assert queue.units_ahead(request()) == 9
+    queue.remove_if(lambda r: r.units == 4.0)
+    assert queue.units_ahead(request()) == 5
+    queue.pop_batch(max_items=10, max_units=100, now=0.0)
+    assert queue.units_ahead(request()) == 0
+
+
+async def test_under_fair_queueing_a_quiet_tenant_waits_behind_a_share_not_the_flood() -> None:
+    queue = FairQueue()
+    for _ in range(100):
+        queue.push(request(tenant="flood", units=10.0))
+    # The flood's next request waits behind its whole backlog ...
+    assert queue.units_ahead(request(tenant="flood", units=10.0)) == 1000
+    # ... a newcomer behind none of it: it is lifted to the flood's counter.
+    assert queue.units_ahead(request(tenant="quiet", units=10.0)) == 0
+    queue.push(request(tenant="quiet", units=10.0))
+    queue.push(request(tenant="quiet", units=10.0))
+    # Its third waits for its own two and as much of the flood as they took.
+    assert queue.units_ahead(request(tenant="quiet", units=10.0)) == 20 + 20
+
+
+async def test_weights_set_how_much_of_the_others_goes_first() -> None:
+    queue = FairQueue()
+    for _ in range(10):
+        queue.push(request(tenant="light", units=1.0, weight=1.0))
+    for _ in range(10):
+        queue.push(request(tenant="heavy", units=1.0, weight=4.0))
+    # Behind heavy's 10 units (2.5 of its virtual time), light gets 2.5 units.
+    assert queue.units_ahead(request(tenant="heavy", weight=4.0)) == pytest.approx(12.5)
+    # Behind light's 10 units (10 of its virtual time), heavy is served out.
+    assert queue.units_ahead(request(tenant="light")) == 20
+
+
+async def answer(batch: Batch) -> None:
+    for r in batch.requests:
+        r.future.set_result(RequestResult(r.items, 0.0, 0.0, batch.num_items))
+
+
+async def close(b: ModelBatcher, requests: list[QueuedRequest]) -> None:
+    """Stop ``b`` (what still waits is refused) and read every outcome."""
+    await b.close()
+    for r in requests:
+        r.future.exception()
+
+
+def batcher(
+    predictor: BatchTimePredictor, *, max_queue: int = 1000, slots: int = 1
+) -> ModelBatcher:
+    return ModelBatcher(
+        "m",
+        BatchingSpec(max_batch_size=10, max_batch_units=1000, max_wait_ms=1.0),
+        answer,
+        FakeClock(),
+        max_queue=max_queue,
+        queue=FifoQueue(),
+        max_concurrent_batches=slots,
+        predict=predictor.predict,
+    )
+
+
+async def test_a_request_is_refused_only_when_its_predicted_wait_passes_its_deadline() -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(10, 1.0)  # a batch of 10 units: 1 s
+    b = batcher(predictor)
+    # 95 queued (1 unit each): 9 full batches of 10 before its own, 9 s.
+    queued = [request(deadline=60.0) for _ in range(95)]
+    for r in queued:
+        b.submit(r)
+    assert b.predicted_wait_s(request(deadline=60.0)) == pytest.approx(9.0)
+    queued.append(request(deadline=9.0))
+    b.submit(queued[-1])  # exactly fits
+    with pytest.raises(OverloadedError, match="more than its 5s deadline") as refused:
+        b.submit(request(deadline=5.0))
+    assert refused.value.retry_after_s == pytest.approx(4.0)  # when it would fit again
+    await close(b, queued)
+
+
+async def test_more_slots_drain_the_queue_sooner() -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(10, 1.0)
+    one, two = batcher(predictor), batcher(predictor, slots=2)
+    queued = {one: [request() for _ in range(39)], two: [request() for _ in range(39)]}
+    for b, requests in queued.items():
+        for r in requests:
+            b.submit(r)
+    assert one.predicted_wait_s(request()) == pytest.approx(3.0)
+    assert two.predicted_wait_s(request()) == pytest.approx(1.5)
+    for b, requests in queued.items():
+        await close(b, requests)
+
+
+async def test_without_a_measured_batch_only_the_count_bounds_the_queue() -> None:
+    b = batcher(BatchTimePredictor(), max_queue=3)
+    queued = [request(deadline=0.001) for _ in range(3)]
+    for r in queued:
+        b.submit(r)
+    with pytest.raises(OverloadedError, match="is full"):
+        b.submit(request(deadline=60.0))
+    await close(b, queued)
+
+
+async def test_many_waiting_on_a_fast_model_are_not_an_overload() -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(32, 0.003)  # 32 sentences in 3 ms, a GPU's pace
+    b = ModelBatcher(
+        "m",
+        BatchingSpec(max_batch_size=32, max_wait_ms=1.0),
+        answer,
+        FakeClock(),
+        max_queue=1000,
+        predict=predictor.predict,
+    )
+    queued = [request(deadline=1.0) for _ in range(256)]
+    for r in queued:  # c=256: 8 batches, 24 ms of work
+        b.submit(r)
+    assert b.depth == 256
+    wait_s: Any = b.predicted_wait_s(request())
+    assert wait_s < 0.05
+    await close(b, queued)
