@@ -14,7 +14,8 @@ A config file may hold any of::
     num_threads: 2               # the process's thread budget; default: all cores
     num_workers: 2               # batches at once; each gets num_threads / num_workers
     eviction_policy: cost        # cost (uses x load s / bytes) | lru | largest | none
-    max_queue: 100               # per model; a full queue answers 503
+    max_queue: 1000              # per model, a bound on memory; before it, a request
+                                 # whose batch would start after its deadline gets 503
     default_timeout_s: 60
     max_body_bytes: 16MiB
     model_repositories: [./my-models]
