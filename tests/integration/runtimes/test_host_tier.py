@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tessera.engine import Engine, EngineConfig
+from tessera.errors import ModelUnavailableError
 from tessera.repository import ModelRepository, default_repository_path, read_spec
 from tessera.runtimes.hostcopy import PINNED, HostCopy, HostCopyError, read_regions
 from tessera.tasks.types import ClassifyOutput, RerankInput, Task, TextInput
@@ -100,6 +101,58 @@ def test_a_cuda_copy_is_pinned_host_memory_and_comes_back_equal(tmp_path: Path) 
 def forward_on(module: Any, device: str) -> Any:
     with torch.inference_mode():
         return module[1](module[0](torch.arange(8, device=device))) * module.scale
+
+
+def test_a_sequence_classifier_leaves_and_comes_back_with_the_same_answers(
+    tmp_path: Path,
+) -> None:
+    import yaml
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    from tessera.runtimes.base import OffloadingModel, standalone_context
+    from tessera.runtimes.registry import get_loader
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "a", "dog"]
+    (weights / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(weights / "vocab.txt")).save_pretrained(weights)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=3,
+    )
+    BertForSequenceClassification(config).eval().save_pretrained(weights)
+    card = tmp_path / "clf"
+    card.mkdir()
+    raw = {
+        "name": "clf",
+        "task": "classify",
+        "runtime": "torch",
+        "adapter": "hf-sequence-classifier",
+        "source": {"path": str(weights)},
+    }
+    (card / "model.yaml").write_text(yaml.safe_dump(raw))
+    spec = read_spec(card)
+    model = get_loader(spec.adapter).load(spec, standalone_context())
+    items = [TextInput("the cat sat"), TextInput("a dog")]
+    try:
+        before = model.run(items)
+        assert isinstance(model, OffloadingModel)
+        held = model.offload()
+        assert held is not None
+        assert held.total_bytes == model.memory().own_bytes
+        assert not mapped(weights / "model.safetensors")
+        with pytest.raises(ModelUnavailableError):
+            model.run(items)
+        model.restore()
+        assert model.run(items) == before
+    finally:
+        model.unload()
 
 
 # -- the MiniLM trio through the engine -----------------------------------------
