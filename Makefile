@@ -10,7 +10,7 @@ SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test venv lint bench bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
+.PHONY: serve test venv lint bench bench-reload bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: $(STAMP) lint
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_bench.py $(ARGS)
+
+# Reloads from files vs from the host tier, every default model (a few minutes on 2 cores).
+bench-reload: $(STAMP)
+	nice $(BIN)/python benchmarks/reload_bench.py $(ARGS)
 
 # The peer servers of the benchmarks, each in its own venv under ~/.cache/tessera/peers
 # (TESSERA_PEERS_DIR); not part of `make test`.
