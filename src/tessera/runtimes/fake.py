@@ -15,7 +15,8 @@ Its descriptor's ``options`` set what it reports and does::
       max_batch_chars: 1000  # raise MemoryError on a batch of longer texts together (optional)
       run_s: 0.0             # seconds each batch sleeps (integration tests only)
       word_s: 0.0            # seconds per word a chat answer takes; an item whose
-                             # stop flag is set (its caller left) stops at the next word
+                             # stop flag is set (its caller left) stops at the next word,
+                             # and each word after the first is a step (step_boundary)
       scratch_bytes_per_unit: 0  # bytes a batch really allocates (and touches) per
                                  # work unit while it runs: a measurable peak
       scale: 1.0             # embeddings of this norm (tells two versions apart)
@@ -46,6 +47,7 @@ from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
 from tessera.request import item_stops
 from tessera.runtimes.base import LoadContext
+from tessera.step import step_boundary
 from tessera.tasks.types import (
     ChatInput,
     ChatOutput,
@@ -77,7 +79,8 @@ def fake_output(
     item: object, *, word_s: float = 0.0, stop: threading.Event | None = None
 ) -> object:
     """The fake answer to one item, by its task (a chat echoes its last message
-    word by word, ``word_s`` each, until ``stop`` is set)."""
+    word by word, ``word_s`` each, a step boundary between words, until
+    ``stop`` is set)."""
     match item:
         case TextInput(text=text):
             return fake_embedding(text)
@@ -99,6 +102,8 @@ def fake_output(
         case ChatInput(messages=messages, on_text=on_text):
             words: list[str] = []
             for word in messages[-1].content.split():
+                if words:
+                    step_boundary()
                 if stop is not None and stop.is_set():
                     break
                 time.sleep(word_s)

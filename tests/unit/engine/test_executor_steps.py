@@ -1,0 +1,173 @@
+"""The compute executor with long work in steps (``long_work: steps``): a long
+batch gives its slot to short batches at its next step boundary.
+
+Batches run on real threads, so these tests wait on events, never on time. A
+long batch is held at a chosen step by a gate until the test has queued the
+batches that must go next (``queued``: the executor counts the batches that
+wait for a slot); a thread that waits on a gate gives up after
+``HANG_GUARD_S`` only when the code under test is broken (the test then fails
+instead of hanging). The long batches are the fake runtime's chats, whose
+words are steps, and plain functions that call ``step_boundary``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from builders import make_spec
+from tessera.device import CpuDevice
+from tessera.engine.executor import ComputeExecutor
+from tessera.runtimes.fake import FakeModel
+from tessera.step import holding, step_boundary
+from tessera.tasks.types import ChatInput, ChatMessage, Task
+
+HANG_GUARD_S = 10.0
+LONG_S = 3.0  # predicted seconds of the long batches (long_batch_s is 0.5)
+SHORT_S = 0.01
+
+Batch = Callable[[Sequence[Any]], list[Any]]
+
+
+class Log:
+    """What ran, in what order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self._lock = threading.Lock()
+
+    def note(self, event: str) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def echo(self, name: str) -> Batch:
+        def fn(items: Sequence[Any]) -> list[Any]:
+            self.note(f"{name} ran")
+            return list(items)
+
+        return fn
+
+
+@pytest.fixture
+def executor() -> Iterator[ComputeExecutor]:
+    """One worker, so that a long batch holds the only slot."""
+    executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1, long_batch_s=0.5)
+    yield executor
+    executor.shutdown()
+
+
+async def queued(executor: ComputeExecutor, num_waiting: int) -> None:
+    """Until ``num_waiting`` batches wait for a compute slot."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HANG_GUARD_S
+    while executor.num_waiting < num_waiting:
+        assert loop.time() < deadline, "the batches never queued for a slot"
+        await asyncio.sleep(0)
+
+
+async def started(event: threading.Event) -> None:
+    assert await asyncio.to_thread(event.wait, HANG_GUARD_S)
+
+
+async def test_a_short_batch_starts_at_the_long_ones_next_step_not_at_its_end(
+    executor: ComputeExecutor,
+) -> None:
+    log = Log()
+    first_word, go_on = threading.Event(), threading.Event()
+
+    def on_text(piece: str) -> None:
+        log.note(f"long said {piece.strip()}")
+        if not first_word.is_set():
+            first_word.set()
+            go_on.wait(HANG_GUARD_S)
+
+    chat = FakeModel(make_spec("chat", task=Task.GENERATE))
+    item = ChatInput((ChatMessage("user", "one two three"),), on_text=on_text)
+    long_run = asyncio.ensure_future(executor.run(chat.run, [item], LONG_S))
+    await started(first_word)
+    short = asyncio.ensure_future(executor.run(log.echo("short"), ["s"], SHORT_S))
+    await queued(executor, 1)
+    go_on.set()
+    assert (await short).outputs == ["s"]
+    (answer,) = (await long_run).outputs
+    assert answer.text == "one two three "
+    assert log.events == ["long said one", "short ran", "long said two", "long said three"]
+    assert executor.num_yields == 1
+
+
+async def test_without_steps_the_short_batch_waits_for_the_whole_long_one(
+    executor: ComputeExecutor,
+) -> None:
+    log = Log()
+    began, go_on = threading.Event(), threading.Event()
+
+    def long_fn(items: Sequence[Any]) -> list[Any]:  # one step: no boundary to yield at
+        began.set()
+        go_on.wait(HANG_GUARD_S)
+        log.note("long ended")
+        return list(items)
+
+    long_run = asyncio.ensure_future(executor.run(long_fn, ["page"], LONG_S))
+    await started(began)
+    short = asyncio.ensure_future(executor.run(log.echo("short"), ["s"], SHORT_S))
+    await queued(executor, 1)
+    go_on.set()
+    await asyncio.gather(long_run, short)
+    assert log.events == ["long ended", "short ran"]
+    assert executor.num_yields == 0
+
+
+# Broken, this deadlocks on threads no guard can end: the marker fails the run instead.
+@pytest.mark.timeout(3 * HANG_GUARD_S, method="thread")
+async def test_a_batch_waiting_for_a_paused_batchs_lock_lets_it_finish() -> None:
+    # Two workers: a short batch holds one slot throughout. A holds the model's
+    # lock and pauses at a step for a second short batch; B, of the same model,
+    # then gets the slot and needs the lock: it must give the slot back to A
+    # rather than hold it while A waits for one.
+    executor = ComputeExecutor(CpuDevice(), num_threads=2, num_workers=2, long_batch_s=0.5)
+    log = Log()
+    model_lock = threading.Lock()
+    short_began, short_go = threading.Event(), threading.Event()
+    began, go_on = threading.Event(), threading.Event()
+
+    def resident_short(items: Sequence[Any]) -> list[Any]:
+        short_began.set()
+        short_go.wait(HANG_GUARD_S)
+        return list(items)
+
+    def first(items: Sequence[Any]) -> list[Any]:
+        with holding(model_lock):
+            log.note("A step 1")
+            began.set()
+            go_on.wait(HANG_GUARD_S)
+            step_boundary()
+            log.note("A step 2")
+        return list(items)
+
+    def second(items: Sequence[Any]) -> list[Any]:
+        with holding(model_lock):
+            log.note("B ran")
+        return list(items)
+
+    try:
+        resident = asyncio.ensure_future(executor.run(resident_short, ["r"], SHORT_S))
+        await started(short_began)
+        a = asyncio.ensure_future(executor.run(first, ["a"], LONG_S))
+        await started(began)
+        b = asyncio.ensure_future(executor.run(second, ["b"], LONG_S))
+        await queued(executor, 1)
+        short = asyncio.ensure_future(executor.run(log.echo("short"), ["s"], SHORT_S))
+        await queued(executor, 2)
+        go_on.set()
+        await asyncio.gather(a, b, short)
+        assert log.events == ["A step 1", "short ran", "A step 2", "B ran"]
+        assert not resident.done()  # all that while, with one of the two slots held
+    finally:
+        short_go.set()
+        go_on.set()
+    await resident
+    executor.shutdown()
