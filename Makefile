@@ -65,6 +65,15 @@ scaleout-sim: $(STAMP)
 bench-cluster: $(STAMP)
 	$(BIN)/python benchmarks/cluster_bench.py $(ARGS)
 
+# The GPU check (docs/benchmarks.md, "GPU check"): gpu-build here fills .gpu/ (wheels, the
+# MiniLM stand-in), then gpu-check runs on the GPU machine from the repository root; on
+# this machine, GPU_CHECK_DEVICE=cpu GPU_CHECK_QUICK=1 make gpu-check is its smoke run.
+gpu-build: $(STAMP)
+	bash scripts/gpu-build.sh $(BIN)/python
+
+gpu-check:
+	bash scripts/gpu-check.sh
+
 # Mutation testing of the policy packages against their unit tests (docs/mutation.md).
 # About 15 minutes on 2 cores (docs/mutation.md), so not part of `make test` or CI.
 MUTATION_JOBS ?= 1

