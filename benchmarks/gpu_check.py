@@ -37,6 +37,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -114,21 +115,13 @@ def cmd_standin_build(a: argparse.Namespace) -> None:
         "metadata": metadata,
     }
     write_json(info, out / "standin.json")
-    with tempfile_dir() as site:
-        install_standin(out, site)
-        info["check"] = compare_embeddings(source / "model", site / PACKAGE / "model")
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as site:
+        install_standin(out, Path(site))
+        info["check"] = compare_embeddings(source / "model", Path(site) / PACKAGE / "model")
     write_json(info, out / "standin.json")
     print(json.dumps({k: v for k, v in info.items() if k != "halved"}))
     if not info["check"]["ok"]:
         raise SystemExit("the stand-in's embeddings differ from the original's")
-
-
-@contextlib.contextmanager
-def tempfile_dir() -> Iterator[Path]:
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as name:
-        yield Path(name)
 
 
 def install_standin(standin: Path, site: Path) -> Part:
@@ -454,6 +447,19 @@ def run_clients(commands: list[list[str]], logs: Path, timeout_s: float) -> list
     return [p.returncode for p in started]
 
 
+def read_results(files: list[Path]) -> list[Part]:
+    """The results the client processes wrote (one that was stopped wrote none)."""
+    return [r for r in (read_json(f) for f in files) if isinstance(r, dict)]
+
+
+def merged_statuses(results: list[Part]) -> dict[str, int]:
+    statuses: dict[str, int] = {}
+    for result in results:
+        for status, n in result["statuses"].items():
+            statuses[status] = statuses.get(status, 0) + n
+    return statuses
+
+
 # --- one model ----------------------------------------------------------------------------
 
 
@@ -468,18 +474,14 @@ def bench(url: str, concurrency: int, processes: int, duration_s: float, out: Pa
         for f in files
     ]  # fmt: skip
     codes = run_clients(commands, out, duration_s + 60)
-    results = [r for r in (read_json(f) for f in files) if isinstance(r, dict)]
-    statuses: dict[str, int] = {}
-    for r in results:
-        for status, n in r["statuses"].items():
-            statuses[status] = statuses.get(status, 0) + n
+    results = read_results(files)
     part: Part = {"concurrency": each * processes, "processes": processes, "exit_codes": codes}
     if results:
         part.update(
             req_per_s=round(sum(r["req_per_s"] for r in results), 1),
             ok=sum(r["ok"] for r in results),
             failed=sum(r["failed"] for r in results),
-            statuses=statuses,
+            statuses=merged_statuses(results),
             # One client's own percentiles; with several, the worst client's.
             p50_ms=max(r["p50_ms"] or 0 for r in results),
             p99_ms=max(r["p99_ms"] or 0 for r in results),
@@ -565,12 +567,9 @@ def drive(url: str, names: list[str], plan: LoadPlan, work: Path, label: str) ->
         for i, f in enumerate(files)
     ]  # fmt: skip
     codes = run_clients(commands, work / label, plan.duration_s + 120)
-    results = [r for r in (read_json(f) for f in files) if isinstance(r, dict)]
+    results = read_results(files)
     latencies = sorted(ms for r in results for ms in r["latencies_ms"])
-    statuses: dict[str, int] = {}
-    for r in results:
-        for status, n in r["statuses"].items():
-            statuses[status] = statuses.get(status, 0) + n
+    statuses = merged_statuses(results)
     seconds = max((r["seconds"] for r in results), default=0.0)
     part: Part = {"mode": plan.mode, "models": len(names), "concurrency": each * plan.processes}
     part.update(processes=plan.processes, exit_codes=codes, statuses=statuses, seconds=seconds)
