@@ -289,7 +289,9 @@ class SentenceEncoder:
         """Drop the weights (called when the last user releases the encoder)."""
         self.model = None
         self.tokenizer = None
-        self._host_copy = None
+        copy, self._host_copy = self._host_copy, None
+        if copy is not None:
+            copy.close()
         empty_device_cache(self.device)
 
 

@@ -1,10 +1,13 @@
 """Torch weights in the host tier: moved off the device when a model is
 evicted, brought back by a copy (or a mapping) when it is needed again.
 
-- CUDA: every tensor storage of the modules is copied into pinned host memory
-  (asynchronously, then synchronised) and the device storage is freed;
-  restoring copies each back with ``non_blocking`` copies and one synchronise.
-  What the tier holds is the pinned bytes.
+- CUDA: every tensor storage of the modules is copied into one host buffer
+  that is page-locked (registered with CUDA at its exact size: torch's
+  caching host allocator would round each block up to a power of two and keep
+  it after use), asynchronously, then synchronised, and the device storage is
+  freed; restoring copies each back with ``non_blocking`` copies and one
+  synchronise, then unregisters and frees the buffer. What the tier holds is
+  that buffer's bytes.
 - CPU: a storage that maps a weight file (transformers maps safetensors files
   rather than reading them) is let go: the process unmaps it, its pages stay
   in the kernel's page cache (outside the resident set, reclaimable under
@@ -24,6 +27,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +37,7 @@ from tessera.footprint import Footprint
 
 _SMAPS = Path("/proc/self/smaps")
 PINNED = "pinned host memory"
+_ALIGN = 512  # bytes between storages in the pinned buffer (any dtype's alignment)
 
 
 class HostCopyError(RuntimeError):
@@ -81,15 +86,15 @@ class HostCopy:
         device: str,
         views: list[_View],
         nbytes: list[int],
-        held: list[Any],
+        pinned: _Pinned | None,
         spans: list[FileSpan | None],
     ) -> None:
         self.device = device
         self._views = views
         self._nbytes = nbytes  # per storage
-        # Per storage: its pinned host copy (CUDA), else None; and on CPU the
-        # file span it maps, None for one left in place (process memory).
-        self._held = held
+        # CUDA: the page-locked buffer holding every storage; CPU: per storage,
+        # the file span it maps, None for one left in place (process memory).
+        self._pinned = pinned
         self._spans = spans
         self._restored = False
 
@@ -116,22 +121,22 @@ class HostCopy:
                 )
             )
         nbytes = [int(s.nbytes()) for s in storages]
+        pinned: _Pinned | None = None
+        spans: list[FileSpan | None] = [None] * len(storages)
         if device.startswith("cuda"):
-            held = _to_pinned(storages, device)
-            spans: list[FileSpan | None] = [None] * len(storages)
+            pinned = _Pinned.copy_of(storages, device)
         else:
-            held = [None] * len(storages)
             spans = file_spans(storages, read_regions())
         del storages  # the views below hold the last references
         for view in views:
-            if held[view.storage] is not None or spans[view.storage] is not None:
+            if pinned is not None or spans[view.storage] is not None:
                 view.tensor.data = _empty(view.tensor)
-        return cls(device, views, nbytes, held, spans)
+        return cls(device, views, nbytes, pinned, spans)
 
     def footprint(self) -> Footprint:
         """The host bytes this copy holds and how."""
-        if self.device.startswith("cuda"):
-            return Footprint(sum(self._nbytes), method=PINNED)
+        if self._pinned is not None:
+            return Footprint(self._pinned.nbytes, method=PINNED)
         mapped = sum(s.nbytes for s in self._spans if s is not None)
         kept = sum(n for n, s in zip(self._nbytes, self._spans, strict=True) if s is None)
         return Footprint(
@@ -144,16 +149,22 @@ class HostCopy:
         mapped file changed since (then the modules are unusable: unload them)."""
         if self._restored:
             raise HostCopyError("this host copy was restored already")
-        if self.device.startswith("cuda"):
-            storages = _from_pinned(self._held, self.device)
+        if self._pinned is not None:
+            storages = self._pinned.to_device(self._nbytes, self.device)
         else:
             storages = _map_spans(self._spans)
         for view in self._views:
             storage = storages[view.storage]
             if storage is not None:
                 view.tensor.data = _view_on(storage, view)
-        self._held = [None] * len(self._held)
+        self.close()
         self._restored = True
+
+    def close(self) -> None:
+        """Free what this copy holds in host memory (the pinned buffer)."""
+        if self._pinned is not None:
+            self._pinned.free()
+            self._pinned = None
 
 
 def _tensors(modules: Iterable[Any]) -> Iterator[Any]:
@@ -179,30 +190,67 @@ def _view_on(storage: Any, view: _View) -> Any:
     return tensor.set_(storage, view.offset, view.size, view.stride)
 
 
-def _to_pinned(storages: list[Any], device: str) -> list[Any]:
-    """Pinned host copies of CUDA ``storages`` (the copies overlap; one
-    synchronise before the device storages may go)."""
+class _Pinned:
+    """One host buffer, registered with CUDA as page-locked at its exact size,
+    holding CUDA storages at ``offsets``; unregistered before it is freed (by
+    ``free``, or when it is collected)."""
+
+    def __init__(self, buffer: Any, offsets: list[int]) -> None:
+        self.nbytes = int(buffer.numel())
+        self._buffer = buffer
+        self._offsets = offsets
+        self._release = weakref.finalize(self, _unregister, buffer)
+
+    @classmethod
+    def copy_of(cls, storages: list[Any], device: str) -> _Pinned:
+        """A pinned copy of ``storages`` (the copies overlap; one synchronise
+        before the device storages may go)."""
+        import torch
+
+        offsets, total = [], 0
+        for storage in storages:
+            offsets.append(total)
+            total += -(-int(storage.nbytes()) // _ALIGN) * _ALIGN
+        pinned = cls(_register(torch.empty(total, dtype=torch.uint8)), offsets)
+        for storage, offset in zip(storages, offsets, strict=True):
+            source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            pinned._buffer[offset : offset + source.numel()].copy_(source, non_blocking=True)
+        torch.cuda.synchronize(device)
+        return pinned
+
+    def to_device(self, nbytes: list[int], device: str) -> list[Any]:
+        """New device storages copied from the buffer (``non_blocking``, one synchronise)."""
+        import torch
+
+        copies = []
+        for offset, size in zip(self._offsets, nbytes, strict=True):
+            copy = torch.empty(size, dtype=torch.uint8, device=device)
+            copies.append(copy.copy_(self._buffer[offset : offset + size], non_blocking=True))
+        torch.cuda.synchronize(device)
+        return [c.untyped_storage() for c in copies]
+
+    def free(self) -> None:
+        self._release()
+
+
+def _register(buffer: Any) -> Any:
+    """Page-lock ``buffer`` for CUDA (cudaHostRegister, portable); returns it."""
     import torch
 
-    held = []
-    for storage in storages:
-        source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-        host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
-        host.copy_(source, non_blocking=True)
-        held.append(host)
-    torch.cuda.synchronize(device)
-    return [h.untyped_storage() for h in held]
+    if buffer.numel():
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # untyped upstream
+        error = int(cudart.cudaHostRegister(buffer.data_ptr(), buffer.numel(), 1))
+        if error:
+            raise HostCopyError(f"cudaHostRegister of {buffer.numel()} bytes failed: {error}")
+    return buffer
 
 
-def _from_pinned(held: list[Any], device: str) -> list[Any]:
+def _unregister(buffer: Any) -> None:
     import torch
 
-    copies = []
-    for storage in held:
-        host = torch.empty(0, dtype=torch.uint8).set_(storage)
-        copies.append(host.to(device, non_blocking=True))
-    torch.cuda.synchronize(device)
-    return [c.untyped_storage() for c in copies]
+    if buffer.numel():
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # untyped upstream
+        cudart.cudaHostUnregister(buffer.data_ptr())
 
 
 def _map_spans(spans: list[FileSpan | None]) -> list[Any]:

@@ -86,14 +86,59 @@ def test_a_cpu_copy_whose_file_changed_refuses_to_come_back(tmp_path: Path) -> N
         copy.restore()
 
 
+class FakeCudart:
+    """Stands for torch.cuda.cudart(): records what is page-locked."""
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}
+        self.unregistered: list[int] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+        self.registered[ptr] = size
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:
+        self.unregistered.append(ptr)
+        return 0
+
+
+def test_the_pinned_buffer_is_registered_at_its_exact_size_and_unregistered_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The CUDA path's bookkeeping, on CPU tensors: one buffer for every storage,
+    # each at an aligned offset, page-locked once at its exact size, unlocked
+    # once when freed (and not again when collected).
+    from tessera.runtimes.hostcopy import _Pinned
+
+    cudart = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    tensors = [torch.arange(100, dtype=torch.float32), torch.arange(7, dtype=torch.int64)]
+    storages = [t.untyped_storage() for t in tensors]
+    pinned = _Pinned.copy_of(storages, "cpu")
+    assert pinned.nbytes == 512 + 512  # 400 and 56 bytes, each at a 512-byte boundary
+    assert list(cudart.registered.values()) == [pinned.nbytes]
+    back = pinned.to_device([400, 56], "cpu")
+    for tensor, storage in zip(tensors, back, strict=True):
+        again = torch.empty(0, dtype=tensor.dtype).set_(storage, 0, tensor.size(), (1,))
+        assert torch.equal(again, tensor)
+    pinned.free()
+    del pinned
+    assert cudart.unregistered == list(cudart.registered)
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cuda_copy_is_pinned_host_memory_and_comes_back_equal(tmp_path: Path) -> None:
     module, _ = tiny_module(tmp_path)
     module = module.to("cuda")
     before = forward_on(module, "cuda")
+    allocated = torch.cuda.memory_allocated()
     copy = HostCopy.offload([module], "cuda")
     assert copy.footprint().method == PINNED
+    assert copy.footprint().total_bytes >= 64 * 16 * 4 + 2 * 64 * 4
     assert module[0].weight.numel() == 0
+    assert torch.cuda.memory_allocated() < allocated  # the device storages are gone
     copy.restore()
     assert torch.equal(forward_on(module, "cuda"), before)
 
