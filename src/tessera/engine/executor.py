@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.device import Device
-from tessera.runtimes.memory import Measured, measure_rss, peak_rss_bytes, reset_peak, rss_bytes
+from tessera.runtimes.memory import Measured, measure_rss, start_peak
 from tessera.scheduling.slot import ComputeSlots, SlotClaim
 from tessera.step import stepping
 
@@ -146,7 +146,7 @@ class ComputeExecutor:
             with stepping(hook) if hook is not None else contextlib.nullcontext():
                 outputs = fn(items)
             run_s = time.perf_counter() - start - (hook.paused_s if hook is not None else 0.0)
-            peak = self._end_peak(measure) if measure is not None else None
+            peak = measure() if measure is not None else None
             if peak is not None and self._starts != started:
                 peak = None  # another batch or a load began meanwhile: its bytes, not ours
             return BatchRun(outputs, run_s, peak)
@@ -186,20 +186,16 @@ class ComputeExecutor:
             with self._cond:
                 self._loading -= 1
 
-    def _start_peak(self) -> int | None:
+    def _start_peak(self) -> Callable[[], int] | None:
+        """Start measuring a batch's peak: the call returned reads it."""
         if self.device.kind == "cuda":
             import torch
 
-            torch.cuda.reset_peak_memory_stats(self.device.index)
-            return int(torch.cuda.memory_allocated(self.device.index))
-        return rss_bytes() if reset_peak() else None
-
-    def _end_peak(self, baseline: int) -> int:
-        if self.device.kind == "cuda":
-            import torch
-
-            return max(0, int(torch.cuda.max_memory_allocated(self.device.index)) - baseline)
-        return max(0, peak_rss_bytes() - baseline)
+            index = self.device.index
+            torch.cuda.reset_peak_memory_stats(index)
+            allocated = int(torch.cuda.memory_allocated(index))
+            return lambda: max(0, int(torch.cuda.max_memory_allocated(index)) - allocated)
+        return start_peak()
 
     def measure_exclusive(self, fn: Callable[[], Any]) -> Measured:
         """Run ``fn`` (in the calling thread) while no batch runs, and measure it."""

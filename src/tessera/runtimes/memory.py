@@ -6,7 +6,10 @@
   allocator arena. The engine runs such measurements while no batch runs.
 - activation peaks: the high-water mark of the resident set above its level
   before the batch (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``),
-  or the CUDA allocator's peak on a GPU.
+  less the pages of mapped files it brought in meanwhile (``RssFile`` and
+  ``RssShmem`` growth: weights mapped from their files and first touched by
+  this batch are the model's bytes, not its activations; they stay mapped, so
+  their growth is read at the end), or the CUDA allocator's peak on a GPU.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-_FIELD = re.compile(r"^(VmRSS|VmHWM):\s+(\d+)\s+kB", re.MULTILINE)
+_FIELD = re.compile(r"^(VmRSS|VmHWM|RssFile|RssShmem):\s+(\d+)\s+kB", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +58,24 @@ def reset_peak() -> bool:
     return True
 
 
-def peak_rss_bytes() -> int:
-    return _status().get("VmHWM", 0)
+def _mapped(status: dict[str, int]) -> int:
+    return status.get("RssFile", 0) + status.get("RssShmem", 0)
+
+
+def start_peak() -> Callable[[], int] | None:
+    """Start measuring a peak of process memory; the call returned gives the
+    peak so far above the level now, pages of mapped files left out (see the
+    module notes). None where the high-water mark cannot be reset."""
+    if not reset_peak():
+        return None
+    before = _status()
+
+    def peak_above() -> int:
+        now = _status()
+        mapped = max(0, _mapped(now) - _mapped(before))
+        return max(0, now.get("VmHWM", 0) - before.get("VmRSS", 0) - mapped)
+
+    return peak_above
 
 
 def trim_heap() -> None:
@@ -77,12 +96,12 @@ def measure_rss(fn: Callable[[], Any]) -> Measured:
     """
     trim_heap()
     before = rss_bytes()
-    has_peak = reset_peak()
+    peak_above = start_peak()
     value = fn()
     trim_heap()
     after = rss_bytes()
-    peak = peak_rss_bytes() if has_peak else after
-    return Measured(value, max(0, after - before), max(0, peak - before))
+    peak = peak_above() if peak_above is not None else after - before
+    return Measured(value, max(0, after - before), max(0, peak))
 
 
 def torch_module_bytes(module: Any) -> int:
