@@ -1,9 +1,10 @@
 """Sliding-window statistics of measured activation peaks, per model.
 
 Each measured batch contributes its peak bytes per work unit; a batch of ``u``
-units reserves ``ceil(max(window) * u)`` bytes (plus the largest fixed
-overhead seen), so a reservation is never below what a recent batch really
-used per unit. Until a model has a measurement, it reserves nothing extra
+units reserves ``ceil(max(window) * u)`` bytes, so a reservation is never
+below what a recent batch really used per unit. (A fixed part of a batch's
+peak is spread over its units: it is over-reserved for batches larger than
+the measured ones and under-reserved for smaller ones.) Until a model has a measurement, it reserves nothing extra
 (its warm-up batch is measured right after load).
 """
 
