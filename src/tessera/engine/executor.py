@@ -11,14 +11,16 @@ work is ``long_work``:
 
 - ``steps`` (the default): a batch computes only while it holds one of
   ``num_workers`` compute slots (``scheduling/slot.py``). Short batches are
-  granted first; long ones compute a step at a time and at each step
-  boundary (``step.step_boundary``: a decode step, OCR's detection and each
-  recognition chunk) give their slot to short batches that wait, and while
-  short work is active long batches hold at most ``num_workers - 1`` slots.
-  So a short batch waits at most for the end of a step, most often not at
-  all, and never shares its core with more threads than there are cores.
-  Long batches still run on threads of their own (a paused one holds its
-  thread, not a slot), so short batches always find a thread.
+  granted first and never wait for long ones: one that finds every slot
+  held, some by long batches, takes one beyond them. Long batches compute a
+  step at a time, and at each step boundary (``step.step_boundary``: a
+  decode step, OCR's detection and each recognition batch) one gives its
+  slot up while batches hold more slots than there are, and waits until one
+  is free. On the CPU their threads run at a lower priority
+  (``LONG_WORK_NICE``), so that a short batch sharing a core with a long one
+  until its next step has that core at once. A long batch's run time leaves
+  out its waits at boundaries. Long batches run on threads of their own (a
+  paused one holds its thread, not a slot).
 - ``lane``: long batches run in a lane of ``num_workers`` more threads and
   the operating system shares the cores between them and the short ones, as
   it would between one process per model: short batches never wait for a
@@ -34,6 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,6 +51,11 @@ from tessera.scheduling.slot import ComputeSlots, SlotClaim
 from tessera.step import stepping
 
 LONG_WORK_MODES = ("steps", "lane")
+# The nice value of long batches' threads on the CPU (long_work: steps): a
+# short batch's thread at 0 then has about 90% of a core it shares with one.
+LONG_WORK_NICE = 10
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +84,14 @@ class ComputeExecutor:
         self.long_batch_s = long_batch_s
         self.long_work = long_work
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="tessera-compute")
+        # In steps, long batches' threads on the CPU run at a lower priority.
+        lower = long_work == "steps" and device.kind == "cpu"
         self._long_pool = (
-            ThreadPoolExecutor(num_workers, thread_name_prefix="tessera-long")
+            ThreadPoolExecutor(
+                num_workers,
+                thread_name_prefix="tessera-long",
+                initializer=_lower_priority if lower else None,
+            )
             if long_batch_s is not None
             else None
         )
@@ -171,7 +186,7 @@ class ComputeExecutor:
             return None
         with self._cond:
             claim = self._slots.claim(expected_s, time.monotonic())
-            _wait_for_slot(self._cond, self._slots, claim)
+            _wait_for_slot(self._cond, claim)
         return _SlotHook(self._cond, self._slots, claim)
 
     @contextlib.contextmanager
@@ -232,12 +247,22 @@ class ComputeExecutor:
             self._long_pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _wait_for_slot(cond: threading.Condition, slots: ComputeSlots, claim: SlotClaim) -> None:
-    """Wait (holding ``cond``, which guards ``slots``) until ``claim`` holds a slot."""
+def _wait_for_slot(cond: threading.Condition, claim: SlotClaim) -> None:
+    """Wait (holding ``cond``, which guards the slots) until ``claim`` holds a slot:
+    every grant comes with a claim, a release, a boundary or a suspension,
+    each of which notifies ``cond``."""
     while not claim.holding:
-        cond.wait(slots.wake_in(time.monotonic()))
-        if slots.regrant(time.monotonic()):
-            cond.notify_all()  # the worker kept for short work went to a long batch
+        cond.wait()
+
+
+def _lower_priority() -> None:
+    """Run this thread (a long batch's) at LONG_WORK_NICE: the kernel then gives
+    a short batch that shares a core with it that core at once, and the long
+    batch whatever short ones leave (Linux: a thread's own nice value)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LONG_WORK_NICE)
+    except (AttributeError, OSError) as e:  # not Linux, or not allowed: the same priority
+        log.debug("long work runs at the usual priority: %s", e)
 
 
 class _SlotHook:
@@ -254,10 +279,13 @@ class _SlotHook:
     def boundary(self) -> None:
         with self._cond:
             begun = time.monotonic()
-            if not self._slots.boundary(self._claim, begun):
+            grants = self._slots.num_grants
+            stepped_aside = self._slots.boundary(self._claim, begun)
+            if self._slots.num_grants != grants:
+                self._cond.notify_all()  # a waiting batch got a slot
+            if not stepped_aside:
                 return
-            self._cond.notify_all()  # the slot it gave up went to a waiting batch
-            _wait_for_slot(self._cond, self._slots, self._claim)
+            _wait_for_slot(self._cond, self._claim)
             self.paused_s += time.monotonic() - begun
 
     def release(self) -> None:
@@ -275,5 +303,5 @@ class _SlotHook:
         finally:
             with self._cond:
                 self._slots.resume(self._claim, time.monotonic())
-                _wait_for_slot(self._cond, self._slots, self._claim)
+                _wait_for_slot(self._cond, self._claim)
                 self.paused_s += time.monotonic() - begun

@@ -11,20 +11,20 @@ so a wrong prediction costs one step, not the whole run.
 
 Invariants (a unit test checks them after every call):
 
-- At most ``num_slots`` batches hold a slot.
-- A short batch waits only while every slot is held, and waiting short
-  batches are granted before any long one, in arrival order.
-- While short work is active (a short batch holds or waits for a slot, or
-  did within the last ``active_s``), long batches hold at most
-  ``num_slots - 1`` slots: a worker is kept for short batches when long ones
-  queue. With one slot none can be kept; short batches take it at the next
-  boundary. Once short work has been idle for ``active_s`` long batches may
-  hold every slot (nothing is left idle for work that does not come).
-- At a boundary a long batch gives its slot up when a short batch waits, when
-  long batches hold more than their share, or when another long batch waits
-  and this one has held the slot for ``quantum_s``: long batches take turns of
-  at least a quantum, in arrival order, and one that gave its slot up waits
-  behind those already waiting.
+- Short batches hold at most ``num_slots`` slots, and wait only for one
+  another: a short batch is granted a slot at once unless short batches hold
+  every slot, in arrival order.
+- A long batch is granted a slot only while fewer than ``num_slots`` are
+  held, after every waiting short batch, long ones in arrival order.
+- So batches hold more than ``num_slots`` slots only when short batches took
+  slots beyond those long ones held; at its next boundary a long batch then
+  gives its slot up, and waits until a slot is free again. A short batch
+  thus never waits for long work, and shares the device with it for at most
+  one step (the executor runs long work at a lower CPU priority meanwhile).
+- At a boundary a long batch also gives its slot up when another long batch
+  waits and this one has held the slot for ``quantum_s``: long batches take
+  turns of at least a quantum, and one that gave its slot up waits behind
+  those already waiting.
 
 Plain state, no threads and no clock: callers pass the time and wait for a
 grant themselves (``engine/executor.py``), so the policy is tested by calls.
@@ -34,10 +34,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-
-# Short work counts as active this long after its last batch: the fair
-# queue's activity window, so that a steady trickle keeps its worker.
-SHORT_ACTIVE_S = 2.0
 
 
 @dataclass(eq=False)
@@ -56,25 +52,17 @@ class SlotClaim:
 class ComputeSlots:
     """Grants compute slots to batches; see the module notes."""
 
-    def __init__(
-        self,
-        num_slots: int,
-        long_s: float,
-        *,
-        quantum_s: float | None = None,
-        active_s: float = SHORT_ACTIVE_S,
-    ) -> None:
+    def __init__(self, num_slots: int, long_s: float, *, quantum_s: float | None = None) -> None:
         if num_slots < 1:
             raise ValueError("num_slots must be >= 1")
         self.num_slots = num_slots
         self.long_s = long_s
         self.quantum_s = long_s if quantum_s is None else quantum_s
-        self.active_s = active_s
         self._holders: list[SlotClaim] = []
         self._short_waiting: deque[SlotClaim] = deque()
         self._long_waiting: deque[SlotClaim] = deque()
-        self._short_seen: float | None = None
         self.num_yields = 0  # slots given up at boundaries
+        self.num_grants = 0  # slots handed out (a caller wakes its waiters when it moves)
 
     # -- the calls -----------------------------------------------------------
 
@@ -94,8 +82,6 @@ class ComputeSlots:
                 if claim in line:
                     line.remove(claim)
         claim.held_since = None
-        if not claim.long:
-            self._short_seen = now
         self._grant(now)
 
     def boundary(self, claim: SlotClaim, now: float) -> bool:
@@ -103,6 +89,7 @@ class ComputeSlots:
         when it has given the slot up and must wait until ``holding`` again."""
         if not claim.long and claim.started is not None and now - claim.started >= self.long_s:
             claim.long = True  # it ran as long as long work does: it takes turns now
+            self._grant(now)  # its slot no longer counts as short work's
         if not claim.long or not self._must_yield(claim, now):
             return False
         self._holders.remove(claim)
@@ -122,28 +109,8 @@ class ComputeSlots:
     def resume(self, claim: SlotClaim, now: float) -> None:
         """A suspended batch wants its slot again: granted now if the rules
         allow, else it waits at the back of its line."""
-        if claim.long:
-            self._long_waiting.append(claim)
-        else:
-            self._short_waiting.append(claim)
-            self._short_seen = now
+        (self._long_waiting if claim.long else self._short_waiting).append(claim)
         self._grant(now)
-
-    def regrant(self, now: float) -> bool:
-        """Grant what time alone allows (short work has gone idle); True if any."""
-        return self._grant(now) > 0
-
-    def wake_in(self, now: float) -> float | None:
-        """Seconds until time alone may grant a waiting batch (the worker kept for
-        short work is freed once it has been idle ``active_s``); None: only a
-        claim, a release or a boundary can."""
-        if not self._long_waiting or len(self._holders) >= self.num_slots:
-            return None
-        if self._short_waiting or any(not c.long for c in self._holders):
-            return None
-        if self._short_seen is None:
-            return None
-        return max(0.0, self._short_seen + self.active_s - now)
 
     # -- what the calls read -------------------------------------------------
 
@@ -152,8 +119,8 @@ class ComputeSlots:
         return len(self._holders)
 
     @property
-    def num_long_holding(self) -> int:
-        return sum(1 for c in self._holders if c.long)
+    def num_short_holding(self) -> int:
+        return sum(1 for c in self._holders if not c.long)
 
     @property
     def num_waiting(self) -> int:
@@ -163,37 +130,24 @@ class ComputeSlots:
     def num_short_waiting(self) -> int:
         return len(self._short_waiting)
 
-    def long_share(self, now: float) -> int:
-        """How many slots long batches may hold now."""
-        if self.num_slots > 1 and self._short_active(now):
-            return self.num_slots - 1
-        return self.num_slots
-
-    def _short_active(self, now: float) -> bool:
-        if self._short_waiting or any(not c.long for c in self._holders):
-            return True
-        return self._short_seen is not None and now - self._short_seen < self.active_s
-
     def _must_yield(self, claim: SlotClaim, now: float) -> bool:
-        if self._short_waiting or self.num_long_holding > self.long_share(now):
-            return True
+        if len(self._holders) > self.num_slots:
+            return True  # a short batch took a slot beyond ours: ours goes back
         held_since = claim.held_since if claim.held_since is not None else now
         return bool(self._long_waiting) and now - held_since >= self.quantum_s
 
-    def _grant(self, now: float) -> int:
-        """Hand free slots out: short batches first, long ones within their
-        share, each line in arrival order. Returns how many were granted."""
-        granted = 0
-        while len(self._holders) < self.num_slots:
-            if self._short_waiting:
-                claim = self._short_waiting.popleft()
-            elif self._long_waiting and self.num_long_holding < self.long_share(now):
-                claim = self._long_waiting.popleft()
-            else:
-                break
-            claim.held_since = now
-            if claim.started is None:
-                claim.started = now
-            self._holders.append(claim)
-            granted += 1
-        return granted
+    def _grant(self, now: float) -> None:
+        """Hand slots out: short batches while they hold fewer than every slot
+        (long ones' slots count as free to them), then long ones while any slot
+        is free, each line in arrival order."""
+        while self._short_waiting and self.num_short_holding < self.num_slots:
+            self._hold(self._short_waiting.popleft(), now)
+        while self._long_waiting and len(self._holders) < self.num_slots:
+            self._hold(self._long_waiting.popleft(), now)
+
+    def _hold(self, claim: SlotClaim, now: float) -> None:
+        self.num_grants += 1
+        claim.held_since = now
+        if claim.started is None:
+            claim.started = now
+        self._holders.append(claim)

@@ -1,5 +1,5 @@
-"""The compute executor with long work in steps (``long_work: steps``): a long
-batch gives its slot to short batches at its next step boundary.
+"""The compute executor with long work in steps (``long_work: steps``): a short
+batch never waits for a long one, which steps aside at its next step boundary.
 
 Batches run on real threads, so these tests wait on events, never on time. A
 long batch is held at a chosen step by a gate until the test has queued the
@@ -73,11 +73,12 @@ async def started(event: threading.Event) -> None:
     assert await asyncio.to_thread(event.wait, HANG_GUARD_S)
 
 
-async def test_a_short_batch_starts_at_the_long_ones_next_step_not_at_its_end(
+async def test_a_long_batch_steps_aside_at_its_next_step_while_a_short_one_runs(
     executor: ComputeExecutor,
 ) -> None:
     log = Log()
     first_word, go_on = threading.Event(), threading.Event()
+    short_began, short_go = threading.Event(), threading.Event()
 
     def on_text(piece: str) -> None:
         log.note(f"long said {piece.strip()}")
@@ -85,21 +86,37 @@ async def test_a_short_batch_starts_at_the_long_ones_next_step_not_at_its_end(
             first_word.set()
             go_on.wait(HANG_GUARD_S)
 
+    def short_fn(items: Sequence[Any]) -> list[Any]:
+        log.note("short began")
+        short_began.set()
+        short_go.wait(HANG_GUARD_S)
+        log.note("short ended")
+        return list(items)
+
     chat = FakeModel(make_spec("chat", task=Task.GENERATE))
     item = ChatInput((ChatMessage("user", "one two three"),), on_text=on_text)
     long_run = asyncio.ensure_future(executor.run(chat.run, [item], LONG_S))
     await started(first_word)
-    short = asyncio.ensure_future(executor.run(log.echo("short"), ["s"], SHORT_S))
-    await queued(executor, 1)
+    # The only slot is the long batch's: the short one runs at once all the same.
+    short = asyncio.ensure_future(executor.run(short_fn, ["s"], SHORT_S))
+    await started(short_began)
     go_on.set()
+    await queued(executor, 1)  # the long batch waits at its next step
+    short_go.set()
     assert (await short).outputs == ["s"]
     (answer,) = (await long_run).outputs
     assert answer.text == "one two three "
-    assert log.events == ["long said one", "short ran", "long said two", "long said three"]
+    assert log.events == [
+        "long said one",
+        "short began",
+        "short ended",
+        "long said two",
+        "long said three",
+    ]
     assert executor.num_yields == 1
 
 
-async def test_without_steps_the_short_batch_waits_for_the_whole_long_one(
+async def test_a_short_batch_runs_at_once_beside_a_long_one_without_steps(
     executor: ComputeExecutor,
 ) -> None:
     log = Log()
@@ -113,30 +130,36 @@ async def test_without_steps_the_short_batch_waits_for_the_whole_long_one(
 
     long_run = asyncio.ensure_future(executor.run(long_fn, ["page"], LONG_S))
     await started(began)
-    short = asyncio.ensure_future(executor.run(log.echo("short"), ["s"], SHORT_S))
-    await queued(executor, 1)
+    assert (await executor.run(log.echo("short"), ["s"], SHORT_S)).outputs == ["s"]
     go_on.set()
-    await asyncio.gather(long_run, short)
-    assert log.events == ["long ended", "short ran"]
+    await long_run
+    assert log.events == ["short ran", "long ended"]
     assert executor.num_yields == 0
 
 
 # Broken, this deadlocks on threads no guard can end: the marker fails the run instead.
 @pytest.mark.timeout(3 * HANG_GUARD_S, method="thread")
 async def test_a_batch_waiting_for_a_paused_batchs_lock_lets_it_finish() -> None:
-    # Two workers: a short batch holds one slot throughout. A holds the model's
-    # lock and pauses at a step for a second short batch; B, of the same model,
-    # then gets the slot and needs the lock: it must give the slot back to A
-    # rather than hold it while A waits for one.
+    # Two workers, one held by a short batch throughout. A holds the model's
+    # lock and steps aside at its next step for a second short batch; B, of
+    # the same model, then gets the free slot and needs the lock: it must give
+    # the slot back to A rather than hold it while A waits for one.
     executor = ComputeExecutor(CpuDevice(), num_threads=2, num_workers=2, long_batch_s=0.5)
     log = Log()
     model_lock = threading.Lock()
+    resident_began, resident_go = threading.Event(), threading.Event()
     short_began, short_go = threading.Event(), threading.Event()
     began, go_on = threading.Event(), threading.Event()
 
     def resident_short(items: Sequence[Any]) -> list[Any]:
+        resident_began.set()
+        resident_go.wait(HANG_GUARD_S)
+        return list(items)
+
+    def short_fn(items: Sequence[Any]) -> list[Any]:
         short_began.set()
         short_go.wait(HANG_GUARD_S)
+        log.note("short ran")
         return list(items)
 
     def first(items: Sequence[Any]) -> list[Any]:
@@ -155,18 +178,21 @@ async def test_a_batch_waiting_for_a_paused_batchs_lock_lets_it_finish() -> None
 
     try:
         resident = asyncio.ensure_future(executor.run(resident_short, ["r"], SHORT_S))
-        await started(short_began)
+        await started(resident_began)
         a = asyncio.ensure_future(executor.run(first, ["a"], LONG_S))
         await started(began)
         b = asyncio.ensure_future(executor.run(second, ["b"], LONG_S))
         await queued(executor, 1)
-        short = asyncio.ensure_future(executor.run(log.echo("short"), ["s"], SHORT_S))
-        await queued(executor, 2)
+        short = asyncio.ensure_future(executor.run(short_fn, ["s"], SHORT_S))
+        await started(short_began)
         go_on.set()
+        await queued(executor, 2)  # A stepped aside, behind B
+        short_go.set()
         await asyncio.gather(a, b, short)
         assert log.events == ["A step 1", "short ran", "A step 2", "B ran"]
         assert not resident.done()  # all that while, with one of the two slots held
     finally:
+        resident_go.set()
         short_go.set()
         go_on.set()
     await resident

@@ -17,86 +17,82 @@ SHORT = 0.01
 LONG = 3.0
 
 
-def check(slots: ComputeSlots, claims: list[SlotClaim], now: float) -> None:
+def check(slots: ComputeSlots, claims: list[SlotClaim]) -> None:
     """The invariants that hold between calls."""
     holding = [c for c in claims if c.holding]
-    assert slots.num_holding == len(holding) <= slots.num_slots
-    if slots.num_short_waiting:  # a short batch waits only while every slot is held
-        assert slots.num_holding == slots.num_slots
-    free = slots.num_holding < slots.num_slots
-    long_waiting = slots.num_waiting - slots.num_short_waiting
-    if free and long_waiting:  # a long one waits beside a free slot only beyond its share
-        assert slots.num_long_holding >= slots.long_share(now)
+    assert slots.num_holding == len(holding)
+    assert slots.num_short_holding <= slots.num_slots
+    if slots.num_short_waiting:  # short batches wait only for one another
+        assert slots.num_short_holding == slots.num_slots
+    if slots.num_waiting > slots.num_short_waiting:  # a long one waits only for a slot
+        assert slots.num_holding >= slots.num_slots
 
 
-def test_a_short_batch_takes_the_only_slot_at_the_long_ones_next_boundary() -> None:
+def test_a_short_batch_never_waits_for_a_long_one_which_steps_aside_at_its_boundary() -> None:
     slots = ComputeSlots(1, LONG_S)
     long = slots.claim(LONG, now=0.0)
     assert long.holding
-    assert not slots.boundary(long, now=0.1)  # nobody waits: it keeps computing
+    assert not slots.boundary(long, now=0.1)  # alone: it keeps computing
     short = slots.claim(SHORT, now=0.2)
-    assert not short.holding
-    check(slots, [long, short], 0.2)
-    assert slots.boundary(long, now=0.3)  # the next boundary: it gives the slot up
-    assert short.holding
+    assert short.holding  # at once, beside the long batch until its next step
+    check(slots, [long, short])
+    assert slots.boundary(long, now=0.3)  # its next boundary: the slot goes back
     assert not long.holding
-    check(slots, [long, short], 0.3)
+    check(slots, [long, short])
     slots.release(short, now=0.31)
-    assert long.holding  # and gets it back once the short batch has run
+    assert long.holding  # and comes back once the short batch has run
     assert slots.num_yields == 1
 
 
-def test_short_batches_are_granted_before_long_ones_in_arrival_order() -> None:
+def test_a_long_batch_that_reaches_no_boundary_keeps_its_slot() -> None:
     slots = ComputeSlots(1, LONG_S)
-    first = slots.claim(SHORT, now=0.0)
     long = slots.claim(LONG, now=0.0)
-    second, third = slots.claim(SHORT, now=0.1), slots.claim(None, now=0.2)  # unpredicted: short
-    granted = []
-    for now, claim in ((1.0, first), (1.1, second), (1.2, third)):
-        slots.release(claim, now)
-        check(slots, [first, long, second, third], now)
-        granted.append(next(c for c in (second, third, long) if c.holding))
-    assert granted == [second, third, long]
+    short = slots.claim(SHORT, now=0.1)
+    slots.release(short, now=0.2)  # the short batch ended before the long one's next step
+    assert not slots.boundary(long, now=0.3)
+    assert slots.num_yields == 0
 
 
-def test_while_short_work_is_active_long_batches_leave_it_a_worker() -> None:
-    slots = ComputeSlots(2, LONG_S, active_s=2.0)
+def test_short_batches_wait_only_for_short_ones_in_arrival_order() -> None:
+    slots = ComputeSlots(2, LONG_S)
+    long = slots.claim(LONG, now=0.0)
+    first, second = slots.claim(SHORT, now=0.1), slots.claim(None, now=0.1)  # None: short
+    assert first.holding
+    assert second.holding  # the long batch's slot counts as free to short work
+    third, fourth = slots.claim(SHORT, now=0.2), slots.claim(SHORT, now=0.3)
+    assert not third.holding  # every slot is short work's now
+    check(slots, [long, first, second, third, fourth])
+    slots.release(first, now=0.4)
+    assert third.holding
+    assert not fourth.holding
+    slots.release(second, now=0.5)
+    assert fourth.holding
+
+
+def test_a_long_batch_waits_for_a_free_slot_after_the_short_ones() -> None:
+    slots = ComputeSlots(1, LONG_S)
     short = slots.claim(SHORT, now=0.0)
-    slots.release(short, now=0.1)
-    first, second = slots.claim(LONG, now=0.2), slots.claim(LONG, now=0.2)
-    assert first.holding
-    assert not second.holding
-    check(slots, [first, second], 0.2)
-    later = slots.claim(SHORT, now=0.5)
-    assert later.holding  # at once: no step boundary to wait for
-    slots.release(later, now=0.6)
-    assert not second.holding
-    # Short work idle for active_s: the kept worker goes to long work.
-    assert slots.wake_in(now=1.0) == pytest.approx(1.6)
-    assert not slots.regrant(now=2.5)
-    assert slots.regrant(now=2.6)
-    assert second.holding
-    assert slots.wake_in(now=2.6) is None
+    long = slots.claim(LONG, now=0.1)
+    later_short = slots.claim(SHORT, now=0.2)
+    assert not long.holding
+    assert not later_short.holding
+    slots.release(short, now=0.3)
+    assert later_short.holding  # short work first, though it came after
+    assert not long.holding
+    slots.release(later_short, now=0.4)
+    assert long.holding
 
 
-def test_a_long_batch_over_its_share_gives_its_slot_up_when_short_work_returns() -> None:
-    slots = ComputeSlots(2, LONG_S, active_s=2.0)
-    first, second = slots.claim(LONG, now=0.0), slots.claim(LONG, now=0.0)
-    assert first.holding
-    assert second.holding
-    short = slots.claim(SHORT, now=1.0)
-    assert not short.holding
-    assert slots.boundary(first, now=1.1)  # a short batch waits
+def test_with_two_long_batches_the_first_to_reach_a_boundary_steps_aside() -> None:
+    slots = ComputeSlots(2, LONG_S)
+    ocr, chat = slots.claim(LONG, now=0.0), slots.claim(LONG, now=0.0)
+    short = slots.claim(SHORT, now=0.1)
     assert short.holding
-    slots.release(short, now=1.2)
-    assert not first.holding  # short work is active: long work keeps to one slot
-    assert slots.boundary(second, now=1.3)  # held since 0.0: the waiting one's turn
-    assert first.holding
-    assert not second.holding
-    assert not slots.boundary(first, now=1.4)  # its turn has just begun
-    assert slots.boundary(first, now=1.3 + LONG_S)
-    assert second.holding
-    check(slots, [first, second, short], 1.3 + LONG_S)
+    assert slots.boundary(chat, now=0.15)  # a decode step ends first
+    assert not slots.boundary(ocr, now=0.16)  # back to two slots held: it goes on
+    slots.release(short, now=0.2)
+    assert chat.holding
+    check(slots, [ocr, chat, short])
 
 
 def test_long_batches_take_turns_of_a_quantum_in_arrival_order() -> None:
@@ -109,24 +105,28 @@ def test_long_batches_take_turns_of_a_quantum_in_arrival_order() -> None:
     assert c.holding  # b waits behind a, who waited first
     assert slots.boundary(c, now=3.0)
     assert a.holding
-    check(slots, [a, b, c], 3.0)
+    check(slots, [a, b, c])
 
 
 def test_a_short_batch_that_runs_as_long_as_long_work_takes_turns_from_then() -> None:
     slots = ComputeSlots(1, LONG_S)
     misjudged = slots.claim(SHORT, now=0.0)
     waiting = slots.claim(SHORT, now=0.1)
+    assert not waiting.holding
     assert not slots.boundary(misjudged, now=0.4)  # still short: it runs whole
-    assert slots.boundary(misjudged, now=0.5)  # as long as long work: it yields
+    assert slots.boundary(misjudged, now=0.5)  # long now: it steps aside for short work
     assert misjudged.long
     assert waiting.holding
+    check(slots, [misjudged, waiting])
+    slots.release(waiting, now=0.6)
+    assert misjudged.holding
 
 
 def test_a_batch_that_waits_for_a_lock_gives_its_slot_up() -> None:
     slots = ComputeSlots(1, LONG_S)
     paused, blocked = slots.claim(LONG, now=0.0), slots.claim(LONG, now=0.0)
     short = slots.claim(SHORT, now=0.1)
-    assert slots.boundary(paused, now=0.2)  # to the short batch; then blocked's turn
+    assert slots.boundary(paused, now=0.2)  # a short batch runs; then blocked's turn
     slots.release(short, now=0.3)
     assert blocked.holding
     slots.suspend(blocked, now=0.4)  # it waits for a lock the paused batch holds
@@ -135,17 +135,17 @@ def test_a_batch_that_waits_for_a_lock_gives_its_slot_up() -> None:
     assert not blocked.holding
     slots.release(paused, now=0.6)
     assert blocked.holding
-    check(slots, [paused, blocked, short], 0.6)
+    check(slots, [paused, blocked, short])
 
 
 def test_a_claim_released_while_it_waits_leaves_the_line() -> None:
     slots = ComputeSlots(1, LONG_S)
-    holder, gone = slots.claim(LONG, now=0.0), slots.claim(SHORT, now=0.0)
-    assert holder.holding
+    holder, gone = slots.claim(SHORT, now=0.0), slots.claim(LONG, now=0.0)
     assert not gone.holding
     slots.release(gone, now=0.1)
     assert slots.num_waiting == 0
-    assert not slots.boundary(holder, now=0.2)  # nobody waits for it any more
+    slots.release(holder, now=0.2)
+    assert slots.num_holding == 0
 
 
 def test_slots_are_at_least_one() -> None:
@@ -156,7 +156,7 @@ def test_slots_are_at_least_one() -> None:
 @pytest.mark.parametrize("num_slots", [1, 2, 3])
 def test_random_calls_keep_the_invariants(num_slots: int) -> None:
     rng = random.Random(num_slots)
-    slots = ComputeSlots(num_slots, LONG_S, active_s=1.0)
+    slots = ComputeSlots(num_slots, LONG_S)
     claims: list[SlotClaim] = []
     suspended: list[SlotClaim] = []
     now = 0.0
@@ -178,9 +178,7 @@ def test_random_calls_keep_the_invariants(num_slots: int) -> None:
             suspended.append(claim)
         elif suspended:
             slots.resume(suspended.pop(0), now)
-        else:
-            slots.regrant(now)
-        check(slots, claims, now)
+        check(slots, claims)
     for claim in list(claims):
         slots.release(claim, now)
     assert slots.num_holding == slots.num_waiting == 0
