@@ -24,8 +24,8 @@ A config file may hold any of::
     scheduling: fair             # fair (weighted across tenants) | fifo
     fair_quantum_ms: 25          # 2+ tenants on a model: cap a batch's run time (null: off)
     long_batch_ms: 500           # batches predicted this long are long work (null: none is)
-    long_work: steps             # steps: long work yields to short batches at each step and
-                                 # leaves them a worker; lane: threads of its own (the OS shares)
+    long_work: steps             # steps: short batches never wait for long work, which steps
+                                 # aside at its next step; lane: threads of its own (the OS shares)
     tiers:                       # weights and latency targets; these are the defaults
       vip: {weight: 4, latency_target_ms: 250}
       standard: {weight: 2}

@@ -96,8 +96,8 @@ class EngineConfig:
     # long work; None: every batch is short, in one lane.
     long_batch_s: float | None = 0.5
     # How long work shares the workers (executor.py): "steps", compute slots that
-    # long batches give to short ones at each step boundary, a worker kept for
-    # short work; "lane", threads of their own beside the short ones' workers.
+    # short batches never wait for, long ones stepping aside at their next step
+    # boundary; "lane", threads of their own beside the short ones' workers.
     long_work: str = "steps"
     # Where loaders keep converted weights (a GGUF model's) between loads and
     # restarts; None: no cache.
