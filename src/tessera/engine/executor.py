@@ -51,8 +51,9 @@ from tessera.scheduling.slot import ComputeSlots, SlotClaim
 from tessera.step import stepping
 
 LONG_WORK_MODES = ("steps", "lane")
-# The nice value of long batches' threads on the CPU (long_work: steps): a
-# short batch's thread at 0 then has about 90% of a core it shares with one.
+# How much nicer long batches' threads are than the process on the CPU
+# (long_work: steps): a short batch's thread then has about 90% of a core it
+# shares with one (the kernel's weights for nice 0 and 10: 1024 and 110).
 LONG_WORK_NICE = 10
 
 log = logging.getLogger(__name__)
@@ -256,11 +257,14 @@ def _wait_for_slot(cond: threading.Condition, claim: SlotClaim) -> None:
 
 
 def _lower_priority() -> None:
-    """Run this thread (a long batch's) at LONG_WORK_NICE: the kernel then gives
-    a short batch that shares a core with it that core at once, and the long
-    batch whatever short ones leave (Linux: a thread's own nice value)."""
+    """Run this thread (a long batch's) LONG_WORK_NICE nicer than it was (at most
+    19): the kernel then gives a short batch that shares a core with it that
+    core at once, and the long batch whatever short ones leave (Linux: a
+    thread's own nice value)."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LONG_WORK_NICE)
+        thread = threading.get_native_id()
+        nice = min(19, os.getpriority(os.PRIO_PROCESS, thread) + LONG_WORK_NICE)
+        os.setpriority(os.PRIO_PROCESS, thread, nice)
     except (AttributeError, OSError) as e:  # not Linux, or not allowed: the same priority
         log.debug("long work runs at the usual priority: %s", e)
 

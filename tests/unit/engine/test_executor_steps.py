@@ -13,6 +13,8 @@ words are steps, and plain functions that call ``step_boundary``.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -21,7 +23,7 @@ import pytest
 
 from builders import make_spec
 from tessera.device import CpuDevice
-from tessera.engine.executor import ComputeExecutor
+from tessera.engine.executor import LONG_WORK_NICE, ComputeExecutor
 from tessera.runtimes.fake import FakeModel
 from tessera.step import holding, step_boundary
 from tessera.tasks.types import ChatInput, ChatMessage, Task
@@ -197,3 +199,24 @@ async def test_a_batch_waiting_for_a_paused_batchs_lock_lets_it_finish() -> None
         go_on.set()
     await resident
     executor.shutdown()
+
+
+def own_nice(items: Sequence[Any]) -> list[Any]:
+    """The nice value of the thread that runs the batch."""
+    return [os.getpriority(os.PRIO_PROCESS, threading.get_native_id())]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own nice value is Linux's")
+@pytest.mark.parametrize(("long_work", "nicer_by"), [("steps", LONG_WORK_NICE), ("lane", 0)])
+async def test_long_batches_run_nicer_than_short_ones_in_steps(
+    long_work: str, nicer_by: int
+) -> None:
+    executor = ComputeExecutor(
+        CpuDevice(), num_threads=1, num_workers=1, long_batch_s=0.5, long_work=long_work
+    )
+    try:
+        (short,) = (await executor.run(own_nice, ["s"], SHORT_S)).outputs
+        (long,) = (await executor.run(own_nice, ["l"], LONG_S)).outputs
+    finally:
+        executor.shutdown()
+    assert long == min(19, short + nicer_by)
