@@ -4,8 +4,9 @@ Each measured batch contributes its peak bytes per work unit; a batch of ``u``
 units reserves ``ceil(max(window) * u)`` bytes, so a reservation is never
 below what a recent batch really used per unit. (A fixed part of a batch's
 peak is spread over its units: it is over-reserved for batches larger than
-the measured ones and under-reserved for smaller ones.) Until a model has a measurement, it reserves nothing extra
-(its warm-up batch is measured right after load).
+the measured ones and under-reserved for smaller ones.) Until a model has a
+measurement, it reserves nothing extra (its warm-up batch is measured right
+after load).
 """
 
 from __future__ import annotations
