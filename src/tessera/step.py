@@ -4,9 +4,9 @@ A runtime whose batch is long and made of steps (a generation's decode steps,
 OCR's detection, classification and recognition chunks) calls
 ``step_boundary()`` between two steps. The compute executor runs each batch
 with a hook in view of this call (``stepping``); at a boundary the hook may
-hand the batch's compute slot to short batches that wait and take it back
-once they have run (see ``scheduling/slot.py``), so a short batch waits for
-the end of a step, not of the whole batch.
+give the batch's compute slot up to short batches that took one beside it,
+and wait until a slot is free again (see ``scheduling/slot.py``), so short
+work shares the device with a long batch for at most one of its steps.
 
 The call is cheap (a context variable read; the hook decides under one lock)
 and a no-op outside the executor: a warm-up, a test calling a model directly,
@@ -50,8 +50,8 @@ _HOOK: contextvars.ContextVar[StepHook | None] = contextvars.ContextVar(
 
 
 def step_boundary() -> None:
-    """Called by a runtime between two steps of a batch: short batches that
-    wait for compute may run here before the next step."""
+    """Called by a runtime between two steps of a batch: the batch may step
+    aside here while short batches run, before its next step."""
     hook = _HOOK.get()
     if hook is not None:
         hook.boundary()

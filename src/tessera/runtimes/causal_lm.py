@@ -14,8 +14,8 @@ one item, with no second thread (transformers' ``TextIteratorStreamer`` needs
 one, and its streamers take batch size 1 only). The same hook reads each
 row's stop flag (``request.item_stops``): a row whose caller has gone ends at
 the next step, and when every row has, ``generate`` returns. Between two
-steps the hook is a step boundary (``step.step_boundary``), where the
-executor may let short batches of other models run before the next step.
+steps the hook is a step boundary (``step.step_boundary``), where the batch
+may step aside while short batches of other models run.
 
 Greedy items of a batch run as one left-padded ``generate``; sampling items
 are grouped by (temperature, top_p), and seeded items run alone so that a
@@ -656,7 +656,7 @@ def _row_criteria_class() -> type[Any]:
             last = input_ids[:, -1].tolist()
             done = [row.push(token) for row, token in zip(self._rows, last, strict=True)]
             if not all(done):
-                step_boundary()  # between two decode steps: short batches may run here
+                step_boundary()  # between two decode steps: it may step aside here
             return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
     return RowCriteria

@@ -6,8 +6,8 @@ batch go through the recognizer together (padded ONNX batches of
 ``rec_batch_num``, the card's ``max_batch_size``).
 
 A batch runs in steps with a step boundary between them
-(``step.step_boundary``), where short batches of other models may run
-first: each page's detection, its line classification, and each recognizer
+(``step.step_boundary``), where the batch may step aside while short batches
+of other models run: each page's detection, its line classification, and each recognizer
 batch. The stages are rapidocr's own (``detect_and_crop``,
 ``cls_and_rotate``, the recognizer, ``build_final_output``), called one by
 one as ``RapidOCR.__call__`` calls them, and the recognizer's batches are the
