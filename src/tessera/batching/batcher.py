@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from tessera.batching.queue import FifoQueue, RequestQueue
 from tessera.clock import Clock
@@ -30,10 +31,15 @@ from tessera.errors import DeadlineExceededError, OverloadedError
 from tessera.repository.spec import BatchingSpec
 from tessera.request import Batch, QueuedRequest
 
+if TYPE_CHECKING:
+    from tessera.scheduling.predictor import BatchTimePredictor
+
 ExecuteBatch = Callable[[Batch], Awaitable[None]]
 
 # Weight of the newest run in the moving average of a model's batch run times.
 BATCH_S_WEIGHT = 0.2
+# Measured batches of a model before its predicted wait may refuse a request.
+MIN_SAMPLES = 8
 
 
 class ModelBatcher:
@@ -47,7 +53,7 @@ class ModelBatcher:
         max_queue: int = 100,
         queue: RequestQueue | None = None,
         max_concurrent_batches: int = 1,
-        predict: Callable[[float], float | None] | None = None,
+        predictor: BatchTimePredictor | None = None,
     ) -> None:
         self.name = name
         self.batching = batching
@@ -58,7 +64,7 @@ class ModelBatcher:
         self._arrived = asyncio.Event()
         self.num_slots = batching.max_concurrent_batches or max_concurrent_batches
         self._slots = asyncio.Semaphore(self.num_slots)
-        self._predict = predict
+        self._predictor = predictor
         self._loop_task: asyncio.Task[None] | None = None
         # Batches running now: their task, and when each formed.
         self._running: dict[asyncio.Task[None], Batch] = {}
@@ -97,23 +103,29 @@ class ModelBatcher:
 
     def predicted_wait_s(self, request: QueuedRequest) -> float | None:
         """Seconds before ``request``'s batch would start if it were queued now:
-        the batches running now and the full batches of the work ahead of it
-        (batches of its kind: ``max_batch_size`` items like it, at most
-        ``max_batch_units``; the rest of that work shares its batch), at the
-        predicted run time of such a batch, over the batches that run at once.
-        None before the model has run a batch."""
-        if self._predict is None:
+        what is left of the batches running now (at most their predicted run)
+        and the full batches of the work ahead of it (batches of its kind:
+        ``max_batch_size`` items like it, at most ``max_batch_units``; the rest
+        of that work shares its batch), at the predicted run times, over the
+        batches that run at once. None while the model's batch times are not
+        known well enough (``MIN_SAMPLES`` measured batches): refusing on a
+        guess would turn requests away that would have been answered."""
+        predictor = self._predictor
+        if predictor is None or predictor.num_samples < MIN_SAMPLES:
             return None
         per_item = request.units / max(1, len(request.items))
         batch_units = max(
             request.units,
             min(self.batching.max_batch_units, per_item * self.batching.max_batch_size),
         )
-        batch_s = self._predict(batch_units)
-        if batch_s is None:
-            return None
-        batches = math.floor(self._queue.units_ahead(request) / batch_units) + len(self._running)
-        return batches * batch_s / self.num_slots
+        now = self._clock.now()
+        running_s = 0.0
+        for batch in self._running.values():
+            run_s = predictor.predict(sum(r.units for r in batch.requests)) or 0.0
+            running_s += max(0.0, batch.formed_at + run_s - now)
+        full = math.floor(self._queue.units_ahead(request) / batch_units)
+        ahead_s = full * (predictor.predict(batch_units) or 0.0)
+        return (running_s + ahead_s) / self.num_slots
 
     def _retry_after_s(self) -> float:
         return max(1.0, self.batching.max_wait_ms / 1000)

@@ -456,7 +456,7 @@ class Engine(ModelLifecycle):
                 max_queue=self.config.max_queue,
                 queue=make_queue(self.config.scheduling, predictor, self.config.fair_quantum_s),
                 max_concurrent_batches=self._executor.num_workers,
-                predict=predictor.predict,
+                predictor=predictor,
             )
         return batcher
 

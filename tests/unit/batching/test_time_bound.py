@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tessera.batching import FifoQueue, ModelBatcher
+from tessera.batching.batcher import MIN_SAMPLES
 from tessera.clock import FakeClock
 from tessera.errors import OverloadedError
 from tessera.repository.spec import BatchingSpec
@@ -74,6 +75,14 @@ async def test_weights_set_how_much_of_the_others_goes_first() -> None:
     assert queue.units_ahead(request(tenant="light")) == 20
 
 
+def measured(units: float, seconds: float, times: int = MIN_SAMPLES) -> BatchTimePredictor:
+    """A model's predictor after ``times`` batches of ``units`` that took ``seconds``."""
+    predictor = BatchTimePredictor()
+    for _ in range(times):
+        predictor.observe(units, seconds)
+    return predictor
+
+
 async def answer(batch: Batch) -> None:
     for r in batch.requests:
         r.future.set_result(RequestResult(r.items, 0.0, 0.0, batch.num_items))
@@ -97,14 +106,12 @@ def batcher(
         max_queue=max_queue,
         queue=FifoQueue(),
         max_concurrent_batches=slots,
-        predict=predictor.predict,
+        predictor=predictor,
     )
 
 
 async def test_a_request_is_refused_only_when_its_predicted_wait_passes_its_deadline() -> None:
-    predictor = BatchTimePredictor()
-    predictor.observe(10, 1.0)  # a batch of 10 units: 1 s
-    b = batcher(predictor)
+    b = batcher(measured(10, 1.0))  # a batch of 10 units: 1 s
     # 95 queued (1 unit each): 9 full batches of 10 before its own, 9 s.
     queued = [request(deadline=60.0) for _ in range(95)]
     for r in queued:
@@ -119,8 +126,7 @@ async def test_a_request_is_refused_only_when_its_predicted_wait_passes_its_dead
 
 
 async def test_more_slots_drain_the_queue_sooner() -> None:
-    predictor = BatchTimePredictor()
-    predictor.observe(10, 1.0)
+    predictor = measured(10, 1.0)
     one, two = batcher(predictor), batcher(predictor, slots=2)
     queued = {one: [request() for _ in range(39)], two: [request() for _ in range(39)]}
     for b, requests in queued.items():
@@ -132,7 +138,36 @@ async def test_more_slots_drain_the_queue_sooner() -> None:
         await close(b, requests)
 
 
-async def test_without_a_measured_batch_only_the_count_bounds_the_queue() -> None:
+async def test_a_running_batch_counts_what_is_left_of_its_own_run() -> None:
+    release = asyncio.Event()
+
+    async def held(batch: Batch) -> None:
+        await release.wait()
+        await answer(batch)
+
+    clock = FakeClock(autojump=False)
+    b = ModelBatcher(
+        "m",
+        BatchingSpec(max_batch_size=10, max_batch_units=1000, max_wait_ms=0.0),
+        held,
+        clock,
+        predictor=measured(10, 1.0),  # 0.1 s a unit
+    )
+    first = request()
+    b.submit(first)
+    for _ in range(5):  # the loop forms the batch and starts it
+        await asyncio.sleep(0)
+    # One unit runs: 0.1 s of it, not a full batch's second.
+    assert b.predicted_wait_s(request()) == pytest.approx(0.1)
+    clock.advance(0.06)
+    assert b.predicted_wait_s(request()) == pytest.approx(0.04)
+    release.set()
+    await first.future
+    await close(b, [first])
+
+
+async def test_before_enough_measured_batches_only_the_count_bounds_the_queue() -> None:
+    assert batcher(measured(10, 100.0, times=MIN_SAMPLES - 1)).predicted_wait_s(request()) is None
     b = batcher(BatchTimePredictor(), max_queue=3)
     queued = [request(deadline=0.001) for _ in range(3)]
     for r in queued:
@@ -143,15 +178,14 @@ async def test_without_a_measured_batch_only_the_count_bounds_the_queue() -> Non
 
 
 async def test_many_waiting_on_a_fast_model_are_not_an_overload() -> None:
-    predictor = BatchTimePredictor()
-    predictor.observe(32, 0.003)  # 32 sentences in 3 ms, a GPU's pace
+    predictor = measured(32, 0.003)  # 32 sentences in 3 ms, a GPU's pace
     b = ModelBatcher(
         "m",
         BatchingSpec(max_batch_size=32, max_wait_ms=1.0),
         answer,
         FakeClock(),
         max_queue=1000,
-        predict=predictor.predict,
+        predictor=predictor,
     )
     queued = [request(deadline=1.0) for _ in range(256)]
     for r in queued:  # c=256: 8 batches, 24 ms of work
