@@ -48,6 +48,7 @@ import httpx
 import yaml
 
 from harness.raycluster import LocalRayCluster, local_ray_cluster, running_gateways
+from harness.report import output_stem
 from harness.servers import RunningServer
 from harness.stores import postgres_schema, redis_prefix, redis_url
 
@@ -352,11 +353,7 @@ def main() -> None:
         figures = deploy_and_run(Path(tmp), args.qps_seconds)
     date = datetime.date.today().isoformat()
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"cluster-{date}"
-    n = 2
-    while stem.with_suffix(".json").exists():
-        stem = args.out / f"cluster-{date}-{n}"
-        n += 1
+    stem = output_stem(args.out, date, "cluster")
     text = markdown(figures, date)
     stem.with_suffix(".json").write_text(json.dumps(figures, indent=2))
     stem.with_suffix(".md").write_text(text)

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness.report import output_stem
 from harness.servers import running_tessera, tessera_command
 
 MODEL = "all-minilm-l6-v2"
@@ -73,11 +74,7 @@ def main() -> None:
                 figures[label] = json.loads(out.read_text())
     date = datetime.date.today().isoformat()
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"queue-bound-{date}"
-    n = 2
-    while stem.with_suffix(".json").exists():
-        stem = args.out / f"queue-bound-{date}-{n}"
-        n += 1
+    stem = output_stem(args.out, date, "queue-bound")
     text = markdown(figures, date, args.concurrency)
     stem.with_suffix(".json").write_text(json.dumps(figures, indent=2))
     stem.with_suffix(".md").write_text(text)
