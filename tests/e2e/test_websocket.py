@@ -245,6 +245,7 @@ def test_a_key_revoked_while_its_socket_is_open_ends_it_at_the_next_message(
     [
         ("{not json", 1007),
         ("[1, 2]", 1007),
+        ("[" * 3000 + "]" * 3000, 1007),  # nested past the JSON parser's depth
         (json.dumps({"type": "chat"}), 1007),  # no id: nothing to answer to
         (b"\x00\x01", 1003),
         ("x" * (MAX_MESSAGE_BYTES + 1), 1009),

@@ -196,7 +196,7 @@ def _form_options(form: Any) -> OcrOptions:
     if "fields" in raw:
         try:
             raw["fields"] = json.loads(raw["fields"])
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
             raise InvalidInputError("multipart field 'fields' must be JSON") from e
     try:
         return OcrOptions.model_validate(raw)
@@ -226,7 +226,7 @@ async def ocr(request: Request) -> JSONResponse:
         return await _ocr(request, model, raw, "line" if mode == "line" else "page", ask)
     try:
         payload = await request.json()
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
         raise InvalidInputError("body is not valid JSON") from e
     try:
         body = OcrRequest.model_validate(payload)

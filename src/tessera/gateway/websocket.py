@@ -202,7 +202,7 @@ class _Session:
             )
         try:
             payload = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
             raise _Close(
                 INVALID_PAYLOAD, f"message is not JSON: {e}", 422, "invalid_request_error"
             ) from e

@@ -150,11 +150,16 @@ async def test_a_base64_image_over_the_body_limit_is_413(client: httpx.AsyncClie
 async def test_ocr_json_bodies_nested_deeply_or_of_the_wrong_shape_are_4xx(
     client: httpx.AsyncClient,
 ) -> None:
-    deep = b"[" * 50_000 + b"]" * 50_000
-    for body in (deep, b'{"model": "ocr", "image": 5}', b"[]", b'"x"'):
+    over_limit = b"[" * 50_000 + b"]" * 50_000
+    deep = b"[" * 3000 + b"]" * 3000  # within the body limit, past the JSON parser's depth
+    for body in (over_limit, deep, b'{"model": "ocr", "image": 5}', b"[]", b'"x"'):
         r = await client.post("/v1/ocr", content=body, headers={"content-type": "application/json"})
         assert 400 <= r.status_code < 500, r.text
         assert r.json()["error"]["message"]
+    fields = {"model": "ocr", "fields": deep.decode()}
+    r = await client.post("/v1/ocr", files={"file": ("page.png", b"x")}, data=fields)
+    assert r.status_code == 422, r.text
+    assert "'fields' must be JSON" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
