@@ -13,7 +13,9 @@ Its "weights" are ``--weights-mib`` of written (resident) host memory: sleep
 level 1 frees them, so its resident set drops, as a real engine's device
 bytes do (vLLM moves them to host memory; the fake rebuilds them on wake).
 A completion is ``max_tokens`` tokens ("w0 w1 ..."), one every
-``--token-delay-s``; the port opens after ``--load-delay-s``. With
+``--token-delay-s``; the port opens after ``--load-delay-s``, and chats are
+answered 503 (while ``/health`` answers 200) for ``--chat-ready-after-s`` more,
+as a server that listens before its model is ready does. With
 ``--engine-core-child`` it starts a child process, as vLLM's API server starts
 its engine core, to show that stopping or killing it reaches its group.
 """
@@ -39,6 +41,7 @@ class State:
         self.running = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.chat_ready_at = 0.0  # time.monotonic() from which chats are answered
         self.load()
 
     def load(self) -> None:
@@ -150,6 +153,9 @@ class Handler(BaseHTTPRequestHandler):
         if state.weights is None:
             self._error(503, "the engine is sleeping")
             return
+        if time.monotonic() < state.chat_ready_at:
+            self._error(503, "the model is loading")
+            return
         messages = body.get("messages") or []
         prompt = sum(len(str(m.get("content", "")).split()) for m in messages) + 4
         max_tokens = int(body.get("max_tokens") or 16)
@@ -236,6 +242,7 @@ def main() -> None:
     parser.add_argument("--weights-mib", type=int, default=48)
     parser.add_argument("--token-delay-s", type=float, default=0.005)
     parser.add_argument("--load-delay-s", type=float, default=0.0)
+    parser.add_argument("--chat-ready-after-s", type=float, default=0.0)
     parser.add_argument("--engine-core-child", action="store_true")
     args = parser.parse_args()
     if not 0 < args.gpu_memory_utilization <= 1:
@@ -246,6 +253,7 @@ def main() -> None:
     Handler.state = State(args)
     time.sleep(args.load_delay_s)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
+    Handler.state.chat_ready_at = time.monotonic() + args.chat_ready_after_s
     server.daemon_threads = True
     server.serve_forever()
 

@@ -65,7 +65,7 @@ from tessera.footprint import Footprint
 from tessera.request import item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.causal_lm import _validate
-from tessera.runtimes.openai_chat import EngineGone, complete, request_body
+from tessera.runtimes.openai_chat import EngineGone, EngineNotReady, complete, request_body
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
 
 if TYPE_CHECKING:
@@ -435,14 +435,15 @@ class ExternalModel:
         self._scrape(engine)
 
     def _wait_ready(self, engine: EngineProcess, deadline: float) -> None:
-        """Until a one-token completion answers: refused connections are retried
-        (the port opens once the weights are loaded), an exit fails at once."""
+        """Until a one-token completion answers: refused connections and 503s
+        are retried (the port may open, or answer 503, before the weights are
+        loaded: a live port is not ready), an exit fails at once."""
         probe = ChatInput(messages=(ChatMessage("user", "Hi"),), max_tokens=1)
         while True:
             try:
                 self._complete(engine, probe, threading.Event())
                 return
-            except EngineGone as e:
+            except (EngineGone, EngineNotReady) as e:
                 late = time.perf_counter() > deadline
                 if not engine.alive() or late:
                     if late:
@@ -594,7 +595,7 @@ class ExternalModel:
         self._engine = None
         self._backoff.crashed()
 
-    def _gone(self, engine: EngineProcess, error: EngineGone) -> str:
+    def _gone(self, engine: EngineProcess, error: Exception) -> str:
         """Describe why the engine stopped answering, and make sure it is gone."""
         label = f"the {self._kind.label} engine (pid {engine.pid})"
         # A dead engine's connections reset a moment before its exit is seen.

@@ -29,6 +29,10 @@ class EngineGone(Exception):
     """The engine closed a connection or stopped answering (the runtime's own)."""
 
 
+class EngineNotReady(InferenceError):
+    """The engine answered 503: it listens, but its model is not ready (loading)."""
+
+
 def complete(
     address: str,
     api_key: str,
@@ -88,6 +92,8 @@ def http_error(name: str, status: int, raw: bytes) -> Exception:
         message = raw[:200].decode(errors="replace")
     if 400 <= status < 500:
         return InvalidInputError(f"model {name!r} refused the chat: {message}")
+    if status == 503:
+        return EngineNotReady(f"model {name!r}: its engine answered 503: {message}")
     return InferenceError(f"model {name!r}: its engine answered {status}: {message}")
 
 

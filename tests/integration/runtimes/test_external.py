@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -145,6 +147,39 @@ def test_a_hung_engine_is_killed_after_its_deadline_and_restarted(tmp_path: Path
         assert output.completion_tokens == 2
     finally:
         model.unload()
+
+
+def test_ready_is_a_completion_that_answers_not_a_live_port(tmp_path: Path) -> None:
+    # The fake listens at once (/health 200) but answers chats 503 for 1.5 s.
+    started = time.monotonic()
+    model = load(tmp_path, "fake-warming", args=("--chat-ready-after-s", "1.5"))
+    try:
+        assert time.monotonic() - started >= 1.5
+        (output,) = model.run([chat(2)])  # the first batch is served at once
+        assert output.text == "w0 w1"
+    finally:
+        model.unload()
+
+
+def test_vllm_engines_start_one_after_another(tmp_path: Path) -> None:
+    """Each measures the card's free memory at launch: the second starts only
+    once the first answers (each fake's port opens 1 s after its start)."""
+    specs = [
+        read_spec(write_fake_vllm_model(tmp_path, name, args=("--load-delay-s", "1")))
+        for name in ("fake-x", "fake-y")
+    ]
+    with ThreadPoolExecutor(len(specs)) as pool:
+        loads = [
+            pool.submit(get_loader(s.adapter).load, s, standalone_context(threads=1)) for s in specs
+        ]
+        models = [f.result() for f in loads]
+    try:
+        pids = [m.pid for m in models if isinstance(m, ExternalModel) and m.pid is not None]
+        first, second = sorted(psutil.Process(pid).create_time() for pid in pids)
+        assert second - first >= 1.0
+    finally:
+        for model in models:
+            model.unload()
 
 
 def test_an_engine_that_exits_at_start_is_the_models_error(tmp_path: Path) -> None:
