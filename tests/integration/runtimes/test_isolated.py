@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
+from multiprocessing import Pipe
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,8 @@ from tessera.runtimes.isolated import (
     SHM_MIN_BYTES,
     IsolatedLoader,
     IsolatedModel,
+    _WorkerArgs,
+    worker_main,
 )
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.types import OcrInput, SpeechInput, Task, TextInput, TranslateInput
@@ -174,6 +178,26 @@ def test_mps_share_is_reported_and_verified_against_the_daemon(
         model.unload()
     warned = "asks for an MPS share" in caplog.text
     assert warned == (client != 1.0)
+
+
+def test_the_worker_sets_its_mps_share_in_its_environment_before_its_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker's own function, run here on a thread: CUDA reads the variable
+    when it starts, so it must be in the environment once the model has loaded."""
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")  # restored after
+    spec = dataclasses.replace(make_spec("mps"), runtime="onnx")  # leaves torch's threads be
+    server, worker = Pipe()
+    thread = threading.Thread(target=worker_main, args=(worker, _WorkerArgs(spec, "cpu", 1, 30)))
+    thread.start()
+    try:
+        assert server.poll(30), "the worker did not answer its load"
+        server.recv_bytes()  # its load's reply
+        assert os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    finally:
+        server.close()  # the worker sees the pipe end and returns
+        thread.join(timeout=30)
+    assert not thread.is_alive()
 
 
 @pytest.mark.slow
