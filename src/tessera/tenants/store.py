@@ -31,6 +31,7 @@ import math
 import os
 import re
 import secrets
+import stat
 import string
 import threading
 import time
@@ -187,7 +188,9 @@ class TenantStore:
             private_dir(self.data_dir)
         except OSError as e:
             raise ConfigError(f"cannot create the data dir {self.data_dir}: {e}") from e
-        self._secret = secret if secret is not None else load_secret(self.data_dir / SECRET_FILE)
+        if secret is None:
+            secret = load_secret(self.data_dir / SECRET_FILE, private=True)
+        self._secret = secret
         self._writer = open_database(url, self.path)
         try:
             migrate(self._writer, MIGRATIONS)
@@ -575,7 +578,7 @@ def key_secret(
             private_dir(data_dir)
         except OSError as e:
             raise ConfigError(f"cannot create the data dir {data_dir}: {e}") from e
-        return load_secret(data_dir / SECRET_FILE)
+        return load_secret(data_dir / SECRET_FILE, private=True)
     try:
         secret = bytes.fromhex(text.strip())
     except ValueError as e:
@@ -585,9 +588,12 @@ def key_secret(
     return secret
 
 
-def load_secret(path: Path) -> bytes:
+def load_secret(path: Path, *, private: bool = False) -> bytes:
     """The HMAC secret in ``path``, created (mode 0600) if missing. Never
-    overwritten: replacing it would invalidate every key."""
+    overwritten: replacing it would invalidate every key. A file readable by
+    others is narrowed to its owner when ``private`` (the data folder's own, as
+    its databases are), else only warned about (an operator's file, which may
+    sit on a read-only mount)."""
     if not path.exists():
         _create_secret(path)
     try:
@@ -598,7 +604,11 @@ def load_secret(path: Path) -> bytes:
     if len(secret) < 32:
         raise ConfigError(f"the server secret {path} is too short ({len(secret)} bytes)")
     with contextlib.suppress(OSError):
-        if path.stat().st_mode & 0o077:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077 and private:
+            log.warning("%s was readable by others (mode %o); making it 600", path, mode)
+            path.chmod(mode & ~0o077)
+        elif mode & 0o077:
             log.warning("%s is readable by others; chmod 600 it", path)
     return secret
 

@@ -5,6 +5,7 @@ and on PostgreSQL alike; those of the SQLite files themselves on SQLite only."""
 
 from __future__ import annotations
 
+import hmac
 import os
 import sqlite3
 import stat
@@ -181,6 +182,31 @@ def test_wrong_and_malformed_keys(store: TenantStore) -> None:
         store.revoke_key("tsk_zzzzzzzz")
     with pytest.raises(ApiKeyNotFoundError):
         store.revoke_key("not a prefix")
+
+
+def test_keys_are_compared_in_constant_time(
+    store: TenantStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every well-formed key is checked by hmac.compare_digest on its digest,
+    never by ``==``: a right key, a wrong secret under a real prefix, and an
+    unknown prefix (the same work on a miss as on a hit)."""
+    store.add_tenant("acme")
+    key, _ = store.create_key("acme")
+    compared: list[tuple[str, str]] = []
+    real = hmac.compare_digest
+
+    def spy(a: str, b: str) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    scheme, public, secret = key.split("_", 2)  # the secret may hold "_" itself
+    wrong = f"{scheme}_{public}_" + ("A" if secret[0] != "A" else "B") + secret[1:]
+    for candidate, expected in ((key, True), (wrong, False), ("tsk_zzzzzzzz_" + secret, False)):
+        compared.clear()
+        assert (store.authenticate(candidate) is not None) is expected, candidate
+        assert len(compared) == 1, candidate
+        assert all(len(a) == len(b) == 64 for a, b in compared)  # digests, not keys
 
 
 def test_changes_from_another_process_take_effect_at_once(
@@ -432,7 +458,19 @@ def test_an_older_wider_data_folder_is_narrowed(
         pass
     data_dir.chmod(0o755)
     (data_dir / DB_FILE).chmod(0o644)
+    (data_dir / SECRET_FILE).chmod(0o644)
     with TenantStore(data_dir):
         assert _mode(data_dir) == 0o700
         assert _mode(data_dir / DB_FILE) == 0o600
+        assert _mode(data_dir / SECRET_FILE) == 0o600
     assert "readable by others" in caplog.text
+    # The server reads the secret before its store: the same for that path.
+    (data_dir / SECRET_FILE).chmod(0o640)
+    key_secret(data_dir, environ={})
+    assert _mode(data_dir / SECRET_FILE) == 0o600
+    # An operator's own secret file is left as it is, with a warning.
+    own = tmp_path / "own.key"
+    own.write_text((data_dir / SECRET_FILE).read_text())
+    own.chmod(0o644)
+    key_secret(data_dir, own, environ={})
+    assert _mode(own) == 0o644
