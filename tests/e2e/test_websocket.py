@@ -195,6 +195,20 @@ def test_ocr_pages_come_as_they_are_read(server: Server, key: str) -> None:
     assert [p["text"] for p in replies[3]["data"]["pages"]] == ["40x30", "41x30", "42x30"]
 
 
+def test_an_ocr_page_over_the_pixel_limit_is_413_for_its_id(server: Server, key: str) -> None:
+    buffer = io.BytesIO()
+    Image.new("1", (8000, 8000), 1).save(buffer, format="PNG")  # 64 MP in 23 KB
+    bomb = base64.b64encode(buffer.getvalue()).decode()
+    with open_socket(server, key) as ws:
+        ask(ws, {"id": "bomb", "type": "ocr", "model": "reader", "images": [png_b64(4, 4), bomb]})
+        reply = result_of(ws, "bomb")
+        assert reply["type"] == "error"
+        assert reply["error"]["code"] == 413
+        assert "40,000,000 pixels" in reply["error"]["message"]
+        ask(ws, {"id": "ok", "type": "ocr", "model": "reader", "image": png_b64(4, 4)})
+        assert [answer(ws)["type"] for _ in range(2)] == ["page", "result"]  # still open
+
+
 def test_authentication_by_first_message(server: Server, key: str) -> None:
     with open_socket(server, None) as ws:
         ask(ws, {"type": "auth", "key": key})

@@ -140,6 +140,20 @@ async def test_decompression_bombs_are_refused_from_the_header(
     assert r.status_code == 413, r.text
 
 
+async def test_a_decompression_bomb_in_a_chat_image_url_is_refused_from_the_header(
+    client: httpx.AsyncClient,
+) -> None:
+    url = "data:image/png;base64," + base64.b64encode(png_header(100_000, 100_000)).decode()
+    content = [
+        {"type": "text", "text": "read it"},
+        {"type": "image_url", "image_url": {"url": url}},
+    ]
+    body = {"model": "chat", "messages": [{"role": "user", "content": content}]}
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 413, r.text
+    assert "40,000,000 pixels" in r.json()["error"]["message"]
+
+
 async def test_a_base64_image_over_the_body_limit_is_413(client: httpx.AsyncClient) -> None:
     image = base64.b64encode(b"\0" * 100_000).decode()
     r = await client.post("/v1/ocr", json={"model": "ocr", "image": image})
