@@ -15,6 +15,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from tessera.engine import Engine
 from tessera.gateway.errors import UnexpectedErrorMiddleware, install_error_handlers
 
 INFER = "/v2/models/embed/infer"
@@ -257,3 +258,27 @@ async def test_tracebacks_show_again_at_debug(caplog: pytest.LogCaptureFixture) 
             for i in range(3):
                 await client.get(f"/boom/{i}")
     assert sum(1 for r in caplog.records if r.exc_info) == 3
+
+
+async def test_the_real_app_answers_a_bug_with_a_json_500_and_one_traceback(
+    client: httpx.AsyncClient,
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken_submit(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(engine, "submit", broken_submit)
+    with caplog.at_level(logging.INFO, logger="tessera.gateway.errors"):
+        for i in range(4):
+            r = await client.post("/v1/embeddings", json={"model": "embed", "input": f"x{i}"})
+            assert r.status_code == 500
+            assert r.json()["error"] == {
+                "message": "internal error: RuntimeError",
+                "type": "internal_error",
+                "code": 500,
+            }
+    records = [r for r in caplog.records if r.name == "tessera.gateway.errors"]
+    assert len(records) == 4
+    assert sum(1 for r in records if r.exc_info) == 1
