@@ -136,6 +136,8 @@ def test_a_new_version_rolls_out_and_a_broken_one_rolls_back_under_load(
         assert (norm == pytest.approx(1.0, abs=1e-4)) == (version == "1"), (version, norm)
     done, rolled_back = residency["rollouts"][-2:]
     assert (done["version"], done["state"]) == ("2", "done")
+    # Version 2 (another option over the same encoder files) added no bytes beside 1.
+    assert done["used_bytes_peak"] == done["used_bytes_before"] > 0
     assert (rolled_back["version"], rolled_back["state"]) == ("3", "rolled_back")
     assert "weights not found" in rolled_back["error"]
     assert [m["name"] for m in residency["models"]] == ["minilm@2"]

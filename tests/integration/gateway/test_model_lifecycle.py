@@ -16,7 +16,7 @@ import yaml
 
 from builders import write_fake_repository
 from tessera.engine import Engine, EngineConfig
-from tessera.errors import RolloutFailedError
+from tessera.errors import ModelNotFoundError, RolloutFailedError
 from tessera.gateway import create_app
 from tessera.repository import ModelRepository
 from tessera.repository.watch import RepositoryWatcher
@@ -250,7 +250,7 @@ async def test_a_bad_registration_is_refused_with_its_reason(
 
 
 async def test_a_broken_new_model_is_not_registered(
-    client: httpx.AsyncClient, tmp_path: Path
+    client: httpx.AsyncClient, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     folder = write_fake_repository(
         tmp_path / "more", {"bad": {"task": "embedding", "options": {"fail_run": True}}}
@@ -262,3 +262,69 @@ async def test_a_broken_new_model_is_not_registered(
     assert "bad" not in [m["name"] for m in residency["models"]]
     assert residency["rollouts"][-1]["state"] == "rolled_back"
     assert "fake model failure" in residency["rollouts"][-1]["error"]
+    # The rollback is in the log (with its cause) and in the metric too.
+    assert "version 1 of model bad rolled back: " in caplog.text
+    metrics = (await client.get("/metrics")).text
+    assert 'tessera_model_rollouts_total{model="bad",outcome="rolled_back"} 1.0' in metrics
+
+
+async def test_a_retired_model_answers_its_requests_in_flight_first(
+    engine: Engine, tmp_path: Path
+) -> None:
+    folder = write_fake_repository(
+        tmp_path / "more", {"slow": {"task": "embedding", "options": {"run_s": 0.05}}}
+    )
+    await engine.add_model(folder / "slow")
+    submissions = [engine.submit("slow", Task.EMBEDDING, [TextInput(f"r{i}")]) for i in range(40)]
+    freed = await engine.remove_model("slow")
+    results = await asyncio.gather(*(engine.wait(s) for s in submissions), return_exceptions=True)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    assert freed == 1000
+    with pytest.raises(ModelNotFoundError):
+        engine.submit("slow", Task.EMBEDDING, [TextInput("late")])
+
+
+async def test_the_serving_version_is_not_evicted_to_make_room_for_the_new_one(
+    tmp_path: Path,
+) -> None:
+    # Room for two models of three: the new version's load must evict one, and
+    # the least recently used (the one LRU picks) is the serving version.
+    models = {"ver": {"task": "embedding"}, "other": {"task": "embedding"}}
+    repo = write_fake_repository(tmp_path / "repo", models)
+    write_version(repo / "ver", 1, scale=1.0)
+    config = EngineConfig(
+        memory_budget_bytes=2000, device="cpu", num_threads=2, eviction_policy="lru"
+    )
+    engine = Engine(ModelRepository.from_folders([repo]), config)
+    try:
+        await engine.wait(engine.submit("ver", Task.EMBEDDING, [TextInput("first")]))
+        await engine.wait(engine.submit("other", Task.EMBEDDING, [TextInput("later")]))
+        write_version(repo / "ver", 2, scale=2.0)
+        (rollout,) = await engine.add_model(repo / "ver")
+        stats = engine.snapshot()
+    finally:
+        await engine.close()
+    assert rollout.state == "done"
+    assert {m.name: (m.state, m.evictions) for m in stats.models} == {
+        "other": ("unloaded", 1),
+        "ver@2": ("ready", 0),
+    }
+    assert stats.evictions_total == 1
+
+
+async def test_two_versions_over_one_shared_component_hold_it_once(
+    engine: Engine, tmp_path: Path
+) -> None:
+    model_dir = tmp_path / "repo" / "shared"
+    write_fake_repository(
+        tmp_path / "repo",
+        {"shared": {"task": "embedding", "options": {"shared": {"encoder": 5000}}}},
+    )
+    write_version(model_dir, 1)
+    await engine.add_model(model_dir)
+    before = engine.snapshot().used_bytes
+    write_version(model_dir, 2, scale=2.0)  # a new head (1000 bytes) over the same encoder
+    (rollout,) = await engine.add_model(model_dir)
+    assert rollout.used_bytes_before == before
+    assert rollout.used_bytes_peak == before + 1000  # not another 5000 for the encoder
+    assert rollout.used_bytes_after == before
