@@ -387,13 +387,27 @@ def _admin_call(method: str, url: str, key: str | None, body: object = None) -> 
 
 @models_app.command("add")
 def models_add(
-    folder: Annotated[Path, typer.Argument(help="The model folder (model.yaml, versions).")],
+    folder: Annotated[
+        Path,
+        typer.Argument(help="The model folder (model.yaml, versions), or with --weights a card."),
+    ],
     url: UrlOpt = "http://127.0.0.1:8000",
     key: AdminKeyOpt = None,
+    weights: Annotated[
+        Path | None,
+        typer.Option(help="FOLDER is then a model.yaml file, sent; this is its weights' path."),
+    ] = None,
 ) -> None:
     """Register a model on a running server, or roll out its new versions."""
-    path = str(folder.resolve())
-    _admin_call("POST", f"{url.rstrip('/')}/admin/models", key, {"path": path})
+    body = {"path": str(folder.resolve())}
+    if weights is not None:
+        try:
+            body = {"model_yaml": folder.read_text(encoding="utf-8")}
+        except OSError as e:
+            typer.echo(f"error: {folder}: {e}", err=True)
+            raise typer.Exit(2) from e
+        body["weights"] = str(weights.resolve())
+    _admin_call("POST", f"{url.rstrip('/')}/admin/models", key, body)
 
 
 @models_app.command("remove")

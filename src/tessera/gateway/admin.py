@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from pathlib import Path
 
+import yaml
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from tessera.errors import InvalidInputError
+from tessera.errors import ConfigError, InvalidInputError
 from tessera.gateway.common import engine_of
 from tessera.gateway.errors import error_body
 
@@ -80,17 +82,47 @@ async def cluster(request: Request) -> JSONResponse:
 class AddModelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: str  # a model folder on the server: model.yaml and its version folders
+    path: str | None = None  # a model folder on the server: model.yaml and its version folders
+    model_yaml: str | None = None  # or a model.yaml's text, with weights: the path of its weights
+    weights: str | None = None
+
+
+def _absolute(path: str, what: str) -> Path:
+    if not os.path.isabs(path):
+        raise InvalidInputError(f"{what} must be absolute (a path on the server): {path!r}")
+    return Path(path)
+
+
+def _card_folder(model_yaml: str, weights: Path) -> Path:
+    """A folder of its own for a ``model.yaml`` sent as text, its ``source`` the
+    weights' path (which must exist); the card must name the model."""
+    if not weights.exists():
+        raise ConfigError(f"weights not found at {weights}")
+    try:
+        card = yaml.safe_load(model_yaml)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"model_yaml: invalid YAML: {e}") from e
+    if not isinstance(card, dict) or "name" not in card:
+        raise ConfigError("model_yaml must be a mapping that gives the model's name")
+    folder = Path(tempfile.mkdtemp(prefix="tessera-model-"))
+    card["source"] = {"path": str(weights)}
+    (folder / "model.yaml").write_text(yaml.safe_dump(card), encoding="utf-8")
+    return folder
 
 
 @router.post("/models")
 async def add_model(body: AddModelRequest, request: Request) -> JSONResponse:
-    """Register the model in a folder, or roll out its new versions, while serving:
-    each new version is loaded, checked and switched to (422 if it was rolled back)."""
-    if not os.path.isabs(body.path):
-        raise InvalidInputError(f"path must be absolute (a folder on the server): {body.path!r}")
+    """Register the model in a folder (or of a ``model.yaml`` sent with the path
+    of its weights), or roll out its new versions, while serving: each new
+    version is loaded, checked and switched to (422 if it was rolled back)."""
+    if body.path is not None and body.model_yaml is None and body.weights is None:
+        folder = _absolute(body.path, "path")
+    elif body.path is None and body.model_yaml is not None and body.weights is not None:
+        folder = _card_folder(body.model_yaml, _absolute(body.weights, "weights"))
+    else:
+        raise InvalidInputError("give either path, or model_yaml and weights")
     engine = engine_of(request)
-    rollouts = await engine.add_model(Path(body.path))
+    rollouts = await engine.add_model(folder)
     name = rollouts[-1].model if rollouts else None
     served = [] if name is None else [v.version_label for v in engine.versions(name)]
     return JSONResponse(

@@ -268,6 +268,56 @@ async def test_a_broken_new_model_is_not_registered(
     assert 'tessera_model_rollouts_total{model="bad",outcome="rolled_back"} 1.0' in metrics
 
 
+async def test_a_model_yaml_sent_with_the_path_of_its_weights_registers_and_rolls_out(
+    engine: Engine, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    card: dict[str, Any] = {
+        "name": "sent",
+        "task": "embedding",
+        "runtime": "torch",
+        "adapter": "fake",
+    }
+    body = {"model_yaml": yaml.safe_dump(card), "weights": str(weights)}
+    added = await client.post("/admin/models", json=body)
+    assert added.status_code == 201, added.text
+    answer = await client.post("/v1/embeddings", json={"model": "sent", "input": "hi"})
+    assert answer.status_code == 200, answer.text
+    assert engine.versions("sent")[0].resolve_source() == weights
+    # A second card pinning version 2 rolls it out over the first.
+    card |= {"version": 2, "options": {"scale": 2.0}}
+    added = await client.post("/admin/models", json={**body, "model_yaml": yaml.safe_dump(card)})
+    assert added.status_code == 201, added.text
+    assert added.json()["versions"] == ["2"]
+    answer = await client.post("/v1/embeddings", json={"model": "sent", "input": "hi"})
+    assert answer.headers["x-model-version"] == "2"
+    assert np.linalg.norm(answer.json()["data"][0]["embedding"]) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        ({"model_yaml": "name: x\ntask: embedding", "weights": "/nonexistent"}, "invalid_model"),
+        ({"model_yaml": "task: [", "weights": "/"}, "invalid_model"),
+        ({"model_yaml": "task: embedding", "weights": "/"}, "invalid_model"),  # no name
+        ({"model_yaml": "name: x\ntask: nope\nruntime: torch", "weights": "/"}, "invalid_model"),
+        ({"model_yaml": "name: x", "weights": "relative"}, "invalid_request_error"),
+        ({"model_yaml": "name: x"}, "invalid_request_error"),
+        ({"path": "/", "model_yaml": "name: x", "weights": "/"}, "invalid_request_error"),
+    ],
+)
+async def test_a_bad_model_yaml_or_weights_path_is_refused_before_registering(
+    client: httpx.AsyncClient, body: dict[str, str], kind: str
+) -> None:
+    response = await client.post("/admin/models", json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["type"] == kind
+    residency = (await client.get("/admin/residency")).json()
+    assert [m["name"] for m in residency["models"]] == ["ver@1"]
+    assert residency["rollouts"] == []
+
+
 async def test_a_retired_model_answers_its_requests_in_flight_first(
     engine: Engine, tmp_path: Path
 ) -> None:
