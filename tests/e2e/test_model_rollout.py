@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import openai
 import pytest
 import yaml
 
+from builders import write_fake_repository
 from serverproc import Server, start_server, stop_server
 from tessera.repository import default_repository_path
 from tessera.tenants import TenantStore
@@ -186,3 +188,38 @@ def register(admin: httpx.Client, tmp_path: Path, packaged: str, name: str) -> h
     response = admin.post("/admin/models", json={"path": str(folder)})
     assert response.status_code == 201, response.text
     return response
+
+
+def test_a_watched_repository_serves_a_version_folder_moved_in(tmp_path: Path) -> None:
+    """``watch_repository: true`` in the config file: a real server rolls out a
+    version folder moved into its repository, with no call to it."""
+    repo = write_fake_repository(tmp_path / "repo", {"ver": {"task": "embedding"}})
+    (repo / "ver" / "1").mkdir()
+    with TenantStore(tmp_path / "data") as store:
+        store.add_tenant("ops")
+        key = store.create_key("ops", admin=True).key
+    config = tmp_path / "config.yaml"
+    settings = {"model_repositories": [str(repo)], "include_default_models": False}
+    settings |= {"watch_repository": True, "watch_interval_s": 0.2}
+    config.write_text(yaml.safe_dump(settings))
+    process, srv = start_server(tmp_path, "--config", str(config), key=key)
+    try:
+
+        def served_version() -> str:
+            body = {"model": "ver", "input": "hi"}
+            answer = httpx.post(f"{srv.base_url}/v1/embeddings", json=body, headers=srv.headers)
+            assert answer.status_code == 200, answer.text
+            return answer.headers["x-model-version"]
+
+        assert served_version() == "1"
+        staged = tmp_path / "staged"  # made outside, then moved in (docs/models.md)
+        staged.mkdir()
+        (staged / "model.yaml").write_text(yaml.safe_dump({"options": {"scale": 2.0}}))
+        staged.rename(repo / "ver" / "2")
+        deadline = time.monotonic() + 60
+        while served_version() != "2":
+            assert time.monotonic() < deadline, srv.log()
+            time.sleep(0.2)
+    finally:
+        stop_server(process)
+    assert "repository watch: ver@2 done" in srv.log()
