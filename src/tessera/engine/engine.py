@@ -387,6 +387,7 @@ class Engine(ModelLifecycle):
             activation_bytes_per_unit=self._residency.activation_bytes_per_unit(name),
             last_used=held.last_used if held.loads else None,
             load_s=held.load_s,
+            miss_s=held.miss_s,
             uses=held.uses,
             eviction_score=held.eviction_score,
             host_tier=held.host_tier,

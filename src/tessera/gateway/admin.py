@@ -36,6 +36,7 @@ RESIDENCY_FIELDS = (
     "engine_metrics",
     "measured_by",
     "load_s",
+    "miss_s",
     "uses",
     "eviction_score",
     "host_tier",

@@ -95,9 +95,10 @@ class ModelStats:
     measured_by: str | None  # how the runtime measured its bytes
     activation_bytes_per_unit: int | None  # the window's measured peak; None until measured
     last_used: float | None
-    load_s: float | None  # how long its last load took (what an eviction costs)
+    load_s: float | None  # how long its last load took
+    miss_s: float | None  # how long callers waited when it was not resident (what evicting costs)
     uses: float  # decayed count of uses (a use weighs half after a minute)
-    eviction_score: float  # uses x load s / bytes: the lowest is evicted first
+    eviction_score: float  # uses x miss s / bytes: the lowest is evicted first
     host_tier: bool  # waits in the host tier now
     host_bytes: int
     files_load_s: float | None  # its last load from files (the first: with its warm-up)

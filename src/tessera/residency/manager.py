@@ -127,8 +127,9 @@ class ModelResidency:
     error: str | None
     measured_by: str | None  # how the runtime measured its bytes
     load_s: float | None  # how long its last load took
+    miss_s: float | None  # how long its callers waited for it when not resident (table.ModelEntry)
     uses: float  # decayed count of its uses (see table.USE_HALF_LIFE_S)
-    eviction_score: float  # the cost policy's: uses x load s / bytes; lowest goes first
+    eviction_score: float  # the cost policy's: uses x miss s / bytes; lowest goes first
     host_tier: bool = False  # waits in the host tier now
     host_bytes: int = 0  # what it holds there (its shared components whole)
     files_load_s: float | None = None  # its last load from files
@@ -404,6 +405,7 @@ class ResidencyManager:
                     error=e.error,
                     measured_by=self._measured[e.name].method if e.name in self._measured else None,
                     load_s=e.load_s,
+                    miss_s=e.miss_s,
                     uses=e.uses_at(now),
                     eviction_score=eviction_score(e, now),
                     host_tier=tier is not None and tier.holds(e.name),
@@ -623,6 +625,7 @@ class ResidencyManager:
         batch (``activation_bytes``: a model loaded into a budget it fills has
         no room to run, and loads side by side could fill it so), waiting in
         line from ``ticket`` (a place the caller already held) or from now."""
+        asked = self._clock.now()
         expected = self._expected(spec)
         self._check_fits(spec, expected, activation_bytes)
         waiter = ("load", spec.key)  # callers loading one model share a place in line
@@ -649,13 +652,15 @@ class ResidencyManager:
         self._specs[spec.key] = spec
         self._notify()
         try:
-            await self._finish_load(spec, deadline)
+            await self._finish_load(spec, asked)
         finally:
             del self._inflight[spec.key]
             done.set_result(None)
             self._notify()
 
-    async def _finish_load(self, spec: ModelSpec, deadline: float) -> None:
+    async def _finish_load(self, spec: ModelSpec, asked: float) -> None:
+        """Load ``spec`` into the bytes held for it; ``asked``: when its first
+        caller began to wait for it (what a miss costs is measured from then)."""
         started = self._clock.now()
         try:
             model = await self._restore(spec)
@@ -700,7 +705,8 @@ class ResidencyManager:
                 retry_after_s=1.0,
             )
         self._models[spec.key] = model
-        self.table.mark_ready(spec.key, self._clock.now(), load_s, from_host=from_host)
+        now = self._clock.now()
+        self.table.mark_ready(spec.key, now, load_s, from_host=from_host, miss_s=now - asked)
         self._failures.pop(spec.key, None)
         self._retry_at.pop(spec.key, None)
         self._fresh[spec.key] = self._clock.now()

@@ -6,11 +6,17 @@ victims in eviction order, or ``None`` if even all candidates are not enough.
 
 ``cost`` (the default) evicts by expected cost, GreedyDual-Size-Frequency
 style: a model's score is how often it is used (a decayed count of uses, half
-a minute's weight after a minute) times what a reload costs (its measured
-load seconds) per byte it frees. The lowest score goes first: a large model
-used once an hour before a small one used every second, a model that reloads
-in 50 ms before one that takes 2 s. Ties (models never used) go least
-recently used first.
+a minute's weight after a minute) times what a miss of it costs, per byte it
+frees. A miss costs what its callers waited when it was last needed and not
+resident: from the first caller's arrival until it was ready, the room made
+for it included (``ModelEntry.miss_s``); before any miss, its load seconds.
+Its own load is not enough: a model that comes back from the host tier in
+5 ms still needs room on the device, and under a budget that every model does
+not fit that room is made by evicting others and waiting for their batches,
+seconds in which every request for it waits. The lowest score goes first: a
+large model used once an hour before a small one used every second, a model
+whose callers waited 50 ms before one whose callers waited 2 s. Ties (models
+never used) go least recently used first.
 """
 
 from __future__ import annotations
@@ -28,11 +34,18 @@ DEFAULT_LOAD_S = 1.0
 MIN_LOAD_S = 0.001
 
 
+def miss_cost_s(entry: ModelEntry) -> float:
+    """What a miss of ``entry`` is expected to cost its callers, in seconds."""
+    for seconds in (entry.miss_s, entry.load_s):
+        if seconds is not None:
+            return max(MIN_LOAD_S, seconds)
+    return DEFAULT_LOAD_S
+
+
 def eviction_score(entry: ModelEntry, now: float) -> float:
     """What evicting ``entry`` is expected to cost per byte it frees:
-    uses x load seconds / bytes."""
-    load_s = entry.load_s if entry.load_s is not None else DEFAULT_LOAD_S
-    return entry.uses_at(now) * max(MIN_LOAD_S, load_s) / max(1, entry.weights_bytes)
+    uses x miss seconds / bytes."""
+    return entry.uses_at(now) * miss_cost_s(entry) / max(1, entry.weights_bytes)
 
 
 class EvictionPolicy(Protocol):

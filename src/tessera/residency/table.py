@@ -51,6 +51,10 @@ class ModelEntry:
     error: str | None = None
     use_weight: float = 0.0  # decayed count of uses, as of ``last_used``
     load_s: float | None = None  # how long its last load took
+    # How long its callers waited for it when it was not resident: from the
+    # first caller's arrival to ready, room-making included (the mean of the
+    # last reading and the ones before, halved each time).
+    miss_s: float | None = None
     files_load_s: float | None = None  # its last load from files
     host_load_s: float | None = None  # its last load from the host tier
     host_loads: int = 0  # loads from the host tier
@@ -165,11 +169,19 @@ class ResidencyTable:
         return True
 
     def mark_ready(
-        self, name: str, now: float, load_s: float | None = None, *, from_host: bool = False
+        self,
+        name: str,
+        now: float,
+        load_s: float | None = None,
+        *,
+        from_host: bool = False,
+        miss_s: float | None = None,
     ) -> None:
         """``name`` is loaded, in ``load_s`` seconds, from its files or (``from_host``)
-        from the host tier."""
+        from the host tier, ``miss_s`` after its first caller asked for it."""
         entry = self.entries[name]
+        if miss_s is not None:
+            entry.miss_s = miss_s if entry.miss_s is None else (entry.miss_s + miss_s) / 2
         entry.state = ModelState.READY
         entry.loads += 1
         entry.host_loads += from_host

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -100,8 +101,36 @@ async def test_residency_reports_load_seconds_uses_and_score() -> None:
     await use(manager, spec, times=2)
     (model,) = manager.stats().models
     assert model.load_s == 1.5
+    assert model.miss_s == 1.5  # loaded into free room: its callers waited for the load alone
     assert model.uses == 2.0
     assert model.eviction_score == 2.0 * 1.5 / 400
+
+
+async def test_a_miss_costs_what_its_callers_waited_room_making_included() -> None:
+    # "quick" reloads in 10 ms, but the room for it takes a batch of 4 s to free:
+    # its callers waited 4 s, and that (not 10 ms) is what evicting it costs.
+    manager, host, clock = make_manager(1000)
+    quick, slow = make_spec("quick", 400, load_s=0.01), make_spec("slow", 400, load_s=1.0)
+    other = make_spec("other", 400, load_s=1.0)
+    for spec in (quick, slow):
+        await use(manager, spec, times=3)
+    running = await manager.acquire(other, 0)  # evicts quick, the cheapest to reload
+    assert host.on_unload == ["quick"]
+    batch = await manager.acquire(slow, 0)  # slow and other are both busy
+    back = asyncio.ensure_future(use(manager, quick))
+    await clock.sleep(4.0)
+    assert not back.done()
+    manager.release(running)  # other's batch ends: other goes, quick comes back
+    await back
+    manager.release(batch)
+    (entry,) = [m for m in manager.stats().models if m.name == "quick"]
+    assert entry.load_s == pytest.approx(0.01)
+    assert entry.miss_s == pytest.approx((0.01 + 4.01) / 2)  # the first load's, then this
+    # Used alike since, the model whose callers waited least goes first: slow,
+    # though its own load is a hundred times longer.
+    await use(manager, slow, times=1)
+    await use(manager, make_spec("new", 400))
+    assert host.on_unload == ["quick", "other", "slow"]
 
 
 # -- an elastic room for batches ------------------------------------------------
