@@ -18,6 +18,7 @@ def write_fake_vllm_model(
     max_bytes: str = "256MiB",
     args: tuple[str, ...] = (),
     max_batch_size: int = 4,
+    task: str = "generate",
     **options: Any,
 ) -> Path:
     """A ``runtime: external``, ``engine: vllm`` model folder under ``repository``
@@ -26,7 +27,7 @@ def write_fake_vllm_model(
     folder.mkdir(parents=True)
     card = {
         "name": name,
-        "task": "generate",
+        "task": task,
         "runtime": "external",
         "engine": "vllm",
         "memory": {"max_bytes": max_bytes},

@@ -13,9 +13,15 @@ Its "weights" are ``--weights-mib`` of written (resident) host memory: sleep
 level 1 frees them, so its resident set drops, as a real engine's device
 bytes do (vLLM moves them to host memory; the fake rebuilds them on wake).
 A completion is ``max_tokens`` tokens ("w0 w1 ..."), one every
-``--token-delay-s``; the port opens after ``--load-delay-s``, and chats are
-answered 503 (while ``/health`` answers 200) for ``--chat-ready-after-s`` more,
-as a server that listens before its model is ready does. With
+``--token-delay-s``. A chat with ``image_url`` parts (base64 ``data:`` URLs
+only, as tessera sends them) is answered with a JSON echo of what arrived, a
+token a word, cut at ``max_tokens`` (finish ``length``, else ``stop``):
+``{"prompt": its texts, "images": [{"bytes": N, "width": W, "height": H}]}``
+(the size read from a PNG's header), its prompt tokens counting one more per
+32 x 32 block of each image. The port opens after ``--load-delay-s``, and
+chats are answered 503 (while ``/health`` answers 200) for
+``--chat-ready-after-s`` more, as a server that listens before its model is
+ready does. With
 ``--engine-core-child`` it starts a child process, as vLLM's API server starts
 its engine core, to show that stopping or killing it reaches its group.
 """
@@ -23,8 +29,10 @@ its engine core, to show that stopping or killing it reaches its group.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -156,41 +164,53 @@ class Handler(BaseHTTPRequestHandler):
         if time.monotonic() < state.chat_ready_at:
             self._error(503, "the model is loading")
             return
-        messages = body.get("messages") or []
-        prompt = sum(len(str(m.get("content", "")).split()) for m in messages) + 4
+        try:
+            texts, images = _read_messages(body.get("messages") or [])
+        except ValueError as e:
+            self._error(400, str(e))
+            return
+        prompt = len(" ".join(texts).split()) + 4 + sum(image_tokens(i) for i in images)
         max_tokens = int(body.get("max_tokens") or 16)
+        if images:  # an echo of what arrived, cut at max_tokens
+            echo = json.dumps({"prompt": "\n".join(texts), "images": images})
+            words = echo.split(" ")
+            pieces = [w + " " for w in words[:-1]] + [words[-1]]
+            finish = "length" if len(pieces) > max_tokens else "stop"
+            pieces = pieces[:max_tokens]
+        else:
+            pieces = [f"w{i} " if i < max_tokens - 1 else f"w{i}" for i in range(max_tokens)]
+            finish = "length"
         with state.lock:
             state.running += 1
             state.prompt_tokens += prompt
         if body.get("stream"):
-            self._stream(body, prompt, max_tokens)
+            self._stream(body, prompt, pieces, finish)
             return
-        text = self._generate(max_tokens, lambda _i, _piece: None)
-        usage = {"prompt_tokens": prompt, "completion_tokens": max_tokens}
+        text = self._generate(pieces, lambda _i, _piece: None)
+        usage = {"prompt_tokens": prompt, "completion_tokens": len(pieces)}
         message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "finish_reason": "length"}
+        choice = {"index": 0, "message": message, "finish_reason": finish}
         self._json(200, {"object": "chat.completion", "choices": [choice], "usage": usage})
 
-    def _generate(self, max_tokens: int, emit: Any) -> str:
+    def _generate(self, pieces: list[str], emit: Any) -> str:
         """The tokens, one every --token-delay-s; the request stops running
         before its last chunk is sent (as a scrape after the answer sees)."""
-        pieces = []
+        sent = []
         try:
-            for i in range(max_tokens):
+            for i, piece in enumerate(pieces):
                 time.sleep(self.state.args.token_delay_s)
-                piece = f"w{i} " if i < max_tokens - 1 else f"w{i}"
-                pieces.append(piece)
+                sent.append(piece)
                 with self.state.lock:
                     self.state.generation_tokens += 1
-                    if i == max_tokens - 1:
+                    if i == len(pieces) - 1:
                         self.state.running -= 1
                 emit(i, piece)
         except OSError:  # the client left
             with self.state.lock:
                 self.state.running -= 1
-        return "".join(pieces)
+        return "".join(sent)
 
-    def _stream(self, body: dict[str, Any], prompt: int, max_tokens: int) -> None:
+    def _stream(self, body: dict[str, Any], prompt: int, pieces: list[str], finish: str) -> None:
         options = body.get("stream_options") or {}
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -209,14 +229,14 @@ class Handler(BaseHTTPRequestHandler):
             }
 
         def emit(i: int, piece: str) -> None:
-            last = i == max_tokens - 1
+            last = i == len(pieces) - 1
             chunk: dict[str, Any] = {
                 "object": "chat.completion.chunk",
                 "choices": [
                     {
                         "index": 0,
                         "delta": {"content": piece},
-                        "finish_reason": "length" if last else None,
+                        "finish_reason": finish if last else None,
                     }
                 ],
             }
@@ -224,10 +244,48 @@ class Handler(BaseHTTPRequestHandler):
                 chunk["usage"] = usage(i + 1)
             send(chunk)
 
-        self._generate(max_tokens, emit)
+        self._generate(pieces, emit)
         if options.get("include_usage"):
-            send({"object": "chat.completion.chunk", "choices": [], "usage": usage(max_tokens)})
+            send({"object": "chat.completion.chunk", "choices": [], "usage": usage(len(pieces))})
         send("[DONE]")
+
+
+def _read_messages(messages: list[Any]) -> tuple[list[str], list[dict[str, int]]]:
+    """The messages' texts, and what each image part carried: its bytes and,
+    for a PNG, its size. Content is a string or OpenAI's parts; an image
+    must be a base64 ``data:`` URL (the fake fetches nothing)."""
+    texts: list[str] = []
+    images: list[dict[str, int]] = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            texts.append(str(content or ""))
+            continue
+        for part in content:
+            if part.get("type") == "text":
+                texts.append(str(part.get("text", "")))
+            elif part.get("type") == "image_url":
+                url = str((part.get("image_url") or {}).get("url", ""))
+                header, _, data = url.partition(",")
+                if not (header.startswith("data:") and header.endswith(";base64")):
+                    raise ValueError(f"image_url must be a base64 data: URL, got {url[:40]!r}")
+                images.append(_image_facts(base64.b64decode(data)))
+            else:
+                raise ValueError(f"unknown content part {part.get('type')!r}")
+    return texts, images
+
+
+def _image_facts(raw: bytes) -> dict[str, int]:
+    """An image's byte size, and its width and height when it is a PNG."""
+    facts = {"bytes": len(raw)}
+    if raw.startswith(b"\x89PNG\r\n\x1a\n") and raw[12:16] == b"IHDR":
+        facts["width"], facts["height"] = struct.unpack(">II", raw[16:24])
+    return facts
+
+
+def image_tokens(facts: dict[str, int]) -> int:
+    """The fake's prompt tokens of an image: one per 32 x 32 block, at least one."""
+    return max(1, (facts.get("width", 0) // 32) * (facts.get("height", 0) // 32))
 
 
 def main() -> None:

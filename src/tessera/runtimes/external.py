@@ -36,6 +36,17 @@ Options (model.yaml ``options``), beside each kind's own:
 - ``load_timeout_s``: longest wait for the engine to answer after its start
   (default 120; vLLM's default 600);
 - ``max_tokens_limit``: refuse items whose ``max_tokens`` is larger.
+
+Vision-language OCR (``task: ocr`` with the card's ``vision`` options, on an
+engine that takes images: vLLM): an OCR page becomes the chat the in-process
+``hf-vision-ocr`` adapter runs (``tasks.prompts.page_chat``: the page, then its
+prompt, at most its ``max_tokens``), and a chat's images go to the engine as
+``image_url`` parts with PNG ``data:`` URLs; the answer is a ``ChatOutput``
+either way, which ``/v1/ocr`` reads as the adapter's (``fields`` JSON
+included). Work units count the image's tokens from the ``vision`` options as
+for the adapter, and the settled charge is the engine's reported usage. A
+card asking for images on an engine that takes none (llama.cpp), or ``task:
+ocr`` without ``vision``, is refused at load.
 """
 
 from __future__ import annotations
@@ -66,7 +77,8 @@ from tessera.request import item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.causal_lm import _validate
 from tessera.runtimes.openai_chat import EngineGone, EngineNotReady, complete, request_body
-from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
+from tessera.tasks.prompts import page_chat
+from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput, OcrInput, Task
 
 if TYPE_CHECKING:
     from tessera.repository.spec import ModelSpec
@@ -103,6 +115,7 @@ class EngineKind(Protocol):
 
     label: str  # in messages: "llama.cpp", "vLLM"
     sleeps: bool  # whether eviction puts it to sleep rather than stopping it
+    takes_images: bool  # whether chats may carry images (vision-language OCR)
     serial_start: bool  # start one at a time (each measures the memory free at launch)
     metrics_path: str | None  # its Prometheus page, scraped after each batch
     default_load_timeout_s: float
@@ -134,17 +147,43 @@ def engine_kind(name: str | None) -> EngineKind:
     return cast(EngineKind, getattr(importlib.import_module(module_name), class_name)())
 
 
+def checked_kind(spec: ModelSpec) -> EngineKind:
+    """``spec``'s engine kind, once its task is one the kind serves: chat
+    (``generate``), or a vision-language model's (``ocr``, or ``vision``
+    options) on an engine that takes images, with the ``vision`` options work
+    units count its image tokens from."""
+    kind = engine_kind(spec.engine)
+    if spec.task not in (Task.GENERATE, Task.OCR):
+        raise ModelUnavailableError(
+            spec.name, f"runtime external serves tasks generate and ocr, not {spec.task.value}"
+        )
+    if spec.task is Task.OCR and spec.inputs.vision is None:
+        raise ModelUnavailableError(
+            spec.name,
+            "task ocr on an external engine is a vision-language model's: its card needs"
+            " options.vision (its processor's patch_size, merge_size, min_pixels, max_pixels),"
+            " from which work units count an image's tokens",
+        )
+    if spec.inputs.vision is not None and not kind.takes_images:
+        raise ModelUnavailableError(
+            spec.name,
+            f"the {kind.label} engine (engine: {spec.engine}) does not take images:"
+            f" task {spec.task.value} with vision options needs engine: vllm",
+        )
+    return kind
+
+
 class ExternalLoader:
     """Loads a model into an engine process of its own (adapter ``external``)."""
 
     def estimate_bytes(self, spec: ModelSpec) -> int:
-        return engine_kind(spec.engine).estimate_bytes(spec)
+        return checked_kind(spec).estimate_bytes(spec)
 
     def shared_keys(self, spec: ModelSpec) -> tuple[str, ...]:
         return ()
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> ExternalModel:
-        model = ExternalModel(spec, engine_kind(spec.engine), ctx)
+        model = ExternalModel(spec, checked_kind(spec), ctx)
         try:
             model.start()
         except BaseException:
@@ -608,8 +647,14 @@ class ExternalModel:
     # --- requests -------------------------------------------------------------------
 
     def _check(self, item: Any) -> ChatInput:
+        """A chat to forward: a chat item as it is, an OCR page (of a
+        vision-language model) as the chat the in-process adapter would run."""
+        if isinstance(item, OcrInput) and self._spec.inputs.vision is not None:
+            item = page_chat(item, self._spec.options.get("prompts"), self._spec.inputs)
         if not isinstance(item, ChatInput):
             raise InvalidInputError(f"expected a chat item, got {type(item).__name__}")
+        if not self._kind.takes_images and any(m.images for m in item.messages):
+            raise InvalidInputError(f"the {self._kind.label} engine does not take images")
         _validate(item, self._max_tokens_limit)
         return item
 

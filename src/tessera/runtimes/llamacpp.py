@@ -54,6 +54,7 @@ class LlamaCppEngine:
 
     label = "llama.cpp"
     sleeps = False
+    takes_images = False
     serial_start = False
     metrics_path = None
     default_load_timeout_s = 120.0

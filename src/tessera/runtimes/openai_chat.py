@@ -7,7 +7,8 @@ crash mid-answer (the connection resets, or the stream ends before its last
 chunk) apart from a slow answer, and bounds a hung engine: the connection's
 timeout is the longest wait for the next chunk. An item whose caller has gone
 (its stop flag) stops at the next chunk: the connection is closed, which ends
-the generation in llama.cpp's and vLLM's servers alike.
+the generation in llama.cpp's and vLLM's servers alike. A message's images
+go as ``image_url`` parts with ``data:`` URLs (for an engine that takes them).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 from tessera.errors import InferenceError, InvalidInputError
-from tessera.tasks.types import ChatInput, ChatOutput
+from tessera.tasks.image import png_data_url
+from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +71,7 @@ def request_body(model: str, item: ChatInput, extras: Mapping[str, Any]) -> dict
     """The OpenAI chat request of ``item``, with the engine's own ``extras``."""
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": m.role, "content": m.content} for m in item.messages],
+        "messages": [{"role": m.role, "content": _content(m)} for m in item.messages],
         "max_tokens": item.max_tokens,
         "temperature": item.temperature,
         "top_p": item.top_p,
@@ -82,6 +84,20 @@ def request_body(model: str, item: ChatInput, extras: Mapping[str, Any]) -> dict
     if item.seed is not None:
         body["seed"] = item.seed
     return body
+
+
+def _content(message: ChatMessage) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or (with images) OpenAI's parts, its
+    images first as ``image_url`` parts with PNG ``data:`` URLs (lossless: the
+    pixels this server decoded), then its text, in the order the in-process
+    adapter gives them to the model's chat template."""
+    if not message.images:
+        return message.content
+    parts: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": png_data_url(image)}} for image in message.images
+    ]
+    parts.append({"type": "text", "text": message.content})
+    return parts
 
 
 def http_error(name: str, status: int, raw: bytes) -> Exception:

@@ -45,15 +45,8 @@ from tessera.runtimes.causal_lm import (
 )
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.step import holding
-from tessera.tasks.prompts import ocr_prompt
-from tessera.tasks.types import (
-    ChatInput,
-    ChatMessage,
-    ChatOutput,
-    OcrInput,
-    VisionLimits,
-    ocr_max_tokens,
-)
+from tessera.tasks.prompts import page_chat
+from tessera.tasks.types import ChatInput, ChatOutput, OcrInput, VisionLimits
 
 if TYPE_CHECKING:
     from tessera.repository.spec import ModelSpec
@@ -133,7 +126,6 @@ class VisionOcr:
         self._eos_ids = _eos_ids(spec, model, processor.tokenizer)
         text_config = getattr(model.config, "text_config", model.config)
         self._context_tokens = int(getattr(text_config, "max_position_embeddings", 0) or 0)
-        self._default_prompt = ocr_prompt(spec.options.get("prompts"), "text")
         self._lock = threading.Lock()  # the processor's tokenizer is not thread-safe
 
     def run(self, items: Sequence[Any]) -> list[ChatOutput]:
@@ -161,9 +153,8 @@ class VisionOcr:
 
     def _chat(self, item: Any) -> ChatInput:
         match item:
-            case OcrInput(image=image, prompt=prompt):
-                message = ChatMessage("user", prompt or self._default_prompt, images=(image,))
-                return ChatInput((message,), max_tokens=ocr_max_tokens(item, self._spec.inputs))
+            case OcrInput():
+                return page_chat(item, self._spec.options.get("prompts"), self._spec.inputs)
             case ChatInput():
                 return item
         raise InvalidInputError(f"expected an OCR page or a chat, got {type(item).__name__}")

@@ -28,6 +28,12 @@ model whose card gives ``memory: {max_bytes: 6GiB}`` on an 80 GiB card::
 - ``/metrics``: the ``vllm:*`` families below are read after each batch and
   exported as ``tessera_engine_*`` (``metrics/prometheus.py``).
 
+A vision-language model (``task: ocr`` with ``vision`` options, HunyuanOCR)
+takes images (``takes_images``): its OCR pages and chat images reach it as
+``image_url`` parts with ``data:`` URLs (``runtimes/external.py``); HunyuanOCR's
+vLLM recipe adds ``--no-enable-prefix-caching --mm-processor-cache-gb 0``
+(``options.args``).
+
 Options (model.yaml ``options``), beside the external runtime's:
 
 - ``command``: the engine's command before the model (default
@@ -70,6 +76,7 @@ class VllmEngine:
 
     label = "vLLM"
     sleeps = True
+    takes_images = True
     serial_start = True
     metrics_path = "/metrics"
     default_load_timeout_s = 600.0

@@ -59,3 +59,20 @@ def decode_image(raw: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray[A
     if rgb.ndim != 3 or rgb.shape[0] < 1 or rgb.shape[1] < 1:
         raise UnsupportedMediaError("cannot decode image: it has no pixels")
     return np.ascontiguousarray(rgb[:, :, ::-1])
+
+
+def encode_png(image: np.ndarray[Any, Any]) -> bytes:
+    """A decoded (BGR) image as PNG bytes: lossless, so an engine out of process
+    reads the pixels this server decoded."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    rgb = Image.fromarray(np.ascontiguousarray(image[:, :, ::-1]))
+    rgb.save(buffer, format="PNG", compress_level=1)  # fast: the bytes stay on loopback
+    return buffer.getvalue()
+
+
+def png_data_url(image: np.ndarray[Any, Any]) -> str:
+    """A decoded (BGR) image as a ``data:image/png;base64,`` URL (OpenAI's
+    ``image_url`` part, as an engine out of process takes it)."""
+    return "data:image/png;base64," + base64.b64encode(encode_png(image)).decode()

@@ -5,6 +5,8 @@ fields, or those of a JSON schema, as JSON) or ``translate`` (into a
 ``language``), or a ``prompt`` of the caller's own. A model's card may give
 its own wording (``options.prompts``: ``text``, ``fields`` with ``{fields}``,
 ``translate`` with ``{language}``), as models are trained on their own.
+``page_chat`` is the chat a page becomes, for the in-process adapter and the
+external vLLM engine alike.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from typing import Any, Literal
 
 from tessera.errors import InvalidInputError
+from tessera.tasks.types import ChatInput, ChatMessage, InputLimits, OcrInput, ocr_max_tokens
 
 OcrTask = Literal["text", "fields", "translate"]
 
@@ -46,6 +49,16 @@ def ocr_prompt(
             raise InvalidInputError("task 'translate' needs 'language'")
         return template.replace("{language}", language.strip())
     return template
+
+
+def page_chat(item: OcrInput, prompts: Any, limits: InputLimits) -> ChatInput:
+    """The chat a vision-language model is asked for an OCR page: the page, then
+    its prompt (the card's plain-text prompt, ``prompts``, when it has none),
+    writing at most its ``max_tokens`` (the card's default when it does not
+    say). In process (``hf-vision-ocr``) and out (the external vLLM engine) alike."""
+    prompt = item.prompt or ocr_prompt(prompts, "text")
+    message = ChatMessage("user", prompt, images=(item.image,))
+    return ChatInput((message,), max_tokens=ocr_max_tokens(item, limits))
 
 
 def _schema_of(names: list[str]) -> dict[str, Any]:
