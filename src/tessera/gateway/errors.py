@@ -181,15 +181,22 @@ class UnexpectedErrorMiddleware:
 
     def _log(self, scope: Scope, exc: Exception) -> None:
         route = getattr(scope.get("route"), "path", scope.get("path", ""))
-        key = (f"{scope.get('method', '')} {route}", type(exc).__name__)
-        first = key not in self._tracebacks_logged and len(self._tracebacks_logged) < MAX_TRACEBACKS
-        if first:
-            self._tracebacks_logged.add(key)
-        log.error(
-            "unhandled error on %s: %s: %r%s",
-            key[0],
-            key[1],
-            str(exc)[:200],
-            " (its traceback follows, once for this route and error)" if first else "",
-            exc_info=exc if first or log.isEnabledFor(logging.DEBUG) else None,
-        )
+        log_unhandled(f"{scope.get('method', '')} {route}", exc, self._tracebacks_logged)
+
+
+def log_unhandled(where: str, exc: Exception, seen: set[tuple[str, str]]) -> None:
+    """Log an exception no input should have caused in one line; its traceback
+    only the first time for ``where`` and its type (``seen`` remembers them, at
+    most ``MAX_TRACEBACKS``), else at DEBUG."""
+    key = (where, type(exc).__name__)
+    first = key not in seen and len(seen) < MAX_TRACEBACKS
+    if first:
+        seen.add(key)
+    log.error(
+        "unhandled error on %s: %s: %r%s",
+        key[0],
+        key[1],
+        str(exc)[:200],
+        " (its traceback follows, once for this route and error)" if first else "",
+        exc_info=exc if first or log.isEnabledFor(logging.DEBUG) else None,
+    )

@@ -65,7 +65,13 @@ from tessera.engine import Engine
 from tessera.errors import InvalidInputError, RequestCancelledError, TesseraError
 from tessera.gateway.common import caller_of
 from tessera.gateway.context import AuditInfo, api_key, audit_request
-from tessera.gateway.errors import error_body, error_headers, reject_reason, status_of
+from tessera.gateway.errors import (
+    error_body,
+    error_headers,
+    log_unhandled,
+    reject_reason,
+    status_of,
+)
 from tessera.gateway.openai_api import (
     ChatRequest,
     EmbeddingRequest,
@@ -98,6 +104,8 @@ from tessera.tenants.throttle import AuthThrottle
 router = APIRouter()
 
 PATH = "/v1/ws"
+# Routes and exception types whose traceback was logged (errors.log_unhandled).
+_TRACEBACKS_LOGGED: set[tuple[str, str]] = set()
 MAX_IN_FLIGHT = 32
 # Close codes (RFC 6455).
 UNSUPPORTED_DATA = 1003
@@ -306,12 +314,22 @@ class _Session:
         except TesseraError as e:
             if isinstance(e, RequestCancelledError):
                 return
+            await self._answer_error(message, e)
+        except Exception as e:  # a bug, not the caller's: one log line, an answer for its id
+            log_unhandled(f"WS {PATH} {payload.get('type')!s:.40}", e, _TRACEBACKS_LOGGED)
+            body = error_body(500, f"internal error: {type(e).__name__}", "internal_error")
             if not message.audited:
-                await self._refuse(message, e)
-            else:
-                await self._send_error(message, e)
+                state, info = self._state(message), AuditInfo(reason="internal_error")
+                audit_request(self.app_state, state, info, 500, message.started, PATH)
+            await self.send({"id": message.id, "type": "error", **body})
         finally:
             request_id_var.reset(token)
+
+    async def _answer_error(self, message: _Message, error: TesseraError) -> None:
+        if not message.audited:
+            await self._refuse(message, error)
+        else:
+            await self._send_error(message, error)
 
     async def _send_error(self, message: _Message, error: TesseraError) -> None:
         status, kind = status_of(error)

@@ -5,11 +5,14 @@ line, not a traceback per request."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
 import struct
 import zlib
+from collections.abc import MutableMapping
+from typing import Any
 
 import httpx
 import pytest
@@ -282,3 +285,52 @@ async def test_the_real_app_answers_a_bug_with_a_json_500_and_one_traceback(
     records = [r for r in caplog.records if r.name == "tessera.gateway.errors"]
     assert len(records) == 4
     assert sum(1 for r in records if r.exc_info) == 1
+
+
+async def test_a_bug_behind_the_websocket_is_an_error_for_its_id_in_one_log_line(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tessera.gateway import create_app
+    from tessera.gateway import websocket as ws
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(ws._HANDLERS, "embeddings", broken)
+    app = create_app(engine, max_body_bytes=64 * 1024)
+    asks = [
+        {"id": f"e{i}", "type": "embeddings", "model": "embed", "input": "x"} for i in range(3)
+    ] + [{"id": "r", "type": "rerank", "model": "rerank", "query": "q", "documents": ["a"]}]
+    incoming: list[MutableMapping[str, Any]] = [{"type": "websocket.connect"}]
+    incoming += [{"type": "websocket.receive", "text": json.dumps(a)} for a in asks]
+    answers: dict[str, dict[str, Any]] = {}
+    all_answered = asyncio.Event()
+
+    async def receive() -> MutableMapping[str, Any]:
+        if incoming:
+            return incoming.pop(0)
+        await all_answered.wait()  # then the client leaves
+        return {"type": "websocket.disconnect", "code": 1000}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "websocket.send":
+            answer = json.loads(str(message["text"]))
+            answers[answer["id"]] = answer
+            if len(answers) == len(asks):
+                all_answered.set()
+
+    scope = {"type": "websocket", "path": "/v1/ws", "headers": [], "query_string": b""}
+    with caplog.at_level(logging.INFO, logger="tessera.gateway.errors"):
+        await asyncio.wait_for(app(scope, receive, send), 30)
+    for i in range(3):  # each message answered for its id; the socket served on
+        assert answers[f"e{i}"]["type"] == "error"
+        assert answers[f"e{i}"]["error"] == {
+            "message": "internal error: RuntimeError",
+            "type": "internal_error",
+            "code": 500,
+        }
+    assert answers["r"]["type"] != "error"
+    records = [r for r in caplog.records if r.name == "tessera.gateway.errors"]
+    assert len(records) == 3  # one line a message, its traceback once
+    assert sum(1 for r in records if r.exc_info) == 1
+    assert "WS /v1/ws embeddings: RuntimeError" in records[0].getMessage()
