@@ -338,12 +338,14 @@ async def test_the_serving_version_is_not_evicted_to_make_room_for_the_new_one(
     tmp_path: Path,
 ) -> None:
     # Room for two models of three: the new version's load must evict one, and
-    # the least recently used (the one LRU picks) is the serving version.
-    models = {"ver": {"task": "embedding"}, "other": {"task": "embedding"}}
-    repo = write_fake_repository(tmp_path / "repo", models)
+    # the least recently used (the one LRU picks) is the serving version. The
+    # slack (half a model) holds the batches' measured activations, which vary.
+    own = 64 << 20
+    card = {"task": "embedding", "options": {"own_bytes": own}}
+    repo = write_fake_repository(tmp_path / "repo", {"ver": card, "other": card})
     write_version(repo / "ver", 1, scale=1.0)
     config = EngineConfig(
-        memory_budget_bytes=2000, device="cpu", num_threads=2, eviction_policy="lru"
+        memory_budget_bytes=2 * own + own // 2, device="cpu", num_threads=2, eviction_policy="lru"
     )
     engine = Engine(ModelRepository.from_folders([repo]), config)
     try:
