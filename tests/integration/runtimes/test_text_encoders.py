@@ -130,6 +130,35 @@ def test_minilm_int8_onnx_agrees_with_fp32(minilm: LoadedModel, minilm_int8: Loa
     assert report.shared_bytes == {}
 
 
+def test_minilm_int8_keeps_its_int8_weights_with_the_same_answers(
+    ctx: LoadContext, minilm_int8: LoadedModel
+) -> None:
+    # Served rewritten (runtimes.onnx_quant) against the graph as it is, which
+    # onnxruntime folds to fp32: the same weights, so the same answers.
+    spec = read_spec(MODELS / "all-minilm-l6-v2-int8")
+    as_is = replace(spec, options={**spec.options, "run_quantised": False})
+    folded = get_loader(spec.adapter).load(as_is, ctx)
+    try:
+        items = texts(
+            *RELATED, UNRELATED, *[f"Sentence number {i} about trains." for i in range(8)]
+        )
+        want = np.stack(folded.run(items))
+        got = np.stack(minilm_int8.run(items))
+        assert np.all((want * got).sum(axis=1) > 0.9999)
+        quantised, fp32 = minilm_int8.memory(), folded.memory()
+    finally:
+        folded.unload()
+    assert "int8 rewrite" in (quantised.method or "")
+    assert "int8" not in (fp32.method or "")
+    assert quantised.own_bytes < 50_000_000 < 80_000_000 < fp32.own_bytes
+    assert get_loader(spec.adapter).estimate_bytes(spec) < 50_000_000
+    assert get_loader(spec.adapter).estimate_bytes(as_is) > 80_000_000
+
+    bad = replace(spec, options={**spec.options, "run_quantised": "yes"})
+    with pytest.raises(ModelUnavailableError, match="run_quantised"):
+        get_loader(spec.adapter).load(bad, ctx)
+
+
 def test_bi_encoder_rerank_puts_the_relevant_document_first(rerank: LoadedModel) -> None:
     query = "How do I bake bread at home?"
     documents = [
@@ -417,8 +446,31 @@ def test_onnx_encoder_matches_the_torch_encoder(tiny_encoder: Path, tmp_path: Pa
     report = onnx_model.memory()
     assert report.own_bytes >= onnx_path.stat().st_size
     assert report.shared_bytes == {}
+    assert report.method == "rss delta (load + warm-up)"  # an fp32 graph: nothing rewritten
     onnx_model.unload()
     torch_model.unload()
+
+
+def test_an_int8_rewrite_onnxruntime_rejects_loads_the_graph_as_it_is(
+    tiny_encoder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tessera.runtimes.onnx as onnx_runtime
+    from tessera.runtimes.onnx_quant import ServedGraph
+
+    onnx_path = export_onnx(tiny_encoder, tmp_path / "onnx" / "model.onnx", "last_hidden_state")
+    spec_dir = tiny_spec(
+        tmp_path / "ort", "embedding", "onnx-encoder", onnx_path, tokenizer=str(tiny_encoder)
+    )
+    expected = np.stack(load(spec_dir, standalone_context()).run(texts(*SENTENCES)))
+    monkeypatch.setattr(
+        onnx_runtime, "served_graph", lambda *_: ServedGraph(b"not a graph", "int8 rewrite")
+    )
+
+    model = load(spec_dir, standalone_context())
+
+    assert np.array_equal(np.stack(model.run(texts(*SENTENCES))), expected)
+    assert model.memory().method == "rss delta (load + warm-up); original graph (rewrite rejected)"
+    model.unload()
 
 
 def test_onnx_sequence_classifier_classifies_and_reranks(
