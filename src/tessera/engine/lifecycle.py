@@ -5,8 +5,9 @@ Design notes (the invariants the tests check):
 - A new version loads beside the one it replaces, counted in the budget; the
   old one is kept (never evicted for it, nor for anything) while it serves.
 - It takes over only once it has loaded (a first load warms up and measures
-  itself) and answered a smoke input (its task's sample item, the one its
-  warm-up uses) through the normal request path.
+  itself) and answered its smoke inputs through the normal request path: the
+  checks its card gives (``smoke``: inputs, and texts their answers must
+  contain), else its task's sample item (the one its warm-up uses).
 - The switch is one assignment between awaits: a request resolved after it
   gets the new version, one queued before stays on the old. The new version's
   batches start only once the old version's requests are answered, so in the
@@ -38,7 +39,7 @@ from tessera.errors import ModelNotFoundError, RolloutFailedError, TesseraError
 from tessera.metrics import RolloutCount, RolloutStats
 from tessera.repository import read_versions
 from tessera.repository.spec import ModelSpec
-from tessera.tasks.samples import warmup_items
+from tessera.tasks.samples import answer_text, smoke_item, warmup_items
 
 from .counters import ModelCounters
 
@@ -245,12 +246,25 @@ class ModelLifecycle:
             self._staged.pop(spec.key, None)
 
     async def _smoke(self, spec: ModelSpec) -> None:
-        """Run the task's sample item on ``spec`` through the request path."""
-        items = warmup_items(spec.task, 1)
+        """Run the card's smoke checks (else the task's sample item) on ``spec``
+        through the request path: each must be answered, and contain its
+        ``expect`` where the card gives one."""
+        checks = spec.smoke
+        if checks:
+            items = [smoke_item(spec.task, c.input, spec.folder) for c in checks]
+        else:
+            items = warmup_items(spec.task, 1)
         submission = self._submit(spec, items, None, None)
         outputs = await self.wait(submission)
         if len(outputs) != len(items) or not all(_answers(o) for o in outputs):
             raise ValueError(f"no valid answer to its smoke input: {outputs!r:.200}")
+        for check, output in zip(checks, outputs, strict=False):  # none: the sample item
+            text = answer_text(output)
+            if check.expect is not None and (text is None or check.expect not in text):
+                raise ValueError(
+                    f"smoke input {check.input!r:.80} answered {text!r:.200},"
+                    f" not containing {check.expect!r}"
+                )
 
     def _switch(self, spec: ModelSpec, record: _Rollout, retire: Iterable[str]) -> None:
         """New requests go to ``spec`` from now on (one step, no await); its

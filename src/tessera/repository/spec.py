@@ -49,6 +49,8 @@ ENGINES = ("llamacpp", "vllm")
 ISOLATIONS = ("inline", "process")
 TEXT_TASKS = (Task.EMBEDDING, Task.RERANK, Task.CLASSIFY)
 DEFAULT_TEXT_WINDOW = 512
+# Tasks whose answers are not texts: a smoke check cannot expect one of them.
+_NO_TEXT_ANSWER = (Task.EMBEDDING, Task.RERANK, Task.TTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,18 @@ class SourceSpec:
 
 
 @dataclass(frozen=True)
+class SmokeCheck:
+    """One input a new version must answer before it serves (``smoke`` in
+    model.yaml): a text (embedding, classify, translate, tts; the user's message
+    for generate), ``{query, document}`` for rerank, an image file relative to
+    the model folder for ocr; ``expect``: a text the answer must contain (the
+    label, the translation, the generated or read text)."""
+
+    input: Any
+    expect: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Immutable description of one model version."""
 
@@ -112,6 +126,9 @@ class ModelSpec:
     engine: str | None = None  # runtime external: the engine process's kind
     isolation: str = "inline"  # or "process": a worker process of its own
     mps_active_thread_percentage: int | None = None  # a process worker's MPS share (CUDA)
+    # What a new version must answer before it takes over (``smoke`` in
+    # model.yaml; none: the task's sample item, answered with a valid output).
+    smoke: tuple[SmokeCheck, ...] = ()
 
     @property
     def version_label(self) -> str:
@@ -326,7 +343,36 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         engine=engine,
         isolation=isolation,
         mps_active_thread_percentage=mps,
+        smoke=parse_smoke(raw.get("smoke"), task, folder, where),
     )
+
+
+def parse_smoke(raw: Any, task: Task, folder: Path, where: str) -> tuple[SmokeCheck, ...]:
+    """``smoke``: one check or a list of them, each ``{input, expect}`` (see
+    ``SmokeCheck``); an image input must name a file in the model folder."""
+    if raw is None:
+        return ()
+    where = f"{where}: smoke"
+    checks = []
+    for entry in raw if isinstance(raw, list) else [raw]:
+        if not isinstance(entry, dict) or "input" not in entry or set(entry) - {"input", "expect"}:
+            raise ConfigError(f"{where}: each check is a mapping of input and (optional) expect")
+        value, expect = entry["input"], entry.get("expect")
+        if expect is not None and (not isinstance(expect, str) or task in _NO_TEXT_ANSWER):
+            raise ConfigError(f"{where}: expect is a text, for tasks that answer with text")
+        if task is Task.RERANK:
+            if not isinstance(value, dict) or set(value) != {"query", "document"}:
+                raise ConfigError(f"{where}: a rerank input is {{query, document}}")
+            if not all(isinstance(v, str) for v in value.values()):
+                raise ConfigError(f"{where}: query and document are texts")
+        elif not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{where}: input must be a text (an image file's path for ocr)")
+        elif task is Task.OCR and not (folder / value).is_file():
+            raise ConfigError(f"{where}: no image file {value!r} in the model folder")
+        checks.append(SmokeCheck(value, expect))
+    if not checks:
+        raise ConfigError(f"{where}: give at least one check, or leave smoke out")
+    return tuple(checks)
 
 
 def parse_isolation(raw: dict[str, Any], task: Task, runtime: str, adapter: str, where: str) -> str:

@@ -380,3 +380,31 @@ async def test_two_versions_over_one_shared_component_hold_it_once(
     assert rollout.used_bytes_before == before
     assert rollout.used_bytes_peak == before + 1000  # not another 5000 for the encoder
     assert rollout.used_bytes_after == before
+
+
+async def test_a_version_must_answer_its_cards_smoke_checks_to_take_over(tmp_path: Path) -> None:
+    # The fake classifier answers label-<len(text) % 3>: "ab" is label-2.
+    repo = write_fake_repository(tmp_path / "repo", {"cls": {"task": "classify"}})
+    write_version(repo / "cls", 1)
+    engine = Engine(
+        ModelRepository.from_folders([repo]),
+        EngineConfig(memory_budget_bytes=1 << 20, device="cpu", num_threads=2, max_queue=64),
+    )
+    await engine.preload()
+    try:
+        good = {"smoke": [{"input": "ab", "expect": "label-2"}, {"input": "x"}]}
+        (repo / "cls" / "2").mkdir()
+        (repo / "cls" / "2" / "model.yaml").write_text(yaml.safe_dump(good))
+        (rollout,) = await engine.add_model(repo / "cls")
+        assert rollout.state == "done"
+        wrong = {"smoke": {"input": "ab", "expect": "label-0"}}
+        (repo / "cls" / "3").mkdir()
+        (repo / "cls" / "3" / "model.yaml").write_text(yaml.safe_dump(wrong))
+        with pytest.raises(RolloutFailedError, match="version 3 of model 'cls' was rolled back"):
+            await engine.add_model(repo / "cls")
+        failed = engine.snapshot().rollouts[-1]
+        assert failed.state == "rolled_back"
+        assert "answered 'label-2', not containing 'label-0'" in str(failed.error)
+        assert [m.name for m in engine.snapshot().models] == ["cls@2"]  # 2 serves on
+    finally:
+        await engine.close()
