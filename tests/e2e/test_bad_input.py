@@ -187,24 +187,25 @@ def test_malformed_kserve_bodies_get_4xx_json_from_the_real_route(fuzzed_server:
 def test_openai_client_long_input_is_served_to_the_window_and_strict_cards_refuse_it(
     fuzzed_server: Server,
 ) -> None:
-    client = openai.OpenAI(
+    with openai.OpenAI(
         base_url=f"{fuzzed_server.base_url}/v1", api_key=fuzzed_server.key, max_retries=0
-    )
-    chunk = "word " * 1600  # a 1,600-word RAG chunk, about 2,000 tokens
-    served = client.embeddings.create(model="embed", input=[chunk])
+    ) as client:
+        chunk = "word " * 1600  # a 1,600-word RAG chunk, about 2,000 tokens
+        served = client.embeddings.create(model="embed", input=[chunk])
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.embeddings.create(model="strict", input=["short", chunk])
     assert len(served.data) == 1
     assert served.usage.prompt_tokens == 512  # charged to the window, as it ran
-    with pytest.raises(openai.APIStatusError) as refused:
-        client.embeddings.create(model="strict", input=["short", chunk])
     assert refused.value.status_code == 413
     assert "window of 64 tokens" in str(refused.value)
     assert "input[1]" in str(refused.value)
 
 
 def test_triton_client_gets_4xx_for_a_shape_that_disagrees_with_its_data(
-    fuzzed_server: Server,
+    fuzzed_server: Server, request: pytest.FixtureRequest
 ) -> None:
     client = triton.InferenceServerClient(fuzzed_server.base_url.removeprefix("http://"))
+    request.addfinalizer(client.close)
     text = triton.InferInput("TEXT", [2], "BYTES")
     text.set_data_from_numpy(np.array([b"a", b"b"], dtype=object), binary_data=False)
     text.set_shape([3])  # the client checks the shape at set_data; the server must too
