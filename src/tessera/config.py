@@ -13,7 +13,7 @@ A config file may hold any of::
     device: auto                 # auto | cpu | cuda | cuda:N
     num_threads: 2               # the process's thread budget; default: all cores
     num_workers: 2               # batches at once; each gets num_threads / num_workers
-    eviction_policy: cost        # cost (uses x miss s / bytes) | lru | largest | none
+    eviction_policy: cost        # cost (uses x miss s / target s / bytes) | lru | largest | none
     max_queue: 1000              # per model, a bound on memory; before it, a request
                                  # whose batch would start after its deadline gets 503
     default_timeout_s: 60

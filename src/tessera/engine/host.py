@@ -207,7 +207,7 @@ class EngineHost:
             raise
         # Counted as the model's requests are (a vision model's page in tokens).
         units = sum(work_units(i, spec.inputs) for i in items)
-        self.activations.observe(spec.key, measured.peak_delta_bytes, units)
+        self.activations.observe(spec.key, measured.peak_delta_bytes, units, provisional=True)
         self._loaded_before.add(spec.key)
         return model
 

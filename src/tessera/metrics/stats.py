@@ -98,7 +98,7 @@ class ModelStats:
     load_s: float | None  # how long its last load took
     miss_s: float | None  # how long callers waited when it was not resident (what evicting costs)
     uses: float  # decayed count of uses (a use weighs half after a minute)
-    eviction_score: float  # uses x miss s / bytes: the lowest is evicted first
+    eviction_score: float  # uses x miss s / target s / bytes: the lowest is evicted first
     host_tier: bool  # waits in the host tier now
     host_bytes: int
     files_load_s: float | None  # its last load from files (the first: with its warm-up)

@@ -58,7 +58,12 @@ from tessera.repository.spec import ModelSpec
 from tessera.request import QueuedRequest
 from tessera.residency.activation import ActivationBook
 from tessera.residency.plan import BatchPart, split_to_fit
-from tessera.residency.policy import EvictionPolicy, eviction_score
+from tessera.residency.policy import (
+    DEFAULT_TARGET_S,
+    EvictionPolicy,
+    eviction_score,
+    expected_cost,
+)
 from tessera.residency.table import (
     HOLDING,
     ModelEntry,
@@ -79,6 +84,14 @@ LOAD_FAILED = "its load failed (the cause is in the server log)"
 # How long a model loaded for a waiting batch is kept from eviction before that
 # batch has pinned it.
 FRESH_PROTECTION_S = 5.0
+# The share of its latency target a caller short of room waits for busy models
+# that cost less to evict before it evicts idle ones (``_patient``).
+PATIENCE_SHARE = 0.5
+
+
+def _target_s(spec: ModelSpec) -> float | None:
+    """``spec``'s latency target in seconds (None: its card gives none)."""
+    return spec.latency_target_ms / 1000 if spec.latency_target_ms is not None else None
 
 
 class ModelHost(Protocol):
@@ -129,7 +142,7 @@ class ModelResidency:
     load_s: float | None  # how long its last load took
     miss_s: float | None  # how long its callers waited for it when not resident (table.ModelEntry)
     uses: float  # decayed count of its uses (see table.USE_HALF_LIFE_S)
-    eviction_score: float  # the cost policy's: uses x miss s / bytes; lowest goes first
+    eviction_score: float  # the cost policy's: uses x miss s / target s / bytes; lowest first
     host_tier: bool = False  # waits in the host tier now
     host_bytes: int = 0  # what it holds there (its shared components whole)
     files_load_s: float | None = None  # its last load from files
@@ -157,6 +170,7 @@ class Lease:
 
     model: LoadedModel
     reservation: Reservation
+    passed: bool = False  # taken ahead of older waiters (``ResidencyManager._may_pass``)
 
 
 class ResidencyManager:
@@ -204,6 +218,11 @@ class ResidencyManager:
         # and a batch is not starved by loads (nor a load by batches).
         self._waiting: dict[object, int] = {}
         self._tickets = itertools.count()
+        # What each waiter in line waits for (a load: its weights and its first
+        # batch; a batch: its activation bytes), and the activation bytes held
+        # by batches that took room ahead of older waiters (``_may_pass``).
+        self._needs: dict[object, int] = {}
+        self._passed_bytes = 0
         # Every model the engine may be asked for, and the bytes of their
         # weights together (None: not computed since the last measurement).
         self._catalogue: dict[str, ModelSpec] = {}
@@ -225,13 +244,19 @@ class ResidencyManager:
             self.release(lease)
 
     async def acquire(self, spec: ModelSpec, activation_bytes: int = 0) -> Lease:
-        deadline = self._clock.now() + self._wait_s
+        now = self._clock.now()
+        deadline = now + self._wait_s
+        # Until then it waits for busy models that cost less to evict than idle
+        # ones (``_cheaper_soon``): half its latency target.
+        patient_until = now + (_target_s(spec) or DEFAULT_TARGET_S) * PATIENCE_SHARE
         waiter = object()  # this caller's place in line, once it waits for room
         try:
             while True:
-                entry = self.table.entry(spec.key, spec.max_bytes)
+                entry = self.table.entry(spec.key, spec.max_bytes, _target_s(spec))
                 if entry.state is ModelState.READY:
-                    lease = await self._reserve(spec, entry, activation_bytes, deadline, waiter)
+                    lease = await self._reserve(
+                        spec, entry, activation_bytes, deadline, waiter, patient_until
+                    )
                     if lease is not None:
                         return lease
                 elif entry.state in (ModelState.LOADING, ModelState.UNLOADING):
@@ -242,13 +267,15 @@ class ResidencyManager:
                     # meanwhile hands its place to the reload: behind its own
                     # place, the load would wait for itself.
                     await self._load(
-                        spec, deadline, activation_bytes, self._waiting.pop(waiter, None)
+                        spec, deadline, activation_bytes, self._leave_line(waiter), patient_until
                     )
         finally:
-            self._waiting.pop(waiter, None)
+            self._leave_line(waiter)
 
     def release(self, lease: Lease) -> None:
         self.table.release(lease.reservation, self._clock.now())
+        if lease.passed:
+            self._passed_bytes -= lease.reservation.num_bytes
         self._notify()
 
     async def ensure_loaded(self, spec: ModelSpec) -> None:
@@ -287,7 +314,7 @@ class ResidencyManager:
         room beside them instead of evicting."""
         for spec in specs:
             self._catalogue[spec.key] = spec
-            self.table.entry(spec.key, spec.max_bytes)  # in stats() from now on
+            self.table.entry(spec.key, spec.max_bytes, _target_s(spec))  # in stats() from now on
         self._catalogue_total = None
 
     def keep(self, name: str, kept: bool = True) -> None:
@@ -434,7 +461,7 @@ class ResidencyManager:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def _wait_change(self, deadline: float, name: str) -> None:
+    async def _wait_change(self, deadline: float, name: str, until: float | None = None) -> None:
         remaining = deadline - self._clock.now()
         if remaining <= 0:
             raise OverloadedError(
@@ -443,9 +470,12 @@ class ResidencyManager:
             )
         # On timeout the caller's loop re-checks and raises once the deadline passed.
         # A fresh model's protection ending is a change no event announces: wake
-        # then too. The wait is bounded on the injected clock, so a fake one can jump it.
+        # then too, and when the caller's patience (``until``) ends. The wait is
+        # bounded on the injected clock, so a fake one can jump it.
         now = self._clock.now()
         expiries = [since + FRESH_PROTECTION_S - now for since in self._fresh.values()]
+        if until is not None:
+            expiries.append(until - now)
         bound = min([remaining, *(e for e in expiries if e > 0)])
         with contextlib.suppress(TimeoutError):
             await self._clock.wait_for(self._changed.wait(), bound)
@@ -497,15 +527,19 @@ class ResidencyManager:
         activation_bytes: int,
         deadline: float,
         waiter: object,
+        patient_until: float,
     ) -> Lease | None:
         """Pin the model with room for one batch, or wait (or evict) and return None.
 
         While every model fits, a reservation takes bytes in its turn
         (``_in_turn``): no older waiter (load or batch) is in line, or its
-        model is fresh. In its turn (or always, when the models do not all
-        fit) and short of room, it evicts what ``_short_of`` says only
+        model is fresh; or ahead of its turn where that delays no older
+        waiter (``_may_pass``). In its turn (or always, when the models do
+        not all fit) and short of room, it evicts what ``_short_of`` says only
         evictions can free, and waits for the rest: a budget that holds every
-        model's weights and the batch never evicts for it.
+        model's weights and the batch never evicts for it. Until
+        ``patient_until`` it waits out of line instead of evicting idle models
+        where busy ones would cost less to evict (``_cheaper_soon``).
         """
         self._check_fits(spec, entry.footprint, activation_bytes)
         # A model loaded for waiting batches and not used yet was loaded in its
@@ -518,17 +552,27 @@ class ResidencyManager:
         # model (mixed-zipf: hundreds of deadlines), so there a batch takes
         # room when it finds some, as loads among themselves still wait in line.
         lined = self.every_model_fits()
-        if activation_bytes == 0 or not lined or self._in_turn(waiter, spec.key):
+        in_turn = activation_bytes == 0 or not lined or self._in_turn(waiter, spec.key)
+        passing = not in_turn and self._may_pass(waiter, activation_bytes)
+        if in_turn or passing:
             reservation = self.table.reserve(spec.key, activation_bytes, self._clock.now())
             if reservation is not None:
                 self._fresh.pop(spec.key, None)
+                if passing:
+                    self._passed_bytes += activation_bytes
                 self._notify()
-                return Lease(self._models[spec.key], reservation)
+                return Lease(self._models[spec.key], reservation, passing)
         if lined:
             self._waiting.setdefault(waiter, next(self._tickets))
-        if (lined and not self._in_turn(waiter, spec.key)) or not await self._evict_for(
-            self._short_of(activation_bytes), spec.key
-        ):
+            self._needs[waiter] = activation_bytes
+        if lined and not self._in_turn(waiter, spec.key):
+            await self._wait_change(deadline, spec.key)
+            return None
+        short = self._short_of(activation_bytes)
+        if self._patient(short, spec.key, patient_until):
+            self._leave_line(waiter)  # the line is not held up while it waits for them
+            await self._wait_change(deadline, spec.key, patient_until)
+        elif not await self._evict_for(short, spec.key):
             await self._wait_change(deadline, spec.key)
         return None
 
@@ -536,6 +580,56 @@ class ResidencyManager:
         """Whether ``waiter``, for model ``name``, may take bytes now: no older
         waiter is in line, or ``name`` is fresh (loaded in its turn, unused)."""
         return name in self._fresh_now() or not self._behind(waiter)
+
+    def _may_pass(self, waiter: object, need_bytes: int) -> bool:
+        """Whether a batch needing ``need_bytes`` may take room ahead of the
+        waiters older than ``waiter`` (backfilling, as batch schedulers do):
+        with it and every batch that passed before it still running, the room
+        beside the weights still holds what each older waiter waits for, so
+        none of them waits longer than for the batches that ran before it.
+        A load waiting for an OCR page to end need not hold up every embedding
+        batch meanwhile (each a few MB and a few ms): 200 ms targets were
+        missed by whole pages."""
+        mine = self._waiting.get(waiter, math.inf)
+        older = [self._needs.get(w, 0) for w, since in self._waiting.items() if since < mine]
+        pool = self.table.budget_bytes - self.table.weight_bytes()
+        return pool - self._passed_bytes - need_bytes >= max(older, default=0)
+
+    def _leave_line(self, waiter: object) -> int | None:
+        """Take ``waiter`` out of the line; its ticket, if it held one."""
+        self._needs.pop(waiter, None)
+        return self._waiting.pop(waiter, None)
+
+    def _patient(self, short_bytes: int, name: str, patient_until: float) -> bool:
+        """Whether a caller short of ``short_bytes`` for ``name`` should wait
+        rather than evict now: before ``patient_until``, while models that are
+        busy now (running a batch, loading, fresh) would free the room at a
+        lower expected cost than the idle ones the policy would take. An OCR
+        page that needs a little more than the room beside every model waits
+        a second for the chat model's batch to end, and evicts the chat model
+        (a reload is a tenth of its target) rather than both translation
+        models (a reload is their whole target)."""
+        if short_bytes <= 0 or self._clock.now() >= patient_until:
+            return False
+        protect = {name} | self._kept
+        now_idle = self.table.evictable(protect | self._fresh_now())
+        victims = self._policy.choose(now_idle, short_bytes, self.table.freed_by)
+        if not victims:
+            return False
+        soon = [
+            e
+            for e in self.table.entries.values()
+            if e.state in (ModelState.READY, ModelState.LOADING) and e.name not in protect
+        ]
+        later = self._policy.choose(soon, short_bytes, self.table.freed_by)
+        if later is None:
+            return False
+        now = self._clock.now()
+
+        def cost(names: list[str]) -> float:
+            return sum(expected_cost(self.table.entries[n], now) for n in names)
+
+        return cost(later) < cost(victims)
 
     async def _evict_for(self, short_bytes: int, name: str) -> bool:
         """Evict idle models to free ``short_bytes`` for ``name``; False (the
@@ -620,6 +714,7 @@ class ResidencyManager:
         deadline: float,
         activation_bytes: int = 0,
         ticket: int | None = None,
+        patient_until: float = -math.inf,
     ) -> None:
         """Load ``spec`` once there is room for it and for the caller's first
         batch (``activation_bytes``: a model loaded into a budget it fills has
@@ -631,6 +726,7 @@ class ResidencyManager:
         waiter = ("load", spec.key)  # callers loading one model share a place in line
         if ticket is not None:
             self._waiting.setdefault(waiter, ticket)
+            self._needs[waiter] = self.table.extra_bytes(spec.key, expected) + activation_bytes
         try:
             while (
                 self._behind(waiter)
@@ -640,13 +736,18 @@ class ResidencyManager:
             ):
                 self._waiting.setdefault(waiter, next(self._tickets))
                 extra = self.table.extra_bytes(spec.key, expected)
+                self._needs[waiter] = extra + activation_bytes
                 short = self._short_of(extra + activation_bytes)
-                if self._behind(waiter) or not await self._evict_for(short, spec.key):
+                if self._behind(waiter):
+                    await self._wait_change(deadline, spec.key)
+                elif self._patient(short, spec.key, patient_until):
+                    await self._wait_change(deadline, spec.key, patient_until)
+                elif not await self._evict_for(short, spec.key):
                     await self._wait_change(deadline, spec.key)
                 if self.state(spec.key) not in (ModelState.UNLOADED, ModelState.FAILED):
                     return  # another caller started this load meanwhile
         finally:
-            self._waiting.pop(waiter, None)
+            self._leave_line(waiter)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[spec.key] = done
         self._specs[spec.key] = spec

@@ -10,6 +10,11 @@ a minute's weight after a minute) times what a miss of it costs, per byte it
 frees. A miss costs what its callers waited when it was last needed and not
 resident: from the first caller's arrival until it was ready, the room made
 for it included (``ModelEntry.miss_s``); before any miss, its load seconds.
+Those seconds count against the model's latency target (its card's
+``latency_target_ms``; 1 s where it gives none): a second's reload is a tenth
+of a chat answer's 10 s target and five times an embedding's 200 ms, so of
+two models used alike the chat model goes, and its callers still get their
+answers within target while the embedding's would all have missed it.
 Its own load is not enough: a model that comes back from the host tier in
 5 ms still needs room on the device, and under a budget that every model does
 not fit that room is made by evicting others and waiting for their batches,
@@ -32,6 +37,8 @@ from tessera.residency.table import ModelEntry
 # the least it is taken to cost (a load timed at zero still costs its uses).
 DEFAULT_LOAD_S = 1.0
 MIN_LOAD_S = 0.001
+# The latency target a miss is weighed against for a model whose card names none.
+DEFAULT_TARGET_S = 1.0
 
 
 def miss_cost_s(entry: ModelEntry) -> float:
@@ -42,10 +49,16 @@ def miss_cost_s(entry: ModelEntry) -> float:
     return DEFAULT_LOAD_S
 
 
+def expected_cost(entry: ModelEntry, now: float) -> float:
+    """What evicting ``entry`` is expected to cost: uses x (miss seconds /
+    latency target)."""
+    target_s = entry.target_s if entry.target_s else DEFAULT_TARGET_S
+    return entry.uses_at(now) * miss_cost_s(entry) / target_s
+
+
 def eviction_score(entry: ModelEntry, now: float) -> float:
-    """What evicting ``entry`` is expected to cost per byte it frees:
-    uses x miss seconds / bytes."""
-    return entry.uses_at(now) * miss_cost_s(entry) / max(1, entry.weights_bytes)
+    """What evicting ``entry`` is expected to cost per byte it frees."""
+    return expected_cost(entry, now) / max(1, entry.weights_bytes)
 
 
 class EvictionPolicy(Protocol):

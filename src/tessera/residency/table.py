@@ -41,6 +41,7 @@ class ModelEntry:
 
     name: str
     max_bytes: int | None = None
+    target_s: float | None = None  # its requests' latency target, from its card
     state: ModelState = ModelState.UNLOADED
     footprint: Footprint = NO_BYTES
     activation_bytes: int = 0
@@ -91,10 +92,12 @@ class ResidencyTable:
         self.budget_bytes = budget_bytes
         self.entries: dict[str, ModelEntry] = {}
 
-    def entry(self, name: str, max_bytes: int | None = None) -> ModelEntry:
+    def entry(
+        self, name: str, max_bytes: int | None = None, target_s: float | None = None
+    ) -> ModelEntry:
         found = self.entries.get(name)
         if found is None:
-            found = self.entries[name] = ModelEntry(name, max_bytes=max_bytes)
+            found = self.entries[name] = ModelEntry(name, max_bytes=max_bytes, target_s=target_s)
         return found
 
     # -- accounting -------------------------------------------------------

@@ -6,6 +6,7 @@ line for loads and batch reservations. Fake models, a fake clock that autojumps.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -76,6 +77,61 @@ async def test_of_models_used_alike_the_one_cheapest_to_reload_goes_first() -> N
     await use(manager, fast, times=3)
     await use(manager, make_spec("new", 400))
     assert host.on_unload == ["fast"]
+
+
+async def test_a_reload_counts_against_the_models_latency_target() -> None:
+    # Both reload in a second and are used alike: for the chat model that is a
+    # tenth of its target, for the embedding model five times its own.
+    manager, host, _ = make_manager(1000)
+    chat = replace(make_spec("chat", 400, load_s=1.0), latency_target_ms=10_000)
+    embed = replace(make_spec("embed", 400, load_s=1.0), latency_target_ms=200)
+    await use(manager, embed, times=3)
+    await use(manager, chat, times=3)
+    await use(manager, make_spec("new", 400))
+    assert host.on_unload == ["chat"]
+    embed_now = next(m for m in manager.stats().models if m.name == "embed")
+    assert embed_now.miss_s is not None
+    expected = embed_now.uses * embed_now.miss_s / 0.2 / 400
+    assert embed_now.eviction_score == pytest.approx(expected)
+
+
+def patience_models() -> tuple[ModelSpec, ModelSpec, ModelSpec]:
+    """A chat model (a reload is a tenth of its target), a translation model
+    (a reload is three times its target) and an OCR model; 800 bytes together."""
+    chat = replace(make_spec("chat", 400, load_s=1.0), latency_target_ms=10_000)
+    trans = replace(make_spec("trans", 300, load_s=1.0), latency_target_ms=300)
+    ocr = replace(make_spec("ocr", 100, load_s=1.0), latency_target_ms=3_000)
+    return chat, trans, ocr
+
+
+async def test_a_batch_short_of_room_waits_for_a_busy_model_cheaper_to_evict() -> None:
+    manager, host, clock = make_manager(1000)
+    chat, trans, ocr = patience_models()
+    manager.register([chat, trans, ocr])
+    for spec in (trans, chat, ocr):
+        await use(manager, spec, times=3)
+    answering = await manager.acquire(chat, 50)
+    page = asyncio.ensure_future(manager.acquire(ocr, 250))  # 50 bytes short
+    await clock.sleep(0.5)
+    assert not page.done()
+    assert host.on_unload == []
+    manager.release(answering)
+    manager.release(await page)
+    assert host.on_unload == ["chat"]
+
+
+async def test_patience_ends_at_half_the_target_and_then_the_idle_model_goes() -> None:
+    manager, host, clock = make_manager(1000)
+    chat, trans, ocr = patience_models()
+    manager.register([chat, trans, ocr])
+    for spec in (trans, chat, ocr):
+        await use(manager, spec, times=3)
+    answering = await manager.acquire(chat, 50)
+    asked = clock.now()
+    manager.release(await manager.acquire(ocr, 250))
+    assert host.on_unload == ["trans"]
+    assert clock.now() - asked == pytest.approx(1.5, abs=0.1)  # half of the 3 s target
+    manager.release(answering)
 
 
 async def test_of_models_used_alike_the_largest_frees_the_most_per_lost_use() -> None:
@@ -271,9 +327,50 @@ def test_no_eviction_while_every_model_fits_whatever_the_batch_mix(
 # -- one line for loads and batches ---------------------------------------------
 
 
+async def test_a_later_batch_passes_a_waiting_load_only_where_that_delays_it_not() -> None:
+    # a (100) and b (600) fit the budget together, so loads and batches wait in
+    # one line. b's load waits for a running batch of a (400) to end; of two
+    # later batches of a, the small one leaves room for b beside it and runs at
+    # once; the large one would not, and waits behind b's load.
+    manager, _, clock = make_manager(1000)
+    a, b = make_spec("a", 100), make_spec("b", 600)
+    manager.register([a, b])
+    await use(manager, a)
+    running = await manager.acquire(a, 400)  # free: 500
+    order: list[str] = []
+    small_done = asyncio.Event()
+
+    async def load_b() -> None:
+        await manager.ensure_loaded(b)
+        order.append("load b")
+
+    async def batch_a(num_bytes: int, name: str) -> None:
+        lease = await manager.acquire(a, num_bytes)
+        order.append(name)
+        if name == "small a":
+            await small_done.wait()
+        manager.release(lease)
+
+    loading = asyncio.ensure_future(load_b())
+    await clock.sleep(SETTLE_S)
+    large = asyncio.ensure_future(batch_a(350, "large a"))  # 900 - 350 < 600: b would wait
+    small = asyncio.ensure_future(batch_a(100, "small a"))  # 900 - 100 >= 600: b would not
+    await clock.sleep(SETTLE_S)
+    assert order == ["small a"]
+    manager.release(running)  # b loads beside the small batch still running
+    await loading
+    assert order == ["small a", "load b"]
+    small_done.set()
+    await small
+    await use(manager, b)  # b's first batch: it may now be evicted for the large one
+    await large
+    assert order == ["small a", "load b", "large a"]
+    assert manager._passed_bytes == 0
+
+
 async def test_a_waiting_load_is_not_overtaken_by_a_later_batch() -> None:
     manager, _, clock = make_manager(1000)
-    a, b = make_spec("a", 300), make_spec("b", 200)
+    a, b = make_spec("a", 300), make_spec("b", 650)
     manager.register([a, b])  # they fit: batches and loads wait in one line
     await use(manager, a)
     running = await manager.acquire(a, 600)  # free: 100
@@ -284,7 +381,7 @@ async def test_a_waiting_load_is_not_overtaken_by_a_later_batch() -> None:
         order.append("load b")
 
     async def batch_a() -> None:
-        lease = await manager.acquire(a, 100)  # would fit now, but the load waits first
+        lease = await manager.acquire(a, 60)  # fits now, but b (650 of 700) would wait for it
         order.append("batch a")
         manager.release(lease)
 

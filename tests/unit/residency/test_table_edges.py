@@ -15,6 +15,7 @@ from tessera.residency import (
     ResidencyTable,
     make_eviction_policy,
 )
+from tessera.residency.activation import SETTLING_READINGS
 from tessera.residency.table import USE_HALF_LIFE_S
 
 
@@ -240,14 +241,15 @@ def test_none_never_evicts() -> None:
 def test_activation_reserves_the_worst_per_unit_peak_of_its_window() -> None:
     stats = ActivationStats(window=2)
     assert stats.reserve_bytes(10) == 0  # no measurement: nothing extra
-    stats.observe(1000, 10)  # 100 a unit
     stats.observe(300, 10)  # 30 a unit
+    stats.observe(1000, 10)  # 100 a unit: no lower, so both count from now on
     assert stats.num_samples == 2
     assert stats.reserve_bytes(3) == 300
     assert stats.reserve_bytes(0.01) == 1  # rounded up
-    stats.observe(500, 10)  # the 100-a-unit batch leaves the window
+    stats.observe(500, 10)
+    stats.observe(400, 10)  # the 100-a-unit batch leaves the window
     assert stats.reserve_bytes(10) == 500
-    assert stats.num_samples == 3
+    assert stats.num_samples == 4
 
 
 def test_activation_ignores_impossible_measurements() -> None:
@@ -264,7 +266,35 @@ def test_activation_ignores_impossible_measurements() -> None:
 
 def test_activation_default_window_is_64() -> None:
     stats = ActivationStats()
+    stats.observe(10, 1)
     stats.observe(10_000, 1)
-    for _ in range(64):
+    for _ in range(63):
         stats.observe(10, 1)
+    assert stats.reserve_bytes(1) == 10_000
+    stats.observe(10, 1)
     assert stats.reserve_bytes(1) == 10
+
+
+def test_the_first_falling_readings_settle_before_they_count() -> None:
+    # PP-OCRv6 on CPU, MiB a page-unit: the warm-up, then real pages.
+    stats = ActivationStats()
+    stats.observe(1480, 10, provisional=True)
+    assert stats.reserve_bytes(1) == 148
+    for reading in (1030, 830, 703):
+        stats.observe(reading, 10)
+        assert stats.reserve_bytes(10) == reading  # each lower one replaces the last
+    stats.observe(706, 10)  # no lower: settled, and the window begins
+    stats.observe(2000, 10, provisional=True)  # a reload's warm-up adds nothing now
+    assert stats.reserve_bytes(10) == 706
+    stats.observe(650, 10)  # lower readings no longer replace the worst
+    assert (stats.num_samples, stats.reserve_bytes(10)) == (7, 706)
+
+
+def test_readings_that_keep_falling_settle_after_a_few() -> None:
+    stats = ActivationStats()
+    for reading in range(1000, 1000 - SETTLING_READINGS, -1):
+        stats.observe(reading, 1)
+    settled = 1000 - SETTLING_READINGS + 1
+    assert stats.reserve_bytes(1) == settled
+    stats.observe(1, 1)  # counted in the window now, beside the settled reading
+    assert stats.reserve_bytes(1) == settled
