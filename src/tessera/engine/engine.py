@@ -59,6 +59,7 @@ from tessera.residency import (
     make_eviction_policy,
 )
 from tessera.runtimes.base import ModelLoader
+from tessera.runtimes.memory import freeze_heap
 from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.types import ChatOutput, Task, request_units
 
@@ -265,6 +266,9 @@ class Engine(ModelLifecycle):
         ]
         for failure in failures:
             log.error("preload failed: %s", failure)
+        # What started the server (its modules, its preloaded models) lives as
+        # long as it does: out of the collector's way (``memory.freeze_heap``).
+        freeze_heap()
         self._preload_done = True
 
     @property
@@ -657,7 +661,9 @@ class Engine(ModelLifecycle):
             expected_s = self._predictor(spec.key).predict(part.units)
             async with self._residency.lease(spec, part.activation_bytes) as lease:
                 run_items = with_stops(lease.model.run, part.requests)
-                run = await self._executor.run(run_items, items, expected_s)
+                run = await self._executor.run(
+                    run_items, items, expected_s, lease.reservation.num_bytes
+                )
         except TesseraError as e:
             if isinstance(e, ModelUnavailableError | OverloadedError):
                 return e  # no room, or no model: not the input's fault

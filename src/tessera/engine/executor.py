@@ -26,8 +26,14 @@ work is ``long_work``:
   it would between one process per model: short batches never wait for a
   long one, but run slower beside it (the cores are oversubscribed).
 
-Memory measurements need quiet: ``measure_exclusive`` waits until no batch
-runs and holds new ones back while it measures a load. A batch's own
+Memory measurements need quiet: ``measure_exclusive`` waits until no loud
+batch runs and holds new loud ones back while it measures a load. A batch is
+*quiet* when it is predicted short and its reserved activation bytes are
+known and at most ``QUIET_BYTES``: its bytes blur a measurement by no more
+than that, and it runs on. Holding every batch back stopped the server for a
+whole cold start: each first load waited for the OCR pages and chat answers
+running to end while every embedding queued behind it (``mixed-zipf``: a
+resident model's requests waited up to 12 s in the first 20 s). A batch's own
 activation peak is measured only when it runs alone from start to end: no
 other batch and no load begins meanwhile (their bytes would blur it).
 """
@@ -55,6 +61,9 @@ LONG_WORK_MODES = ("steps", "lane")
 # (long_work: steps): a short batch's thread then has about 90% of a core it
 # shares with one (the kernel's weights for nice 0 and 10: 1024 and 110).
 LONG_WORK_NICE = 10
+# The most activation bytes a batch may reserve and still run beside a load's
+# measurement (a quiet batch: see the module notes).
+QUIET_BYTES = 8 * 2**20
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +119,7 @@ class ComputeExecutor:
         self._starts = 0
         self._exclusive = False
         self._exclusive_waiting = 0
+        self._active_loud = 0  # running batches that are not quiet
 
     @property
     def num_yields(self) -> int:
@@ -127,9 +137,11 @@ class ComputeExecutor:
         fn: Callable[[Sequence[Any]], list[Any]],
         items: Sequence[Any],
         expected_s: float | None = None,
+        activation_bytes: int | None = None,
     ) -> BatchRun:
         """Run ``fn(items)`` on a worker; ``expected_s``, the predicted run time,
-        makes it long when it is at least ``long_batch_s``."""
+        makes it long when it is at least ``long_batch_s``; with
+        ``activation_bytes`` (what it reserved) it may be quiet."""
         pool = self._pool
         if (
             self._long_pool is not None
@@ -139,18 +151,31 @@ class ComputeExecutor:
         ):
             pool = self._long_pool
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(pool, self._run_sync, fn, items, expected_s)
+        quiet = self._quiet(expected_s, activation_bytes)
+        return await loop.run_in_executor(pool, self._run_sync, fn, items, expected_s, quiet)
+
+    def _quiet(self, expected_s: float | None, activation_bytes: int | None) -> bool:
+        """Whether a batch may run beside a load's measurement (module notes)."""
+        return (
+            self.long_batch_s is not None
+            and expected_s is not None
+            and expected_s < self.long_batch_s
+            and activation_bytes is not None
+            and 0 < activation_bytes <= QUIET_BYTES
+        )
 
     def _run_sync(
         self,
         fn: Callable[[Sequence[Any]], list[Any]],
         items: Sequence[Any],
         expected_s: float | None,
+        quiet: bool = False,
     ) -> BatchRun:
         with self._cond:
-            while self._exclusive or self._exclusive_waiting:
+            while not quiet and (self._exclusive or self._exclusive_waiting):
                 self._cond.wait()
             self._active += 1
+            self._active_loud += not quiet
             self._starts += 1
             started = self._starts
             alone = self._active == 1 and self._loading == 0
@@ -178,6 +203,7 @@ class ComputeExecutor:
                 if hook is not None:
                     hook.release()
                 self._active -= 1
+                self._active_loud -= not quiet
                 self._cond.notify_all()
 
     def _take_slot(self, expected_s: float | None) -> _SlotHook | None:
@@ -214,10 +240,10 @@ class ComputeExecutor:
         return start_peak()
 
     def measure_exclusive(self, fn: Callable[[], Any]) -> Measured:
-        """Run ``fn`` (in the calling thread) while no batch runs, and measure it."""
+        """Run ``fn`` (in the calling thread) while no loud batch runs, and measure it."""
         with self._cond:
             self._exclusive_waiting += 1
-            while self._active or self._exclusive:
+            while self._active_loud or self._exclusive:
                 self._cond.wait()
             self._exclusive_waiting -= 1
             self._exclusive = True

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import logging
 import threading
 import time
@@ -42,7 +41,7 @@ from tessera.runtimes.base import (
     SleepingModel,
 )
 from tessera.runtimes.isolated import IsolatedLoader
-from tessera.runtimes.memory import Measured
+from tessera.runtimes.memory import Measured, collect_all, freeze_heap
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.samples import warmup_items
 from tessera.tasks.types import Task, work_units
@@ -164,6 +163,7 @@ class EngineHost:
             self._unload_sync(model)
             raise ModelUnavailableError(spec.key, "the server is shutting down")
         self._live[spec.key] = model
+        freeze_heap()  # its objects live as long as it does (``memory.freeze_heap``)
         return model
 
     def _wake(self, spec: ModelSpec) -> LoadedModel | None:
@@ -258,6 +258,7 @@ class EngineHost:
             return None
         log.info("%s came back from the host tier in %.3f s", spec.key, seconds)
         self._live[spec.key] = model
+        freeze_heap()  # its objects live as long as it does (``memory.freeze_heap``)
         return model
 
     def _restore_sync(self, spec: ModelSpec, model: OffloadingModel) -> bool:
@@ -310,7 +311,7 @@ class EngineHost:
 
     def _unload_sync(self, model: LoadedModel) -> None:
         model.unload()
-        gc.collect()
+        collect_all()
         self._empty_device_cache()
 
     def _empty_device_cache(self) -> None:

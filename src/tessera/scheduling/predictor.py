@@ -1,14 +1,23 @@
 """Predicted run time of a batch, from execution times measured per model.
 
 A least-squares line ``run_s = a + b * units`` over a sliding window of
-measured batches (kept up to date while serving). With one distinct batch size
-it scales the mean time per unit. ``predict`` returns ``None`` until there is
-a measurement, and callers then do not cap the batch.
+measured batches (kept up to date while serving), once the batches measured
+span sizes at least ``LINE_SPREAD`` apart (the largest over the smallest).
+Until then it scales the mean time per unit (total seconds over total units):
+a line through sizes close together extrapolates their noise. Two rerank
+batches of 60 and 64 units, one of them slowed 25-fold by a load beside it,
+set a slope that predicted 73 s for a batch of 80 units that ran in 0.1 s,
+and every batch of the model after it was scheduled as long work.
+``predict`` returns ``None`` until there is a measurement, and callers then
+do not cap the batch.
 """
 
 from __future__ import annotations
 
 from collections import deque
+
+# How far apart the measured batch sizes must be (largest / smallest) to fit a line.
+LINE_SPREAD = 2.0
 
 
 class BatchTimePredictor:
@@ -40,7 +49,8 @@ class BatchTimePredictor:
         mean_x = sum(x for x, _ in self._samples) / n
         mean_y = sum(y for _, y in self._samples) / n
         var_x = sum((x - mean_x) ** 2 for x, _ in self._samples)
-        if var_x <= 1e-12:
+        sizes = [x for x, _ in self._samples]
+        if var_x <= 1e-12 or max(sizes) < LINE_SPREAD * min(sizes):
             return 0.0, mean_y / mean_x
         slope = sum((x - mean_x) * (y - mean_y) for x, y in self._samples) / var_x
         slope = max(slope, 0.0)

@@ -37,6 +37,16 @@ def test_predictor_fits_a_line_through_two_batch_sizes_one_unit_apart() -> None:
     assert predictor.coefficients() == (1.0, 1.0)
 
 
+def test_predictor_fits_no_line_through_sizes_close_together() -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(60, 0.06)
+    predictor.observe(64, 1.6)  # slowed by a load beside it
+    assert predictor.coefficients() == (0.0, pytest.approx(1.66 / 124))
+    assert predictor.predict(80) == pytest.approx(80 * 1.66 / 124)  # not 31 s
+    predictor.observe(120, 0.12)  # sizes twice apart: a line, here falling (noise)
+    assert predictor.coefficients() == (pytest.approx(1.78 / 3), 0.0)
+
+
 def test_predictor_never_predicts_a_negative_slope_or_intercept() -> None:
     falling = BatchTimePredictor()
     for units, run_s in ((1, 1.0), (2, 0.5), (3, 0.1)):  # bigger batches faster: noise
