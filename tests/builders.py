@@ -66,13 +66,20 @@ def write_fake_repository(
 async def fake_engine(
     root: Path, models: dict[str, dict[str, Any]], **config: Any
 ) -> AsyncIterator[Engine]:
-    """An engine over a repository of ``models`` (fake runtime), preloaded, on
-    the CPU with 64 MiB and 2 threads unless ``config`` says otherwise; closed
+    """An engine over a repository of ``models`` (fake runtime), with the models
+    marked preload loaded and no other (no fill), on the CPU with 64 MiB and 2
+    threads unless ``config`` says otherwise; closed
     after, when nothing may have leaked: no pins, no bytes held (every model
     unloaded, so none is a reserved activation, and no copy left in the host
     tier), no waiting request."""
     repository = ModelRepository.from_folders([write_fake_repository(root, models)])
-    settings = {"memory_budget_bytes": 64 * 1024**2, "device": "cpu", "num_threads": 2, **config}
+    settings = {
+        "memory_budget_bytes": 64 * 1024**2,
+        "device": "cpu",
+        "num_threads": 2,
+        "fill": False,
+        **config,
+    }
     engine = Engine(repository, EngineConfig(**settings))
     await engine.preload()
     yield engine

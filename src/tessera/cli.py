@@ -26,6 +26,9 @@ models_app = typer.Typer(help="The model repository.")
 app.add_typer(models_app, name="models")
 register_tenant_commands(app)
 
+# How far back the audit log's requests per model order the fill at start.
+DEMAND_MEMORY_S = 86_400.0
+
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML config file.")]
 HostBudgetOpt = Annotated[
     str | None,
@@ -68,6 +71,14 @@ def serve(
     workers: Annotated[int | None, typer.Option(help="Batches run at once.")] = None,
     preload: Annotated[
         list[str] | None, typer.Option(help="Model to load at start (repeatable).")
+    ] = None,
+    fill: Annotated[
+        bool | None,
+        typer.Option(
+            "--fill/--no-fill",
+            help="After the preloads, load what else fits the budget before ready"
+            " (default: unless --preload names the models).",
+        ),
     ] = None,
     model_repository: RepoOpt = None,
     scheduling: Annotated[str | None, typer.Option(help="fair (across tenants) or fifo.")] = None,
@@ -114,6 +125,7 @@ def serve(
         num_threads=threads,
         num_workers=workers,
         preload=preload,
+        fill=fill,
         model_repositories=model_repository,
         scheduling=scheduling,
         auth=False if no_auth else None,
@@ -309,6 +321,7 @@ def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, Audit
     day_start = start_of_day_utc(time.time())
     for tenant in store.list_tenants():
         engine.seed_usage(tenant.name, audit_log.units_since(tenant.name, day_start))
+    engine.seed_demand(audit_log.requests_by_model(time.time() - DEMAND_MEMORY_S))
     return store, audit_log
 
 

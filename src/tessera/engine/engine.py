@@ -89,6 +89,9 @@ class EngineConfig:
     default_timeout_s: float = 60.0
     residency_wait_s: float = 30.0
     preload: tuple[str, ...] | None = None  # None: the models marked preload
+    # After the preloads, load more models while they fit the budget without
+    # an eviction, before the server is ready; None: when ``preload`` is None.
+    fill: bool | None = None
     scheduling: str = "fair"  # fair | fifo
     # While two or more tenants use a model, cap a batch's predicted run time
     # here (the fair queue's quantum); None: full batches whatever the mix.
@@ -214,6 +217,7 @@ class Engine(ModelLifecycle):
         # This process's counters, unless the gateways share theirs (in Redis).
         self._admission = admission if admission is not None else AdmissionController(self.clock)
         self._preload_done = False
+        self._demand: dict[str, int] = {}  # ``seed_demand``
         # Requests queued and not yet answered; while draining, set when none is.
         self._pending: set[QueuedRequest] = set()
         self._pending_by_key: dict[str, set[QueuedRequest]] = {}
@@ -234,6 +238,15 @@ class Engine(ModelLifecycle):
     def seed_usage(self, tenant: str, units: float) -> None:
         """Count ``units`` already used today by ``tenant`` (from the audit log)."""
         self._admission.seed_usage(tenant, units)
+
+    def seed_demand(self, requests: dict[str, int]) -> None:
+        """Requests per model remembered from before a restart (the audit log,
+        ``name`` or ``name@version``): the fill at start loads the most
+        asked-for first."""
+        self._demand = {}
+        for model, count in requests.items():
+            name = model.partition("@")[0]
+            self._demand[name] = self._demand.get(name, 0) + count
 
     def preload_names(self) -> list[str]:
         if self.config.preload is not None:
@@ -266,10 +279,28 @@ class Engine(ModelLifecycle):
         ]
         for failure in failures:
             log.error("preload failed: %s", failure)
+        if self.config.fill if self.config.fill is not None else self.config.preload is None:
+            await self._fill()
         # What started the server (its modules, its preloaded models) lives as
         # long as it does: out of the collector's way (``memory.freeze_heap``).
         freeze_heap()
         self._preload_done = True
+
+    async def _fill(self) -> None:
+        """Fill the idle budget with what fits (``ResidencyManager.fill``), as
+        Triton loads its whole repository at start: the first requests for
+        those models find them ready rather than wait behind loads."""
+        specs = [served.current_spec for served in self._served.values()]
+        started = self.clock.now()
+        loaded = await self._residency.fill(specs, self._demand)
+        if loaded:
+            log.info(
+                "filled the budget at start in %.1f s: %s (%d MiB of %d MiB in use)",
+                self.clock.now() - started,
+                ", ".join(loaded),
+                self._residency.table.used_bytes() >> 20,
+                self._residency.table.budget_bytes >> 20,
+            )
 
     @property
     def phase(self) -> str:

@@ -31,6 +31,11 @@ Design notes (the invariants the unit tests check):
   fail, from its files. Changes to the tier are made one at a time (a lock
   around admissions and drops, never around loads). Unloading by hand,
   retiring and closing drop a model's copy too.
+- ``fill`` loads models into an idle budget (the server's start), in order of
+  remembered demand, then the smallest first, while each fits without an
+  eviction; under a budget too small for every model it leaves a share free
+  for batches (``FILL_SHARE``). Such a load is speculative: it is not
+  protected as fresh, and it never evicts to settle.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -87,6 +92,10 @@ FRESH_PROTECTION_S = 5.0
 # The share of its latency target a caller short of room waits for busy models
 # that cost less to evict before it evicts idle ones (``_patient``).
 PATIENCE_SHARE = 0.5
+# A budget filled at start under pressure (the weights of every model do not
+# fit) is filled to this share: the rest is room for the first batches, which
+# would otherwise evict a model the fill had just loaded.
+FILL_SHARE = 0.9
 
 
 def _target_s(spec: ModelSpec) -> float | None:
@@ -341,6 +350,37 @@ class ResidencyManager:
         self._kept.discard(name)
         self.activations.forget(name)
         self._notify()
+
+    async def fill(self, specs: Iterable[ModelSpec], demand: dict[str, int]) -> list[str]:
+        """Load what fits of ``specs`` into the free budget, each only while no
+        one waits for room and it needs no eviction: the most ``demand``-ed
+        first (requests per model name remembered from before a restart), then
+        the smallest,
+        so that the most models are ready for the bytes. Failed and loaded
+        models are skipped, as is a load that fails (its state, logged).
+        Returns the names loaded."""
+        limit = self.table.budget_bytes
+        if not self.every_model_fits():
+            limit = int(limit * FILL_SHARE)
+        candidates = sorted(
+            specs, key=lambda s: (-demand.get(s.name, 0), self._expected(s).total_bytes, s.key)
+        )
+        loaded: list[str] = []
+        for spec in candidates:
+            if self._waiting:
+                break  # callers wait for room: they come first
+            if self.state(spec.key) is not ModelState.UNLOADED:
+                continue
+            expected = self._expected(spec)
+            extra = self.table.extra_bytes(spec.key, expected)
+            if self.table.used_bytes() + extra > limit or not self.table.begin_load(
+                spec.key, expected
+            ):
+                continue
+            with contextlib.suppress(TesseraError):  # logged; the model's state
+                await self._track_load(spec, self._finish_load(spec, self._clock.now(), True))
+                loaded.append(spec.key)
+        return loaded
 
     def catalogue_bytes(self) -> int | None:
         """The weights of every registered model together (measured bytes where
@@ -748,20 +788,27 @@ class ResidencyManager:
                     return  # another caller started this load meanwhile
         finally:
             self._leave_line(waiter)
+        await self._track_load(spec, self._finish_load(spec, asked))
+
+    async def _track_load(self, spec: ModelSpec, load: Coroutine[None, None, None]) -> None:
+        """Run ``load`` (begun in the table) as ``spec``'s load in flight: other
+        callers for the model await it."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[spec.key] = done
         self._specs[spec.key] = spec
         self._notify()
         try:
-            await self._finish_load(spec, asked)
+            await load
         finally:
             del self._inflight[spec.key]
             done.set_result(None)
             self._notify()
 
-    async def _finish_load(self, spec: ModelSpec, asked: float) -> None:
+    async def _finish_load(self, spec: ModelSpec, asked: float, speculative: bool = False) -> None:
         """Load ``spec`` into the bytes held for it; ``asked``: when its first
-        caller began to wait for it (what a miss costs is measured from then)."""
+        caller began to wait for it (what a miss costs is measured from then).
+        A ``speculative`` load (``fill``) evicts nothing to settle, and is not
+        protected as fresh: no caller waits for it."""
         started = self._clock.now()
         try:
             model = await self._restore(spec)
@@ -793,7 +840,9 @@ class ResidencyManager:
             raise
         while not self.table.settle_load(spec.key, measured):
             need = self.table.extra_bytes(spec.key, measured)
-            if await self._make_room(need - self.table.free_bytes(), {spec.key}):
+            if not speculative and await self._make_room(
+                need - self.table.free_bytes(), {spec.key}
+            ):
                 continue
             # Measured more than expected and the others are busy: give the bytes
             # back now rather than hold more than the budget; the next try
@@ -810,7 +859,8 @@ class ResidencyManager:
         self.table.mark_ready(spec.key, now, load_s, from_host=from_host, miss_s=now - asked)
         self._failures.pop(spec.key, None)
         self._retry_at.pop(spec.key, None)
-        self._fresh[spec.key] = self._clock.now()
+        if not speculative:
+            self._fresh[spec.key] = self._clock.now()
 
     # -- the host tier -----------------------------------------------------
 

@@ -326,6 +326,16 @@ class AuditLog:
             ).fetchone()
         return float(row["units"])
 
+    def requests_by_model(self, since: float) -> dict[str, int]:
+        """Requests answered per model (as the caller named it) since ``since``."""
+        with self._lock, self._errors():
+            rows = self._conn.execute(
+                "SELECT model, COUNT(*) AS n FROM audit WHERE ts >= ? AND model IS NOT NULL"
+                " GROUP BY model",
+                (since,),
+            ).fetchall()
+        return {str(row["model"]): int(row["n"]) for row in rows}
+
     @contextlib.contextmanager
     def _errors(self) -> Iterator[None]:
         try:

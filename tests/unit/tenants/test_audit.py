@@ -182,6 +182,14 @@ def test_units_since_counts_every_unit_charged(audit: AuditLog) -> None:
     assert audit.units_since("nobody", T0) == 0.0
 
 
+def test_requests_by_model_counts_rows_since_a_time(audit: AuditLog) -> None:
+    audit.record(make_record(T0 - 1, model="old"))
+    for i, model in enumerate(("embed", "embed", "chat@2", None)):
+        audit.record(make_record(T0 + i, model=model, status=200 if i else 503))
+    audit.write_pending()
+    assert audit.requests_by_model(T0) == {"embed": 2, "chat@2": 1}
+
+
 def test_rows_of_the_old_rule_keep_costing_nothing(tmp_path: Path) -> None:
     # Before migration 2 a refused or failed request's row held its estimate,
     # which no sum counted; after it, the sums are the same as they were.
