@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -252,6 +253,7 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
             log_config=None,
             header_timeout_s=settings.header_timeout_s,
             body_timeout_s=settings.body_timeout_s,
+            timeout_keep_alive=math.ceil(settings.keep_alive_s),
             # The client's address is the peer's unless a trusted proxy says otherwise:
             # uvicorn would take X-Forwarded-For from any local caller by default.
             proxy_headers=bool(settings.trusted_proxies),

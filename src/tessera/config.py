@@ -39,6 +39,7 @@ A config file may hold any of::
     shutdown_grace_s: 30         # on SIGTERM, how long accepted requests may still run
     header_timeout_s: 10         # a request's head must arrive within this
     body_timeout_s: 60           # its whole body within this of the head
+    keep_alive_s: 75             # an idle kept-alive connection is closed after this
     tenant_store: null           # postgresql://host/db: tenants, keys and the audit shared
                                  # by many gateways; default: SQLite files in data_dir
     key_secret_file: null        # the API keys' HMAC secret (default <data_dir>/secret.key;
@@ -92,6 +93,10 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_SHUTDOWN_GRACE_S = 30.0  # Kubernetes' terminationGracePeriodSeconds
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 60.0
+# Longer than clients and proxies keep an idle connection (httpx 5 s, load
+# balancers 60 s): at uvicorn's 5 s a client could send on a connection in the
+# moment the server closed it, and get a connection error for a sound request.
+DEFAULT_KEEP_ALIVE_S = 75.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,7 @@ class ServerConfig:
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
     tenant_store: str | None = None
     key_secret_file: Path | None = None
     admission_store: str | None = None
@@ -167,6 +173,7 @@ _SERVER_KEYS = {
     "shutdown_grace_s",
     "header_timeout_s",
     "body_timeout_s",
+    "keep_alive_s",
     "tenant_store",
     "key_secret_file",
     "admission_store",
@@ -239,6 +246,7 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         shutdown_grace_s=_seconds(values, "shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S, 0.0),
         header_timeout_s=_seconds(values, "header_timeout_s", DEFAULT_HEADER_TIMEOUT_S),
         body_timeout_s=_seconds(values, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S),
+        keep_alive_s=_seconds(values, "keep_alive_s", DEFAULT_KEEP_ALIVE_S),
         tenant_store=_optional_str(values, "tenant_store"),
         key_secret_file=_optional_path(values, "key_secret_file"),
         admission_store=_optional_str(values, "admission_store"),
