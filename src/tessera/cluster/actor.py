@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -49,6 +49,8 @@ class EngineActor:
 
     def __init__(self, device: str, repository: ModelRepository, config: EngineConfig) -> None:
         self._device = device
+        if config.fill is None:  # the router places models: no device fills up with every one
+            config = replace(config, fill=False)
         self._engine = Engine(repository, config)
         self._busy = _BusySink()
         self._engine.subscribe(self._busy)
