@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -97,8 +98,10 @@ class ModelBatcher:
         self._queue.push(request)
         self._arrived.set()
         if self._loop_task is None:
+            # A context of its own: the first request's (its id in every log
+            # line) would otherwise mark every batch, load and eviction after.
             self._loop_task = asyncio.get_running_loop().create_task(
-                self._loop(), name=f"batcher:{self.name}"
+                self._loop(), name=f"batcher:{self.name}", context=contextvars.Context()
             )
 
     def predicted_wait_s(self, request: QueuedRequest) -> float | None:

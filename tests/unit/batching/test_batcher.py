@@ -10,6 +10,7 @@ import pytest
 from tessera.batching import ModelBatcher
 from tessera.clock import FakeClock
 from tessera.errors import DeadlineExceededError, OverloadedError
+from tessera.logs import request_id
 from tessera.repository.spec import BatchingSpec
 from tessera.request import Batch, QueuedRequest, RequestResult
 
@@ -67,6 +68,29 @@ async def test_batch_mixes_callers_and_each_gets_its_own_results() -> None:
     assert len(recorder.batches) == 1
     for tenant, result in zip("abc", results, strict=True):
         assert result.outputs == [(tenant, f"{tenant}0"), (tenant, f"{tenant}1")]
+    await batcher.close()
+
+
+async def test_batches_run_outside_the_context_of_the_request_that_started_them() -> None:
+    """The request id of whichever request came first marked every later
+    batch's log lines (loads, evictions) while the batcher ran in its context."""
+    seen: list[str | None] = []
+
+    class Seeing(Recorder):
+        async def __call__(self, batch: Batch) -> None:
+            seen.append(request_id.get())
+            await super().__call__(batch)
+
+    clock = FakeClock()
+    batcher = make_batcher(clock, Seeing())
+    token = request_id.set("first-request")
+    try:
+        request = make_request(clock, ["x"])
+        batcher.submit(request)
+    finally:
+        request_id.reset(token)
+    await request.future
+    assert seen == [None]
     await batcher.close()
 
 
