@@ -90,7 +90,8 @@ class EngineConfig:
     residency_wait_s: float = 30.0
     preload: tuple[str, ...] | None = None  # None: the models marked preload
     # After the preloads, load more models while they fit the budget without
-    # an eviction, before the server is ready; None: when ``preload`` is None.
+    # an eviction, before the server is ready; None: when ``preload`` is None
+    # (``fills``).
     fill: bool | None = None
     scheduling: str = "fair"  # fair | fifo
     # While two or more tenants use a model, cap a batch's predicted run time
@@ -106,6 +107,12 @@ class EngineConfig:
     # Where loaders keep converted weights (a GGUF model's) between loads and
     # restarts; None: no cache.
     cache_dir: Path | None = None
+
+    @property
+    def fills(self) -> bool:
+        """Whether the budget is filled at start: ``fill``, or by default unless
+        ``preload`` names the models."""
+        return self.fill if self.fill is not None else self.preload is None
 
 
 class PreloadProgress(Protocol):
@@ -279,7 +286,7 @@ class Engine(ModelLifecycle):
         ]
         for failure in failures:
             log.error("preload failed: %s", failure)
-        if self.config.fill if self.config.fill is not None else self.config.preload is None:
+        if self.config.fills:
             await self._fill()
         # What started the server (its modules, its preloaded models) lives as
         # long as it does: out of the collector's way (``memory.freeze_heap``).

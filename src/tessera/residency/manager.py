@@ -355,10 +355,9 @@ class ResidencyManager:
         """Load what fits of ``specs`` into the free budget, each only while no
         one waits for room and it needs no eviction: the most ``demand``-ed
         first (requests per model name remembered from before a restart), then
-        the smallest,
-        so that the most models are ready for the bytes. Failed and loaded
-        models are skipped, as is a load that fails (its state, logged).
-        Returns the names loaded."""
+        the smallest, so that the most models are ready for the bytes. Failed
+        and loaded models are skipped, as is a load that fails (its state,
+        logged). Returns the names loaded."""
         limit = self.table.budget_bytes
         if not self.every_model_fits():
             limit = int(limit * FILL_SHARE)

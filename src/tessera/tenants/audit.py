@@ -327,7 +327,8 @@ class AuditLog:
         return float(row["units"])
 
     def requests_by_model(self, since: float) -> dict[str, int]:
-        """Requests answered per model (as the caller named it) since ``since``."""
+        """Requests per model (as the caller named it), whatever their status,
+        since ``since``."""
         with self._lock, self._errors():
             rows = self._conn.execute(
                 "SELECT model, COUNT(*) AS n FROM audit WHERE ts >= ? AND model IS NOT NULL"
