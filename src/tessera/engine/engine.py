@@ -60,6 +60,7 @@ from tessera.residency import (
 )
 from tessera.runtimes.base import ModelLoader
 from tessera.runtimes.memory import freeze_heap
+from tessera.runtimes.tokens import TokenCounter, token_counter
 from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.types import ChatOutput, Task, request_units
 
@@ -225,6 +226,8 @@ class Engine(ModelLifecycle):
         self._admission = admission if admission is not None else AdmissionController(self.clock)
         self._preload_done = False
         self._demand: dict[str, int] = {}  # ``seed_demand``
+        # Tokenizers of ``truncate: false`` cards, by version and folder.
+        self._token_counters: dict[tuple[str, Path], TokenCounter | None] = {}
         # Requests queued and not yet answered; while draining, set when none is.
         self._pending: set[QueuedRequest] = set()
         self._pending_by_key: dict[str, set[QueuedRequest]] = {}
@@ -550,7 +553,7 @@ class Engine(ModelLifecycle):
                 f" model {name!r} takes at most {spec.max_inputs}"
             )
         self._residency.raise_if_failed(name)
-        units = request_units(items, spec.inputs)
+        units = request_units(items, spec.inputs, self._token_counter(spec))
         self._residency.raise_if_never_fits(spec, units)
         admission = self._admission.admit(caller.limits, units) if caller is not None else None
         try:
@@ -563,6 +566,15 @@ class Engine(ModelLifecycle):
         counters.num_requests += 1
         counters.num_items += len(items)
         return Submission(name, request, admission, spec.version_label)
+
+    def _token_counter(self, spec: ModelSpec) -> TokenCounter | None:
+        """The model's token count, for a card that refuses over-window texts."""
+        if spec.inputs.truncate or spec.inputs.text_window is None:
+            return None
+        key = (spec.key, spec.folder)
+        if key not in self._token_counters:
+            self._token_counters[key] = token_counter(spec)
+        return self._token_counters[key]
 
     async def wait(self, submission: Submission, trace: RequestTrace | None = None) -> list[Any]:
         """The outputs of a submitted request, within its deadline. If it ends

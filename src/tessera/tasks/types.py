@@ -314,10 +314,13 @@ def work_units(item: object, limits: InputLimits = NO_LIMITS) -> float:
     raise TypeError(f"not a task item: {type(item).__name__}")
 
 
-def _check_item(index: int, item: object, limits: InputLimits) -> None:
+def _check_item(
+    index: int, item: object, limits: InputLimits, count_tokens: Callable[[str], int] | None
+) -> None:
     """Refuse an item the model would not run whole: a text over its window
-    when the card says ``truncate: false``, a chat over its token limit, an
-    image or a prompt for a model that reads neither."""
+    when the card says ``truncate: false`` (counted by ``count_tokens``, the
+    model's tokenizer, where given; else characters / 4), a chat over its
+    token limit, an image or a prompt for a model that reads neither."""
     _check_vision(item, limits)
     match item:
         case TextInput(text=text):
@@ -336,9 +339,14 @@ def _check_item(index: int, item: object, limits: InputLimits) -> None:
     if limits.truncate or window is None:
         return
     for text in texts:
-        if _approx_tokens(text) > window:
+        if count_tokens is not None:
+            tokens, counted = count_tokens(text), "tokens"
+        else:
+            tokens, counted = _approx_tokens(text), "tokens (characters / 4)"
+        if tokens > window:
+            about = "" if count_tokens is not None else "about "
             raise PayloadTooLargeError(
-                f"input[{index}] is about {_approx_tokens(text):,} tokens (characters / 4),"
+                f"input[{index}] is {about}{tokens:,} {counted},"
                 f" over the model's window of {window:,} tokens; its card says truncate: false"
             )
 
@@ -377,8 +385,13 @@ def _check_vision(item: object, limits: InputLimits) -> None:
             )
 
 
-def request_units(items: Sequence[object], limits: InputLimits) -> float:
-    """A request's work units, once each item is checked against ``limits``."""
+def request_units(
+    items: Sequence[object],
+    limits: InputLimits,
+    count_tokens: Callable[[str], int] | None = None,
+) -> float:
+    """A request's work units, once each item is checked against ``limits``
+    (texts of a ``truncate: false`` card counted by ``count_tokens`` where given)."""
     for index, item in enumerate(items):
-        _check_item(index, item, limits)
+        _check_item(index, item, limits, count_tokens)
     return sum(work_units(item, limits) for item in items)

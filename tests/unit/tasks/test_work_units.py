@@ -86,6 +86,17 @@ def test_truncate_false_refuses_an_over_window_text_with_the_limit() -> None:
         request_units([RerankInput("q", "x" * 1025)], limits)
 
 
+def test_truncate_false_counts_with_the_models_tokenizer_where_given() -> None:
+    limits = InputLimits(text_window=256, truncate=False)
+    words = len  # a tokenizer of one token a character
+    assert request_units([TextInput("x" * 256)], limits, words) == 64  # units stay estimated
+    with pytest.raises(PayloadTooLargeError) as info:
+        request_units([RerankInput("q", "x" * 257)], limits, words)
+    assert str(info.value).startswith("input[0] is 257 tokens, over the model's window of 256")
+    lenient = InputLimits(text_window=256)
+    assert request_units([TextInput("x" * 2048)], lenient, words) == 256  # truncated, not counted
+
+
 def test_chat_over_the_cards_token_limit_is_refused() -> None:
     limits = InputLimits(max_new_tokens=64)
     messages = (ChatMessage("user", "hi"),)
