@@ -57,6 +57,13 @@ ONE_ITEM_WARMUP = frozenset({Task.OCR, Task.TTS, Task.GENERATE})
 # Runtimes whose models hold nothing here (a cluster gateway's, which run on
 # engine actors): loaded without a measurement or a warm-up.
 UNMEASURED_RUNTIMES = frozenset({"cluster"})
+# Runtimes whose models' bytes are the growth of this process's resident set
+# around their load (onnxruntime's and native libraries' allocations are
+# invisible otherwise). An adapter's first load grows it by its libraries'
+# one-time memory too (imports, static tables, thread pools: OCR 87 MiB where
+# its model holds 37), which an unload does not give back: that load is
+# primed by an unmeasured one first (``_prime``).
+PROCESS_MEASURED_RUNTIMES = frozenset({"onnx", "native"})
 
 
 class EngineHost:
@@ -92,8 +99,10 @@ class EngineHost:
             cache_dir=cache_dir,
         )
         # Reloads are not measured again (the residency manager keeps the first
-        # load's figures), so a reload never holds running batches back.
-        self._reload_ctx = dataclasses.replace(self._ctx, measure=_unmeasured)
+        # load's figures), so a reload never holds running batches back, nor
+        # warmed up. Priming (``_prime``) warms up unmeasured.
+        self._prime_ctx = dataclasses.replace(self._ctx, measure=_unmeasured)
+        self._reload_ctx = dataclasses.replace(self._prime_ctx, warm_up=False)
         self._loaded_before: set[str] = set()
         # transformers' lazy imports are not thread-safe: the first load of each
         # adapter (which imports its libraries) runs one at a time.
@@ -188,12 +197,22 @@ class EngineHost:
             return self.loader(spec).load(spec, self._reload_ctx)
         if spec.adapter not in self._adapters_seen:
             with self._first_load_lock:
+                if spec.runtime in PROCESS_MEASURED_RUNTIMES and spec.isolation == "inline":
+                    self._prime(spec)
                 model = self._load_measured(spec)
                 self._adapters_seen.add(spec.adapter)
                 return model
         if spec.key in self._loaded_before:
             return self.loader(spec).load(spec, self._reload_ctx)
         return self._load_measured(spec)
+
+    def _prime(self, spec: ModelSpec) -> None:
+        """Load and unload a model unmeasured (its warm-up included), so that its
+        adapter's libraries hold their one-time memory before the measured load:
+        they keep it when the model goes, so it is the process's, not the model's."""
+        model = self.loader(spec).load(spec, self._prime_ctx)
+        self._unload_sync(model)
+        log.info("%s: primed %s's libraries before measuring", spec.key, spec.adapter)
 
     def _load_measured(self, spec: ModelSpec) -> LoadedModel:
         """A first load: measured alone, then warmed up to measure a batch's peak."""

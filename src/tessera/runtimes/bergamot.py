@@ -136,7 +136,8 @@ class BergamotLoader:
 
         def build() -> Any:
             engine = NativeDirection(str(model_dir))
-            engine.translate(warm_up)
+            if ctx.warm_up:
+                engine.translate(warm_up)
             return engine
 
         try:

@@ -283,9 +283,10 @@ class RapidOcrLoader:
             engine._load_rec_model()
             if use_cls:
                 engine._load_cls_model()
-            image = _warm_up_image()
-            engine(image, use_det=True, use_cls=use_cls, use_rec=True)
-            engine(image, use_det=False, use_cls=False, use_rec=True)
+            if ctx.warm_up:
+                image = _warm_up_image()
+                engine(image, use_det=True, use_cls=use_cls, use_rec=True)
+                engine(image, use_det=False, use_cls=False, use_rec=True)
             return engine
 
         try:

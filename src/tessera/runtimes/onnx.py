@@ -197,6 +197,8 @@ def _make_runner(spec: ModelSpec, ctx: LoadContext, default_output: str) -> tupl
         if output not in outputs:
             raise ModelUnavailableError(spec.name, f"no output {output!r}; has {outputs}")
         runner = OnnxTextRunner(session, tokenizer, str(output), limit)
+        if not ctx.warm_up:
+            return runner
         if spec.task is Task.RERANK:
             runner.run(_WARM_UP, _WARM_UP)
         else:

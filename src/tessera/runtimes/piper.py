@@ -123,8 +123,9 @@ class PiperLoader:
                 providers=ctx.device.onnx_providers(spec.max_bytes),
             )
             voice = PiperVoice(session=session, config=config)
-            for _chunk in voice.synthesize("Ready."):
-                pass
+            if ctx.warm_up:
+                for _chunk in voice.synthesize("Ready."):
+                    pass
             return voice
 
         try:

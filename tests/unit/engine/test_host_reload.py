@@ -1,4 +1,6 @@
-"""The engine host measures a model at its first load only."""
+"""The engine host measures a model at its first load only, after priming the
+libraries of an adapter whose bytes are the process's growth; reloads skip
+the loader's own warm-up."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from tessera.device import CpuDevice
 from tessera.engine.executor import ComputeExecutor
 from tessera.engine.host import EngineHost
 from tessera.residency import ActivationBook
+from tessera.runtimes.base import LoadContext
+from tessera.runtimes.fake import FakeLoader, FakeModel
 from tessera.runtimes.memory import Measured
 from tessera.tasks.types import TextInput
 
@@ -42,6 +46,53 @@ async def test_a_reload_is_neither_measured_nor_warmed_up_again() -> None:
         other = await host.load(make_spec("b", 300))  # another model: measured
         assert executor.exclusive_calls == 2
         await host.unload(make_spec("b", 300), other)
+    finally:
+        host.shutdown()
+        executor.shutdown()
+
+
+class RecordingLoader(FakeLoader):
+    """The fake loader, noting for each load whether it was measured and warmed up."""
+
+    def __init__(self, executor: CountingExecutor) -> None:
+        self.executor = executor
+        self.loads: list[tuple[str, bool, bool]] = []
+
+    def load(self, spec: Any, ctx: LoadContext) -> FakeModel:
+        before = self.executor.exclusive_calls
+        ctx.measure(lambda: None)  # a measured load measures alone
+        measured = self.executor.exclusive_calls > before
+        self.loads.append((spec.name, measured, ctx.warm_up))
+        return super().load(spec, ctx)
+
+
+async def test_libraries_are_primed_before_an_adapters_first_measured_load() -> None:
+    executor = CountingExecutor()
+    loader = RecordingLoader(executor)
+    host = EngineHost(CpuDevice(), executor, ActivationBook(), loaders={"fake": loader})
+    native = [dataclasses.replace(make_spec(n, 300), runtime="native") for n in ("a", "b")]
+    torch = make_spec("t", 300)
+    try:
+        model = await host.load(native[0])
+        # Primed (unmeasured, warmed up, unloaded), then loaded measured and warmed up.
+        assert loader.loads == [("a", False, True), ("a", True, True)]
+        await host.unload(native[0], model)
+        model = await host.load(native[0])  # a reload: neither measured nor warmed up
+        assert loader.loads[2:] == [("a", False, False)]
+        other = await host.load(native[1])  # the adapter's libraries are in place
+        assert loader.loads[3:] == [("b", True, True)]
+        for spec, loaded in ((native[0], model), (native[1], other)):
+            await host.unload(spec, loaded)
+    finally:
+        host.shutdown()
+        executor.shutdown()
+    # A runtime whose bytes are its tensors is not primed.
+    executor = CountingExecutor()
+    loader = RecordingLoader(executor)
+    host = EngineHost(CpuDevice(), executor, ActivationBook(), loaders={"fake": loader})
+    try:
+        await host.unload(torch, await host.load(torch))
+        assert loader.loads == [("t", True, True)]
     finally:
         host.shutdown()
         executor.shutdown()
