@@ -21,6 +21,8 @@ A config file may hold any of::
     model_repositories: [./my-models]
     include_default_models: true
     preload: [all-minilm-l6-v2]  # default: the models whose model.yaml says preload
+    fill: null                   # load what else fits before ready: default (null) unless
+                                 # preload is given; true or false to say so
     scheduling: fair             # fair (weighted across tenants) | fifo
     fair_quantum_ms: 25          # 2+ tenants on a model: cap a batch's run time (null: off)
     long_batch_ms: 500           # batches predicted this long are long work (null: none is)
@@ -147,6 +149,7 @@ _ENGINE_KEYS = {
     "residency_wait_s",
     "scheduling",
     "long_work",
+    "fill",
 }
 # Keys given in one unit in the file and another in EngineConfig.
 _MS_KEYS = {"fair_quantum_ms": "fair_quantum_s", "long_batch_ms": "long_batch_s"}
@@ -209,6 +212,8 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
     if unknown:
         raise ConfigError(f"unknown config keys: {sorted(unknown)}")
     engine_values = {k: values[k] for k in _ENGINE_KEYS if k in values}
+    if engine_values.get("fill") not in (None, True, False):
+        raise ConfigError(f"fill must be true, false or null, got {engine_values['fill']!r}")
     if engine_values.get("long_work", "steps") not in LONG_WORK_MODES:
         raise ConfigError(f"long_work must be one of {', '.join(LONG_WORK_MODES)}")
     for key, field_name in _MS_KEYS.items():

@@ -106,3 +106,11 @@ def test_cluster_settings_and_the_routers_targets() -> None:
     ):
         with pytest.raises(ConfigError):
             build_config(bad, {})
+
+
+def test_fill_is_a_key_and_a_flag() -> None:
+    assert build_config({}, {}).engine.fill is None  # the default rule: EngineConfig.fills
+    assert build_config({"fill": False}, {}).engine.fill is False
+    assert build_config({"fill": False}, {"fill": True}).engine.fill is True  # --fill wins
+    with pytest.raises(ConfigError, match="fill"):
+        build_config({"fill": "yes"}, {})
