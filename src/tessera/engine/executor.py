@@ -90,6 +90,7 @@ class ComputeExecutor:
             raise ValueError(f"long_work must be one of {LONG_WORK_MODES}, not {long_work!r}")
         self.device = device
         self.num_workers = num_workers
+        self.num_threads = num_threads
         self.threads_per_worker = max(1, num_threads // num_workers)
         self.long_batch_s = long_batch_s
         self.long_work = long_work

@@ -194,7 +194,7 @@ class EngineHost:
 
     def _load_once(self, spec: ModelSpec) -> LoadedModel:
         if spec.runtime in UNMEASURED_RUNTIMES:
-            return self.loader(spec).load(spec, self._reload_ctx)
+            return self._load_with(spec, self._reload_ctx)
         if spec.adapter not in self._adapters_seen:
             with self._first_load_lock:
                 if spec.runtime in PROCESS_MEASURED_RUNTIMES and spec.isolation == "inline":
@@ -203,20 +203,29 @@ class EngineHost:
                 self._adapters_seen.add(spec.adapter)
                 return model
         if spec.key in self._loaded_before:
-            return self.loader(spec).load(spec, self._reload_ctx)
+            return self._load_with(spec, self._reload_ctx)
         return self._load_measured(spec)
+
+    def _load_with(self, spec: ModelSpec, ctx: LoadContext) -> LoadedModel:
+        """Load ``spec`` with ``ctx``, its runtime's threads as its card says
+        (``threads``: a number, or all of the server's; else one worker's share)."""
+        if spec.threads is not None:
+            total = self.executor.num_threads
+            threads = total if spec.threads == "all" else min(spec.threads, total)
+            ctx = dataclasses.replace(ctx, threads=threads)
+        return self.loader(spec).load(spec, ctx)
 
     def _prime(self, spec: ModelSpec) -> None:
         """Load and unload a model unmeasured (its warm-up included), so that its
         adapter's libraries hold their one-time memory before the measured load:
         they keep it when the model goes, so it is the process's, not the model's."""
-        model = self.loader(spec).load(spec, self._prime_ctx)
+        model = self._load_with(spec, self._prime_ctx)
         self._unload_sync(model)
         log.info("%s: primed %s's libraries before measuring", spec.key, spec.adapter)
 
     def _load_measured(self, spec: ModelSpec) -> LoadedModel:
         """A first load: measured alone, then warmed up to measure a batch's peak."""
-        model = self.loader(spec).load(spec, self._ctx)
+        model = self._load_with(spec, self._ctx)
         num_items = min(MAX_WARMUP_ITEMS, spec.batching.max_batch_size)
         items = warmup_items(spec.task, 1 if spec.task in ONE_ITEM_WARMUP else num_items)
         try:

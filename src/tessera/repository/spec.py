@@ -36,7 +36,7 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tessera.errors import ConfigError, ModelUnavailableError
 from tessera.tasks.types import InputLimits, Task, VisionLimits
@@ -126,6 +126,9 @@ class ModelSpec:
     engine: str | None = None  # runtime external: the engine process's kind
     isolation: str = "inline"  # or "process": a worker process of its own
     mps_active_thread_percentage: int | None = None  # a process worker's MPS share (CUDA)
+    # Threads of the model's own runtime pool: a number, "all" (the server's
+    # thread budget), or None for one worker's share (``threads`` in model.yaml).
+    threads: int | Literal["all"] | None = None
     # What a new version must answer before it takes over (``smoke`` in
     # model.yaml; none: the task's sample item, answered with a valid output).
     smoke: tuple[SmokeCheck, ...] = ()
@@ -321,6 +324,11 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
             raise ConfigError(
                 f"{where}: mps_active_thread_percentage must be an integer 1..100, got {mps!r}"
             )
+    threads = raw.get("threads")
+    if threads not in (None, "all") and (
+        not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
+    ):
+        raise ConfigError(f"{where}: threads must be a positive integer or all, got {threads!r}")
     return ModelSpec(
         name=name,
         task=task,
@@ -343,6 +351,7 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         engine=engine,
         isolation=isolation,
         mps_active_thread_percentage=mps,
+        threads=threads,
         smoke=parse_smoke(raw.get("smoke"), task, folder, where),
     )
 

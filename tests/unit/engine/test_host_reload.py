@@ -113,3 +113,28 @@ async def test_the_host_tier_gets_a_quarter_of_the_ram_unless_the_config_says() 
             assert engine.snapshot().host_budget_bytes == budget
         finally:
             await engine.close()
+
+
+async def test_a_card_may_give_its_runtime_all_of_the_servers_threads() -> None:
+    executor = ComputeExecutor(CpuDevice(), num_threads=4, num_workers=2)
+    threads: dict[str, int] = {}
+
+    class ThreadsLoader(FakeLoader):
+        def load(self, spec: Any, ctx: LoadContext) -> FakeModel:
+            threads[spec.name] = ctx.threads
+            return super().load(spec, ctx)
+
+    host = EngineHost(CpuDevice(), executor, ActivationBook(), loaders={"fake": ThreadsLoader()})
+    specs = [
+        make_spec("share"),  # one worker's share: 4 threads / 2 workers
+        dataclasses.replace(make_spec("all"), threads="all"),
+        dataclasses.replace(make_spec("three"), threads=3),
+        dataclasses.replace(make_spec("many"), threads=64),  # at most the budget
+    ]
+    try:
+        for spec in specs:
+            await host.unload(spec, await host.load(spec))
+        assert threads == {"share": 2, "all": 4, "three": 3, "many": 4}
+    finally:
+        host.shutdown()
+        executor.shutdown()

@@ -1,4 +1,4 @@
-"""``isolation`` and ``mps_active_thread_percentage`` on a model card."""
+"""``isolation``, ``mps_active_thread_percentage`` and ``threads`` on a model card."""
 
 from __future__ import annotations
 
@@ -41,3 +41,12 @@ def test_a_card_that_cannot_be_isolated_is_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_spec(card(**fields), tmp_path)
+
+
+def test_threads_are_a_number_or_all(tmp_path: Path) -> None:
+    assert parse_spec(card(), tmp_path).threads is None  # one worker's share
+    assert parse_spec(card(threads="all"), tmp_path).threads == "all"
+    assert parse_spec(card(threads=3), tmp_path).threads == 3
+    for bad in (0, -1, True, "most", 1.5):
+        with pytest.raises(ConfigError, match="threads must be a positive integer or all"):
+            parse_spec(card(threads=bad), tmp_path)
