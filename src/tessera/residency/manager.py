@@ -611,7 +611,9 @@ class ResidencyManager:
         if self._patient(short, spec.key, patient_until):
             self._leave_line(waiter)  # the line is not held up while it waits for them
             await self._wait_change(deadline, spec.key, patient_until)
-        elif not await self._evict_for(short, spec.key):
+        elif not await self._evict_for(
+            short, spec.key, f"a batch of {spec.key} ({activation_bytes} bytes of activations)"
+        ):
             await self._wait_change(deadline, spec.key)
         return None
 
@@ -670,10 +672,10 @@ class ResidencyManager:
 
         return cost(later) < cost(victims)
 
-    async def _evict_for(self, short_bytes: int, name: str) -> bool:
+    async def _evict_for(self, short_bytes: int, name: str, reason: str) -> bool:
         """Evict idle models to free ``short_bytes`` for ``name``; False (the
         caller waits) when nothing needs evicting or the policy finds too few."""
-        return short_bytes > 0 and await self._make_room(short_bytes, {name})
+        return short_bytes > 0 and await self._make_room(short_bytes, {name}, reason)
 
     def _short_of(self, wanted_bytes: int) -> int:
         """Bytes that only evictions can free for ``wanted_bytes``. While every
@@ -699,15 +701,22 @@ class ResidencyManager:
                 del self._fresh[name]
         return set(self._fresh)
 
-    async def _make_room(self, need_bytes: int, protect: set[str]) -> bool:
-        """Evict idle models to free ``need_bytes``; False if the policy finds too few."""
+    async def _make_room(self, need_bytes: int, protect: set[str], reason: str) -> bool:
+        """Evict idle models to free ``need_bytes`` for ``reason`` (said in the
+        log); False if the policy finds too few."""
         if need_bytes <= 0:
             return True
         candidates = self.table.evictable(protect | self._fresh_now() | self._kept)
         victims = self._policy.choose(candidates, need_bytes, self.table.freed_by)
         if not victims:
             return False
-        log.info("evicting %s to free %d bytes", ", ".join(victims), need_bytes)
+        log.info(
+            "evicting %s to free %d bytes for %s; %d free",
+            ", ".join(victims),
+            need_bytes,
+            reason,
+            self.table.free_bytes(),
+        )
         for name in victims:
             self._begin_unload(name, eviction=True)
         await asyncio.gather(*(self._unload(name, eviction=True) for name in victims))
@@ -781,7 +790,11 @@ class ResidencyManager:
                     await self._wait_change(deadline, spec.key)
                 elif self._patient(short, spec.key, patient_until):
                     await self._wait_change(deadline, spec.key, patient_until)
-                elif not await self._evict_for(short, spec.key):
+                elif not await self._evict_for(
+                    short,
+                    spec.key,
+                    f"loading {spec.key} ({extra} bytes, {activation_bytes} for its first batch)",
+                ):
                     await self._wait_change(deadline, spec.key)
                 if self.state(spec.key) not in (ModelState.UNLOADED, ModelState.FAILED):
                     return  # another caller started this load meanwhile
@@ -839,8 +852,9 @@ class ResidencyManager:
             raise
         while not self.table.settle_load(spec.key, measured):
             need = self.table.extra_bytes(spec.key, measured)
+            reason = f"{spec.key}, measured above its estimate"
             if not speculative and await self._make_room(
-                need - self.table.free_bytes(), {spec.key}
+                need - self.table.free_bytes(), {spec.key}, reason
             ):
                 continue
             # Measured more than expected and the others are busy: give the bytes

@@ -85,6 +85,22 @@ async def test_evicts_least_recently_used_idle_model() -> None:
     assert manager.table.used_bytes() <= 1000
 
 
+async def test_an_eviction_says_in_the_log_what_it_makes_room_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    manager, _host = make_manager(1000, clock=clock)
+    for name in ("a", "b", "c"):
+        await manager.ensure_loaded(make_spec(name, 300))
+        clock.advance(1)
+    with caplog.at_level("INFO", logger="tessera.residency.manager"):
+        manager.release(await manager.acquire(make_spec("d", 300), 50))
+    assert "evicting a to free 250 bytes for loading d (300 bytes, 50 for its first batch);" in (
+        caplog.text
+    )
+    assert "100 free" in caplog.text
+
+
 async def test_the_host_is_told_which_unloads_are_evictions() -> None:
     # A host may keep an evicted model cheaper to reload (a vLLM engine asleep).
     manager, host = make_manager(700)
