@@ -71,30 +71,40 @@ def test_a_burst_from_two_gateways_passes_exactly_the_buckets_worth(
 def test_in_flight_across_two_gateways_never_exceeds_the_limit(
     gateways: list[RedisAdmissionController],
 ) -> None:
+    # Eight callers over two gateways, in rounds: each tries once while those
+    # admitted hold their places, then all release. A place held for no time
+    # at all (the first version) let every try through in some runs, so the
+    # limit went untested (CI saw 0 refusals).
     limits = TenantLimits("acme", max_concurrency=3)
+    callers, rounds = 8, 20
     lock = threading.Lock()
     held = {"now": 0, "most": 0, "refused": 0}
+    tried = threading.Barrier(callers, timeout=30)
+    released = threading.Barrier(callers, timeout=30)
 
     def caller(i: int) -> None:
         gateway = gateways[i % 2]
-        for _ in range(20):
+        for _ in range(rounds):
             result = try_admit(gateway, limits)
             if isinstance(result, RateLimitedError):
                 assert result.reason == "concurrency"
                 with lock:
                     held["refused"] += 1
-                continue
-            with lock:
-                held["now"] += 1
-                held["most"] = max(held["most"], held["now"])
-            with lock:
-                held["now"] -= 1
-            gateway.release(result)
+            else:
+                with lock:
+                    held["now"] += 1
+                    held["most"] = max(held["most"], held["now"])
+            tried.wait()  # every caller has tried while the admitted hold
+            if not isinstance(result, RateLimitedError):
+                with lock:
+                    held["now"] -= 1
+                gateway.release(result)
+            released.wait()  # every place is free again before the next round
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(caller, range(8)))
-    assert held["most"] <= 3
-    assert held["refused"] > 0  # the limit was met, so it was tested
+    with ThreadPoolExecutor(max_workers=callers) as pool:
+        list(pool.map(caller, range(callers)))
+    assert held["most"] == 3
+    assert held["refused"] == (callers - 3) * rounds  # exactly the limit, every round
     assert gateways[0].in_flight("acme") == gateways[1].in_flight("acme") == 0
 
 
