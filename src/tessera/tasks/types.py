@@ -339,14 +339,12 @@ def _check_item(
     if limits.truncate or window is None:
         return
     for text in texts:
-        if count_tokens is not None:
-            tokens, counted = count_tokens(text), "tokens"
-        else:
-            tokens, counted = _approx_tokens(text), "tokens (characters / 4)"
+        tokens = count_tokens(text) if count_tokens else _approx_tokens(text)
         if tokens > window:
-            about = "" if count_tokens is not None else "about "
+            estimated = f"about {tokens:,} tokens (characters / 4)"
+            size = f"{tokens:,} tokens" if count_tokens else estimated
             raise PayloadTooLargeError(
-                f"input[{index}] is {about}{tokens:,} {counted},"
+                f"input[{index}] is {size},"
                 f" over the model's window of {window:,} tokens; its card says truncate: false"
             )
 
