@@ -46,7 +46,7 @@ async def test_a_strict_card_counts_with_its_tokenizer(tmp_path: Path) -> None:
             "input[1] is 102 tokens, over the model's window of 64 tokens;"
             " its card says truncate: false"
         )
-        # Within the window by the tokenizer: served, and charged as it counts.
+        # Within the window by the tokenizer (62 tokens): served.
         submission = engine.submit("strict", Task.EMBEDDING, [TextInput("9 " * 60)])
         assert len(await engine.wait(submission)) == 1
         # A model without a tokenizer file keeps the estimate (50 "tokens").
