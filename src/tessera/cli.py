@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tessera.config import ServerConfig, build_config, read_config_file
+from tessera.config import ServerConfig, build_config, gateway_processes, read_config_file
 from tessera.errors import ConfigError
 from tessera.logs import configure_logging
 from tessera.tenants.cli import register as register_tenant_commands
@@ -107,6 +106,13 @@ def serve(
             " instead of serving models here.",
         ),
     ] = None,
+    gateways: Annotated[
+        str | None,
+        typer.Option(
+            help="HTTP gateway processes in front of the engine's process: a number"
+            " (0: one process) or auto (0 on a CPU, 2-4 on a GPU).",
+        ),
+    ] = None,
     config: ConfigOpt = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
     log_format: Annotated[
@@ -136,6 +142,7 @@ def serve(
         header_timeout_s=header_timeout,
         body_timeout_s=body_timeout,
         cluster=cluster_address,
+        gateways=int(gateways) if gateways is not None and gateways.isdigit() else gateways,
     )
     _serve(settings, log_level, start_engines=False)
 
@@ -198,7 +205,7 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
         raise typer.Exit(2) from e
     from tessera.engine import Engine
     from tessera.gateway import create_app
-    from tessera.gateway.server import GatewayConfig, GatewayServer
+    from tessera.gateway.server import GatewayServer, http_config
     from tessera.progress import PreloadReporter
     from tessera.repository.watch import RepositoryWatcher
 
@@ -244,21 +251,17 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
             settings.metrics_port, addr=settings.host, registry=app_.state.metrics.registry
         )
         typer.echo(f"metrics on http://{settings.host}:{settings.metrics_port}/metrics")
+    num_gateways = 0
+    if ray_engines is None:
+        num_gateways = gateway_processes(settings.gateways, engine.device_kind, os.cpu_count() or 1)
+    if num_gateways:
+        from tessera.gateway.split import serve_split
+
+        typer.echo(f"{num_gateways} gateway processes on {settings.host}:{settings.port}")
+        serve_split(settings, app_, engine, num_gateways, log_level)
+        return
     server = GatewayServer(
-        GatewayConfig(
-            app_,
-            host=settings.host,
-            port=settings.port,
-            log_level=log_level.lower(),
-            log_config=None,
-            header_timeout_s=settings.header_timeout_s,
-            body_timeout_s=settings.body_timeout_s,
-            timeout_keep_alive=math.ceil(settings.keep_alive_s),
-            # The client's address is the peer's unless a trusted proxy says otherwise:
-            # uvicorn would take X-Forwarded-For from any local caller by default.
-            proxy_headers=bool(settings.trusted_proxies),
-            forwarded_allow_ips=list(settings.trusted_proxies),
-        ),
+        http_config(app_, settings, log_level, host=settings.host, port=settings.port),
         engine,
         settings.shutdown_grace_s,
     )
@@ -307,15 +310,10 @@ def _cluster_engine(
 def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, AuditLog]:
     """Open the tenant store and audit log; on first start make tenant ``default``
     and an admin key, printed once; seed today's quota use from the audit log."""
-    from tessera.tenants import AuditLog, TenantStore
+    from tessera.gateway.split import tenancy_of
     from tessera.tenants.audit import start_of_day_utc
-    from tessera.tenants.store import key_secret
 
-    # The SQLite files of data_dir, or a PostgreSQL database that gateways share.
-    url = settings.tenant_store
-    secret = key_secret(settings.data_dir, settings.key_secret_file)
-    store = TenantStore(settings.data_dir, url=url, secret=secret)
-    audit_log = AuditLog(settings.data_dir, url=url, retention_days=settings.audit_retention_days)
+    store, audit_log = tenancy_of(settings)
     bootstrap = store.ensure_bootstrap()
     if bootstrap is not None:
         typer.echo(f"created tenant {bootstrap.tenant.name!r} (tier {bootstrap.tenant.tier})")

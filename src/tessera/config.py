@@ -58,6 +58,8 @@ A config file may hold any of::
                                  # joined; local: start one): serve from engine actors
                                  # there (tessera cluster; see docs/scale-out.md)
     cluster_window: 32           # batches of each model a gateway has in flight there
+    gateways: auto               # HTTP gateway processes in front of the engine process;
+                                 # 0: one process; auto: 0 on a CPU, else one per 4 cores (2-4)
     cluster_cpu_share: 1         # CPUs an engine actor takes on a node without GPUs
     cluster_routing:             # the router's targets (RoutingConfig); these are defaults
       report_interval_s: 0.25
@@ -133,6 +135,7 @@ class ServerConfig:
     cluster_window: int = 32
     cluster_cpu_share: float = 1.0
     cluster_routing: RoutingConfig = field(default_factory=RoutingConfig)
+    gateways: int | None = None  # None: by the device (``gateway_processes``)
 
     def repository(self) -> ModelRepository:
         folders = [default_repository_path()] if self.include_default_models else []
@@ -189,6 +192,7 @@ _SERVER_KEYS = {
     "cluster_window",
     "cluster_cpu_share",
     "cluster_routing",
+    "gateways",
     *_MS_KEYS,
 }
 
@@ -264,7 +268,28 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         cluster_window=_positive_int(values, "cluster_window", 32),
         cluster_cpu_share=_seconds(values, "cluster_cpu_share", 1.0),
         cluster_routing=_routing(values.get("cluster_routing")),
+        gateways=_gateways(values.get("gateways", "auto")),
     )
+
+
+def _gateways(raw: object) -> int | None:
+    if raw == "auto" or raw is None:
+        return None
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 0:
+        raise ConfigError(f"gateways must be auto or a whole number from 0, not {raw!r}")
+    return raw
+
+
+def gateway_processes(configured: int | None, device_kind: str, cores: int) -> int:
+    """How many gateway processes to start (0: the gateway runs in the engine's
+    process). On a CPU the engine's batches need every core and a process more
+    costs more than it gives (docs/benchmarks.md, the process split); on a GPU
+    one per 4 cores, 2 to 4, serve HTTP beside the engine process's loop."""
+    if configured is not None:
+        return configured
+    if device_kind == "cpu":
+        return 0
+    return max(2, min(4, cores // 4))
 
 
 def _positive_int(values: dict[str, Any], key: str, default: int) -> int:

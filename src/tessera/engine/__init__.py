@@ -8,6 +8,7 @@ from tessera.engine.engine import (
     RequestTrace,
     Submission,
 )
+from tessera.engine.serving import ServingEngine
 
 __all__ = [
     "Caller",
@@ -15,5 +16,6 @@ __all__ = [
     "EngineConfig",
     "PreloadProgress",
     "RequestTrace",
+    "ServingEngine",
     "Submission",
 ]

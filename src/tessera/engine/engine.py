@@ -39,12 +39,10 @@ from tessera.errors import (
     DeadlineExceededError,
     InferenceError,
     InvalidInputError,
-    ModelNotFoundError,
     ModelUnavailableError,
     OverloadedError,
     PayloadTooLargeError,
     ShuttingDownError,
-    TaskMismatchError,
     TesseraError,
 )
 from tessera.logs import request_id as request_id_var
@@ -67,7 +65,14 @@ from tessera.tasks.types import ChatOutput, Task, request_units
 from .counters import ModelCounters
 from .executor import BatchRun, ComputeExecutor
 from .host import UNMEASURED_RUNTIMES, EngineHost
-from .lifecycle import ModelLifecycle, ServedModel
+from .lifecycle import (
+    ModelLifecycle,
+    ServedModel,
+    served_names,
+    served_spec,
+    served_versions,
+    spec_for_task,
+)
 
 log = logging.getLogger(__name__)
 
@@ -371,6 +376,11 @@ class Engine(ModelLifecycle):
 
     # -- what every reader sees -------------------------------------------
 
+    @property
+    def device_kind(self) -> str:
+        """``cpu`` or ``cuda``."""
+        return self._device.kind
+
     def snapshot(self) -> EngineStats:
         """The engine at this instant, as one immutable object."""
         residency = self._residency.stats()
@@ -461,34 +471,23 @@ class Engine(ModelLifecycle):
 
     def model_names(self) -> list[str]:
         """The models served now, by name."""
-        return sorted(self._served)
+        return served_names(self._served)
+
+    def served_models(self) -> dict[str, ServedModel]:
+        """Each model's served versions, as of now (a copy)."""
+        return {name: ServedModel(dict(s.specs), s.current) for name, s in self._served.items()}
 
     def versions(self, name: str) -> list[ModelSpec]:
         """The versions of model ``name`` served now, oldest first."""
-        served = self._served.get(name)
-        if served is None:
-            raise ModelNotFoundError(name)
-        return sorted(served.specs.values(), key=lambda s: s.version or 0)
+        return served_versions(self._served, name)
 
     def spec(self, name: str) -> ModelSpec:
         """The version ``name`` names: ``model`` (its current version) or
         ``model@version`` (that version, while it is served)."""
-        model, _, version = name.partition("@")
-        served = self._served.get(model)
-        if served is None:
-            raise ModelNotFoundError(model)
-        if not version:
-            return served.current_spec
-        for spec in served.specs.values():
-            if spec.version_label == version:
-                return spec
-        raise ModelNotFoundError(name)
+        return served_spec(self._served, name)
 
     def spec_for(self, name: str, task: Task) -> ModelSpec:
-        spec = self.spec(name)
-        if spec.task is not task:
-            raise TaskMismatchError(f"model {name!r} does {spec.task.value}, not {task.value}")
-        return spec
+        return spec_for_task(self.spec(name), name, task)
 
     def _batcher(self, spec: ModelSpec) -> ModelBatcher:
         batcher = self._batchers.get(spec.key)
@@ -536,6 +535,18 @@ class Engine(ModelLifecycle):
         the caller's admission (rate, concurrency, quota), the model's queue bound.
         The caller must ``wait`` on the submission (that releases the admission)."""
         return self._submit(self.spec_for(name, task), items, timeout_s, caller)
+
+    async def asubmit(
+        self,
+        name: str,
+        task: Task,
+        items: Sequence[Any],
+        *,
+        timeout_s: float | None = None,
+        caller: Caller | None = None,
+    ) -> Submission:
+        """``submit``, as a gateway in another process has it (``ServingEngine``)."""
+        return self.submit(name, task, items, timeout_s=timeout_s, caller=caller)
 
     def _submit(
         self,

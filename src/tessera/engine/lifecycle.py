@@ -28,18 +28,24 @@ import contextlib
 import dataclasses
 import logging
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tessera.errors import ModelNotFoundError, RolloutFailedError, TesseraError
+from tessera.errors import (
+    ModelNotFoundError,
+    RolloutFailedError,
+    TaskMismatchError,
+    TesseraError,
+)
 from tessera.metrics import RolloutCount, RolloutStats
 from tessera.repository import read_versions
 from tessera.repository.spec import ModelSpec
 from tessera.tasks.samples import answer_text, smoke_item, warmup_items
+from tessera.tasks.types import Task
 
 from .counters import ModelCounters
 
@@ -69,6 +75,40 @@ class ServedModel:
     @property
     def current_spec(self) -> ModelSpec:
         return self.specs[self.current]
+
+
+def served_names(served: Mapping[str, ServedModel]) -> list[str]:
+    return sorted(served)
+
+
+def served_versions(served: Mapping[str, ServedModel], name: str) -> list[ModelSpec]:
+    """The versions of model ``name``, oldest first."""
+    model = served.get(name)
+    if model is None:
+        raise ModelNotFoundError(name)
+    return sorted(model.specs.values(), key=lambda s: s.version or 0)
+
+
+def served_spec(served: Mapping[str, ServedModel], name: str) -> ModelSpec:
+    """The version ``name`` names: ``model`` (its current version) or
+    ``model@version`` (that version, while it is served)."""
+    model, _, version = name.partition("@")
+    found = served.get(model)
+    if found is None:
+        raise ModelNotFoundError(model)
+    if not version:
+        return found.current_spec
+    for spec in found.specs.values():
+        if spec.version_label == version:
+            return spec
+    raise ModelNotFoundError(name)
+
+
+def spec_for_task(spec: ModelSpec, name: str, task: Task) -> ModelSpec:
+    """``spec``, if its model does ``task``."""
+    if spec.task is not task:
+        raise TaskMismatchError(f"model {name!r} does {spec.task.value}, not {task.value}")
+    return spec
 
 
 @dataclass

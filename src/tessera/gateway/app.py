@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
 from tessera import __version__
 from tessera.config import DEFAULT_MAX_BODY_BYTES
-from tessera.engine import Engine, PreloadProgress
+from tessera.engine import PreloadProgress, ServingEngine
 from tessera.gateway import (
     admin,
     dashboard,
@@ -26,7 +27,9 @@ from tessera.gateway import (
 from tessera.gateway.common import BodyLimitMiddleware
 from tessera.gateway.context import RequestContextMiddleware
 from tessera.gateway.errors import UnexpectedErrorMiddleware, install_error_handlers
+from tessera.gateway.forward import EngineAppForward
 from tessera.gateway.observability import install_observability
+from tessera.metrics import StatsSink
 from tessera.repository.watch import RepositoryWatcher
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tenants import AuditLog, TenantStore
@@ -38,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def create_app(
-    engine: Engine,
+    engine: ServingEngine,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     tenant_store: TenantStore | None = None,
@@ -50,6 +53,8 @@ def create_app(
     watcher: RepositoryWatcher | None = None,
     watch_interval_s: float = 5.0,
     cluster: RayEngines | None = None,
+    engine_app: Path | None = None,
+    request_events: StatsSink | None = None,
 ) -> FastAPI:
     """An app serving ``engine``; preloading starts with the app and runs in the
     background, so liveness answers at once and readiness once it is done.
@@ -58,7 +63,11 @@ def create_app(
     With a ``watcher``, once preloading is over, the repository folders it
     watches are polled every ``watch_interval_s`` for new models and versions.
     With a ``cluster`` (the engine actors that ``engine``'s models run on),
-    their reports are read from the start, and ``/admin/cluster`` shows them."""
+    their reports are read from the start, and ``/admin/cluster`` shows them.
+    A gateway process's app (``gateway/split.py``) passes ``engine_app``, the
+    socket of the engine process's app, which answers ``/admin``, ``/metrics``
+    and the live page, and ``request_events``, where its answered requests
+    are counted instead of here."""
 
     async def watch_after(preload: asyncio.Task[None], watcher: RepositoryWatcher) -> None:
         await asyncio.wait({preload})  # over, whatever its outcome
@@ -113,4 +122,8 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(RequestContextMiddleware)
+    if request_events is not None:
+        app.state.stats = request_events
+    if engine_app is not None:
+        app.add_middleware(EngineAppForward, socket_path=engine_app)  # before the rest
     return app

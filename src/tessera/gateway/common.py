@@ -12,7 +12,7 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.admission import TenantLimits
-from tessera.engine import Caller, Engine, Submission
+from tessera.engine import Caller, ServingEngine, Submission
 from tessera.errors import PermissionDeniedError, RequestCancelledError
 from tessera.gateway.errors import error_body
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
@@ -22,8 +22,8 @@ from tessera.tenants import Principal
 T = TypeVar("T")
 
 
-def engine_of(request: HTTPConnection) -> Engine:
-    engine: Engine = request.app.state.engine
+def engine_of(request: HTTPConnection) -> ServingEngine:
+    engine: ServingEngine = request.app.state.engine
     return engine
 
 
@@ -57,7 +57,7 @@ def caller_of(request: HTTPConnection, model: str) -> Caller | None:
     return Caller(limits, tier.name, tier.weight, tier.latency_target_s)
 
 
-def submit_task(request: Request, model: str, task: Task, items: list[Any]) -> Submission:
+async def submit_task(request: Request, model: str, task: Task, items: list[Any]) -> Submission:
     """Admit and queue a request for ``model`` (``model@version`` for that
     version; refusals raise here). The response names the version that
     answers (``x-model-version``), as the audit row does (``model@version``
@@ -65,7 +65,7 @@ def submit_task(request: Request, model: str, task: Task, items: list[Any]) -> S
     info = request.state.audit
     info.model, info.task = model, task.value
     caller = caller_of(request, model)
-    submission = engine_of(request).submit(
+    submission = await engine_of(request).asubmit(
         model, task, items, timeout_s=timeout_of(request), caller=caller
     )
     info.model = submission.model
@@ -76,7 +76,7 @@ def submit_task(request: Request, model: str, task: Task, items: list[Any]) -> S
 
 async def run_task(request: Request, model: str, task: Task, items: list[Any]) -> list[Any]:
     """Submit a request and await its outputs, unless the client goes away first."""
-    submission = submit_task(request, model, task, items)
+    submission = await submit_task(request, model, task, items)
     engine = engine_of(request)
     return await unless_disconnected(request, engine.wait(submission, request.state.audit.trace))
 

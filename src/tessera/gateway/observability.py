@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from tessera.engine import Engine
+from tessera.engine import ServingEngine
 from tessera.errors import ModelNotFoundError
 from tessera.gateway.common import engine_of
 from tessera.gateway.errors import error_body
@@ -79,7 +79,7 @@ class ServedNames:
     """The names a model label may take: the models and versions served now
     (models registered while serving are labelled too)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: ServingEngine) -> None:
         self._engine = engine
 
     def __contains__(self, name: object) -> bool:
@@ -94,7 +94,7 @@ class ServedNames:
 
 def install_observability(
     app: FastAPI,
-    engine: Engine,
+    engine: ServingEngine,
     *,
     per_tenant_labels: bool = False,
     max_tenant_labels: int = DEFAULT_MAX_TENANT_LABELS,

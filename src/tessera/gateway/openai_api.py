@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from tessera.engine import Engine
+from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError, TesseraError
 from tessera.gateway.common import engine_of, run_task, submit_task, visible_models
 from tessera.gateway.errors import error_body, status_of
@@ -167,7 +167,7 @@ def chat_input(body: ChatRequest, on_text: Any = None) -> ChatInput:
     )
 
 
-def chat_task(engine: Engine, model: str) -> Task:
+def chat_task(engine: ServingEngine, model: str) -> Task:
     """A vision-language OCR model answers chats too (its task is ``ocr``);
     any other model is asked to generate, and refuses if it does not."""
     spec = engine.spec(model)
@@ -197,7 +197,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
         # the wait runs as its own task so the admission is released even if
         # the stream is never read.
         task = chat_task(engine_of(request), body.model)
-        submission = submit_task(request, body.model, task, [chat_input(body, on_text)])
+        submission = await submit_task(request, body.model, task, [chat_input(body, on_text)])
         work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
         return StreamingResponse(
             _stream_chat(body.model, work, pieces, completion_id, created),

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import signal
 from collections.abc import Callable, Generator
 from typing import Any
@@ -35,8 +36,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from tessera.config import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S
-from tessera.engine import Engine
+from tessera.config import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ServerConfig
+from tessera.engine import ServingEngine
 from tessera.gateway.errors import error_body
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,30 @@ class GatewayConfig(uvicorn.Config):
         super().__init__(app, http=TimedHttpProtocol, timeout_graceful_shutdown=FLUSH_S, **kwargs)
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
+
+
+def http_config(
+    app: Any, settings: ServerConfig, log_level: str, *, trust_forwarded: bool = False, **where: Any
+) -> GatewayConfig:
+    """Uvicorn's settings for ``app`` from the server's config; ``where`` says
+    where it listens (host and port, a Unix socket, or sockets given to
+    ``serve``). ``trust_forwarded``: X-Forwarded-For names the client,
+    whoever sends it (the engine process's own socket, which only its
+    gateways reach)."""
+    trusted = ["*"] if trust_forwarded else list(settings.trusted_proxies)
+    return GatewayConfig(
+        app,
+        log_level=log_level.lower(),
+        log_config=None,
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        timeout_keep_alive=math.ceil(settings.keep_alive_s),
+        # The client's address is the peer's unless a trusted proxy says otherwise:
+        # uvicorn would take X-Forwarded-For from any local caller by default.
+        proxy_headers=bool(trusted),
+        forwarded_allow_ips=trusted,
+        **where,
+    )
 
 
 class TimedHttpProtocol(HttpToolsProtocol):
@@ -172,7 +197,9 @@ def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
 class GatewayServer(uvicorn.Server):
     """Uvicorn's server with a drain before it stops (see the module's notes)."""
 
-    def __init__(self, config: uvicorn.Config, engine: Engine, shutdown_grace_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, engine: ServingEngine, shutdown_grace_s: float
+    ) -> None:
         super().__init__(config)
         self.engine = engine
         self.shutdown_grace_s = shutdown_grace_s

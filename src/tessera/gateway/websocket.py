@@ -61,7 +61,7 @@ from pydantic import BaseModel, Field
 from starlette.websockets import WebSocketDisconnect
 
 from tessera.config import DEFAULT_MAX_BODY_BYTES
-from tessera.engine import Engine
+from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError, RequestCancelledError, TesseraError
 from tessera.gateway.common import caller_of
 from tessera.gateway.context import AuditInfo, api_key, audit_request
@@ -153,7 +153,7 @@ class _Session:
     def __init__(self, websocket: WebSocket) -> None:
         self.ws = websocket
         self.app_state = websocket.app.state
-        self.engine: Engine = self.app_state.engine
+        self.engine: ServingEngine = self.app_state.engine
         self.store = getattr(self.app_state, "tenant_store", None)
         self.max_bytes: int = getattr(self.app_state, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
         self.principal: Principal | None = None
@@ -359,7 +359,9 @@ class _Session:
         message.audited = True
         try:
             caller = caller_of(self.ws, model)
-            submission = self.engine.submit(model, task, items, timeout_s=timeout_s, caller=caller)
+            submission = await self.engine.asubmit(
+                model, task, items, timeout_s=timeout_s, caller=caller
+            )
             info.model = submission.model
             outputs = await self.engine.wait(submission, info.trace)
             status = 200

@@ -1,0 +1,207 @@
+"""The process split's two ends over a real Unix socket, in one event loop:
+``EngineCore`` serving a real ``Engine`` (fake models) and ``RemoteEngine``s
+as gateway processes have them. What a gateway gets is what the engine
+gives: outputs, refusals as the same errors, streamed pieces, charges,
+cancellation, admin calls and the state; tenant limits are the engine's,
+so two gateways together get exactly what one would."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builders import fake_engine
+from tessera.admission import TenantLimits
+from tessera.engine import Caller, Engine, RequestTrace
+from tessera.engine.core import EngineCore
+from tessera.engine.remote import RemoteEngine
+from tessera.errors import (
+    InvalidInputError,
+    ModelNotFoundError,
+    ModelUnavailableError,
+    RateLimitedError,
+    ShuttingDownError,
+    TaskMismatchError,
+)
+from tessera.metrics import RequestEvent
+from tessera.tasks.types import ChatInput, ChatMessage, Task, TextInput
+
+MODELS: dict[str, dict[str, Any]] = {
+    "echo": {"task": "embedding", "preload": True},
+    "slow": {"task": "embedding", "options": {"run_s": 0.3}},
+    "chat": {"task": "generate", "options": {"word_s": 0.01}},
+}
+
+
+@asynccontextmanager
+async def split(
+    tmp_path: Path, count: int = 1, **config: Any
+) -> AsyncIterator[tuple[Engine, EngineCore, list[RemoteEngine]]]:
+    async with fake_engine(tmp_path / "repo", MODELS, **config) as engine:
+        events: list[RequestEvent] = []
+        core = EngineCore(engine, on_events=events.append, state_interval_s=0.05)
+        socket_path = tmp_path / "engine.sock"
+        await core.start(socket_path)
+        remotes = [RemoteEngine(socket_path) for _ in range(count)]
+        try:
+            for remote in remotes:
+                await remote.connect(timeout_s=10)
+            yield engine, core, remotes
+        finally:
+            for remote in remotes:
+                await remote.close()
+            await core.close()
+
+
+async def run(remote: RemoteEngine, name: str, items: list[Any], **kw: Any) -> list[Any]:
+    submission = await remote.asubmit(name, Task.EMBEDDING, items, **kw)
+    return await remote.wait(submission)
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not within {timeout_s} s")
+
+
+async def test_outputs_trace_and_charge_are_the_engines(tmp_path: Path) -> None:
+    async with split(tmp_path) as (engine, _, (remote,)):
+        items = [TextInput("a b"), TextInput("c")]
+        direct = await engine.infer("echo", Task.EMBEDDING, items)
+        submission = await remote.asubmit("echo", Task.EMBEDDING, items)
+        assert submission.model == "echo"
+        assert submission.version == "1"
+        trace = RequestTrace()
+        outputs = await remote.wait(submission, trace)
+        assert [list(o) for o in outputs] == [list(o) for o in direct]
+        assert trace.batch_size == 2
+        assert trace.run_s >= 0
+        await until(lambda: submission.request.charge.settled)
+        assert submission.request.charge.units == submission.request.units > 0
+
+
+async def test_models_state_and_phase_come_from_the_engine(tmp_path: Path) -> None:
+    async with split(tmp_path) as (engine, _, (remote,)):
+        assert remote.model_names() == engine.model_names() == ["chat", "echo", "slow"]
+        assert remote.spec("echo") == engine.spec("echo")
+        assert remote.versions("slow") == engine.versions("slow")
+        assert remote.ready
+        assert remote.phase == "ready"
+        with pytest.raises(ModelNotFoundError):
+            remote.spec("nope")
+        with pytest.raises(TaskMismatchError):
+            remote.spec_for("chat", Task.EMBEDDING)
+        stats = await remote.load("slow")  # an admin call; the state follows it
+        assert stats.state == "ready"
+        assert remote.snapshot().model("slow").state == "ready"  # type: ignore[union-attr]
+        assert await remote.unload("slow") is True
+
+
+async def test_refusals_arrive_as_the_same_errors(tmp_path: Path) -> None:
+    async with split(tmp_path) as (_, _, (remote,)):
+        with pytest.raises(ModelNotFoundError) as missing:
+            await run(remote, "nope", [TextInput("x")])
+        assert missing.value.name == "nope"
+        with pytest.raises(InvalidInputError, match="must not be empty"):
+            await run(remote, "echo", [])
+        limits = TenantLimits("acme", qps=0.01, burst=1)
+        await run(remote, "echo", [TextInput("x")], caller=Caller(limits))
+        with pytest.raises(RateLimitedError) as limited:
+            await run(remote, "echo", [TextInput("x")], caller=Caller(limits))
+        assert limited.value.reason == "rate"
+        assert limited.value.retry_after_s > 1
+
+
+async def test_concurrency_is_counted_once_across_gateways(tmp_path: Path) -> None:
+    async with split(tmp_path, count=2) as (_, _, remotes):
+        limits = TenantLimits("acme", max_concurrency=3)
+        tries = [
+            run(remote, "slow", [TextInput("x")], caller=Caller(limits))
+            for remote in remotes
+            for _ in range(4)
+        ]
+        results = await asyncio.gather(*tries, return_exceptions=True)
+        refused = [r for r in results if isinstance(r, RateLimitedError)]
+        answered = [r for r in results if isinstance(r, list)]
+        assert (len(answered), len(refused)) == (3, 5)
+        assert all(r.reason == "concurrency" for r in refused)
+
+
+async def test_a_stream_comes_back_piece_by_piece(tmp_path: Path) -> None:
+    async with split(tmp_path) as (_, _, (remote,)):
+        pieces: list[str] = []
+        chat = ChatInput((ChatMessage("user", "one two three"),), on_text=pieces.append)
+        submission = await remote.asubmit("chat", Task.GENERATE, [chat])
+        (output,) = await remote.wait(submission)
+        assert pieces
+        assert "".join(pieces).strip() == output.text.strip()
+
+
+async def test_a_caller_that_leaves_cancels_its_request(tmp_path: Path) -> None:
+    async with split(tmp_path, num_workers=1) as (engine, _, (remote,)):
+        await engine.load("slow")
+        first = asyncio.ensure_future(run(remote, "slow", [TextInput("runs")]))
+        await until(lambda: engine.snapshot().model("slow").num_requests == 1)  # type: ignore[union-attr]
+        await asyncio.sleep(0.1)  # its batch formed (20 ms) and runs (0.3 s)
+        submission = await remote.asubmit("slow", Task.EMBEDDING, [TextInput("queued")])
+        waiting = asyncio.ensure_future(remote.wait(submission))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        await first
+        await until(lambda: submission.request.charge.settled)
+        assert submission.request.charge.units == 0  # dropped before it ran
+        assert engine.snapshot().model("slow").num_batches == 1  # type: ignore[union-attr]
+
+
+async def test_answered_requests_reach_the_engines_metrics(tmp_path: Path) -> None:
+    async with fake_engine(tmp_path / "repo", MODELS) as engine:
+        events: list[RequestEvent] = []
+        core = EngineCore(engine, on_events=events.append)
+        await core.start(tmp_path / "engine.sock")
+        remote = RemoteEngine(tmp_path / "engine.sock")
+        await remote.connect(timeout_s=10)
+        event = RequestEvent("echo", "embedding", "standard", "acme", 200, 0.01, 0.0, None)
+        remote.on_request(event)
+        remote.on_request(event)
+        await until(lambda: len(events) == 2)
+        assert events[0] == event
+        await remote.close()
+        await core.close()
+
+
+async def test_losing_the_engine_answers_what_waits_and_stops_new_work(tmp_path: Path) -> None:
+    async with fake_engine(tmp_path / "repo", MODELS) as engine:
+        core = EngineCore(engine)
+        await core.start(tmp_path / "engine.sock")
+        remote = RemoteEngine(tmp_path / "engine.sock")
+        await remote.connect(timeout_s=10)
+        await engine.load("slow")
+        submission = await remote.asubmit("slow", Task.EMBEDDING, [TextInput("x")])
+        waiting = asyncio.ensure_future(remote.wait(submission))
+        await core.close()
+        with pytest.raises(ModelUnavailableError, match="engine process is gone"):
+            await waiting
+        await asyncio.wait_for(remote.lost.wait(), 5)
+        assert not remote.ready
+        with pytest.raises(ShuttingDownError):
+            await remote.asubmit("echo", Task.EMBEDDING, [TextInput("x")])
+        await remote.close()
+
+
+async def test_a_drain_answers_what_is_in_flight_then_refuses(tmp_path: Path) -> None:
+    async with split(tmp_path) as (engine, _, (remote,)):
+        await engine.load("slow")
+        work = asyncio.ensure_future(run(remote, "slow", [TextInput("x")]))
+        await until(lambda: engine.snapshot().model("slow").num_requests == 1)  # type: ignore[union-attr]
+        assert await remote.drain(5.0) == 0
+        assert len(await work) == 1
+        assert remote.phase == "draining"
+        with pytest.raises(ShuttingDownError):
+            await remote.asubmit("echo", Task.EMBEDDING, [TextInput("x")])
