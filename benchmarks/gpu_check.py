@@ -496,9 +496,10 @@ def cmd_one_model(a: argparse.Namespace) -> None:
     repo = work / "one-repo" / MODEL
     repo.mkdir(parents=True, exist_ok=True)
     shutil.copy2(default_repository_path() / MODEL / "model.yaml", repo)
-    part: Part = {"model": MODEL, "levels": {}}
-    config = {"model_repositories": [str(repo.parent)], "preload": [MODEL]}
-    with tessera_server(work, "one", config, a.device) as url:
+    part: Part = {"model": MODEL, "levels": {}, "gateways": a.gateways}
+    gateways = int(a.gateways) if a.gateways.isdigit() else a.gateways
+    config = {"model_repositories": [str(repo.parent)], "preload": [MODEL], "gateways": gateways}
+    with tessera_server(work, f"one-g{a.gateways}", config, a.device) as url:
         part["levels"]["1"] = bench(url, 1, 1, a.seconds, work / "bench-c1")
         save(part)
         for c in a.levels:
@@ -694,6 +695,7 @@ def main() -> None:
         s.set_defaults(run=run)
         if name == "one-model":
             s.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")])
+            s.add_argument("--gateways", default="auto", help="the server's gateway processes")
             continue
         s.add_argument("--label", required=True)
         s.add_argument("--models", type=int, default=100)

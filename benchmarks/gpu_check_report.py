@@ -275,9 +275,11 @@ def server_tables(report: Part) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     rows: list[tuple[str, Part]] = []
-    one = report.get("one_model") or {}
-    for c, level in (one.get("levels") or {}).items():
-        rows.append((f"one model, c={c}", {"models": 1, **level}))
+    for key in ("one_model", "one_model_g0"):
+        one = report.get(key) or {}
+        for c, level in (one.get("levels") or {}).items():
+            where = f"{one.get('gateways', 'auto')} gateway processes"
+            rows.append((f"one model ({where}), c={c}", {"models": 1, **level}))
     for label, key in (("all resident", "many_all"), ("budget", "many_budget")):
         part = report.get(key) or {}
         if part.get("holds"):

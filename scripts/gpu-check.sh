@@ -104,6 +104,9 @@ main() {
   step many_all 180 "$PY" -m gpu_check many "${many[@]}" --label all --out "$P/many_all.json"
   step many_budget 180 "$PY" -m gpu_check many "${many[@]}" --label budget --holds "$HOLDS" \
     --sizes-from "$P/many_all.json" --zipf 1.1 --out "$P/many_budget.json"
+  # The process split's worth: the same model in one process (gateways 0), at the top level.
+  step one_model_g0 90 "$PY" -m gpu_check one-model "${common[@]}" --levels "${LEVELS##*,}" \
+    --gateways 0 --out "$P/one_model_g0.json"
   log "steps done"
 }
 
