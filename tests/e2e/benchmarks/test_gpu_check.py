@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-STEPS = ("env", "pytest", "torch", "one_model", "many_all", "many_budget")
+STEPS = ("env", "pytest", "torch", "one_model", "many_all", "many_budget", "one_model_g0")
 
 pytestmark = pytest.mark.slow
 
@@ -53,10 +53,13 @@ def test_quick_cpu_run_measures_every_step_and_reports_each_bar(tmp_path: Path) 
     assert report["pytest"]["failures"] == report["pytest"]["errors"] == 0
     assert report["torch"]["sentences_per_s"]["32"] > 0
     assert report["one_model"]["levels"]["1"]["ok"] > 0
+    assert report["one_model_g0"]["gateways"] == "0"
+    assert report["one_model_g0"]["levels"]["8"]["ok"] > 0  # one process, the top level
     assert report["many_budget"]["swap_ins"]["loads"] > 0  # the budget made it swap
     assert len(report["bars"]) == 8
     assert {b["status"] for b in report["bars"]} == {"n/a (not a GPU)"}  # each one measured
     markdown = (out / "gpu-check.md").read_text()
     assert "| one model, p50 at c=1 |" in markdown
+    assert "| one model (0 gateway processes), c=8 |" in markdown
     assert "## Plain torch and transformers, no tessera (same run)" in markdown
     assert (out / "servers.log").stat().st_size > 0
