@@ -51,3 +51,32 @@ async def test_embedding_model_runs_on_cuda_within_the_budget() -> None:
         assert resident.activation_bytes_per_unit is not None
     finally:
         await engine.close()
+
+
+def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -> None:
+    import numpy as np
+
+    from tessera.repository import default_repository_path, read_spec
+    from tessera.runtimes.graphs import BATCH_BUCKETS, CHECK_TEXTS, LENGTH_BUCKETS
+    from tessera.runtimes.hf import SentenceEncoder
+
+    folder = read_spec(default_repository_path() / "all-minilm-l6-v2").resolve_source()
+    reference = SentenceEncoder.from_folder(folder, "cpu")
+    encoder = SentenceEncoder.from_folder(folder, "cuda")  # dtype auto, graphs on
+    try:
+        assert next(encoder.model.parameters()).dtype == torch.float16
+        assert encoder.graphs is not None
+        assert encoder.graphs.num_runners == len(BATCH_BUCKETS) * len(LENGTH_BUCKETS)
+        texts = list(CHECK_TEXTS)
+        want = reference.encode(texts)
+        for size in (1, 3, len(texts)):  # through buckets of 1, 4 and 8 rows
+            got = encoder.encode(texts[:size])
+            assert np.min(np.sum(got * want[:size], axis=1)) >= 0.999
+        assert encoder.offload() is not None  # the graphs go with the weights
+        assert encoder.graphs.num_runners == 0
+        encoder.restore()
+        got = encoder.encode(texts)  # captured again as needed
+        assert np.min(np.sum(got * want, axis=1)) >= 0.999
+    finally:
+        encoder.close()
+        reference.close()

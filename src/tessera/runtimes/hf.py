@@ -33,6 +33,15 @@ from tessera.errors import InferenceError, InvalidInputError, ModelUnavailableEr
 from tessera.footprint import Footprint
 from tessera.runtimes.base import LoadContext, SharedComponents
 from tessera.runtimes.digest import content_digest
+from tessera.runtimes.graphs import (
+    DeviceOptions,
+    GraphForward,
+    choose_precision,
+    cuda_graph_forward,
+    device_options,
+    encoder_variant,
+    graphs_bytes,
+)
 from tessera.runtimes.hostcopy import HostCopy
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.tasks.types import ClassifyOutput, LabelScore, RerankInput, Task, TextInput
@@ -184,10 +193,12 @@ def torch_device_of(device: Device | None) -> str:
     return device.torch_device() if device is not None else "cpu"
 
 
-def encoder_key(path: Path, torch_device: str) -> str:
+def encoder_key(path: Path, torch_device: str, spec: ModelSpec | None = None) -> str:
     """The shared-component key of the encoder in ``path`` on ``torch_device``:
-    by the content of its files, so a copied folder shares the same encoder."""
-    return f"hf-encoder:{content_digest(path)}:{torch_device}"
+    by the content of its files, so a copied folder shares the same encoder,
+    and by the precision and graphs ``spec`` asks for where not the defaults."""
+    variant = encoder_variant(spec) if spec is not None else ""
+    return f"hf-encoder:{content_digest(path)}:{torch_device}{variant}"
 
 
 def hf_weights_bytes(path: Path) -> int:
@@ -206,23 +217,66 @@ class SentenceEncoder:
     "Already borrowed"); the forward pass needs no lock under inference mode.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, device: str) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str,
+        *,
+        output: str = "last_hidden_state",
+        graphs: GraphForward | None = None,
+    ) -> None:
         self.model: Any = model
         self.tokenizer: Any = tokenizer
         self.device = device
+        self.output = output
+        self.graphs = graphs  # on CUDA: the forward at bucketed shapes, as graphs
         self.num_bytes = torch_module_bytes(model)
         self._tokenize_lock = threading.Lock()
         self._host_copy: HostCopy | None = None  # its weights while in the host tier
 
     @classmethod
-    def from_folder(cls, path: Path, device: str) -> SentenceEncoder:
+    def on_device(
+        cls,
+        model: Any,
+        tokenizer: Any,
+        device: str,
+        options: DeviceOptions,
+        *,
+        output: str = "last_hidden_state",
+        name: str = "",
+        capture: bool = True,
+    ) -> SentenceEncoder:
+        """``model`` moved to ``device`` in the precision ``options`` ask for
+        (checked: ``runtimes/graphs.py``), with graphs on CUDA unless they say
+        not, captured now if ``capture`` (a first load: counted in its bytes)."""
+        model.to(device).eval()
+        choose_precision(model, tokenizer, device, options.dtype, output, name)
+        graphs = None
+        if options.graphs and device.startswith("cuda"):
+            graphs = cuda_graph_forward(model, tokenizer, output)
+        encoder = cls(model, tokenizer, device, output=output, graphs=graphs)
+        if graphs is not None and capture:
+            encoder.num_bytes += graphs_bytes(graphs, device)
+        return encoder
+
+    @classmethod
+    def from_folder(
+        cls, path: Path, device: str, options: DeviceOptions | None = None, *, capture: bool = True
+    ) -> SentenceEncoder:
         from transformers import AutoModel, AutoTokenizer
 
         quiet_transformers()
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModel.from_pretrained(str(path), local_files_only=True)
-        model.to(device).eval()
-        return cls(model, tokenizer, device)
+        options = options or DeviceOptions()
+        return cls.on_device(model, tokenizer, device, options, name=path.name, capture=capture)
+
+    def forward(self, batch: Any) -> Any:
+        """The model's wanted output for a tokenized batch (through the graphs on CUDA)."""
+        if self.graphs is not None:
+            return self.graphs(batch)
+        return getattr(self.model(**batch), self.output)
 
     @property
     def dim(self) -> int:
@@ -252,7 +306,7 @@ class SentenceEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         batch = self.tokenize(list(texts), max_length)
         with torch.inference_mode():
-            hidden = self.model(**batch).last_hidden_state
+            hidden = self.forward(batch)
             if pooling == "cls":
                 vectors = hidden[:, 0]
             else:
@@ -267,6 +321,8 @@ class SentenceEncoder:
         """Move the weights to the host tier (the module and tokenizer stay built)."""
         if self.model is None or self._host_copy is not None:
             return None
+        if self.graphs is not None:
+            self.graphs.reset()  # they read the weights where they are now
         self._host_copy = HostCopy.offload([self.model], self.device)
         empty_device_cache(self.device)
         return self._host_copy.footprint()
@@ -289,6 +345,9 @@ class SentenceEncoder:
         """Drop the weights (called when the last user releases the encoder)."""
         self.model = None
         self.tokenizer = None
+        if self.graphs is not None:
+            self.graphs.reset()
+            self.graphs = None
         copy, self._host_copy = self._host_copy, None
         if copy is not None:
             copy.close()
@@ -310,17 +369,20 @@ def empty_device_cache(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def acquire_encoder(ctx: LoadContext, path: Path, model_name: str) -> tuple[str, SentenceEncoder]:
-    """The shared encoder of ``path`` on ``ctx``'s device: (key, encoder).
+def acquire_encoder(ctx: LoadContext, path: Path, spec: ModelSpec) -> tuple[str, SentenceEncoder]:
+    """The shared encoder of ``path`` on ``ctx``'s device, as ``spec``'s
+    precision and graphs options ask: (key, encoder).
 
     The caller owns one reference and must ``ctx.shared.release(key)`` once.
     """
     device = ctx.device.torch_device()
-    key = encoder_key(path, device)
+    key = encoder_key(path, device, spec)
+    options = device_options(spec)
+    model_name = spec.name
 
     def build() -> tuple[SentenceEncoder, int]:
         try:
-            encoder = SentenceEncoder.from_folder(path, device)
+            encoder = SentenceEncoder.from_folder(path, device, options, capture=ctx.warm_up)
         except LOAD_ERRORS as e:
             raise ModelUnavailableError(model_name, f"cannot load encoder {path}: {e}") from e
         return encoder, encoder.num_bytes
@@ -445,12 +507,12 @@ class _SharedEncoderLoader:
         return hf_weights_bytes(self.encoder_path(spec))
 
     def shared_keys(self, spec: ModelSpec, device: Device | None = None) -> tuple[str, ...]:
-        return (encoder_key(self.encoder_path(spec), torch_device_of(device)),)
+        return (encoder_key(self.encoder_path(spec), torch_device_of(device), spec),)
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> SharedEncoderModel:
         expect_task(spec, self.task)
         options = EncoderOptions.from_spec(spec)
-        key, encoder = acquire_encoder(ctx, self.encoder_path(spec), spec.name)
+        key, encoder = acquire_encoder(ctx, self.encoder_path(spec), spec)
         return self.model_class(ctx.shared, key, encoder, options)
 
 
@@ -501,7 +563,7 @@ class HfSequenceClassifierModel:
         else:
             batch = encoder.tokenize(texts_of(items), self._max_length)
         with torch.inference_mode():
-            logits = encoder.model(**batch).logits.float().cpu().numpy()
+            logits = encoder.forward(batch).float().cpu().numpy()
         return self._head.outputs(logits)
 
     def memory(self) -> Footprint:
@@ -557,8 +619,14 @@ class HfSequenceClassifierLoader:
             )
         except LOAD_ERRORS as e:
             raise ModelUnavailableError(spec.name, f"cannot load classifier {path}: {e}") from e
-        model.to(device).eval()
         head = ClassifierHead.from_config(spec, model.config)
-        return HfSequenceClassifierModel(
-            SentenceEncoder(model, tokenizer, device), head, max_length
+        encoder = SentenceEncoder.on_device(
+            model,
+            tokenizer,
+            device,
+            device_options(spec),
+            output="logits",
+            name=spec.name,
+            capture=ctx.warm_up,
         )
+        return HfSequenceClassifierModel(encoder, head, max_length)

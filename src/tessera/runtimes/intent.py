@@ -159,7 +159,7 @@ class RagIntentLoader:
         return head_bytes + hf_weights_bytes(self._encoder_path(spec))
 
     def shared_keys(self, spec: ModelSpec, device: Device | None = None) -> tuple[str, ...]:
-        return (encoder_key(self._encoder_path(spec), torch_device_of(device)),)
+        return (encoder_key(self._encoder_path(spec), torch_device_of(device), spec),)
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> RagIntentModel:
         expect_task(spec, Task.CLASSIFY)
@@ -169,5 +169,5 @@ class RagIntentLoader:
             head = IntentHead.from_folder(folder, self._head_name(spec))
         except (OSError, ValueError, AttributeError, ImportError, EOFError) as e:
             raise ModelUnavailableError(spec.name, f"cannot load intent head: {e}") from e
-        key, encoder = acquire_encoder(ctx, self._encoder_path(spec), spec.name)
+        key, encoder = acquire_encoder(ctx, self._encoder_path(spec), spec)
         return RagIntentModel(ctx.shared, key, encoder, head, top_k)

@@ -60,6 +60,9 @@ def test_a_first_load_counts_the_model_not_its_libraries(name: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     first, later = figures["first"], figures["later"]
-    # The same model, counted twice: equal within the resident set's noise.
-    assert first <= later * 1.25 + 8 * MIB, figures
-    assert later <= first * 1.25 + 8 * MIB, figures
+    # The same model, counted twice: equal within the resident set's noise,
+    # which is wide for OCR (its warm-up page grows onnxruntime's arena, and
+    # glibc keeps what an unload frees for the next load): 75 against 46 MiB
+    # was seen once beside other tests. Unprimed, the first counted 2.3-3.9x.
+    assert first <= later * 1.75 + 8 * MIB, figures
+    assert later <= first * 1.75 + 8 * MIB, figures

@@ -1,0 +1,189 @@
+"""The GPU paths of the text encoders that run on the CPU too: the bucketed
+forward (padding, the additive mask, cutting back, the fallbacks) with an
+eager runner in place of a CUDA graph, and the precision check, on the
+packaged MiniLM. The CUDA graphs themselves are tests/gpu/test_cuda.py's."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tessera.errors import ModelUnavailableError
+from tessera.repository import default_repository_path, read_spec
+from tessera.runtimes.base import standalone_context
+from tessera.runtimes.graphs import (
+    CHECK_TEXTS,
+    GraphForward,
+    Inputs,
+    Runner,
+    device_options,
+    eager_runner,
+    encoder_variant,
+    reduce_precision,
+)
+from tessera.runtimes.hf import SentenceEncoder, encoder_key
+from tessera.runtimes.registry import get_loader
+from tessera.tasks.types import TextInput
+
+pytestmark = pytest.mark.slow
+
+MODEL = default_repository_path() / "all-minilm-l6-v2"
+
+
+@pytest.fixture(scope="module")
+def encoder() -> Iterator[SentenceEncoder]:
+    spec = read_spec(MODEL)
+    found = SentenceEncoder.from_folder(spec.resolve_source(), "cpu")
+    yield found
+    found.close()
+
+
+def forward_of(encoder: SentenceEncoder, make_runner: Any = eager_runner) -> GraphForward:
+    return GraphForward(
+        encoder.model,
+        "last_hidden_state",
+        encoder.tokenizer.pad_token_id,
+        make_runner,
+        input_keys=encoder.tokenizer.model_input_names,
+    )
+
+
+def plain(encoder: SentenceEncoder, batch: Any) -> torch.Tensor:
+    with torch.inference_mode():
+        hidden: torch.Tensor = encoder.model(**batch).last_hidden_state
+    return hidden
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ["one"],  # batch 1, length 3: bucket (1, 16)
+        ["a short one", "and a somewhat longer sentence than the first"],  # (2, 16)
+        [f"sentence number {i} " * (i + 1) for i in range(5)],  # (8, 32): rows padded too
+        ["word " * 40, "x"],  # length 42: bucket 64
+    ],
+)
+def test_a_bucket_gives_the_plain_forwards_vectors(
+    encoder: SentenceEncoder, texts: list[str]
+) -> None:
+    graphs = forward_of(encoder)
+    batch = encoder.tokenize(texts, 256)
+    graphs(batch)  # the first use runs eager; the second builds the bucket
+    got = graphs(batch)
+    want = plain(encoder, batch)
+    assert got.shape == want.shape
+    real = batch["attention_mask"].bool()
+    assert torch.allclose(got[real], want[real], atol=1e-4)  # the padded positions differ
+    assert graphs.num_runners == 1
+
+
+def test_larger_batches_and_longer_texts_run_eager(encoder: SentenceEncoder) -> None:
+    built: list[tuple[int, ...]] = []
+
+    def counting(model: Any, output: str, example: Inputs) -> Runner:
+        built.append(tuple(example["input_ids"].shape))
+        return eager_runner(model, output, example)
+
+    graphs = forward_of(encoder, counting)
+    wide = encoder.tokenize(["word " * 100], 256)  # 102 tokens: over 64
+    many = encoder.tokenize(["x"] * 9, 256)  # 9 rows: over 8
+    assert torch.allclose(graphs(wide), plain(encoder, wide), atol=1e-5)
+    assert torch.allclose(graphs(many), plain(encoder, many), atol=1e-5)
+    assert built == []
+
+
+def test_a_bucket_that_cannot_be_built_runs_eager_and_is_not_tried_again(
+    encoder: SentenceEncoder,
+) -> None:
+    tries = []
+
+    def failing(model: Any, output: str, example: Inputs) -> Runner:
+        tries.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    graphs = forward_of(encoder, failing)
+    batch = encoder.tokenize(["hello there"], 256)
+    for _ in range(4):
+        assert torch.allclose(graphs(batch), plain(encoder, batch), atol=1e-5)
+    assert tries == [1]
+    assert graphs.num_runners == 0
+
+
+def test_prepare_builds_every_bucket_and_reset_drops_them(encoder: SentenceEncoder) -> None:
+    graphs = forward_of(encoder)
+    graphs.prepare("cpu")
+    assert graphs.num_runners == 4 * 3
+    graphs.reset()
+    assert graphs.num_runners == 0
+    batch = encoder.tokenize(["back again"], 256)
+    assert torch.allclose(graphs(batch), plain(encoder, batch), atol=1e-4)
+    assert graphs.num_runners == 0  # one use: eager
+    assert torch.allclose(graphs(batch), plain(encoder, batch), atol=1e-4)
+    assert graphs.num_runners == 1  # built again on the second
+
+
+def test_pooled_vectors_through_the_buckets_match_the_encoders(encoder: SentenceEncoder) -> None:
+    texts = ["A man is eating food.", "A man is eating a piece of bread.", "Nothing alike."]
+    want = encoder.encode(texts)
+    encoder.graphs = forward_of(encoder)
+    encoder.graphs.prepare("cpu")
+    try:
+        got = encoder.encode(texts)
+    finally:
+        encoder.graphs = None
+    assert np.allclose(got, want, atol=1e-5)
+
+
+def test_reduced_precision_is_kept_only_within_the_cosine_bar() -> None:
+    spec = read_spec(MODEL)
+    encoder = SentenceEncoder.from_folder(spec.resolve_source(), "cpu")
+    batch = encoder.tokenize(list(CHECK_TEXTS), 256)
+    cosine = reduce_precision(encoder.model, batch, "bfloat16", "last_hidden_state", 0.99)
+    assert 0.99 <= cosine < 1.0
+    assert next(encoder.model.parameters()).dtype == torch.bfloat16
+    encoder.model.float()
+    refused = reduce_precision(encoder.model, batch, "bfloat16", "last_hidden_state", 1.01)
+    assert refused < 1.01
+    assert next(encoder.model.parameters()).dtype == torch.float32  # back, as it was
+    encoder.close()
+
+
+def test_a_card_asking_for_bfloat16_loads_and_answers_close_to_float32(tmp_path: Path) -> None:
+    spec = read_spec(MODEL)
+    bf16 = replace(spec, options={**spec.options, "dtype": "bfloat16"})
+    loader = get_loader(spec.adapter)
+    ctx = standalone_context(threads=1)
+    full = loader.load(spec, ctx)
+    half = loader.load(bf16, ctx)
+    assert ctx.shared.keys() == [
+        encoder_key(spec.resolve_source(), "cpu"),
+        encoder_key(spec.resolve_source(), "cpu", bf16),
+    ]
+    items = [TextInput(t) for t in CHECK_TEXTS]
+    for a, b in zip(full.run(items), half.run(items), strict=True):
+        assert float(np.dot(a, b)) > 0.99  # both unit vectors
+    assert half.memory().total_bytes < 0.6 * full.memory().total_bytes
+    full.unload()
+    half.unload()
+
+
+def test_device_options_are_checked() -> None:
+    spec = read_spec(MODEL)
+    assert encoder_variant(spec) == ""
+    eager = replace(spec, options={**spec.options, "cuda_graphs": False})
+    assert encoder_variant(eager) == ":auto:eager"
+    with pytest.raises(ModelUnavailableError, match="dtype must be one of"):
+        device_options(replace(spec, options={**spec.options, "dtype": "int4"}))
+    with pytest.raises(ModelUnavailableError, match="cuda_graphs must be true or false"):
+        device_options(replace(spec, options={**spec.options, "cuda_graphs": "yes"}))
