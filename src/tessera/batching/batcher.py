@@ -69,6 +69,9 @@ class ModelBatcher:
         self._loop_task: asyncio.Task[None] | None = None
         # Batches running now: their task, and when each formed.
         self._running: dict[asyncio.Task[None], Batch] = {}
+        # Each running batch's predicted seconds, made once as it starts: summing
+        # a batch's units at every submit cost O(batch) per request.
+        self._running_s: dict[asyncio.Task[None], float] = {}
         self._batch_s: float | None = None  # moving average of batch run times
         self.num_batches = 0
         self.num_dropped = 0
@@ -123,8 +126,11 @@ class ModelBatcher:
         )
         now = self._clock.now()
         running_s = 0.0
-        for batch in self._running.values():
-            run_s = predictor.predict(sum(r.units for r in batch.requests)) or 0.0
+        for task, batch in self._running.items():
+            run_s = self._running_s.get(task)
+            if run_s is None:
+                units = sum(r.units for r in batch.requests)
+                run_s = self._running_s[task] = predictor.predict(units) or 0.0
             running_s += max(0.0, batch.formed_at + run_s - now)
         full = math.floor(self._queue.units_ahead(request) / batch_units)
         ahead_s = full * (predictor.predict(batch_units) or 0.0)
@@ -163,6 +169,7 @@ class ModelBatcher:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         batch = self._running.pop(task)
+        self._running_s.pop(task, None)
         run_s = self._clock.now() - batch.formed_at
         average = self._batch_s
         self._batch_s = run_s if average is None else average + BATCH_S_WEIGHT * (run_s - average)

@@ -16,8 +16,9 @@ came (``submit``). Per connection, the messages (``engine/ipc.py`` frames):
   the engine process serves.
 - engine to gateway: ``("queued", id, model_key, version, units, timeout_s)`` or
   ``("error", id, error)`` at once; then ``("done", id, outputs, queued_s,
-  run_s, batch_size)`` or ``("error", id, error)``; ``("settled", id,
-  units)`` when the request's charge is known; ``("piece", id, item, text)`` while
+  run_s, batch_size, units)`` (``units``: its charge, or None when it is
+  settled later, as ``("settled", id, units)``) or ``("error", id,
+  error)`` (and ``settled``); ``("piece", id, item, text)`` while
   a streamed chat generates; ``("reply", id, ok, value)`` for a call;
   ``("state", phase, served, snapshot)`` every ``state_interval_s`` and
   after each call: what the gateways read models, probes and ``/v2`` from.
@@ -40,7 +41,7 @@ from tessera.logs import request_id as request_id_var
 from tessera.metrics import RequestEvent
 
 from .engine import Engine, RequestTrace
-from .ipc import encode, encode_error, read_frame
+from .ipc import FrameWriter, encode, encode_error, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +50,12 @@ CALLS = frozenset({"load", "unload", "add_model", "remove_model"})
 DEFAULT_STATE_INTERVAL_S = 0.25
 
 
-class _Gateway:
-    """One gateway's connection: its writer and its requests in flight."""
+class _Gateway(FrameWriter):
+    """One gateway's connection: its frames and its requests in flight."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
+        super().__init__(writer)
         self.tasks: dict[int, asyncio.Task[None]] = {}
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(encode(message))
 
 
 class EngineCore:
@@ -102,7 +99,7 @@ class EngineCore:
         for gateway in list(self._gateways):
             for task in gateway.tasks.values():
                 task.cancel()
-            gateway.writer.close()
+            gateway.close()
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -132,7 +129,7 @@ class EngineCore:
             self._gateways.discard(gateway)
             for task in gateway.tasks.values():
                 task.cancel()  # its callers are gone with it
-            writer.close()
+            gateway.close()
 
     def _dispatch(self, gateway: _Gateway, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -182,14 +179,26 @@ class EngineCore:
         timeout = request.deadline - request.arrival if request.deadline is not None else 0.0
         queued = ("queued", call_id, submission.model, submission.version, request.units, timeout)
         gateway.send(queued)
-        request.charge.when_settled(lambda units: gateway.send(("settled", call_id, units)))
+
+        def settled(units: float) -> None:
+            gateway.send(("settled", call_id, units))
+
         trace = RequestTrace()
         try:
             outputs = await self.engine.wait(submission, trace)
-        except Exception as e:
+        except BaseException as e:
+            request.charge.when_settled(settled)
+            if not isinstance(e, Exception):
+                raise  # cancelled: its caller left
             gateway.send(("error", call_id, encode_error(e)))
             return
-        gateway.send(("done", call_id, outputs, trace.queued_s, trace.run_s, trace.batch_size))
+        # The charge is settled with the answer, but for a generation that
+        # stops at its next step: then it follows as its own message.
+        units = request.charge.units
+        done = (trace.queued_s, trace.run_s, trace.batch_size, units)
+        gateway.send(("done", call_id, outputs, *done))
+        if units is None:
+            request.charge.when_settled(settled)
 
     async def _call(self, gateway: _Gateway, call_id: int, method: str, args: tuple[Any]) -> None:
         if method not in CALLS:

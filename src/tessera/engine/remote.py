@@ -31,7 +31,7 @@ from tessera.request import QueuedRequest, RequestResult
 from tessera.tasks.types import Task
 
 from .engine import Caller, PreloadProgress, RequestTrace, Submission
-from .ipc import decode_error, encode, read_frame
+from .ipc import FrameWriter, decode_error, read_frame
 from .lifecycle import ServedModel, served_names, served_spec, served_versions, spec_for_task
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class RemoteEngine:
     def __init__(self, socket_path: Path, clock: Clock | None = None) -> None:
         self.socket_path = socket_path
         self.clock = clock or MonotonicClock()
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: FrameWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
         self._in_flight: dict[int, _InFlight] = {}
@@ -79,7 +79,8 @@ class RemoteEngine:
         deadline = self.clock.now() + timeout_s
         while True:
             try:
-                reader, self._writer = await asyncio.open_unix_connection(str(self.socket_path))
+                reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
+                self._writer = FrameWriter(writer)
                 break
             except (FileNotFoundError, ConnectionRefusedError):
                 if self.clock.now() >= deadline:
@@ -227,10 +228,8 @@ class RemoteEngine:
     # -- the socket -------------------------------------------------------------
 
     def _send(self, message: tuple[Any, ...]) -> None:
-        writer = self._writer
-        if writer is None or writer.is_closing():
-            return
-        writer.write(encode(message))
+        if self._writer is not None:
+            self._writer.send(message)
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
@@ -271,7 +270,9 @@ class RemoteEngine:
             if on_text is not None:
                 on_text(message[3])
         elif kind == "done":
-            _, _, outputs, queued_s, run_s, batch_size = message
+            _, _, outputs, queued_s, run_s, batch_size, units = message
+            if units is not None:
+                request.charge.settle(units)
             if not request.future.done():
                 request.future.set_result(RequestResult(outputs, queued_s, run_s, batch_size))
         elif kind == "error":

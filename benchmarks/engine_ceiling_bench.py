@@ -1,0 +1,164 @@
+"""The engine's own ceiling: requests a second with a model that costs nothing.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_ceiling_bench.py \
+        [--concurrency 256] [--seconds 5] [--rounds 3] [--out benchmarks/results]
+
+What the server costs per request before any model runs, in two forms, in
+turn for ``--rounds`` rounds: ``engine``, an ``Engine`` in this process over
+a ``fake`` embedding model (no sleep; batches of up to 64, 2 ms to gather)
+driven by ``--concurrency`` coroutines calling ``asubmit`` and ``wait``, one
+sentence each (validation, admission, the fair queue, the batcher, the
+executor's thread, the answer); ``core``, the same engine behind its
+``EngineCore`` in a second process, driven through a ``RemoteEngine`` from
+this one (the process split's engine side, and one gateway's socket end,
+without HTTP). On this 2-core machine the driver and the engine share the
+cores. Writes ``OUT/engine-ceiling-DATE[-N].{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from harness.report import output_stem
+from tessera.engine import Engine, EngineConfig, ServingEngine
+from tessera.repository import ModelRepository
+from tessera.tasks.types import Task, TextInput
+
+BATCHING = {"max_batch_size": 64, "max_wait_ms": 2}
+
+
+@asynccontextmanager
+async def fake_engine(root: Path) -> AsyncIterator[Engine]:
+    folder = root / "repo" / "echo"
+    folder.mkdir(parents=True)
+    card = {"name": "echo", "task": "embedding", "runtime": "torch", "adapter": "fake"}
+    card.update(preload=True, batching=BATCHING, options={"own_bytes": 1000})
+    (folder / "model.yaml").write_text(json.dumps(card))
+    repository = ModelRepository.from_folders([root / "repo"])
+    config = EngineConfig(memory_budget_bytes=64 * 2**20, device="cpu", num_threads=2, fill=False)
+    engine = Engine(repository, config)
+    await engine.preload()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
+async def drive(engine: ServingEngine, concurrency: int, seconds: float) -> float:
+    """Requests a second from ``concurrency`` callers for ``seconds``."""
+    stop = time.perf_counter() + seconds
+    done = 0
+
+    async def caller() -> None:
+        nonlocal done
+        items = [TextInput("hello world")]
+        while time.perf_counter() < stop:
+            submission = await engine.asubmit("echo", Task.EMBEDDING, items)
+            await engine.wait(submission)
+            done += 1
+
+    began = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return done / (time.perf_counter() - began)
+
+
+async def engine_only(concurrency: int, seconds: float) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        async with fake_engine(Path(tmp)) as engine:
+            return await drive(engine, concurrency, seconds)
+
+
+async def serve_core(socket_path: Path) -> None:
+    """The engine process: serve until killed."""
+    from tessera.engine.core import EngineCore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        async with fake_engine(Path(tmp)) as engine:
+            core = EngineCore(engine)
+            await core.start(socket_path)
+            print("ready", flush=True)
+            await asyncio.Event().wait()
+
+
+async def through_core(concurrency: int, seconds: float) -> float:
+    from tessera.engine.remote import RemoteEngine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        socket_path = Path(tmp) / "engine.sock"
+        server = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--serve", str(socket_path), stdout=subprocess.PIPE
+        )
+        try:
+            assert server.stdout is not None
+            assert (await server.stdout.readline()).strip() == b"ready"
+            remote = RemoteEngine(socket_path)
+            await remote.connect(timeout_s=30)
+            try:
+                return await drive(remote, concurrency, seconds)
+            finally:
+                await remote.close()
+        finally:
+            server.kill()
+            await server.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve is not None:
+        asyncio.run(serve_core(args.serve))
+        return
+    runs: list[dict[str, Any]] = []
+    for round_ in range(1, args.rounds + 1):
+        for form, run in (("engine", engine_only), ("core", through_core)):
+            rate = asyncio.run(run(args.concurrency, args.seconds))
+            runs.append({"round": round_, "form": form, "req_per_s": rate})
+            print(f"round {round_}, {form}: {rate:.0f} req/s", flush=True)
+    medians = {
+        form: statistics.median(r["req_per_s"] for r in runs if r["form"] == form)
+        for form in ("engine", "core")
+    }
+    date = datetime.date.today().isoformat()
+    lines = [
+        f"# The engine's ceiling, {date}",
+        "",
+        f"A `fake` embedding model that costs nothing, {args.concurrency} callers,"
+        f" {args.seconds:g} s a run. Rerun:",
+        "`HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_ceiling_bench.py`.",
+        "",
+        "| round | form | req/s |",
+        "|---|---|---|",
+        *(f"| {r['round']} | {r['form']} | {r['req_per_s']:.0f} |" for r in runs),
+        "",
+        f"Medians: engine in process {medians['engine']:.0f} req/s, through its socket"
+        f" from another process {medians['core']:.0f} req/s.",
+        "",
+    ]
+    text = "\n".join(lines)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = output_stem(args.out, date, "engine-ceiling")
+    stem.with_suffix(".json").write_text(json.dumps({"runs": runs, "medians": medians}, indent=2))
+    stem.with_suffix(".md").write_text(text)
+    print(text)
+    print(f"wrote {stem}.md and .json")
+
+
+if __name__ == "__main__":
+    main()
