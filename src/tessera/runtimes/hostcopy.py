@@ -4,9 +4,10 @@ evicted, brought back by a copy (or a mapping) when it is needed again.
 - CUDA: every tensor storage of the modules is copied into one host buffer
   that is page-locked (registered with CUDA at its exact size: torch's
   caching host allocator would round each block up to a power of two and keep
-  it after use), asynchronously, then synchronised, and the device storage is
-  freed; restoring copies each back with ``non_blocking`` copies and one
-  synchronise, then unregisters and frees the buffer. What the tier holds is
+  it after use), asynchronously on the device's copy stream (``copy_stream``:
+  beside other models' kernels, not behind them), then that stream is
+  synchronised and the device storage freed; restoring copies each back the
+  same way, then unregisters and frees the buffer. What the tier holds is
   that buffer's bytes.
 - CPU: a storage that maps a weight file (transformers maps safetensors files
   rather than reading them) is let go: the process unmaps it, its pages stay
@@ -25,11 +26,13 @@ tokenizer) stay in process memory, unmeasured: 8-9 MiB for a MiniLM model
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import os
+import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,10 +216,13 @@ class _Pinned:
             offsets.append(total)
             total += -(-int(storage.nbytes()) // _ALIGN) * _ALIGN
         pinned = cls(_register(torch.empty(total, dtype=torch.uint8)), offsets)
-        for storage, offset in zip(storages, offsets, strict=True):
-            source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-            pinned._buffer[offset : offset + source.numel()].copy_(source, non_blocking=True)
-        torch.cuda.synchronize(device)
+        # The weights are only read: the copy need not wait for other models'
+        # kernels, and their blocks, freed after it, are reused in the order of
+        # the stream that allocated them.
+        with copying(device):
+            for storage, offset in zip(storages, offsets, strict=True):
+                source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+                pinned._buffer[offset : offset + source.numel()].copy_(source, non_blocking=True)
         return pinned
 
     def to_device(self, nbytes: list[int], device: str) -> list[Any]:
@@ -224,14 +230,51 @@ class _Pinned:
         import torch
 
         copies = []
-        for offset, size in zip(self._offsets, nbytes, strict=True):
-            copy = torch.empty(size, dtype=torch.uint8, device=device)
-            copies.append(copy.copy_(self._buffer[offset : offset + size], non_blocking=True))
-        torch.cuda.synchronize(device)
+        with copying(device) as used_after:  # new blocks of the copy stream's own
+            for offset, size in zip(self._offsets, nbytes, strict=True):
+                copy = torch.empty(size, dtype=torch.uint8, device=device)
+                copies.append(copy.copy_(self._buffer[offset : offset + size], non_blocking=True))
+                used_after(copy)
         return [c.untyped_storage() for c in copies]
 
     def free(self) -> None:
         self._release()
+
+
+_COPY_STREAMS: dict[str, Any] = {}
+_COPY_STREAMS_LOCK = threading.Lock()
+
+
+def copy_stream(device: str) -> Any:
+    """The device's stream for the host tier's copies: they run beside the
+    batches' kernels (a GPU has copy engines of its own), and a copy waits for
+    itself only, where a device-wide synchronise waited for every model's
+    queued work."""
+    import torch
+
+    with _COPY_STREAMS_LOCK:
+        stream = _COPY_STREAMS.get(device)
+        if stream is None:
+            stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # untyped upstream
+        return stream
+
+
+@contextlib.contextmanager
+def copying(device: str) -> Iterator[Callable[[Any], None]]:
+    """Copies made inside run on ``device``'s copy stream; on leaving, that
+    stream is synchronised, and each tensor handed to the function yielded is
+    marked as used on the caller's stream from then on (its block is reused
+    only after that stream's work, once freed)."""
+    import torch
+
+    consumer = torch.cuda.current_stream(device)
+    kept: list[Any] = []
+    stream = copy_stream(device)
+    with torch.cuda.stream(stream):
+        yield kept.append
+    stream.synchronize()
+    for tensor in kept:
+        tensor.record_stream(consumer)
 
 
 def _register(buffer: Any) -> Any:

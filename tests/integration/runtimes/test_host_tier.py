@@ -7,7 +7,9 @@ answers. Timing is the benchmark's (benchmarks/reload_bench.py), not asserted.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -109,11 +111,17 @@ def test_the_pinned_buffer_is_registered_at_its_exact_size_and_unregistered_once
     # The CUDA path's bookkeeping, on CPU tensors: one buffer for every storage,
     # each at an aligned offset, page-locked once at its exact size, unlocked
     # once when freed (and not again when collected).
+    from tessera.runtimes import hostcopy
     from tessera.runtimes.hostcopy import _Pinned
 
     cudart = FakeCudart()
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+    @contextlib.contextmanager
+    def copying(device: str) -> Iterator[Callable[[Any], None]]:
+        yield lambda tensor: None  # CPU tensors: no streams
+
+    monkeypatch.setattr(hostcopy, "copying", copying)
     tensors = [torch.arange(100, dtype=torch.float32), torch.arange(7, dtype=torch.int64)]
     storages = [t.untyped_storage() for t in tensors]
     pinned = _Pinned.copy_of(storages, "cpu")
