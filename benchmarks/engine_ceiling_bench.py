@@ -43,7 +43,8 @@ BATCHING = {"max_batch_size": 64, "max_wait_ms": 2}
 async def fake_engine(root: Path) -> AsyncIterator[Engine]:
     folder = root / "repo" / "echo"
     folder.mkdir(parents=True)
-    card = {"name": "echo", "task": "embedding", "runtime": "torch", "adapter": "fake"}
+    card: dict[str, object] = {"name": "echo", "task": "embedding", "runtime": "torch"}
+    card["adapter"] = "fake"
     card.update(preload=True, batching=BATCHING, options={"own_bytes": 1000})
     (folder / "model.yaml").write_text(json.dumps(card))
     repository = ModelRepository.from_folders([root / "repo"])

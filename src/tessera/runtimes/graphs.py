@@ -52,6 +52,8 @@ LENGTH_BUCKETS = (16, 32, 64)
 # After a reset (a return from the host tier), a bucket's graph is captured on
 # its second use: a capture costs about three eager forwards.
 CAPTURE_ON_USE = 2
+# The most models a stacked forward holds where a card says ``stack: true``.
+DEFAULT_STACK = 16
 # What a reduced precision is checked on: short and long, plain and odd.
 CHECK_TEXTS = (
     "hello",
@@ -71,10 +73,26 @@ MakeRunner = Callable[[Any, str, Inputs], Runner]
 
 @dataclass(frozen=True, slots=True)
 class DeviceOptions:
-    """A card's ``dtype`` (``DTYPES``) and ``cuda_graphs`` (true) options."""
+    """A card's ``dtype`` (``DTYPES``), ``cuda_graphs`` (true) and ``stack``
+    (``runtimes/stacking.py``: the most models a stacked forward holds; 0, off)."""
 
     dtype: str = "auto"
     graphs: bool = True
+    stack: int = 0
+
+
+def stack_option(spec: ModelSpec) -> int:
+    """How many models a stacked forward of ``spec``'s group may hold (0: off)."""
+    value = spec.options.get("stack", False)
+    if value is True:
+        return DEFAULT_STACK
+    if value is False:
+        return 0
+    if not isinstance(value, int) or value < 2:
+        raise ModelUnavailableError(
+            spec.name, "option stack must be true, false or a whole number from 2"
+        )
+    return value
 
 
 def device_options(spec: ModelSpec) -> DeviceOptions:
@@ -84,7 +102,7 @@ def device_options(spec: ModelSpec) -> DeviceOptions:
     graphs = spec.options.get("cuda_graphs", True)
     if not isinstance(graphs, bool):
         raise ModelUnavailableError(spec.name, "option cuda_graphs must be true or false")
-    return DeviceOptions(str(dtype), graphs)
+    return DeviceOptions(str(dtype), graphs, stack_option(spec))
 
 
 def encoder_variant(spec: ModelSpec) -> str:
@@ -93,7 +111,8 @@ def encoder_variant(spec: ModelSpec) -> str:
     options = device_options(spec)
     if options == DeviceOptions():
         return ""
-    return f":{options.dtype}" + ("" if options.graphs else ":eager")
+    variant = f":{options.dtype}" + ("" if options.graphs else ":eager")
+    return variant + (f":stack{options.stack}" if options.stack else "")
 
 
 def wanted_dtype(option: str, device: str) -> str:

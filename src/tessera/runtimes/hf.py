@@ -44,6 +44,7 @@ from tessera.runtimes.graphs import (
 )
 from tessera.runtimes.hostcopy import HostCopy
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
+from tessera.runtimes.stacking import StackGroup, group_for
 from tessera.tasks.types import ClassifyOutput, LabelScore, RerankInput, Task, TextInput
 
 if TYPE_CHECKING:
@@ -225,12 +226,14 @@ class SentenceEncoder:
         *,
         output: str = "last_hidden_state",
         graphs: GraphForward | None = None,
+        stack: StackGroup | None = None,
     ) -> None:
         self.model: Any = model
         self.tokenizer: Any = tokenizer
         self.device = device
         self.output = output
         self.graphs = graphs  # on CUDA: the forward at bucketed shapes, as graphs
+        self.stack = stack  # forwards run with other models' of its group
         self.num_bytes = torch_module_bytes(model)
         self._tokenize_lock = threading.Lock()
         self._host_copy: HostCopy | None = None  # its weights while in the host tier
@@ -255,7 +258,10 @@ class SentenceEncoder:
         graphs = None
         if options.graphs and device.startswith("cuda"):
             graphs = cuda_graph_forward(model, tokenizer, output)
-        encoder = cls(model, tokenizer, device, output=output, graphs=graphs)
+        stack = None
+        if options.stack and output == "last_hidden_state":
+            stack = group_for(model, device, options.stack)
+        encoder = cls(model, tokenizer, device, output=output, graphs=graphs, stack=stack)
         if graphs is not None and capture:
             encoder.num_bytes += graphs_bytes(graphs, device)
         return encoder
@@ -273,7 +279,13 @@ class SentenceEncoder:
         return cls.on_device(model, tokenizer, device, options, name=path.name, capture=capture)
 
     def forward(self, batch: Any) -> Any:
-        """The model's wanted output for a tokenized batch (through the graphs on CUDA)."""
+        """The model's wanted output for a tokenized batch: with its stack
+        group's other models where it has one, through its graphs on CUDA."""
+        if self.stack is not None:
+            return self.stack.forward(self.model, batch, self.own_forward)
+        return self.own_forward(batch)
+
+    def own_forward(self, batch: Any) -> Any:
         if self.graphs is not None:
             return self.graphs(batch)
         return getattr(self.model(**batch), self.output)
