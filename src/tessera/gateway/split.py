@@ -57,6 +57,7 @@ class GatewayProcesses:
         self.count = count
         self.procs: list[subprocess.Popen[bytes]] = []
         self._restarts: list[float] = []
+        self._given_up: set[int] = set()
         self.stopping = False  # signalled: an exit is no longer a failure
 
     def start(self) -> None:
@@ -69,23 +70,24 @@ class GatewayProcesses:
             [*command, str(fd), str(index)], pass_fds=(fd,), start_new_session=True
         )
 
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
-
     async def watch(self) -> None:
         """Until cancelled: start again a gateway that exited."""
         while True:
             await asyncio.sleep(_WATCH_S)
             for index, proc in enumerate(self.procs):
-                if self.stopping or proc.poll() is None:
+                if self.stopping or index in self._given_up or proc.poll() is None:
                     continue
                 now = time.monotonic()
                 self._restarts = [t for t in self._restarts if now - t < 60] + [now]
                 if len(self._restarts) > MAX_RESTARTS:
                     log.error(
-                        "gateway %d exited (status %s): too many restarts", index, proc.returncode
+                        "gateway %d exited (status %s): more than %d restarts within a minute,"
+                        " not started again",
+                        index,
+                        proc.returncode,
+                        MAX_RESTARTS,
                     )
+                    self._given_up.add(index)
                     continue
                 log.error(
                     "gateway %d exited (status %s): starting it again", index, proc.returncode

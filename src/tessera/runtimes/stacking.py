@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     import torch
 
 
-
 # Config keys that name or describe a copy rather than shape its forward.
 _NOT_SHAPE = frozenset(
     {
