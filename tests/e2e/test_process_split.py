@@ -7,6 +7,7 @@ stops all three processes (the engine process's status 0)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import openai
 import psutil
 import pytest
 import yaml
+from websockets.sync.client import connect
 
 from builders import write_fake_repository
 from serverproc import Server, start_server, stop_server
@@ -47,6 +49,7 @@ def start_split(tmp: Path) -> tuple[Split, subprocess.Popen[bytes]]:
         {
             "echo": {"task": "embedding"},
             "counted": {"task": "embedding"},  # asked for by the metrics test alone
+            "chatty": {"task": "generate", "options": {"word_s": 0.02}},
             "slow": {"task": "embedding", "options": {"run_s": 2.0}},
         },
     )
@@ -115,7 +118,12 @@ def test_metrics_and_admin_are_the_engine_process_s(split: Split) -> None:
     assert _requests_total(base, split.admin_key) == 6
     residency = httpx.get(f"{base}/admin/residency", headers=bearer(split.admin_key))
     assert residency.status_code == 200
-    assert {m["name"] for m in residency.json()["models"]} == {"echo", "counted", "slow"}
+    assert {m["name"] for m in residency.json()["models"]} == {
+        "echo",
+        "counted",
+        "slow",
+        "chatty",
+    }
     assert httpx.get(f"{base}/admin/residency").status_code == 401
     denied = httpx.get(f"{base}/admin/residency", headers=bearer(split.acme_key))
     assert denied.status_code == 403
@@ -128,6 +136,38 @@ def _requests_total(base: str, key: str) -> float:
         for line in text.splitlines()
         if line.startswith('tessera_requests_total{model="counted"') and 'status="200"' in line
     )
+
+
+def test_a_chat_streams_through_a_gateway_piece_by_piece(split: Split) -> None:
+    client = openai.OpenAI(base_url=f"{split.server.base_url}/v1", api_key=split.acme_key)
+    stream = client.chat.completions.create(
+        model="chatty",
+        messages=[{"role": "user", "content": "one two three four"}],
+        stream=True,
+    )
+    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta]
+    words = [p for p in pieces if p]
+    assert len(words) >= 4  # one chunk a word, as the engine process made them
+    whole = client.chat.completions.create(
+        model="chatty", messages=[{"role": "user", "content": "one two three four"}]
+    )
+    assert "".join(words).strip() == (whole.choices[0].message.content or "").strip()
+    client.close()
+
+
+def test_the_websocket_runs_through_a_gateway(split: Split) -> None:
+    url = f"ws://127.0.0.1:{split.server.port}/v1/ws"
+    headers = bearer(split.acme_key)
+    with connect(url, additional_headers=headers, open_timeout=30) as ws:
+        ws.send(json.dumps({"id": "e", "type": "embeddings", "model": "echo", "input": ["a"]}))
+        chat = {"role": "user", "content": "a b c"}
+        ws.send(json.dumps({"id": "c", "type": "chat", "model": "chatty", "messages": [chat]}))
+        done: dict[str, str] = {}
+        while len(done) < 2:
+            reply = json.loads(ws.recv(timeout=30))
+            if reply["type"] in ("result", "error"):
+                done[reply["id"]] = reply["type"]
+    assert done == {"e": "result", "c": "result"}
 
 
 def test_bad_input_is_a_json_error_from_the_gateway(split: Split) -> None:

@@ -52,9 +52,14 @@ class EngineAppForward:
             await _unavailable(send)
             return
         try:
-            await _forward(scope, receive, send, reader, writer)
+            started = await _forward(scope, receive, send, reader, writer)
+        except (OSError, h11.ProtocolError) as e:
+            log.error("forwarding %s to the engine process failed: %s", scope["path"], e)
+            started = None
         finally:
             writer.close()
+        if started is False:  # nothing was answered: say why, as JSON
+            await _unavailable(send)
 
 
 async def _forward(
@@ -63,35 +68,43 @@ async def _forward(
     send: Send,
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-) -> None:
+) -> bool | None:
+    """Send the request on and the answer back. Whether an answer began
+    (False: none came), or None when the client left first."""
     conn = h11.Connection(h11.CLIENT)
     target = scope["raw_path"] if scope.get("raw_path") else scope["path"].encode()
     if scope.get("query_string"):
         target += b"?" + scope["query_string"]
+    # Kept alive (no "connection: close"): an app that answers before it has
+    # read the body (a 413) then reads the rest rather than closing on it,
+    # which would reset the socket and lose the answer; the connection is
+    # closed here once the answer is in.
     headers = [
         (name, value)
         for name, value in scope["headers"]
         if name not in (b"host", b"connection", b"x-forwarded-for")
     ]
     headers.append((b"host", b"tessera-engine"))
-    headers.append((b"connection", b"close"))
     client = scope.get("client")
     if client:
         headers.append((b"x-forwarded-for", str(client[0]).encode("latin-1")))
     if not any(name in (b"content-length", b"transfer-encoding") for name, _ in headers):
         headers.append((b"transfer-encoding", b"chunked"))
     writer.write(conn.send(h11.Request(method=scope["method"], target=target, headers=headers)))
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-        body = message.get("body", b"")
-        if body:
-            writer.write(conn.send(h11.Data(data=body)))
-        if not message.get("more_body", False):
-            break
-    writer.write(conn.send(h11.EndOfMessage()))
-    await writer.drain()
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            body = message.get("body", b"")
+            if body:
+                writer.write(conn.send(h11.Data(data=body)))
+            if not message.get("more_body", False):
+                break
+        writer.write(conn.send(h11.EndOfMessage()))
+        await writer.drain()
+    except ConnectionError:
+        pass  # the engine's app answered and closed before it read it all: its answer follows
     started = False
     while True:
         event = conn.next_event()
@@ -99,8 +112,7 @@ async def _forward(
             data = await reader.read(_CHUNK)
             conn.receive_data(data)
             if not data and not started:
-                await _unavailable(send)
-                return
+                return False
             continue
         if isinstance(event, h11.Response):
             started = True
@@ -115,7 +127,7 @@ async def _forward(
             await send({"type": "http.response.body", "body": bytes(event.data), "more_body": True})
         elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return
+            return started
 
 
 async def _unavailable(send: Send) -> None:
