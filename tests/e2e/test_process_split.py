@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -209,3 +211,17 @@ def test_sigterm_stops_every_process_with_status_0(tmp_path: Path) -> None:
     assert process.wait(timeout=60) == 0
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
+
+
+def test_a_port_in_use_is_one_line_and_status_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "tessera", "serve", "--no-auth", "--gateways", "2"]
+        command += ["--port", str(port), "--data-dir", str(tmp_path / "data")]
+        command += ["--preload", "nothing-at-all", "--no-fill"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -173,7 +173,11 @@ def serve_split(
     core_socket, app_socket = folder / "engine.sock", folder / "app.sock"
     with contextlib.suppress(FileNotFoundError):
         app_socket.unlink()  # left by a process that was killed
-    listener = socket.create_server((settings.host, settings.port), backlog=2048)
+    try:
+        listener = socket.create_server((settings.host, settings.port), backlog=2048)
+    except OSError as e:  # as uvicorn says it in one process: a line and status 1
+        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, e)
+        raise SystemExit(1) from e
     settings_file = folder / "gateway.pickle"
     with settings_file.open("wb") as f:
         pickle.dump((settings, log_level, core_socket, app_socket), f)
