@@ -144,12 +144,18 @@ async def test_a_stream_comes_back_piece_by_piece(tmp_path: Path) -> None:
         assert "".join(pieces).strip() == output.text.strip()
 
 
+def taken_into_a_batch(engine: Engine, name: str) -> bool:
+    """One request for ``name`` came, and no request waits in its queue."""
+    model = engine.snapshot().model(name)
+    return model is not None and model.num_requests == 1 and model.queue_depth == 0
+
+
 async def test_a_caller_that_leaves_cancels_its_request(tmp_path: Path) -> None:
     async with split(tmp_path, num_workers=1) as (engine, _, (remote,)):
         await engine.load("slow")
         first = asyncio.ensure_future(run(remote, "slow", [TextInput("runs")]))
-        await until(lambda: engine.snapshot().model("slow").num_requests == 1)  # type: ignore[union-attr]
-        await asyncio.sleep(0.1)  # its batch formed (20 ms) and runs (0.3 s)
+        # Queued, then taken into a batch, which runs 0.3 s on the one worker.
+        await until(lambda: taken_into_a_batch(engine, "slow"))
         submission = await remote.asubmit("slow", Task.EMBEDDING, [TextInput("queued")])
         waiting = asyncio.ensure_future(remote.wait(submission))
         await asyncio.sleep(0.05)
