@@ -13,6 +13,7 @@ from tessera.errors import DeadlineExceededError, OverloadedError
 from tessera.logs import request_id
 from tessera.repository.spec import BatchingSpec
 from tessera.request import Batch, QueuedRequest, RequestResult
+from tessera.scheduling import BatchTimePredictor
 
 
 class Recorder:
@@ -251,6 +252,20 @@ async def test_with_nothing_running_a_partial_batch_closes_after_max_wait() -> N
     batcher.submit(lone)
     await lone.future
     assert recorder.formed_at == [pytest.approx(0.01)]
+    await batcher.close()
+
+
+async def test_a_partial_batch_waits_no_longer_than_it_is_predicted_to_run() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    predictor = BatchTimePredictor()
+    for units in (1.0, 2.0, 4.0, 8.0) * 2:  # 1 ms a batch, whatever its size
+        predictor.observe(units, 0.001)
+    spec = BatchingSpec(max_batch_size=8, max_wait_ms=50.0)
+    batcher = ModelBatcher("m", spec, recorder, clock, predictor=predictor)
+    lone = make_request(clock, ["lone"])
+    batcher.submit(lone)
+    await lone.future
+    assert recorder.formed_at == [pytest.approx(0.001)]  # not the card's 50 ms
     await batcher.close()
 
 
