@@ -138,6 +138,35 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (1.0 - keep) * torch.finfo(dtype).min
 
 
+def padded_inputs(
+    batch: Mapping[str, torch.Tensor],
+    rows: int,
+    columns: int,
+    pad_id: int,
+    dtype: torch.dtype,
+    keys: Sequence[str] = (),
+) -> Inputs:
+    """A tokenized ``batch`` padded to (rows, columns), ``input_ids`` with
+    ``pad_id`` and the rest with 0 (``keys`` it lacks made of zeros), its
+    attention mask made the additive mask of ``dtype``: padding is masked,
+    and changes no real position's vector."""
+    import torch
+
+    size, length = batch["input_ids"].shape
+    inputs: Inputs = {}
+    for key in dict.fromkeys([*batch, *keys]):
+        fill = pad_id if key == "input_ids" else 0
+        value = batch.get(key)
+        if value is None:
+            value = torch.zeros_like(batch["input_ids"])
+        value = torch.nn.functional.pad(value, (0, columns - length), value=fill)
+        if rows > size:
+            value = torch.cat([value, value.new_full((rows - size, columns), fill)])
+        inputs[key] = value
+    inputs["attention_mask"] = additive_mask(inputs["attention_mask"], dtype)
+    return inputs
+
+
 def primary(outputs: Any, output: str) -> torch.Tensor:
     tensor: torch.Tensor = getattr(outputs, output)
     return tensor
@@ -193,15 +222,17 @@ def choose_precision(
     return wanted
 
 
-def eager_runner(model: Any, output: str, example: Inputs) -> Runner:
-    """A bucket run as it is, padded (what a graph replays; the CPU tests' runner)."""
+def run_eager(model: Any, output: str, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``model``'s ``output`` for ``inputs``, in inference mode."""
     import torch
 
-    def run(inputs: Inputs) -> torch.Tensor:
-        with torch.inference_mode():
-            return primary(model(**inputs), output)
+    with torch.inference_mode():
+        return primary(model(**inputs), output)
 
-    return run
+
+def eager_runner(model: Any, output: str, example: Inputs) -> Runner:
+    """A bucket run as it is, padded (what a graph replays; the CPU tests' runner)."""
+    return functools.partial(run_eager, model, output)
 
 
 def cuda_graph_runner(model: Any, output: str, example: Inputs, pool: Any = None) -> Runner:
@@ -292,28 +323,12 @@ class GraphForward:
         return self.eager(batch)
 
     def eager(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        import torch
-
-        with torch.inference_mode():
-            return primary(self.model(**batch), self.output)
+        return run_eager(self.model, self.output, batch)
 
     def padded(self, batch: Mapping[str, torch.Tensor], rows: int, columns: int) -> Inputs:
         """``batch`` padded to (rows, columns), its mask made additive."""
-        import torch
-
-        size, length = batch["input_ids"].shape
-        pad = (0, columns - length)
-        inputs: Inputs = {}
-        for key, value in batch.items():
-            fill = self.pad_id if key == "input_ids" else 0
-            grown = torch.nn.functional.pad(value, pad, value=fill)
-            if rows > size:
-                extra = grown.new_full((rows - size, columns), fill)
-                grown = torch.cat([grown, extra])
-            inputs[key] = grown
         dtype = next(self.model.parameters()).dtype
-        inputs["attention_mask"] = additive_mask(inputs["attention_mask"], dtype)
-        return inputs
+        return padded_inputs(batch, rows, columns, self.pad_id, dtype)
 
     def _runner(self, key: tuple[int, int], example: Inputs) -> Runner | None:
         if key in self._runners:
@@ -333,11 +348,9 @@ class GraphForward:
         for rows in self.batch_buckets:
             for columns in self.length_buckets:
                 ids = torch.full((rows, columns), self.pad_id, dtype=torch.long, device=device)
-                example = {key: torch.zeros_like(ids) for key in self.input_keys}
-                example["input_ids"] = ids
-                example["attention_mask"] = torch.ones_like(ids)
-                dtype = next(self.model.parameters()).dtype
-                example["attention_mask"] = additive_mask(example["attention_mask"], dtype)
+                batch = {key: torch.zeros_like(ids) for key in self.input_keys}
+                batch.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+                example = self.padded(batch, rows, columns)
                 with self._lock:
                     self._runner((rows, columns), example)
 

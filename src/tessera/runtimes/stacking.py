@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tessera.runtimes.graphs import additive_mask
+from tessera.runtimes.graphs import padded_inputs
 
 if TYPE_CHECKING:
     import torch
@@ -158,13 +158,10 @@ class StackGroup:
         skeleton = self._skeleton_of(models[0])
         rows = max(b["input_ids"].shape[0] for b in batches)
         columns = max(b["input_ids"].shape[1] for b in batches)
-        keys = sorted({k for b in batches for k in b if k != "attention_mask"})
+        keys = sorted({k for b in batches for k in b})
         dtype = next(models[0].parameters()).dtype
-        inputs = {
-            key: torch.stack([_padded(b, key, rows, columns) for b in batches]) for key in keys
-        }
-        masks = [_padded(b, "attention_mask", rows, columns) for b in batches]
-        inputs["attention_mask"] = torch.stack([additive_mask(m, dtype) for m in masks])
+        padded = [padded_inputs(b, rows, columns, 0, dtype, keys) for b in batches]
+        inputs = {key: torch.stack([p[key] for p in padded]) for key in keys}
         params, buffers = stack_module_state(models)
 
         def one(p: Any, b: Any, kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -192,20 +189,6 @@ def _answer(call: _Call) -> torch.Tensor:
         raise call.error
     assert call.result is not None
     return call.result
-
-
-def _padded(batch: Mapping[str, torch.Tensor], key: str, rows: int, columns: int) -> torch.Tensor:
-    """``batch[key]`` padded with zeros to (rows, columns) (zeros where absent)."""
-    import torch
-
-    ids = batch["input_ids"]
-    value = batch.get(key)
-    if value is None:
-        value = torch.zeros_like(ids)
-    value = torch.nn.functional.pad(value, (0, columns - value.shape[1]))
-    if value.shape[0] < rows:
-        value = torch.cat([value, value.new_zeros(rows - value.shape[0], columns)])
-    return value
 
 
 _GROUPS: dict[str, StackGroup] = {}
