@@ -310,10 +310,9 @@ def _cluster_engine(
 def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, AuditLog]:
     """Open the tenant store and audit log; on first start make tenant ``default``
     and an admin key, printed once; seed today's quota use from the audit log."""
-    from tessera.gateway.split import tenancy_of
     from tessera.tenants.audit import start_of_day_utc
 
-    store, audit_log = tenancy_of(settings)
+    store, audit_log = settings.tenancy()
     bootstrap = store.ensure_bootstrap()
     if bootstrap is not None:
         typer.echo(f"created tenant {bootstrap.tenant.name!r} (tier {bootstrap.tenant.tier})")

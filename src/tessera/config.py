@@ -79,7 +79,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -90,6 +90,9 @@ from tessera.errors import ConfigError
 from tessera.repository import ModelRepository, default_repository_path
 from tessera.scheduling import DEFAULT_TIERS, TierSpec, parse_tiers
 from tessera.units import parse_bytes
+
+if TYPE_CHECKING:
+    from tessera.tenants import AuditLog, TenantStore
 
 # The largest request body the gateway reads. Kept here, not in the gateway, so
 # that reading the config does not import FastAPI, SQLite and Prometheus.
@@ -140,6 +143,14 @@ class ServerConfig:
     def repository(self) -> ModelRepository:
         folders = [default_repository_path()] if self.include_default_models else []
         return ModelRepository.from_folders([*folders, *self.model_repositories])
+
+    def tenancy(self) -> tuple[TenantStore, AuditLog]:
+        """The tenant store and the audit log this config names."""
+        from tessera.tenants import open_tenancy
+
+        return open_tenancy(
+            self.data_dir, self.tenant_store, self.key_secret_file, self.audit_retention_days
+        )
 
 
 _ENGINE_KEYS = {

@@ -40,7 +40,6 @@ from tessera.config import ServerConfig
 from tessera.engine import Engine
 from tessera.engine.core import EngineCore
 from tessera.gateway.server import FLUSH_S, GatewayServer, http_config
-from tessera.tenants import AuditLog, TenantStore, open_tenancy
 
 log = logging.getLogger(__name__)
 
@@ -147,16 +146,6 @@ class EngineProcessServer(GatewayServer):
     def _on_signal(self, sig: signal.Signals) -> None:
         self.gateways.signal(sig)
         super()._on_signal(sig)
-
-
-def tenancy_of(settings: ServerConfig) -> tuple[TenantStore, AuditLog]:
-    """The server's tenant store and audit log, as its config says."""
-    return open_tenancy(
-        settings.data_dir,
-        settings.tenant_store,
-        settings.key_secret_file,
-        settings.audit_retention_days,
-    )
 
 
 def run_dir(settings: ServerConfig) -> Path:

@@ -52,7 +52,6 @@ class GatewayProcessServer(GatewayServer):
 
 def main(argv: list[str]) -> int:
     from tessera.gateway import create_app
-    from tessera.gateway.split import tenancy_of
 
     settings_file, fd = Path(argv[1]), int(argv[2])
     with settings_file.open("rb") as f:
@@ -60,7 +59,7 @@ def main(argv: list[str]) -> int:
     assert isinstance(settings, ServerConfig)
     configure_logging(log_level, settings.log_format)
     engine = RemoteEngine(core_socket)
-    store, audit_log = tenancy_of(settings) if settings.auth else (None, None)
+    store, audit_log = settings.tenancy() if settings.auth else (None, None)
     app = create_app(
         engine,
         max_body_bytes=settings.max_body_bytes,
