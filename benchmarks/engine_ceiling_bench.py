@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from harness.report import output_stem
+from harness.report import write_report
 from tessera.engine import Engine, EngineConfig, ServingEngine
 from tessera.repository import ModelRepository
 from tessera.tasks.types import Task, TextInput
@@ -152,13 +152,8 @@ def main() -> None:
         f" from another process {medians['core']:.0f} req/s.",
         "",
     ]
-    text = "\n".join(lines)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = output_stem(args.out, date, "engine-ceiling")
-    stem.with_suffix(".json").write_text(json.dumps({"runs": runs, "medians": medians}, indent=2))
-    stem.with_suffix(".md").write_text(text)
-    print(text)
-    print(f"wrote {stem}.md and .json")
+    figures = {"runs": runs, "medians": medians}
+    write_report(args.out, date, "engine-ceiling", figures, "\n".join(lines))
 
 
 if __name__ == "__main__":

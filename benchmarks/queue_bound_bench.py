@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.report import output_stem
+from harness.report import write_report
 from harness.servers import running_tessera, tessera_command
 
 MODEL = "all-minilm-l6-v2"
@@ -73,13 +73,7 @@ def main() -> None:
                 )  # fmt: skip
                 figures[label] = json.loads(out.read_text())
     date = datetime.date.today().isoformat()
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = output_stem(args.out, date, "queue-bound")
-    text = markdown(figures, date, args.concurrency)
-    stem.with_suffix(".json").write_text(json.dumps(figures, indent=2))
-    stem.with_suffix(".md").write_text(text)
-    print(text)
-    print(f"wrote {stem}.md and .json")
+    write_report(args.out, date, "queue-bound", figures, markdown(figures, date, args.concurrency))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.report import output_stem
+from harness.report import write_report
 from harness.servers import running_tessera, tessera_command
 
 MODEL = "all-minilm-l6-v2"
@@ -124,13 +124,8 @@ def main() -> None:
                       f" c=1 p50 {one['p50_ms']:.1f} ms", flush=True)  # fmt: skip
     summary = summarise(runs, args.gateways)
     date = datetime.date.today().isoformat()
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = output_stem(args.out, date, "process-split")
-    text = markdown(runs, summary, date, args)
-    stem.with_suffix(".json").write_text(json.dumps({"runs": runs, "summary": summary}, indent=2))
-    stem.with_suffix(".md").write_text(text)
-    print(text)
-    print(f"wrote {stem}.md and .json")
+    figures = {"runs": runs, "summary": summary}
+    write_report(args.out, date, "process-split", figures, markdown(runs, summary, date, args))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import threading
 import time
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from harness.report import output_stem
+from harness.report import write_report
 from tessera.repository import default_repository_path, read_spec
 from tessera.runtimes.hf import SentenceEncoder
 from tessera.runtimes.stacking import StackGroup
@@ -102,13 +101,7 @@ def main() -> None:
     for count in args.models:
         ratios = [r["stacked"] / r["alone"] for r in runs if r["models"] == count]
         lines.append(f"{count} models: median ratio {statistics.median(ratios):.2f}.")
-    text = "\n".join([*lines, ""])
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = output_stem(args.out, date, "stack-cpu")
-    stem.with_suffix(".json").write_text(json.dumps(runs, indent=2))
-    stem.with_suffix(".md").write_text(text)
-    print(text)
-    print(f"wrote {stem}.md and .json")
+    write_report(args.out, date, "stack-cpu", runs, "\n".join([*lines, ""]))
 
 
 if __name__ == "__main__":

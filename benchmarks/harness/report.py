@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,18 @@ def output_stem(directory: Path, day: str, name: str) -> Path:
     while stem.with_suffix(".json").exists() or stem.with_suffix(".md").exists():
         n += 1
         stem = directory / f"{name}-{day}-{n}"
+    return stem
+
+
+def write_report(directory: Path, day: str, name: str, figures: Any, text: str) -> Path:
+    """``figures`` as JSON and ``text`` as Markdown at the next free
+    ``output_stem``; both printed (the text, then where they went)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = output_stem(directory, day, name)
+    stem.with_suffix(".json").write_text(json.dumps(figures, indent=2))
+    stem.with_suffix(".md").write_text(text)
+    print(text)
+    print(f"wrote {stem}.md and .json")
     return stem
 
 
