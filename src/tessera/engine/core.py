@@ -79,10 +79,6 @@ class EngineCore:
         self._pusher: asyncio.Task[None] | None = None
         self._calls: set[asyncio.Task[None]] = set()
 
-    @property
-    def num_gateways(self) -> int:
-        return len(self._gateways)
-
     async def start(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a socket left by a process that was killed

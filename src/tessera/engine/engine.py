@@ -157,6 +157,15 @@ class RequestTrace:
     # after ``wait`` returns: a generation stops at its next step).
     charge: Charge | None = None
 
+    def record(self, request: QueuedRequest, result: RequestResult | None) -> None:
+        """What a wait on ``request`` ended with (``result``: None if unanswered)."""
+        self.charge = request.charge
+        self.units = request.charge.units if request.charge.units is not None else 0.0
+        if result is not None:
+            self.queued_s = result.queued_s
+            self.run_s = result.run_s
+            self.batch_size = result.batch_size
+
 
 @dataclass(frozen=True)
 class Submission:
@@ -612,12 +621,7 @@ class Engine(ModelLifecycle):
             if submission.admission is not None:
                 self._admission.release(submission.admission)
             if trace is not None:
-                trace.charge = request.charge
-                trace.units = request.charge.units if request.charge.units is not None else 0.0
-                if result is not None:
-                    trace.queued_s = result.queued_s
-                    trace.run_s = result.run_s
-                    trace.batch_size = result.batch_size
+                trace.record(request, result)
 
     def _queue(
         self,

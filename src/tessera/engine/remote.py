@@ -212,12 +212,7 @@ class RemoteEngine:
                 if request.charge.settled:
                     self._finish(call_id)
             if trace is not None:
-                trace.charge = request.charge
-                trace.units = request.charge.units if request.charge.units is not None else 0.0
-                if result is not None:
-                    trace.queued_s = result.queued_s
-                    trace.run_s = result.run_s
-                    trace.batch_size = result.batch_size
+                trace.record(request, result)
 
     def _finish(self, call_id: int) -> None:
         """Forget a request: answered (or given up) and charged."""
