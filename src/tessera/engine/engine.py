@@ -68,7 +68,6 @@ from .host import UNMEASURED_RUNTIMES, EngineHost
 from .lifecycle import (
     ModelLifecycle,
     ServedModel,
-    served_names,
     served_spec,
     served_versions,
     spec_for_task,
@@ -480,7 +479,7 @@ class Engine(ModelLifecycle):
 
     def model_names(self) -> list[str]:
         """The models served now, by name."""
-        return served_names(self._served)
+        return sorted(self._served)
 
     def served_models(self) -> dict[str, ServedModel]:
         """Each model's served versions, as of now (a copy)."""

@@ -77,10 +77,6 @@ class ServedModel:
         return self.specs[self.current]
 
 
-def served_names(served: Mapping[str, ServedModel]) -> list[str]:
-    return sorted(served)
-
-
 def served_versions(served: Mapping[str, ServedModel], name: str) -> list[ModelSpec]:
     """The versions of model ``name``, oldest first."""
     model = served.get(name)

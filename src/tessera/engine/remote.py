@@ -32,7 +32,7 @@ from tessera.tasks.types import Task
 
 from .engine import Caller, PreloadProgress, RequestTrace, Submission
 from .ipc import FrameWriter, decode_error, read_frame
-from .lifecycle import ServedModel, served_names, served_spec, served_versions, spec_for_task
+from .lifecycle import ServedModel, served_spec, served_versions, spec_for_task
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class RemoteEngine:
     # -- what every reader sees ---------------------------------------------
 
     def model_names(self) -> list[str]:
-        return served_names(self._served)
+        return sorted(self._served)
 
     def versions(self, name: str) -> list[ModelSpec]:
         return served_versions(self._served, name)
