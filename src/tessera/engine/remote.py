@@ -22,12 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from tessera.clock import Clock, MonotonicClock
-from tessera.errors import DeadlineExceededError, ModelUnavailableError, ShuttingDownError
+from tessera.errors import (
+    DeadlineExceededError,
+    ModelUnavailableError,
+    ShuttingDownError,
+    TesseraError,
+)
 from tessera.logs import request_id as request_id_var
 from tessera.metrics import EngineStats, ModelStats, RequestEvent, RolloutStats, StatsSink
 from tessera.repository.spec import ModelSpec
 from tessera.repository.watch import RepositoryWatcher
 from tessera.request import QueuedRequest, RequestResult
+from tessera.runtimes.tokens import TextTokenizer, token_plan
 from tessera.tasks.types import Task
 
 from .engine import Caller, PreloadProgress, RequestTrace, Submission
@@ -73,6 +79,8 @@ class RemoteEngine:
         self._events: list[RequestEvent] = []
         self._events_task: asyncio.Task[None] | None = None
         self.lost = asyncio.Event()
+        # Per model version: how its texts are tokenised here (None: not here).
+        self._tokenizers: dict[tuple[str, Path, Any], TextTokenizer | None] = {}
 
     async def connect(self, timeout_s: float = 60.0) -> None:
         """Connect (the engine process may still be starting) and read its first state."""
@@ -152,7 +160,7 @@ class RemoteEngine:
         if self._draining or self.lost.is_set():
             raise ShuttingDownError("the server is shutting down: no new requests")
         call_id = next(self._ids)
-        sent = list(items)
+        sent = self._tokenized(name, task, list(items))
         streams: dict[int, Callable[[str], None]] = {}
         for index, item in enumerate(sent):
             on_text = getattr(item, "on_text", None)
@@ -189,6 +197,21 @@ class RemoteEngine:
             self._deliver(flight, early)
         flight.results.clear()
         return Submission(model, request, None, version)
+
+    def _tokenized(self, name: str, task: Task, items: list[Any]) -> list[Any]:
+        """``items`` with their texts tokenised here, where the model takes
+        texts tokenised ahead (``runtimes/tokens.py``); else as they are (a
+        name the engine does not serve: it says so)."""
+        try:
+            spec = self.spec_for(name, task)
+        except TesseraError:
+            return items
+        key = (spec.key, spec.folder, spec.options.get("max_length"))
+        if key not in self._tokenizers:
+            plan = token_plan(spec)
+            self._tokenizers[key] = TextTokenizer(plan) if plan is not None else None
+        tokenizer = self._tokenizers[key]
+        return tokenizer(items) if tokenizer is not None else items
 
     async def wait(self, submission: Submission, trace: RequestTrace | None = None) -> list[Any]:
         request = submission.request

