@@ -12,7 +12,8 @@ A config file may hold any of::
                                  # default a quarter of the RAM; 0: none
     device: auto                 # auto | cpu | cuda | cuda:N
     num_threads: 2               # the process's thread budget; default: all cores
-    num_workers: 2               # batches at once; each gets num_threads / num_workers
+    num_workers: 2               # batches at once; each gets num_threads / num_workers;
+                                 # default: one per thread on the CPU, 2 on a GPU
     eviction_policy: cost        # cost (uses x miss s / target s / bytes) | lru | largest | none
     max_queue: 1000              # per model, a bound on memory; before it, a request
                                  # whose batch would start after its deadline gets 503

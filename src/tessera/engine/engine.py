@@ -63,7 +63,7 @@ from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.types import ChatOutput, Task, request_units
 
 from .counters import ModelCounters
-from .executor import BatchRun, ComputeExecutor
+from .executor import BatchRun, ComputeExecutor, default_workers
 from .host import UNMEASURED_RUNTIMES, EngineHost
 from .lifecycle import (
     ModelLifecycle,
@@ -196,7 +196,7 @@ class Engine(ModelLifecycle):
         self.clock: Clock = clock or MonotonicClock()
         self._device = device or make_device(config.device)
         num_threads = config.num_threads or os.cpu_count() or 1
-        num_workers = config.num_workers or num_threads
+        num_workers = config.num_workers or default_workers(self._device, num_threads)
         self._executor = ComputeExecutor(
             self._device,
             num_threads,

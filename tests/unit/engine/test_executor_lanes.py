@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tessera.device import CpuDevice
-from tessera.engine.executor import ComputeExecutor
+from tessera.device import CpuDevice, CudaDevice
+from tessera.engine.executor import CUDA_WORKERS, ComputeExecutor, default_workers
 
 HANG_GUARD_S = 10.0
 
@@ -131,3 +131,10 @@ async def test_a_batch_that_overlaps_a_load_is_not_measured() -> None:
         assert (alone.peak_bytes is not None) == reset_peak()
     finally:
         executor.shutdown()
+
+
+def test_a_gpu_runs_two_batches_at_once_unless_told_and_a_cpu_one_a_thread() -> None:
+    # One launching while one is prepared or finished; more only contend for the GIL.
+    assert default_workers(CudaDevice(0), 16) == CUDA_WORKERS == 2
+    assert default_workers(CudaDevice(0), 1) == 1
+    assert default_workers(CpuDevice(), 16) == 16
