@@ -28,6 +28,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from harness.probes import cpu_seconds
 from harness.report import write_report
 from harness.servers import running_tessera, tessera_command
 
@@ -45,6 +48,14 @@ def bench(url: str, out: Path, concurrency: int, requests: int) -> dict[str, Any
     return figures
 
 
+def cpu_split(engine: psutil.Process) -> dict[str, float]:
+    """CPU seconds so far of the server's process (the engine process, or the
+    one process) and of its gateway processes together."""
+    own = cpu_seconds([engine])
+    children = cpu_seconds(engine.children())
+    return {"engine": sum(own.values()), "gateways": sum(children.values())}
+
+
 def markdown(runs: list[dict[str, Any]], summary: dict[str, Any], date: str, args: Any) -> str:
     lines = [
         f"# Process split, {date}",
@@ -53,27 +64,31 @@ def markdown(runs: list[dict[str, Any]], summary: dict[str, Any], date: str, arg
         f"configuration in turn. c={args.concurrency}: {args.requests} requests;",
         "c=1: 300. Rerun: `HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/split_bench.py`.",
         "",
-        "| round | gateways | req/s | p50 ms | p99 ms | failed | c=1 p50 ms | c=1 p99 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| round | gateways | req/s | p50 ms | p99 ms | failed | c=1 p50 ms | c=1 p99 ms"
+        " | engine CPU ms/req | gateways CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         load, one = run["load"], run["one"]
         lines.append(
             f"| {run['round']} | {run['gateways']} | {load['req_per_s']:.0f}"
             f" | {load['p50_ms']:.1f} | {load['p99_ms']:.1f} | {load['failed']}"
-            f" | {one['p50_ms']:.1f} | {one['p99_ms']:.1f} |"
+            f" | {one['p50_ms']:.1f} | {one['p99_ms']:.1f}"
+            f" | {run['cpu_ms_per_request']['engine']:.2f}"
+            f" | {run['cpu_ms_per_request']['gateways']:.2f} |"
         )
     lines += [
         "",
         "Medians over the rounds, and the median of each round's ratio to one process:",
         "",
-        "| gateways | req/s | ratio | p99 ms | c=1 p50 ms | c=1 p50 ratio |",
-        "|---|---|---|---|---|---|",
+        "| gateways | req/s | ratio | p99 ms | c=1 p50 ms | c=1 p50 ratio | engine CPU ms/req |",
+        "|---|---|---|---|---|---|---|",
     ]
     for gateways, s in summary.items():
         lines.append(
             f"| {gateways} | {s['req_per_s']:.0f} | {s['throughput_ratio']:.2f}"
-            f" | {s['p99_ms']:.1f} | {s['c1_p50_ms']:.1f} | {s['c1_p50_ratio']:.2f} |"
+            f" | {s['p99_ms']:.1f} | {s['c1_p50_ms']:.1f} | {s['c1_p50_ratio']:.2f}"
+            f" | {s['engine_cpu_ms']:.2f} |"
         )
     return "\n".join([*lines, ""])
 
@@ -87,6 +102,7 @@ def summarise(runs: list[dict[str, Any]], configs: list[int]) -> dict[str, Any]:
             "req_per_s": statistics.median(r["load"]["req_per_s"] for r in mine),
             "p99_ms": statistics.median(r["load"]["p99_ms"] for r in mine),
             "c1_p50_ms": statistics.median(r["one"]["p50_ms"] for r in mine),
+            "engine_cpu_ms": statistics.median(r["cpu_ms_per_request"]["engine"] for r in mine),
             "throughput_ratio": statistics.median(
                 r["load"]["req_per_s"] / base[r["round"]]["load"]["req_per_s"] for r in mine
             ),
@@ -115,13 +131,23 @@ def main() -> None:
                 config.write_text(json.dumps({"preload": [MODEL], "gateways": gateways}))
                 with running_tessera(work, slug, ["--config", str(config), "--no-auth"]) as srv:
                     bench(srv.base_url, work / f"{slug}-warm.json", 8, 200)
+                    engine = psutil.Process(srv.process.pid)
+                    before = cpu_split(engine)
                     load = bench(
                         srv.base_url, work / f"{slug}.json", args.concurrency, args.requests
                     )
+                    after = cpu_split(engine)
                     one = bench(srv.base_url, work / f"{slug}-c1.json", 1, 300)
-                runs.append({"round": round_, "gateways": gateways, "load": load, "one": one})
+                answered = max(1, load["ok"])
+                cpu = {k: 1000 * (after[k] - before[k]) / answered for k in after}
+                runs.append(
+                    {"round": round_, "gateways": gateways, "load": load, "one": one,
+                     "cpu_ms_per_request": cpu}
+                )  # fmt: skip
                 print(f"round {round_}, gateways {gateways}: {load['req_per_s']:.0f} req/s,"
-                      f" c=1 p50 {one['p50_ms']:.1f} ms", flush=True)  # fmt: skip
+                      f" c=1 p50 {one['p50_ms']:.1f} ms, CPU ms/request: engine"
+                      f" {cpu['engine']:.2f}, gateways {cpu['gateways']:.2f}",
+                      flush=True)  # fmt: skip
     summary = summarise(runs, args.gateways)
     date = datetime.date.today().isoformat()
     figures = {"runs": runs, "summary": summary}
