@@ -33,7 +33,7 @@ from tessera.metrics import EngineStats, ModelStats, RequestEvent, RolloutStats,
 from tessera.repository.spec import ModelSpec
 from tessera.repository.watch import RepositoryWatcher
 from tessera.request import QueuedRequest, RequestResult
-from tessera.runtimes.tokens import TextTokenizer, token_plan
+from tessera.runtimes.tokens import TextTokenizer, text_tokenizer, token_plan
 from tessera.tasks.types import Task
 
 from .engine import Caller, PreloadProgress, RequestTrace, Submission
@@ -209,7 +209,7 @@ class RemoteEngine:
         key = (spec.key, spec.folder, spec.options.get("max_length"))
         if key not in self._tokenizers:
             plan = token_plan(spec)
-            self._tokenizers[key] = TextTokenizer(plan) if plan is not None else None
+            self._tokenizers[key] = text_tokenizer(plan) if plan is not None else None
         tokenizer = self._tokenizers[key]
         return tokenizer(items) if tokenizer is not None else items
 

@@ -21,6 +21,7 @@ the last of its models on the device leaves.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from tessera.footprint import Footprint
 from tessera.runtimes.base import LoadContext, SharedComponents
 from tessera.runtimes.digest import content_digest
 from tessera.runtimes.graphs import (
+    CHECK_TEXTS,
     DeviceOptions,
     GraphForward,
     choose_precision,
@@ -45,7 +47,7 @@ from tessera.runtimes.graphs import (
 from tessera.runtimes.hostcopy import HostCopy
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.runtimes.stacking import StackGroup, group_for
-from tessera.runtimes.tokens import token_plan, tokenized_ids
+from tessera.runtimes.tokens import TokenPlan, text_tokenizer, token_plan, tokenized_ids
 from tessera.tasks.types import ClassifyOutput, LabelScore, RerankInput, Task, TextInput
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
 
     from tessera.device import Device
     from tessera.repository.spec import ModelSpec
+
+log = logging.getLogger(__name__)
 
 Pooling = Literal["mean", "cls"]
 _TORCH_METHOD = "torch tensors"
@@ -317,16 +321,27 @@ class SentenceEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         return self.pooled(self.tokenize(list(texts), max_length), pooling, normalize)
 
-    @property
-    def takes_ids(self) -> bool:
-        """Whether ``encode_ids`` makes what ``tokenize`` would: a fast
-        tokenizer (the gateways' ``tokenizer.json``), padded on the right."""
+    def takes_ids(self, plan: TokenPlan, max_length: int) -> bool:
+        """Whether ``encode_ids`` of texts tokenised by ``plan`` makes what
+        ``encode`` at ``max_length`` would: the same window, padding on the
+        right, and the same ids (token types all 0) for ``CHECK_TEXTS`` and a
+        text past the window."""
         tokenizer = self.tokenizer
-        return bool(
-            getattr(tokenizer, "is_fast", False)
-            and tokenizer.padding_side == "right"
-            and tokenizer.pad_token_id is not None
-        )
+        if (
+            plan.max_length != capped_length(self.model.config, max_length)
+            or tokenizer.padding_side != "right"
+            or tokenizer.pad_token_id is None
+        ):
+            return False
+        texts = [*CHECK_TEXTS, "word " * plan.max_length]
+        with self._tokenize_lock:
+            expected = tokenizer(texts, truncation=True, max_length=plan.max_length)
+        types = expected.get("token_type_ids") or []
+        if any(any(row) for row in types):
+            return False
+        made = text_tokenizer(plan)([TextInput(text) for text in texts])
+        ids = [np.frombuffer(item.ids, dtype=np.int32).tolist() for item in made]
+        return ids == [list(row) for row in expected["input_ids"]]
 
     def encode_ids(
         self,
@@ -456,6 +471,7 @@ class SharedEncoderModel:
         self._key = key
         self._encoder: SentenceEncoder | None = encoder
         self._options = options
+        self.max_length = options.max_length
         self._own_bytes = own_bytes
         self._method = method
         self._unload_lock = threading.Lock()
@@ -586,8 +602,11 @@ class HfEncoderLoader(_SharedEncoderLoader):
     def load(self, spec: ModelSpec, ctx: LoadContext) -> SharedEncoderModel:
         model = super().load(spec, ctx)
         plan = token_plan(spec)
-        if plan is not None and model.encoder.takes_ids:
-            model.plan_key = plan.key
+        if plan is not None:
+            if model.encoder.takes_ids(plan, model.max_length):
+                model.plan_key = plan.key
+            else:
+                log.info("%s tokenises its texts itself: its plan %s differs", spec.key, plan)
         return model
 
 

@@ -17,6 +17,7 @@ event loop, one text at a time, and only for ``truncate: false`` cards.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -102,14 +103,17 @@ DEFAULT_MAX_LENGTH = 256  # the hf-encoder's option max_length when the card giv
 class TokenPlan:
     """How a model tokenises a text: its ``tokenizer.json``, truncated at
     ``max_length`` tokens (special ones included), no padding. ``key`` names
-    it in the items made by it."""
+    it in the items made by it: the file's content and the window, so that
+    fine-tunes of one base, each with its copy of the file, share a plan (and
+    one tokenizer in each gateway)."""
 
     path: str
     max_length: int
+    digest: str  # of the file's bytes
 
     @property
     def key(self) -> str:
-        return f"{self.path}:{self.max_length}"
+        return f"{self.digest}:{self.max_length}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +145,23 @@ def token_plan(spec: ModelSpec) -> TokenPlan | None:
     positions = config.get("max_position_embeddings")
     if isinstance(positions, int) and positions > 0:
         max_length = min(max_length, positions)
-    return TokenPlan(str(path.resolve()), max_length)
+    resolved = path.resolve()
+    stat = resolved.stat()
+    return TokenPlan(
+        str(resolved), max_length, _digest(str(resolved), stat.st_mtime_ns, stat.st_size)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(path: str, mtime_ns: int, size: int) -> str:
+    """The first 16 hex digits of the SHA-256 of a file as of its (mtime, size)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=64)
+def text_tokenizer(plan: TokenPlan) -> TextTokenizer:
+    """One ``TextTokenizer`` per plan in a process (a gateway's models share them)."""
+    return TextTokenizer(plan)
 
 
 class TextTokenizer:
@@ -171,11 +191,12 @@ class TextTokenizer:
 
 
 def tokenized_ids(items: Sequence[Any], key: str) -> list[npt.NDArray[np.int32]] | None:
-    """Each item's token ids, where every item was tokenised by the plan
-    ``key`` names; else None (the model tokenises the texts itself)."""
+    """Each item's token ids, where there are items and every one was
+    tokenised by the plan ``key`` names; else None (the model tokenises the
+    texts itself)."""
     out: list[npt.NDArray[np.int32]] = []
     for item in items:
         if not isinstance(item, TokenizedText) or item.plan != key:
             return None
         out.append(np.frombuffer(item.ids, dtype=np.int32))
-    return out
+    return out or None

@@ -5,6 +5,7 @@ all. The real MiniLM tokenizer from its package; the model itself is fake."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import yaml
 from builders import fake_engine
 from tessera.errors import PayloadTooLargeError
 from tessera.repository import default_repository_path, read_spec
+from tessera.runtimes.hf import SentenceEncoder
 from tessera.runtimes.tokens import (
     TextTokenizer,
     TokenizedText,
@@ -78,6 +80,37 @@ async def test_a_card_that_truncates_never_reads_a_tokenizer(
         assert len(await engine.wait(submission)) == 1
 
 
+def linked_copy(source: Path, dest: Path, **tokenizer_config: Any) -> Path:
+    """A folder of links to ``source``'s files but a copy of its tokenizer.json
+    and a tokenizer_config.json with ``tokenizer_config`` over its own."""
+    dest.mkdir()
+    for entry in source.iterdir():
+        if entry.name not in ("tokenizer.json", "tokenizer_config.json"):
+            (dest / entry.name).symlink_to(entry.resolve())
+    (dest / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (dest / "tokenizer_config.json").write_text(json.dumps({**config, **tokenizer_config}))
+    return dest
+
+
+def test_a_model_takes_ids_only_where_they_are_its_own(tmp_path: Path) -> None:
+    spec = read_spec(default_repository_path() / "all-minilm-l6-v2")
+    plan = token_plan(spec)
+    assert plan is not None
+    source = spec.resolve_source()
+    assert SentenceEncoder.from_folder(source, "cpu").takes_ids(plan, 256)
+    assert not SentenceEncoder.from_folder(source, "cpu").takes_ids(plan, 128)  # another window
+    left = linked_copy(source, tmp_path / "left", padding_side="left")
+    assert not SentenceEncoder.from_folder(left, "cpu").takes_ids(plan, 256)
+    # The file lowercases; a config that says not to changes the model's ids
+    # (its uncased vocabulary makes "Fox" [UNK]), so the file's are not its own.
+    cased = SentenceEncoder.from_folder(
+        linked_copy(source, tmp_path / "cased", do_lower_case=False), "cpu"
+    )
+    assert cased.tokenizer("Fox")["input_ids"] == [101, 100, 102]
+    assert not cased.takes_ids(plan, 256)
+
+
 def card(tmp_path: Path, name: str, **fields: Any) -> Path:
     folder = tmp_path / name
     folder.mkdir()
@@ -94,7 +127,14 @@ def test_a_plan_for_gateways_is_the_runtimes_tokenizer_and_window(tmp_path: Path
     assert plan.max_length == 256  # the card's max_length
     # A window past the position table (512) is cut at it, as the runtime cuts.
     wide = card(tmp_path, "wide", adapter="hf-encoder", source=MINILM, options={"max_length": 4096})
-    assert token_plan(read_spec(wide)) == TokenPlan(plan.path, 512)
+    assert token_plan(read_spec(wide)) == TokenPlan(plan.path, 512, plan.digest)
+    # A copy of the file elsewhere (a fine-tune of the same base) has the same plan key.
+    copy = linked_copy(spec.resolve_source(), tmp_path / "copy")
+    mine = card(tmp_path, "tuned", adapter="hf-encoder", source={"path": str(copy)})
+    tuned = token_plan(read_spec(mine))
+    assert tuned is not None
+    assert tuned.path != plan.path
+    assert tuned.key == plan.key
     # Other adapters tokenise for themselves.
     assert token_plan(read_spec(default_repository_path() / "all-minilm-l6-v2-int8")) is None
     missing = card(tmp_path, "missing", adapter="hf-encoder", source={"path": "nowhere"})
@@ -119,3 +159,4 @@ def test_a_gateway_tokenises_texts_only() -> None:
     assert ids[0][0] == 101
     assert ids[0][-1] == 102
     assert tokenized_ids(items, plan.key) is None  # not every item by this plan
+    assert tokenized_ids([], plan.key) is None
