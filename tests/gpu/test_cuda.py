@@ -72,6 +72,10 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
         for size in (1, 3, len(texts)):  # through buckets of 1, 4 and 8 rows
             got = encoder.encode(texts[:size])
             assert np.min(np.sum(got * want[:size], axis=1)) >= 0.999
+        for size in (12, 32):  # through buckets of 16 and 32 rows
+            many = (texts * 4)[:size]
+            got = encoder.encode(many)
+            assert np.min(np.sum(got * reference.encode(many), axis=1)) >= 0.999
         assert encoder.offload() is not None  # the graphs go with the weights
         assert encoder.graphs.num_runners == 0
         encoder.restore()

@@ -23,7 +23,9 @@ from tessera.errors import ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
 from tessera.runtimes.base import standalone_context
 from tessera.runtimes.graphs import (
+    BATCH_BUCKETS,
     CHECK_TEXTS,
+    LENGTH_BUCKETS,
     GraphForward,
     Inputs,
     Runner,
@@ -72,6 +74,7 @@ def plain(encoder: SentenceEncoder, batch: Any) -> torch.Tensor:
         ["a short one", "and a somewhat longer sentence than the first"],  # (2, 16)
         [f"sentence number {i} " * (i + 1) for i in range(5)],  # (8, 32): rows padded too
         ["word " * 40, "x"],  # length 42: bucket 64
+        [f"text {i}" for i in range(20)],  # (32, 16)
     ],
 )
 def test_a_bucket_gives_the_plain_forwards_vectors(
@@ -123,7 +126,7 @@ def test_a_bucket_that_cannot_be_built_runs_eager_and_is_not_tried_again(
 def test_prepare_builds_every_bucket_and_reset_drops_them(encoder: SentenceEncoder) -> None:
     graphs = forward_of(encoder)
     graphs.prepare("cpu")
-    assert graphs.num_runners == 4 * 3
+    assert graphs.num_runners == len(BATCH_BUCKETS) * len(LENGTH_BUCKETS) == 6 * 3
     graphs.reset()
     assert graphs.num_runners == 0
     batch = encoder.tokenize(["back again"], 256)
