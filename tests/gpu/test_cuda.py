@@ -57,30 +57,51 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
     import numpy as np
 
     from tessera.repository import default_repository_path, read_spec
+    from tessera.runtimes.base import SharedComponents
     from tessera.runtimes.graphs import BATCH_BUCKETS, CHECK_TEXTS, LENGTH_BUCKETS
     from tessera.runtimes.hf import SentenceEncoder
 
+    def cosines(got: np.ndarray, want: np.ndarray) -> float:
+        return float(np.min(np.sum(got * want, axis=1)))
+
+    def other_weights(encoder: SentenceEncoder) -> None:
+        with torch.no_grad():
+            for parameter in encoder.model.parameters():
+                parameter.mul_(1.02)
+
     folder = read_spec(default_repository_path() / "all-minilm-l6-v2").resolve_source()
+    shared = SharedComponents()
     reference = SentenceEncoder.from_folder(folder, "cpu")
-    encoder = SentenceEncoder.from_folder(folder, "cuda")  # dtype auto, graphs on
+    encoder = SentenceEncoder.from_folder(folder, "cuda", shared=shared)  # dtype auto, graphs on
+    other = SentenceEncoder.from_folder(folder, "cuda", shared=shared)
+    other_reference = SentenceEncoder.from_folder(folder, "cpu")
     try:
         assert next(encoder.model.parameters()).dtype == torch.float16
         assert encoder.graphs is not None
-        assert encoder.graphs.num_runners == len(BATCH_BUCKETS) * len(LENGTH_BUCKETS)
+        assert encoder.graphs.graphs.num_runners == len(BATCH_BUCKETS) * len(LENGTH_BUCKETS)
         texts = list(CHECK_TEXTS)
         want = reference.encode(texts)
         for size in (1, 3, len(texts)):  # through buckets of 1, 4 and 8 rows
-            got = encoder.encode(texts[:size])
-            assert np.min(np.sum(got * want[:size], axis=1)) >= 0.999
+            assert cosines(encoder.encode(texts[:size]), want[:size]) >= 0.999
         for size in (12, 32):  # through buckets of 16 and 32 rows
             many = (texts * 4)[:size]
-            got = encoder.encode(many)
-            assert np.min(np.sum(got * reference.encode(many), axis=1)) >= 0.999
-        assert encoder.offload() is not None  # the graphs go with the weights
-        assert encoder.graphs.num_runners == 0
+            assert cosines(encoder.encode(many), reference.encode(many)) >= 0.999
+        # A second model of the architecture replays the same graphs with its own weights.
+        assert other.graphs is encoder.graphs
+        other_weights(other)
+        other_weights(other_reference)
+        theirs = other_reference.encode(texts)
+        assert cosines(want, theirs) < 0.9999  # the weights differ
+        assert cosines(other.encode(texts), theirs) >= 0.999
+        assert cosines(encoder.encode(texts), want) >= 0.999
+        other.close()
+        assert encoder.offload() is not None  # the last on the device: the graphs go too
+        assert encoder.graphs.in_host_tier
+        assert encoder.graphs.graphs.num_runners == 0
         encoder.restore()
         got = encoder.encode(texts)  # captured again as needed
-        assert np.min(np.sum(got * want, axis=1)) >= 0.999
+        assert cosines(got, want) >= 0.999
     finally:
-        encoder.close()
-        reference.close()
+        for each in (encoder, other, reference, other_reference):
+            each.close()  # twice for one closed above: a no-op
+    assert shared.keys() == []

@@ -19,24 +19,43 @@ which transformers passes through as it is: built inside, the mask's
 "is there padding" test reads the device, which a graph capture forbids.
 Padding with a masked position changes no real position's vector (tested on
 the CPU against the plain forward). On CUDA a bucket's runner is a graph
-captured from static inputs (``cuda_graph_runner``), all of one model's in
-one memory pool, replayed one at a time (a lock); they are captured at the
-model's first load, inside its measurement, so their memory is counted as
-the model's, and again after a return from the host tier (its weights are
-new tensors then), each on its bucket's second use. A bucket whose capture fails runs eager from
-then on. On the CPU there are no graphs and no padding.
+captured from static inputs (``cuda_graph_runner``), all in one memory
+pool, replayed one at a time (a lock). A bucket whose capture fails runs
+eager from then on. On the CPU there are no graphs and no padding.
+
+Graphs per architecture, not per model (``SharedGraphs``). A graph reads
+the weights at the addresses it was captured with, so graphs of a model's
+own would be lost each time its weights leave for the host tier (they come
+back at new addresses), and a hundred fine-tunes of one base would capture
+a hundred sets. Instead every model of one architecture on a device (same
+config shape, same tensors: ``signature``) replays one set, captured over a
+template module: before a batch of another model than the last, that
+model's weights are copied into the template's tensors (``copy_weights``,
+one fused copy on the device). The template and the graphs are one shared
+component (``GraphsHold``: counted once, offloaded with the last of its
+models to leave the device, freed with the last to go); the first model of
+an architecture makes it at its load, every bucket captured inside that
+load's measurement.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
+import hashlib
+import json
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tessera.errors import ModelUnavailableError
+from tessera.footprint import Footprint
+from tessera.runtimes.base import SharedComponents
+from tessera.runtimes.hostcopy import HostCopy
+from tessera.runtimes.memory import torch_module_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +74,20 @@ LENGTH_BUCKETS = (16, 32, 64)
 # After a reset (a return from the host tier), a bucket's graph is captured on
 # its second use: a capture costs about three eager forwards.
 CAPTURE_ON_USE = 2
+# Config keys that name or describe a copy rather than shape its forward.
+_NOT_SHAPE = frozenset(
+    {
+        "_name_or_path",
+        "name_or_path",
+        "transformers_version",
+        "architectures",
+        "id2label",
+        "label2id",
+        "dtype",
+        "torch_dtype",
+        "_attn_implementation_autoset",
+    }
+)
 # The most models a stacked forward holds where a card says ``stack: true``.
 DEFAULT_STACK = 16
 # What a reduced precision is checked on: short and long, plain and odd.
@@ -328,6 +361,13 @@ class GraphForward:
     def eager(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return run_eager(self.model, self.output, batch)
 
+    def holds(self, size: int, length: int) -> bool:
+        """Whether a batch of ``size`` rows of ``length`` tokens fits a bucket."""
+        return (
+            bucket_of(size, self.batch_buckets) is not None
+            and bucket_of(length, self.length_buckets) is not None
+        )
+
     def padded(self, batch: Mapping[str, torch.Tensor], rows: int, columns: int) -> Inputs:
         """``batch`` padded to (rows, columns), its mask made additive."""
         dtype = next(self.model.parameters()).dtype
@@ -364,28 +404,200 @@ class GraphForward:
             self._uses.clear()
 
 
-def cuda_graph_forward(model: Any, tokenizer: Any, output: str) -> GraphForward:
-    """``model``'s forward as CUDA graphs, one memory pool for all of them."""
-    import torch
+def graph_forward(
+    model: Any, tokenizer: Any, output: str, make_runner: MakeRunner | None = None
+) -> GraphForward:
+    """``model``'s forward at bucketed shapes: as CUDA graphs, one memory pool
+    for all of them, unless ``make_runner`` says otherwise (the CPU tests)."""
+    if make_runner is None:
+        import torch
 
-    runner = functools.partial(cuda_graph_runner, pool=torch.cuda.graph_pool_handle())
+        make_runner = functools.partial(cuda_graph_runner, pool=torch.cuda.graph_pool_handle())
     positions = getattr(model.config, "max_position_embeddings", None)
     return GraphForward(
         model,
         output,
         tokenizer.pad_token_id or 0,
-        runner,
+        make_runner,
         max_length=positions if isinstance(positions, int) else None,
         input_keys=tuple(tokenizer.model_input_names),
     )
 
 
-def graphs_bytes(graphs: GraphForward, device: str) -> int:
-    """Capture every bucket of ``graphs`` now; the device bytes they hold."""
+def graphs_key(model: Any, device: str, output: str) -> str:
+    """The shared component (``runtimes.base.SharedComponents``) of the graphs
+    of ``model``'s architecture on ``device``."""
+    return f"graphs:{signature(model, device)}:{output}"
+
+
+def signature(model: Any, device: str) -> str:
+    """What models must share to run one architecture's graphs or one stacked
+    forward: the device, the config's shaping keys, and every parameter's and
+    buffer's name, shape and dtype."""
+    config = _shaping_config(model.config)
+    tensors = [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_parameters()]
+    tensors += [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_buffers()]
+    text = json.dumps([device, config, tensors], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _shaping_config(config: Any) -> dict[str, Any]:
+    """The config's keys that its class defines (a key a copy added, such as
+    the GPU check's copy number, shapes nothing), less those that name or
+    describe the copy."""
+    values: dict[str, Any] = config.to_dict()
+    try:
+        known = set(type(config)().to_dict())
+    except Exception:  # a config class that needs arguments: every key counts
+        known = set(values)
+    return {k: v for k, v in values.items() if k in known and k not in _NOT_SHAPE}
+
+
+def weight_tensors(model: Any) -> list[torch.Tensor]:
+    return [*model.parameters(), *model.buffers()]
+
+
+class SharedGraphs:
+    """The graphs of one architecture on one device, for every model of it
+    (module notes): a template module holding a copy of some model's weights,
+    and its ``GraphForward``. A bucketed batch of another model than the one
+    whose weights the template holds first copies that model's weights in
+    (one fused copy on the device: about 45 MB for MiniLM in float16, tens of
+    microseconds on an H200), then replays; a batch outside the buckets runs
+    the model's own eager forward. So a model has no graphs of its own: a
+    first load captures nothing once its architecture has graphs, and a
+    model back from the host tier replays at once."""
+
+    def __init__(self, template: Any, graphs: GraphForward) -> None:
+        self.template = template
+        self.graphs = graphs
+        self.num_copies = 0  # times another model's weights were copied in
+        self._current: weakref.ref[Any] | None = None
+        self._lock = threading.Lock()
+        self._host_copy: HostCopy | None = None
+
+    @classmethod
+    def of(
+        cls, model: Any, tokenizer: Any, output: str, make_runner: MakeRunner | None = None
+    ) -> SharedGraphs:
+        """Graphs of ``model``'s architecture over a copy of its weights."""
+        template = copy.deepcopy(model)
+        template.requires_grad_(False)
+        return cls(template, graph_forward(template, tokenizer, output, make_runner))
+
+    def __call__(self, model: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``model``'s wanted output for ``batch``, as its plain forward gives it."""
+        size, length = batch["input_ids"].shape
+        if not self.graphs.holds(size, length):
+            return run_eager(model, self.graphs.output, batch)
+        with self._lock:
+            current = self._current() if self._current is not None else None
+            if current is not model:
+                copy_weights(weight_tensors(self.template), weight_tensors(model))
+                self._current = weakref.ref(model)
+                self.num_copies += 1
+            return self.graphs(batch)
+
+    def prepare(self, device: str) -> int:
+        """Capture every bucket now; the device bytes the template and the
+        graphs hold (a first load: inside its measurement)."""
+        if not device.startswith("cuda"):
+            self.graphs.prepare(device)
+            return torch_module_bytes(self.template)
+        import torch
+
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        self.graphs.prepare(device)
+        torch.cuda.synchronize(device)
+        captured = max(0, torch.cuda.memory_allocated(device) - before)
+        return torch_module_bytes(self.template) + captured
+
+    @property
+    def in_host_tier(self) -> bool:
+        return self._host_copy is not None
+
+    def offload(self) -> Footprint | None:
+        """No model of the architecture is left on the device: the template's
+        weights go to the host tier and the graphs are dropped (captured again
+        on their buckets' second use once one is back)."""
+        with self._lock:
+            if self._host_copy is not None:
+                return None
+            device = str(next(iter(weight_tensors(self.template))).device)
+            self.graphs.reset()
+            self._current = None
+            self._host_copy = HostCopy.offload([self.template], device)
+            return self._host_copy.footprint()
+
+    def restore(self) -> None:
+        with self._lock:
+            held, self._host_copy = self._host_copy, None
+            if held is None:
+                raise ModelUnavailableError("graphs", "the template is not in the host tier")
+            held.restore()
+
+    def close(self) -> None:
+        """Drop the graphs and the template (its last model has gone)."""
+        with self._lock:
+            self.graphs.reset()
+            self._current = None
+            held, self._host_copy = self._host_copy, None
+            if held is not None:
+                held.close()
+
+
+@dataclass(eq=False)
+class GraphsHold:
+    """An encoder's hold on its architecture's ``SharedGraphs``: a component of
+    ``shared`` (its bytes, the template's and the captured graphs', counted
+    once however many models use it), offloaded when the last encoder holding
+    it leaves the device and freed when the last is gone."""
+
+    shared: SharedComponents
+    key: str
+    graphs: SharedGraphs
+
+    @classmethod
+    def acquire(
+        cls,
+        shared: SharedComponents,
+        model: Any,
+        tokenizer: Any,
+        output: str,
+        capture: bool = True,
+        make_runner: MakeRunner | None = None,
+    ) -> GraphsHold:
+        """The graphs of ``model``'s architecture: made from ``model`` by the
+        first of it, every bucket captured then if ``capture`` (a first load:
+        inside its measurement)."""
+        device = str(next(iter(weight_tensors(model))).device)
+        key = graphs_key(model, device, output)
+
+        def build() -> tuple[SharedGraphs, int]:
+            graphs = SharedGraphs.of(model, tokenizer, output, make_runner)
+            num_bytes = graphs.prepare(device) if capture else torch_module_bytes(graphs.template)
+            return graphs, num_bytes
+
+        return cls(shared, key, shared.acquire(key, build, on_free=SharedGraphs.close))
+
+    @property
+    def num_bytes(self) -> int:
+        return self.shared.bytes_of(self.key)
+
+    def park(self) -> None:
+        self.shared.park(self.key)
+
+    def unpark(self) -> None:
+        self.shared.unpark(self.key)
+
+    def release(self, *, parked: bool) -> None:
+        self.shared.release(self.key, parked=parked)
+
+
+def copy_weights(into: Sequence[torch.Tensor], source: Sequence[torch.Tensor]) -> None:
+    """``source``'s values into ``into``'s tensors, in place: one fused copy."""
     import torch
 
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    graphs.prepare(device)
-    torch.cuda.synchronize(device)
-    return max(0, torch.cuda.memory_allocated(device) - before)
+    with torch.no_grad():
+        torch._foreach_copy_(list(into), list(source))

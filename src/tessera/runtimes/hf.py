@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,12 +37,10 @@ from tessera.runtimes.digest import content_digest
 from tessera.runtimes.graphs import (
     CHECK_TEXTS,
     DeviceOptions,
-    GraphForward,
+    GraphsHold,
     choose_precision,
-    cuda_graph_forward,
     device_options,
     encoder_variant,
-    graphs_bytes,
 )
 from tessera.runtimes.hostcopy import HostCopy
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
@@ -230,14 +228,16 @@ class SentenceEncoder:
         device: str,
         *,
         output: str = "last_hidden_state",
-        graphs: GraphForward | None = None,
+        graphs: GraphsHold | None = None,
         stack: StackGroup | None = None,
     ) -> None:
         self.model: Any = model
         self.tokenizer: Any = tokenizer
         self.device = device
         self.output = output
-        self.graphs = graphs  # on CUDA: the forward at bucketed shapes, as graphs
+        # On CUDA: its architecture's graphs, shared with every model of it.
+        self.graphs_hold = graphs
+        self.graphs = graphs.graphs if graphs is not None else None
         self.stack = stack  # forwards run with other models' of its group
         self.num_bytes = torch_module_bytes(model)
         self._tokenize_lock = threading.Lock()
@@ -254,26 +254,32 @@ class SentenceEncoder:
         output: str = "last_hidden_state",
         name: str = "",
         capture: bool = True,
+        shared: SharedComponents | None = None,
     ) -> SentenceEncoder:
         """``model`` moved to ``device`` in the precision ``options`` ask for
-        (checked: ``runtimes/graphs.py``), with graphs on CUDA unless they say
-        not, captured now if ``capture`` (a first load: counted in its bytes)."""
+        (checked: ``runtimes/graphs.py``), with its architecture's graphs on
+        CUDA unless they say not: a component of ``shared`` (of its own
+        without), captured when made if ``capture`` (a first load)."""
         model.to(device).eval()
         choose_precision(model, tokenizer, device, options.dtype, output, name)
         graphs = None
         if options.graphs and device.startswith("cuda"):
-            graphs = cuda_graph_forward(model, tokenizer, output)
+            shared = shared or SharedComponents()
+            graphs = GraphsHold.acquire(shared, model, tokenizer, output, capture)
         stack = None
         if options.stack and output == "last_hidden_state":
             stack = group_for(model, device, options.stack)
-        encoder = cls(model, tokenizer, device, output=output, graphs=graphs, stack=stack)
-        if graphs is not None and capture:
-            encoder.num_bytes += graphs_bytes(graphs, device)
-        return encoder
+        return cls(model, tokenizer, device, output=output, graphs=graphs, stack=stack)
 
     @classmethod
     def from_folder(
-        cls, path: Path, device: str, options: DeviceOptions | None = None, *, capture: bool = True
+        cls,
+        path: Path,
+        device: str,
+        options: DeviceOptions | None = None,
+        *,
+        capture: bool = True,
+        shared: SharedComponents | None = None,
     ) -> SentenceEncoder:
         from transformers import AutoModel, AutoTokenizer
 
@@ -281,7 +287,14 @@ class SentenceEncoder:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModel.from_pretrained(str(path), local_files_only=True)
         options = options or DeviceOptions()
-        return cls.on_device(model, tokenizer, device, options, name=path.name, capture=capture)
+        return cls.on_device(
+            model, tokenizer, device, options, name=path.name, capture=capture, shared=shared
+        )
+
+    def shared_bytes(self) -> dict[str, int]:
+        """The shared components it holds beside itself: its graphs'."""
+        hold = self.graphs_hold
+        return {hold.key: hold.num_bytes} if hold is not None else {}
 
     def forward(self, batch: Any) -> Any:
         """The model's wanted output for a tokenized batch: with its stack
@@ -292,7 +305,7 @@ class SentenceEncoder:
 
     def own_forward(self, batch: Any) -> Any:
         if self.graphs is not None:
-            return self.graphs(batch)
+            return self.graphs(self.model, batch)
         return getattr(self.model(**batch), self.output)
 
     @property
@@ -386,8 +399,8 @@ class SentenceEncoder:
         """Move the weights to the host tier (the module and tokenizer stay built)."""
         if self.model is None or self._host_copy is not None:
             return None
-        if self.graphs is not None:
-            self.graphs.reset()  # they read the weights where they are now
+        if self.graphs_hold is not None:
+            self.graphs_hold.park()
         self._host_copy = HostCopy.offload([self.model], self.device)
         empty_device_cache(self.device)
         return self._host_copy.footprint()
@@ -405,14 +418,16 @@ class SentenceEncoder:
             raise ModelUnavailableError("hf-encoder", "its weights are not in the host tier")
         copy.restore()
         self._host_copy = None
+        if self.graphs_hold is not None:
+            self.graphs_hold.unpark()
 
     def close(self) -> None:
         """Drop the weights (called when the last user releases the encoder)."""
         self.model = None
         self.tokenizer = None
-        if self.graphs is not None:
-            self.graphs.reset()
-            self.graphs = None
+        hold, self.graphs_hold, self.graphs = self.graphs_hold, None, None
+        if hold is not None:
+            hold.release(parked=self._host_copy is not None)
         copy, self._host_copy = self._host_copy, None
         if copy is not None:
             copy.close()
@@ -447,7 +462,9 @@ def acquire_encoder(ctx: LoadContext, path: Path, spec: ModelSpec) -> tuple[str,
 
     def build() -> tuple[SentenceEncoder, int]:
         try:
-            encoder = SentenceEncoder.from_folder(path, device, options, capture=ctx.warm_up)
+            encoder = SentenceEncoder.from_folder(
+                path, device, options, capture=ctx.warm_up, shared=ctx.shared
+            )
         except LOAD_ERRORS as e:
             raise ModelUnavailableError(model_name, f"cannot load encoder {path}: {e}") from e
         return encoder, encoder.num_bytes
@@ -500,9 +517,15 @@ class SharedEncoderModel:
     def memory(self) -> Footprint:
         return Footprint(
             own_bytes=self._own_bytes,
-            shared_bytes={self._key: self._shared.bytes_of(self._key)},
+            shared_bytes=self._shared_bytes(),
             method=self._method,
         )
+
+    def _shared_bytes(self) -> dict[str, int]:
+        """Its encoder's bytes and its encoder's graphs' (shared components)."""
+        encoder = self._encoder
+        graphs = encoder.shared_bytes() if encoder is not None else {}
+        return {self._key: self._shared.bytes_of(self._key), **graphs}
 
     def offload(self) -> Footprint | None:
         """Leave the device for the host tier: the shared encoder goes too once
@@ -516,7 +539,7 @@ class SharedEncoderModel:
         held = encoder.host_method or "held for it while another model uses it on the device"
         return Footprint(
             own_bytes=self._own_bytes,
-            shared_bytes={self._key: self._shared.bytes_of(self._key)},
+            shared_bytes=self._shared_bytes(),
             method=f"shared encoder: {held}; the rest in process memory",
         )
 
@@ -650,7 +673,9 @@ class HfSequenceClassifierModel:
         return self._head.outputs(logits)
 
     def memory(self) -> Footprint:
-        return Footprint(own_bytes=self._bytes, method=_TORCH_METHOD)
+        encoder = self._encoder
+        graphs = encoder.shared_bytes() if encoder is not None else {}
+        return Footprint(own_bytes=self._bytes, shared_bytes=graphs, method=_TORCH_METHOD)
 
     def offload(self) -> Footprint | None:
         encoder = self._encoder
@@ -658,7 +683,9 @@ class HfSequenceClassifierModel:
             return None
         held = encoder.offload()
         self._parked = held is not None
-        return held
+        if held is None:
+            return None
+        return replace(held, shared_bytes=encoder.shared_bytes())
 
     def restore(self) -> None:
         encoder = self._encoder
@@ -711,5 +738,6 @@ class HfSequenceClassifierLoader:
             output="logits",
             name=spec.name,
             capture=ctx.warm_up,
+            shared=ctx.shared,
         )
         return HfSequenceClassifierModel(encoder, head, max_length)

@@ -32,43 +32,15 @@ has what it measured on the CPU).
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tessera.runtimes.graphs import padded_inputs
+from tessera.runtimes.graphs import padded_inputs, signature
 
 if TYPE_CHECKING:
     import torch
-
-
-# Config keys that name or describe a copy rather than shape its forward.
-_NOT_SHAPE = frozenset(
-    {
-        "_name_or_path",
-        "name_or_path",
-        "transformers_version",
-        "architectures",
-        "id2label",
-        "label2id",
-        "dtype",
-        "torch_dtype",
-        "_attn_implementation_autoset",
-    }
-)
-
-
-def signature(model: Any, device: str) -> str:
-    """What models must share to run in one stacked forward: the device, the
-    config's shaping keys, and every parameter's and buffer's name, shape and dtype."""
-    config = {k: v for k, v in model.config.to_dict().items() if k not in _NOT_SHAPE}
-    tensors = [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_parameters()]
-    tensors += [(n, tuple(t.shape), str(t.dtype)) for n, t in model.named_buffers()]
-    text = json.dumps([device, config, tensors], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 Solo = Callable[[Mapping[str, "torch.Tensor"]], "torch.Tensor"]

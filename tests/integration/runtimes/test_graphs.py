@@ -10,6 +10,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import copy
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,26 +22,30 @@ import torch
 
 from tessera.errors import ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
-from tessera.runtimes.base import standalone_context
+from tessera.runtimes.base import SharedComponents, standalone_context
 from tessera.runtimes.graphs import (
     BATCH_BUCKETS,
     CHECK_TEXTS,
     LENGTH_BUCKETS,
     GraphForward,
+    GraphsHold,
     Inputs,
     Runner,
+    SharedGraphs,
     device_options,
     eager_runner,
     encoder_variant,
     reduce_precision,
 )
 from tessera.runtimes.hf import SentenceEncoder, encoder_key
+from tessera.runtimes.memory import torch_module_bytes
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.types import TextInput
 
 pytestmark = pytest.mark.slow
 
 MODEL = default_repository_path() / "all-minilm-l6-v2"
+OUTPUT = "last_hidden_state"
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +105,7 @@ def test_larger_batches_and_longer_texts_run_eager(encoder: SentenceEncoder) -> 
 
     graphs = forward_of(encoder, counting)
     wide = encoder.tokenize(["word " * 100], 256)  # 102 tokens: over 64
-    many = encoder.tokenize(["x"] * 9, 256)  # 9 rows: over 8
+    many = encoder.tokenize(["x"] * 33, 256)  # 33 rows: over 32
     assert torch.allclose(graphs(wide), plain(encoder, wide), atol=1e-5)
     assert torch.allclose(graphs(many), plain(encoder, many), atol=1e-5)
     assert built == []
@@ -139,13 +144,73 @@ def test_prepare_builds_every_bucket_and_reset_drops_them(encoder: SentenceEncod
 def test_pooled_vectors_through_the_buckets_match_the_encoders(encoder: SentenceEncoder) -> None:
     texts = ["A man is eating food.", "A man is eating a piece of bread.", "Nothing alike."]
     want = encoder.encode(texts)
-    encoder.graphs = forward_of(encoder)
+    encoder.graphs = SharedGraphs.of(encoder.model, encoder.tokenizer, OUTPUT, eager_runner)
     encoder.graphs.prepare("cpu")
     try:
         got = encoder.encode(texts)
     finally:
         encoder.graphs = None
     assert np.allclose(got, want, atol=1e-5)
+
+
+def other_weights(encoder: SentenceEncoder) -> Any:
+    """A copy of the encoder's model with other weights: a fine-tune, as far
+    as shapes go, numbered as the GPU check numbers its copies."""
+    other = copy.deepcopy(encoder.model)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(1.02)
+    other.config.tessera_gpu_check_copy = 7  # a key of the copy's: it shapes nothing
+    return other
+
+
+def forward(model: Any, batch: Any) -> torch.Tensor:
+    with torch.inference_mode():
+        hidden: torch.Tensor = model(**batch).last_hidden_state
+    return hidden
+
+
+def test_one_architectures_graphs_run_each_model_with_its_own_weights(
+    encoder: SentenceEncoder,
+) -> None:
+    other = other_weights(encoder)
+    shared = SharedGraphs.of(encoder.model, encoder.tokenizer, OUTPUT, eager_runner)
+    shared.prepare("cpu")
+    batch = encoder.tokenize(["a sentence", "and another, longer one"], 256)
+    real = batch["attention_mask"].bool()
+    mine, theirs = forward(encoder.model, batch), forward(other, batch)
+    assert not torch.allclose(mine[real], theirs[real], atol=1e-3)  # the weights differ
+    for model, want in ((encoder.model, mine), (encoder.model, mine), (other, theirs)):
+        assert torch.allclose(shared(model, batch)[real], want[real], atol=1e-4)
+    assert torch.allclose(shared(encoder.model, batch)[real], mine[real], atol=1e-4)
+    assert shared.num_copies == 3  # the first model's, the other's, the first's again
+    wide = encoder.tokenize(["word " * 100], 256)  # outside the buckets: its own forward
+    assert torch.allclose(shared(other, wide), forward(other, wide), atol=1e-5)
+    assert shared.num_copies == 3
+
+
+def test_an_architectures_graphs_are_one_shared_component(encoder: SentenceEncoder) -> None:
+    shared = SharedComponents()
+    other = other_weights(encoder)
+    first = GraphsHold.acquire(
+        shared, encoder.model, encoder.tokenizer, OUTPUT, make_runner=eager_runner
+    )
+    second = GraphsHold.acquire(shared, other, encoder.tokenizer, OUTPUT, make_runner=eager_runner)
+    assert second.key == first.key
+    assert second.graphs is first.graphs
+    assert shared.keys() == [first.key]
+    assert first.num_bytes >= torch_module_bytes(encoder.model)  # the template's weights
+    first.park()
+    assert not first.graphs.in_host_tier  # the other model still uses them on the device
+    second.park()
+    assert first.graphs.in_host_tier  # the last has left: the template waits in the host tier
+    assert first.graphs.graphs.num_runners == 0
+    second.unpark()
+    batch = encoder.tokenize(["back again"], 256)
+    assert torch.allclose(second.graphs(other, batch), forward(other, batch), atol=1e-4)
+    second.release(parked=False)
+    first.release(parked=True)
+    assert shared.keys() == []
 
 
 def test_reduced_precision_is_kept_only_within_the_cosine_bar() -> None:
