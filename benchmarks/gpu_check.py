@@ -322,7 +322,10 @@ def weights_onto_device(encoder: TorchEncoder, file: Path, seconds: float) -> Pa
 
 
 def resident_round_robin(encoder: TorchEncoder, count: int, seconds: float) -> Part:
-    """``count`` copies of the model on the device, one sentence to each in turn, one thread."""
+    """``count`` copies of the model on the device, one sentence to each in turn, one
+    thread: each its own eager forward, then (CUDA) all through one architecture's
+    graphs, each model's weights copied in before its forward (tessera's
+    ``runtimes.graphs.SharedGraphs``), side by side."""
     import copy
 
     import torch
@@ -333,12 +336,23 @@ def resident_round_robin(encoder: TorchEncoder, count: int, seconds: float) -> P
         forward = in_turn(lambda model: model(**batch), models)
         call_s = per_call_s(forward, seconds, encoder.sync)
     held = torch.cuda.memory_allocated(encoder.device) if encoder.device.type == "cuda" else None
-    del models
-    return {
+    figures: Part = {
         "resident_models": count,
         "resident_rr_forwards_per_s": round(1 / call_s, 1),
         "resident_device_bytes": held,
     }
+    if encoder.device.type == "cuda":
+        from tessera.runtimes.graphs import SharedGraphs
+
+        shared = SharedGraphs.of(models[0], encoder.tokenizer, "last_hidden_state")
+        shared.prepare(str(encoder.device))
+        replay = in_turn(lambda model: shared(model, batch), models)
+        figures["resident_rr_shared_graphs_forwards_per_s"] = round(
+            1 / per_call_s(replay, seconds, encoder.sync), 1
+        )
+        shared.close()
+    del models
+    return figures
 
 
 # --- a running tessera --------------------------------------------------------------------

@@ -260,6 +260,8 @@ def torch_table(figures: Part) -> list[str]:
         ("weights from pinned memory to the device", "pinned_to_device_ms", "ms"),
         (f"{figures.get('resident_models')} resident models in turn, batch 1, one thread",
          "resident_rr_forwards_per_s", "forwards/s"),
+        ("the same through one architecture's graphs, each model's weights copied in",
+         "resident_rr_shared_graphs_forwards_per_s", "forwards/s"),
     )  # fmt: skip
     for label, key, unit in rows:
         if figures.get(key) is not None:
