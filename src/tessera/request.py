@@ -22,10 +22,26 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+
+class StopFlag:
+    """A flag set once and read from any thread: ``threading.Event`` without
+    its lock and condition (nothing waits on it, and one is made for every
+    request; an attribute's write is atomic under the interpreter lock)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +101,7 @@ class QueuedRequest:
     tier: str = "standard"
     weight: float = 1.0
     latency_target_s: float | None = None  # set for requests of a latency tier
-    stop: threading.Event = field(default_factory=threading.Event)  # see the module notes
+    stop: StopFlag = field(default_factory=StopFlag)  # see the module notes
     charge: Charge = field(default_factory=Charge)
     request_id: str | None = None  # the gateway's x-request-id, for log lines
 
@@ -110,7 +126,7 @@ class Batch:
 
 
 # The stop flags of the batch the current thread runs, one per item.
-_STOPS: contextvars.ContextVar[tuple[threading.Event, ...]] = contextvars.ContextVar(
+_STOPS: contextvars.ContextVar[tuple[StopFlag, ...]] = contextvars.ContextVar(
     "tessera_item_stops", default=()
 )
 
@@ -134,10 +150,10 @@ def with_stops(
     return run
 
 
-def item_stops(num_items: int) -> tuple[threading.Event, ...]:
+def item_stops(num_items: int) -> tuple[StopFlag, ...]:
     """The stop flags of the ``num_items`` items this thread runs now; flags
     never set when it runs none (a warm-up, a test calling a model directly)."""
     stops = _STOPS.get()
     if len(stops) == num_items:
         return stops
-    return tuple(threading.Event() for _ in range(num_items))
+    return tuple(StopFlag() for _ in range(num_items))

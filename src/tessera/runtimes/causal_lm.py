@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
-from tessera.request import item_stops
+from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.step import holding, step_boundary
@@ -426,7 +426,7 @@ class CausalLm:
         model: Any,
         tokenizer: Any,
         group: list[_Prepared],
-        stops: list[threading.Event],
+        stops: list[StopFlag],
     ) -> list[ChatOutput]:
         import torch
         from transformers import StoppingCriteriaList
@@ -553,7 +553,7 @@ class _RowStream:
         item: ChatInput,
         decode: Callable[[list[int]], str],
         eos_ids: frozenset[int],
-        stop: threading.Event | None = None,
+        stop: StopFlag | None = None,
     ) -> None:
         self._decode = decode
         self._stop = stop

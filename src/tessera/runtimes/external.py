@@ -73,7 +73,7 @@ import psutil
 
 from tessera.errors import ConfigError, InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
-from tessera.request import item_stops
+from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.causal_lm import _validate
 from tessera.runtimes.openai_chat import EngineGone, EngineNotReady, complete, request_body
@@ -480,7 +480,7 @@ class ExternalModel:
         probe = ChatInput(messages=(ChatMessage("user", "Hi"),), max_tokens=1)
         while True:
             try:
-                self._complete(engine, probe, threading.Event())
+                self._complete(engine, probe, StopFlag())
                 return
             except (EngineGone, EngineNotReady) as e:
                 late = time.perf_counter() > deadline
@@ -658,9 +658,7 @@ class ExternalModel:
         _validate(item, self._max_tokens_limit)
         return item
 
-    def _complete(
-        self, engine: EngineProcess, item: ChatInput, stop: threading.Event
-    ) -> ChatOutput:
+    def _complete(self, engine: EngineProcess, item: ChatInput, stop: StopFlag) -> ChatOutput:
         body = request_body(self._spec.name, item, self._kind.chat_extras())
         return complete(engine.address, self._api_key, body, item, stop, self._idle_timeout_s)
 

@@ -45,7 +45,7 @@ import numpy as np
 from tessera.errors import ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
-from tessera.request import item_stops
+from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.step import step_boundary
 from tessera.tasks.types import (
@@ -75,9 +75,7 @@ def fake_embedding(text: str) -> np.ndarray[Any, np.dtype[np.float32]]:
     return vector / np.linalg.norm(vector)
 
 
-def fake_output(
-    item: object, *, word_s: float = 0.0, stop: threading.Event | None = None
-) -> object:
+def fake_output(item: object, *, word_s: float = 0.0, stop: StopFlag | None = None) -> object:
     """The fake answer to one item, by its task (a chat echoes its last message
     word by word, ``word_s`` each, a step boundary between words, until
     ``stop`` is set)."""

@@ -16,11 +16,11 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 from tessera.errors import InferenceError, InvalidInputError
+from tessera.request import StopFlag
 from tessera.tasks.image import png_data_url
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
 
@@ -40,7 +40,7 @@ def complete(
     api_key: str,
     body: Mapping[str, Any],
     item: ChatInput,
-    stop: threading.Event,
+    stop: StopFlag,
     timeout_s: float,
 ) -> ChatOutput:
     """One chat completion of ``body`` (``request_body``'s), streamed, until
@@ -139,9 +139,7 @@ def _ran_so_far(
     return 0, num_pieces
 
 
-def _read_stream(
-    response: http.client.HTTPResponse, item: ChatInput, stop: threading.Event
-) -> ChatOutput:
+def _read_stream(response: http.client.HTTPResponse, item: ChatInput, stop: StopFlag) -> ChatOutput:
     pieces: list[str] = []
     on_text = item.on_text
     finish: str | None = None

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
-from tessera.request import item_stops
+from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.causal_lm import (
     _SAMPLING_LOCK,
@@ -188,7 +188,7 @@ class VisionOcr:
         except ValueError as e:  # an image the processor refuses
             raise InvalidInputError(f"the model's processor refused the input: {e}") from e
 
-    def _generate(self, chats: list[ChatInput], stops: list[threading.Event]) -> list[ChatOutput]:
+    def _generate(self, chats: list[ChatInput], stops: list[StopFlag]) -> list[ChatOutput]:
         import torch
         from transformers import StoppingCriteriaList
 
