@@ -34,12 +34,21 @@ from typing import Protocol, TypeVar
 T = TypeVar("T")
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
 class Clock(Protocol):
     """Monotonic seconds, and ways to wait on them."""
 
     def now(self) -> float: ...
 
     async def sleep(self, seconds: float) -> None: ...
+
+    def call_later(self, seconds: float, fn: Callable[[], object]) -> Cancellable:
+        """Call ``fn`` on the event loop once ``seconds`` of this clock have
+        passed, unless cancelled first (a timer, with no task or future of its own)."""
+        ...
 
     def timeout(self, seconds: float | None) -> AbstractAsyncContextManager[None]:
         """Bound the enclosed block by ``seconds`` on this clock (``None``:
@@ -61,6 +70,9 @@ class MonotonicClock:
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
 
+    def call_later(self, seconds: float, fn: Callable[[], object]) -> Cancellable:
+        return asyncio.get_running_loop().call_later(max(0.0, seconds), fn)
+
     @asynccontextmanager
     async def timeout(self, seconds: float | None) -> AsyncIterator[None]:
         async with asyncio.timeout(seconds):
@@ -74,8 +86,11 @@ class MonotonicClock:
 class _Timer:
     deadline: float
     seq: int
-    fire: Callable[[], None] = field(compare=False)
+    fire: Callable[[], object] = field(compare=False)
     cancelled: bool = field(default=False, compare=False)
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 class FakeClock:
@@ -148,9 +163,12 @@ class FakeClock:
         async with self.timeout(timeout_s):
             return await aw
 
+    def call_later(self, seconds: float, fn: Callable[[], object]) -> Cancellable:
+        return self._add(seconds, fn)
+
     # -- internals ----------------------------------------------------------
 
-    def _add(self, seconds: float, fire: Callable[[], None]) -> _Timer:
+    def _add(self, seconds: float, fire: Callable[[], object]) -> _Timer:
         timer = _Timer(self._now + max(0.0, seconds), next(self._seq), fire)
         heapq.heappush(self._timers, timer)
         if timer.deadline <= self._now:
