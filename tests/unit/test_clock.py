@@ -93,6 +93,25 @@ async def test_wait_for_returns_what_finishes_before_the_deadline() -> None:
     assert clock.now() == 2.0
 
 
+async def test_a_timer_fires_at_its_deadline_unless_cancelled() -> None:
+    clock = FakeClock()
+    fired: list[float] = []
+    clock.call_later(3.0, lambda: fired.append(clock.now()))
+    cancelled = clock.call_later(1.0, lambda: fired.append(-1.0))
+    cancelled.cancel()
+    await clock.sleep(5.0)
+    assert fired == [3.0]
+    assert clock.num_pending == 0
+
+
+async def test_the_real_clocks_timer_fires_on_the_loop() -> None:
+    clock: Clock = MonotonicClock()
+    fired = asyncio.Event()
+    clock.call_later(0.0, fired.set)
+    clock.call_later(0.0, lambda: None).cancel()
+    await asyncio.wait_for(fired.wait(), 10.0)
+
+
 async def test_wait_for_without_a_bound_waits_for_the_answer() -> None:
     clock = FakeClock()
     event = asyncio.Event()

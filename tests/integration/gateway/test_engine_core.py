@@ -22,6 +22,7 @@ from tessera.engine import Caller, Engine, RequestTrace
 from tessera.engine.core import EngineCore
 from tessera.engine.remote import RemoteEngine
 from tessera.errors import (
+    DeadlineExceededError,
     InvalidInputError,
     ModelNotFoundError,
     ModelUnavailableError,
@@ -260,3 +261,17 @@ async def test_texts_are_tokenised_in_the_gateway_for_the_same_vectors(
         await run(remote, "echo", [TextInput("a b")])
         assert type(received[-1][0]) is TextInput
         await engine.unload("minilm")
+
+
+async def test_a_request_past_its_deadline_is_told_so_and_stops(tmp_path: Path) -> None:
+    async with split(tmp_path) as (engine, _, (remote,)):
+        submission = engine.submit("slow", Task.EMBEDDING, [TextInput("x")], timeout_s=0.1)
+        with pytest.raises(DeadlineExceededError, match=r"no answer from model 'slow' within 0.1s"):
+            await engine.wait(submission)
+        assert submission.request.stop.is_set()  # its batch (0.3 s) stops at its next step
+        assert submission.request.future.cancelled()
+        remote_submission = await remote.asubmit(
+            "slow", Task.EMBEDDING, [TextInput("y")], timeout_s=0.1
+        )
+        with pytest.raises(DeadlineExceededError):
+            await remote.wait(remote_submission)
