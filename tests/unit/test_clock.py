@@ -109,7 +109,7 @@ async def test_the_real_clocks_timer_fires_on_the_loop() -> None:
     fired = asyncio.Event()
     clock.call_later(0.0, fired.set)
     clock.call_later(0.0, lambda: None).cancel()
-    await asyncio.wait_for(fired.wait(), 10.0)
+    await clock.wait_for(fired.wait(), 10.0)
 
 
 async def test_wait_for_without_a_bound_waits_for_the_answer() -> None:
