@@ -606,7 +606,7 @@ class Engine(ModelLifecycle):
         timeout = request.deadline - request.arrival if request.deadline else None
         result: RequestResult | None = None
         # One timer a request, no task or future of its own (``asyncio.wait_for``
-        # made both: a tenth of the engine's time per request at saturation).
+        # made both: about a tenth of the engine process's time at saturation).
         expired = False
 
         def expire() -> None:
