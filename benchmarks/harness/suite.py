@@ -42,7 +42,10 @@ def bench_scenario(
     results["quick"] = quick
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = output_stem(out_dir, results["date"], scenario.name)
-    stem.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    # Compact: a scenario's samples and timelines are hundreds of KiB, and the
+    # working tree travels to the GPU machine within 64 MiB (docs/benchmarks.md).
+    text = json.dumps(results, separators=(",", ":"))
+    stem.with_suffix(".json").write_text(text + "\n", encoding="utf-8")
     plots = draw_all(results, stem)
     stem.with_suffix(".md").write_text(render(results, plots), encoding="utf-8")
     for figure, measured, bar, verdict in bars(results):
