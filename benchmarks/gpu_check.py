@@ -654,6 +654,19 @@ def cmd_load(a: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
+def own_and_shared(resident: Part) -> tuple[int, int] | None:
+    """A model's own bytes and the bytes all the models share (their
+    architecture's graphs), from a run with every model resident: each model's
+    measured bytes M are its own and the shared ones, the used bytes U are N
+    models' own and the shared ones once, so own = (U - M) / (N - 1)."""
+    measured, used = resident.get("model_bytes"), resident.get("used_bytes")
+    count = (resident.get("states") or {}).get("ready", 0)
+    if not measured or not used or count < 2:
+        return None
+    own = max(1, (used - measured) // (count - 1))
+    return own, max(0, measured - own)
+
+
 def cmd_many(a: argparse.Namespace) -> None:
     work, save = Path(a.work), saver(Path(a.out))
     weights = package_dir() / "model"
@@ -662,12 +675,13 @@ def cmd_many(a: argparse.Namespace) -> None:
     config: Part = {"model_repositories": [str(work / f"{a.label}-models" / "repo")]}
     if a.holds:
         sizes = read_json(Path(a.sizes_from)) if a.sizes_from else None
-        measured = (sizes or {}).get("after_first", {}).get("model_bytes")
-        per_model = measured or (weights / WEIGHTS).stat().st_size
+        split = own_and_shared((sizes or {}).get("after_first") or {})
+        per_model, shared = split or ((weights / WEIGHTS).stat().st_size, 0)
         # Room for `holds` models and half of one more: never `holds + 1`.
-        config["memory_budget"] = int((a.holds + 0.5) * per_model)
+        config["memory_budget"] = int((a.holds + 0.5) * per_model + shared)
         part.update(budget_bytes=config["memory_budget"], per_model_bytes=per_model)
-        part["per_model_bytes_from"] = "the all-resident run" if measured else "the weights file"
+        part.update(shared_bytes=shared)
+        part["per_model_bytes_from"] = "the all-resident run" if split else "the weights file"
     first = LoadPlan("rr", a.first_concurrency, 1, a.first_seconds, requests=len(names))
     loads = [LoadPlan("rr", a.concurrency, a.clients, a.seconds)]
     if a.zipf:
