@@ -404,15 +404,25 @@ class GraphForward:
             self._uses.clear()
 
 
+def graphs_run_on(device: str) -> bool:
+    """Whether encoders on ``device`` run through graphs (where cards allow)."""
+    return device.startswith("cuda")
+
+
+def default_runner() -> MakeRunner:
+    """A bucket's runner: a CUDA graph, all of one ``GraphForward``'s in one pool."""
+    import torch
+
+    return functools.partial(cuda_graph_runner, pool=torch.cuda.graph_pool_handle())
+
+
 def graph_forward(
     model: Any, tokenizer: Any, output: str, make_runner: MakeRunner | None = None
 ) -> GraphForward:
-    """``model``'s forward at bucketed shapes: as CUDA graphs, one memory pool
-    for all of them, unless ``make_runner`` says otherwise (the CPU tests)."""
+    """``model``'s forward at bucketed shapes: as CUDA graphs unless
+    ``make_runner`` says otherwise (the CPU tests)."""
     if make_runner is None:
-        import torch
-
-        make_runner = functools.partial(cuda_graph_runner, pool=torch.cuda.graph_pool_handle())
+        make_runner = default_runner()
     positions = getattr(model.config, "max_position_embeddings", None)
     return GraphForward(
         model,

@@ -41,6 +41,7 @@ from tessera.runtimes.graphs import (
     choose_precision,
     device_options,
     encoder_variant,
+    graphs_run_on,
 )
 from tessera.runtimes.hostcopy import HostCopy
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
@@ -263,7 +264,7 @@ class SentenceEncoder:
         model.to(device).eval()
         choose_precision(model, tokenizer, device, options.dtype, output, name)
         graphs = None
-        if options.graphs and device.startswith("cuda"):
+        if options.graphs and graphs_run_on(device):
             shared = shared or SharedComponents()
             graphs = GraphsHold.acquire(shared, model, tokenizer, output, capture)
         stack = None
@@ -291,10 +292,14 @@ class SentenceEncoder:
             model, tokenizer, device, options, name=path.name, capture=capture, shared=shared
         )
 
-    def shared_bytes(self) -> dict[str, int]:
-        """The shared components it holds beside itself: its graphs'."""
+    def shared_bytes(self, *, host: bool = False) -> dict[str, int]:
+        """The shared components it holds beside itself: its graphs' (with
+        ``host``, only while they wait in the host tier too: while another
+        model uses them on the device, they are not in the host tier)."""
         hold = self.graphs_hold
-        return {hold.key: hold.num_bytes} if hold is not None else {}
+        if hold is None or (host and not hold.graphs.in_host_tier):
+            return {}
+        return {hold.key: hold.num_bytes}
 
     def forward(self, batch: Any) -> Any:
         """The model's wanted output for a tokenized batch: with its stack
@@ -521,10 +526,11 @@ class SharedEncoderModel:
             method=self._method,
         )
 
-    def _shared_bytes(self) -> dict[str, int]:
-        """Its encoder's bytes and its encoder's graphs' (shared components)."""
+    def _shared_bytes(self, *, host: bool = False) -> dict[str, int]:
+        """Its encoder's bytes and its encoder's graphs' (shared components;
+        ``host``: as it waits in the host tier)."""
         encoder = self._encoder
-        graphs = encoder.shared_bytes() if encoder is not None else {}
+        graphs = encoder.shared_bytes(host=host) if encoder is not None else {}
         return {self._key: self._shared.bytes_of(self._key), **graphs}
 
     def offload(self) -> Footprint | None:
@@ -539,7 +545,7 @@ class SharedEncoderModel:
         held = encoder.host_method or "held for it while another model uses it on the device"
         return Footprint(
             own_bytes=self._own_bytes,
-            shared_bytes=self._shared_bytes(),
+            shared_bytes=self._shared_bytes(host=True),
             method=f"shared encoder: {held}; the rest in process memory",
         )
 
@@ -685,7 +691,7 @@ class HfSequenceClassifierModel:
         self._parked = held is not None
         if held is None:
             return None
-        return replace(held, shared_bytes=encoder.shared_bytes())
+        return replace(held, shared_bytes=encoder.shared_bytes(host=True))
 
     def restore(self) -> None:
         encoder = self._encoder

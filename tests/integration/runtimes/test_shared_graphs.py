@@ -1,0 +1,86 @@
+"""Graphs per architecture through the engine, on the CPU: copies of the MiniLM
+(links to one set of weights, each folder's config naming its copy, as the GPU
+check builds them) served with graphs on, an eager runner standing in for the
+CUDA graph. Each model answers as a plain encoder does; each is measured with
+its architecture's graphs (a template of the weights), and the budget counts
+them once; a model sent to the host tier leaves them on the device for the
+others, and comes back to them. The engine's close checks that nothing is left.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from builders import fake_engine
+from tessera.repository import default_repository_path, read_spec
+from tessera.runtimes import graphs, hf
+from tessera.runtimes.graphs import DeviceOptions, eager_runner
+from tessera.runtimes.hf import SentenceEncoder
+from tessera.tasks.types import Task, TextInput
+
+pytestmark = pytest.mark.slow
+
+SOURCE = read_spec(default_repository_path() / "all-minilm-l6-v2").resolve_source()
+TEXTS = ["graphs per architecture", "one template, many models"]
+
+
+def copies(root: Path, count: int) -> dict[str, dict[str, Any]]:
+    models = {}
+    config = json.loads((SOURCE / "config.json").read_text())
+    for i in range(count):
+        folder = root / "weights" / f"copy-{i}"
+        folder.mkdir(parents=True)
+        for entry in SOURCE.iterdir():
+            if entry.name != "config.json":
+                (folder / entry.name).symlink_to(entry.resolve())
+        (folder / "config.json").write_text(json.dumps({**config, "copy": i}))
+        source = {"path": str(folder)}
+        models[f"copy-{i}"] = {"task": "embedding", "adapter": "hf-encoder", "source": source}
+    return models
+
+
+@pytest.fixture
+def graphs_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hf, "graphs_run_on", lambda device: True)
+    monkeypatch.setattr(graphs, "default_runner", lambda: eager_runner)
+
+
+async def test_copies_share_one_set_of_graphs_counted_once(
+    tmp_path: Path, graphs_on_cpu: None
+) -> None:
+    plain = SentenceEncoder.from_folder(SOURCE, "cpu", DeviceOptions(graphs=False))
+    want = plain.encode(TEXTS)
+    weights = plain.num_bytes
+    plain.close()
+    budget = int(3.5 * weights)  # two encoders and the template; not three encoders
+    async with fake_engine(
+        tmp_path / "repo", copies(tmp_path, 3), memory_budget_bytes=budget
+    ) as engine:
+
+        async def answers(name: str) -> None:
+            got = await engine.infer(name, Task.EMBEDDING, [TextInput(t) for t in TEXTS])
+            np.testing.assert_allclose(np.array(got), want, atol=1e-5)
+
+        await answers("copy-0")
+        await answers("copy-1")
+        stats = engine.snapshot()
+        for name in ("copy-0", "copy-1"):
+            model = stats.model(name)
+            assert model is not None
+            assert model.measured_bytes == 2 * weights  # its encoder and the graphs' template
+        assert stats.used_bytes == 3 * weights  # the template once
+        await answers("copy-2")  # one of the others waits in the host tier...
+        stats = engine.snapshot()
+        parked = [m for m in stats.models if m.state == "unloaded" and m.host_bytes]
+        assert len(parked) == 1
+        assert stats.host_used_bytes == weights  # ...without the graphs: copy-2 uses them
+        assert stats.used_bytes == 3 * weights
+        await answers(parked[0].name)  # back from the host tier, on the same graphs
+        assert engine.snapshot().host_loads_total == 1
+        for name in ("copy-0", "copy-1", "copy-2"):
+            await engine.unload(name)
