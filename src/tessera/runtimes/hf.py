@@ -519,6 +519,26 @@ class SharedEncoderModel:
             max_length=opts.max_length,
         )
 
+    def vectors(self, items: Sequence[Any]) -> npt.NDArray[np.float32]:
+        """The vectors of ``items``' texts: from their ids where every one was
+        tokenised ahead by this model's plan (``runtimes/tokens.py``)."""
+        ids = tokenized_ids(items, self.plan_key) if self.plan_key is not None else None
+        if ids is None:
+            return self.encode(texts_of(items))
+        opts = self._options
+        return self.encoder.encode_ids(ids, pooling=opts.pooling, normalize=opts.normalize)
+
+    def take_ids_ahead(self, spec: ModelSpec) -> None:
+        """Take texts tokenised ahead by ``spec``'s plan where its load finds
+        them its own (``SentenceEncoder.takes_ids``)."""
+        plan = token_plan(spec)
+        if plan is None:
+            return
+        if self.encoder.takes_ids(plan, self.max_length):
+            self.plan_key = plan.key
+        else:
+            log.info("%s tokenises its texts itself: its plan %s differs", spec.key, plan)
+
     def memory(self) -> Footprint:
         return Footprint(
             own_bytes=self._own_bytes,
@@ -569,16 +589,10 @@ class SharedEncoderModel:
 
 
 class HfEncoderModel(SharedEncoderModel):
-    """Embeddings: one float32 vector per ``TextInput``. A batch whose texts
-    were all tokenised ahead by this model's plan (``runtimes/tokens.py``)
-    runs from their ids."""
+    """Embeddings: one float32 vector per ``TextInput``."""
 
     def run(self, items: Sequence[Any]) -> list[Any]:
-        ids = tokenized_ids(items, self.plan_key) if self.plan_key is not None else None
-        if ids is None:
-            return list(self.encode(texts_of(items)))
-        opts = self._options
-        return list(self.encoder.encode_ids(ids, pooling=opts.pooling, normalize=opts.normalize))
+        return list(self.vectors(items))
 
 
 class BiEncoderRerankModel(SharedEncoderModel):
@@ -630,12 +644,7 @@ class HfEncoderLoader(_SharedEncoderLoader):
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> SharedEncoderModel:
         model = super().load(spec, ctx)
-        plan = token_plan(spec)
-        if plan is not None:
-            if model.encoder.takes_ids(plan, model.max_length):
-                model.plan_key = plan.key
-            else:
-                log.info("%s tokenises its texts itself: its plan %s differs", spec.key, plan)
+        model.take_ids_ahead(spec)
         return model
 
 

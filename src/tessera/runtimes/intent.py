@@ -36,7 +36,6 @@ from tessera.runtimes.hf import (
     expect_task,
     hf_weights_bytes,
     int_option,
-    texts_of,
     top_labels,
     torch_device_of,
 )
@@ -128,10 +127,9 @@ class RagIntentModel(SharedEncoderModel):
         return self._head.labels
 
     def run(self, items: Sequence[Any]) -> list[Any]:
-        texts = texts_of(items)
-        if not texts:
+        if not items:
             return []
-        scores = self._head.scores(self.encode(texts))
+        scores = self._head.scores(self.vectors(items))
         return [top_labels(row, self._head.labels, self._top_k) for row in scores]
 
 
@@ -170,4 +168,6 @@ class RagIntentLoader:
         except (OSError, ValueError, AttributeError, ImportError, EOFError) as e:
             raise ModelUnavailableError(spec.name, f"cannot load intent head: {e}") from e
         key, encoder = acquire_encoder(ctx, self._encoder_path(spec), spec)
-        return RagIntentModel(ctx.shared, key, encoder, head, top_k)
+        model = RagIntentModel(ctx.shared, key, encoder, head, top_k)
+        model.take_ids_ahead(spec)
+        return model

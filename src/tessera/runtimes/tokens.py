@@ -95,7 +95,7 @@ def _counter(path: str) -> TokenCounter | None:
 
 # Adapters whose models take texts tokenised ahead, in a gateway process
 # (``TokenizedText``), and tokenise the rest themselves.
-TOKENIZED_AHEAD = frozenset({"hf-encoder"})
+TOKENIZED_AHEAD = frozenset({"hf-encoder", "rag-intent"})
 DEFAULT_MAX_LENGTH = 256  # the hf-encoder's option max_length when the card gives none
 
 
@@ -128,13 +128,13 @@ class TokenizedText(TextInput):
 
 def token_plan(spec: ModelSpec) -> TokenPlan | None:
     """The plan of a model whose adapter takes texts tokenised ahead: its
-    source folder's ``tokenizer.json``, at the card's ``max_length`` capped by
-    the model's position table (as the runtime caps it). None for other
-    models or a folder without the file."""
+    encoder's folder's (option ``encoder``, else its source) ``tokenizer.json``,
+    at the card's ``max_length`` capped by the model's position table (as the
+    runtime caps it). None for other models or a folder without the file."""
     if spec.adapter not in TOKENIZED_AHEAD:
         return None
     try:
-        folder = spec.resolve_source()
+        folder = spec.option_path("encoder") or spec.resolve_source()
         max_length = int(spec.options.get("max_length", DEFAULT_MAX_LENGTH))
         config = json.loads((folder / "config.json").read_text())
     except (ConfigError, ModelUnavailableError, OSError, ValueError, TypeError):

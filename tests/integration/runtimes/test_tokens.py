@@ -15,7 +15,9 @@ import yaml
 from builders import fake_engine
 from tessera.errors import PayloadTooLargeError
 from tessera.repository import default_repository_path, read_spec
+from tessera.runtimes.base import standalone_context
 from tessera.runtimes.hf import SentenceEncoder
+from tessera.runtimes.registry import get_loader
 from tessera.runtimes.tokens import (
     TextTokenizer,
     TokenizedText,
@@ -160,3 +162,19 @@ def test_a_gateway_tokenises_texts_only() -> None:
     assert ids[0][-1] == 102
     assert tokenized_ids(items, plan.key) is None  # not every item by this plan
     assert tokenized_ids([], plan.key) is None
+
+
+def test_an_intent_model_answers_ids_as_it_answers_texts() -> None:
+    spec = read_spec(default_repository_path() / "intent-minilm")
+    plan = token_plan(spec)
+    assert plan is not None  # its encoder option's folder: the MiniLM's
+    assert plan == token_plan(read_spec(default_repository_path() / "all-minilm-l6-v2"))
+    model = get_loader(spec.adapter).load(spec, standalone_context())
+    try:
+        assert model.plan_key == plan.key  # type: ignore[attr-defined]
+        texts = [TextInput("I want to talk to a person"), TextInput("what is my balance")]
+        ahead = TextTokenizer(plan)(texts)
+        assert all(isinstance(item, TokenizedText) for item in ahead)
+        assert model.run(ahead) == model.run(texts)
+    finally:
+        model.unload()
