@@ -266,6 +266,9 @@ def torch_table(figures: Part) -> list[str]:
     for label, key, unit in rows:
         if figures.get(key) is not None:
             lines.append(f"| {label} | {number(figures[key], unit)} |")
+    failed = figures.get("resident_rr_shared_graphs_error")
+    if failed:
+        lines.append(f"| the same through one architecture's graphs | failed: {failed} |")
     return lines
 
 
