@@ -47,7 +47,9 @@ from tessera.runtimes.hostcopy import HostCopy
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.runtimes.stacking import StackGroup, group_for
 from tessera.runtimes.tokens import (
+    DEFAULT_MAX_LENGTH,
     TokenPlan,
+    capped_length,
     pair_ids,
     text_tokenizer,
     token_plan,
@@ -98,15 +100,7 @@ class EncoderOptions:
         normalize = spec.options.get("normalize", True)
         if not isinstance(normalize, bool):
             raise ModelUnavailableError(spec.name, "option normalize must be true or false")
-        return cls(pooling, normalize, int_option(spec, "max_length", 256))
-
-
-def capped_length(config: Any, max_length: int) -> int:
-    """``max_length`` no longer than the model's position table (where it has one)."""
-    positions = getattr(config, "max_position_embeddings", None)
-    if isinstance(positions, int) and positions > 0:
-        return min(max_length, positions)
-    return max_length
+        return cls(pooling, normalize, int_option(spec, "max_length", DEFAULT_MAX_LENGTH))
 
 
 # --- items ---------------------------------------------------------------------------
@@ -323,9 +317,14 @@ class SentenceEncoder:
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
 
+    def window(self, max_length: int) -> int:
+        """``max_length`` tokens, no more than the model's position table holds."""
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        return capped_length(max_length, positions)
+
     def tokenize(self, texts: list[str], max_length: int, pairs: list[str] | None = None) -> Any:
         """A padded batch of torch tensors on the encoder's device."""
-        length = capped_length(self.model.config, max_length)
+        length = self.window(max_length)
         with self._tokenize_lock:
             batch = self.tokenizer(
                 texts, pairs, padding=True, truncation=True, max_length=length, return_tensors="pt"
@@ -352,7 +351,7 @@ class SentenceEncoder:
         text past the window."""
         tokenizer = self.tokenizer
         if (
-            plan.max_length != capped_length(self.model.config, max_length)
+            plan.max_length != self.window(max_length)
             or tokenizer.padding_side != "right"
             or tokenizer.pad_token_id is None
         ):

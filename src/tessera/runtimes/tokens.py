@@ -96,7 +96,14 @@ def _counter(path: str) -> TokenCounter | None:
 # Adapters whose models take texts tokenised ahead, in a gateway process
 # (``TokenizedText``), and tokenise the rest themselves.
 TOKENIZED_AHEAD = frozenset({"hf-encoder", "rag-intent", "bi-encoder-rerank"})
-DEFAULT_MAX_LENGTH = 256  # the hf-encoder's option max_length when the card gives none
+DEFAULT_MAX_LENGTH = 256  # the Hugging Face encoders' option max_length when a card gives none
+
+
+def capped_length(max_length: int, positions: object) -> int:
+    """``max_length`` no longer than the model's position table (where it has one)."""
+    if isinstance(positions, int) and positions > 0:
+        return min(max_length, positions)
+    return max_length
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,14 +159,10 @@ def token_plan(spec: ModelSpec) -> TokenPlan | None:
     path = folder / TOKENIZER_FILE
     if not path.is_file():
         return None
-    positions = config.get("max_position_embeddings")
-    if isinstance(positions, int) and positions > 0:
-        max_length = min(max_length, positions)
+    window = capped_length(max_length, config.get("max_position_embeddings"))
     resolved = path.resolve()
     stat = resolved.stat()
-    return TokenPlan(
-        str(resolved), max_length, _digest(str(resolved), stat.st_mtime_ns, stat.st_size)
-    )
+    return TokenPlan(str(resolved), window, _digest(str(resolved), stat.st_mtime_ns, stat.st_size))
 
 
 @functools.lru_cache(maxsize=256)
