@@ -38,6 +38,7 @@ from tessera.runtimes.graphs import (
     CHECK_TEXTS,
     DeviceOptions,
     GraphsHold,
+    SharedGraphs,
     choose_precision,
     device_options,
     encoder_variant,
@@ -238,7 +239,6 @@ class SentenceEncoder:
         self.output = output
         # On CUDA: its architecture's graphs, shared with every model of it.
         self.graphs_hold = graphs
-        self.graphs = graphs.graphs if graphs is not None else None
         self.stack = stack  # forwards run with other models' of its group
         self.num_bytes = torch_module_bytes(model)
         self._tokenize_lock = threading.Lock()
@@ -308,9 +308,13 @@ class SentenceEncoder:
             return self.stack.forward(self.model, batch, self.own_forward)
         return self.own_forward(batch)
 
+    @property
+    def graphs(self) -> SharedGraphs | None:
+        return self.graphs_hold.graphs if self.graphs_hold is not None else None
+
     def own_forward(self, batch: Any) -> Any:
-        if self.graphs is not None:
-            return self.graphs(self.model, batch)
+        if self.graphs_hold is not None:
+            return self.graphs_hold.graphs(self.model, batch)
         return getattr(self.model(**batch), self.output)
 
     @property
@@ -435,7 +439,7 @@ class SentenceEncoder:
         """Drop the weights (called when the last user releases the encoder)."""
         self.model = None
         self.tokenizer = None
-        hold, self.graphs_hold, self.graphs = self.graphs_hold, None, None
+        hold, self.graphs_hold = self.graphs_hold, None
         if hold is not None:
             hold.release(parked=self._host_copy is not None)
         copy, self._host_copy = self._host_copy, None

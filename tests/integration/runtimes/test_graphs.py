@@ -144,12 +144,15 @@ def test_prepare_builds_every_bucket_and_reset_drops_them(encoder: SentenceEncod
 def test_pooled_vectors_through_the_buckets_match_the_encoders(encoder: SentenceEncoder) -> None:
     texts = ["A man is eating food.", "A man is eating a piece of bread.", "Nothing alike."]
     want = encoder.encode(texts)
-    encoder.graphs = SharedGraphs.of(encoder.model, encoder.tokenizer, OUTPUT, eager_runner)
-    encoder.graphs.prepare("cpu")
+    shared = SharedComponents()
+    encoder.graphs_hold = GraphsHold.acquire(
+        shared, encoder.model, encoder.tokenizer, OUTPUT, make_runner=eager_runner
+    )
     try:
         got = encoder.encode(texts)
     finally:
-        encoder.graphs = None
+        encoder.graphs_hold.release(parked=False)
+        encoder.graphs_hold = None
     assert np.allclose(got, want, atol=1e-5)
 
 
