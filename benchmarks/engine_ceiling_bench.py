@@ -1,7 +1,7 @@
 """The engine's own ceiling: requests a second with a model that costs nothing.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_ceiling_bench.py \
-        [--concurrency 256] [--seconds 5] [--rounds 3] [--out benchmarks/results]
+        [--concurrency 256] [--models 1] [--seconds 5] [--rounds 3] [--out benchmarks/results]
 
 What the server costs per request before any model runs, in two forms, in
 turn for ``--rounds`` rounds: ``engine``, an ``Engine`` in this process over
@@ -12,7 +12,11 @@ executor's thread, the answer); ``core``, the same engine behind its
 ``EngineCore`` in a second process, driven through a ``RemoteEngine`` from
 this one (the process split's engine side, and one gateway's socket end,
 without HTTP). On this 2-core machine the driver and the engine share the
-cores. Writes ``OUT/engine-ceiling-DATE[-N].{md,json}``.
+cores. With ``--models N`` (N > 1) there are N such models, all resident,
+and the callers take them round robin (each request the next model): the
+engine's cost per *batch* when batches hold one request each, as for 100
+resident models round robin at c=64 (``engine-ceiling-models`` reports).
+Writes ``OUT/engine-ceiling[-models]-DATE[-N].{md,json}``.
 """
 
 from __future__ import annotations
@@ -40,13 +44,14 @@ BATCHING = {"max_batch_size": 64, "max_wait_ms": 2}
 
 
 @asynccontextmanager
-async def fake_engine(root: Path) -> AsyncIterator[Engine]:
-    folder = root / "repo" / "echo"
-    folder.mkdir(parents=True)
-    card: dict[str, object] = {"name": "echo", "task": "embedding", "runtime": "torch"}
-    card["adapter"] = "fake"
-    card.update(preload=True, batching=BATCHING, options={"own_bytes": 1000})
-    (folder / "model.yaml").write_text(json.dumps(card))
+async def fake_engine(root: Path, models: int) -> AsyncIterator[Engine]:
+    for name in model_names(models):
+        folder = root / "repo" / name
+        folder.mkdir(parents=True)
+        card: dict[str, object] = {"name": name, "task": "embedding", "runtime": "torch"}
+        card["adapter"] = "fake"
+        card.update(preload=True, batching=BATCHING, options={"own_bytes": 1000})
+        (folder / "model.yaml").write_text(json.dumps(card))
     repository = ModelRepository.from_folders([root / "repo"])
     config = EngineConfig(memory_budget_bytes=64 * 2**20, device="cpu", num_threads=2, fill=False)
     engine = Engine(repository, config)
@@ -57,16 +62,25 @@ async def fake_engine(root: Path) -> AsyncIterator[Engine]:
         await engine.close()
 
 
-async def drive(engine: ServingEngine, concurrency: int, seconds: float) -> float:
-    """Requests a second from ``concurrency`` callers for ``seconds``."""
+def model_names(models: int) -> list[str]:
+    return ["echo"] if models == 1 else [f"echo-{i}" for i in range(models)]
+
+
+async def drive(engine: ServingEngine, models: int, concurrency: int, seconds: float) -> float:
+    """Requests a second from ``concurrency`` callers for ``seconds``, each
+    request for the next of ``models`` models."""
+    names = model_names(models)
     stop = time.perf_counter() + seconds
     done = 0
+    sent = 0
 
     async def caller() -> None:
-        nonlocal done
+        nonlocal done, sent
         items = [TextInput("hello world")]
         while time.perf_counter() < stop:
-            submission = await engine.asubmit("echo", Task.EMBEDDING, items)
+            name = names[sent % len(names)]
+            sent += 1
+            submission = await engine.asubmit(name, Task.EMBEDDING, items)
             await engine.wait(submission)
             done += 1
 
@@ -75,31 +89,32 @@ async def drive(engine: ServingEngine, concurrency: int, seconds: float) -> floa
     return done / (time.perf_counter() - began)
 
 
-async def engine_only(concurrency: int, seconds: float) -> float:
+async def engine_only(models: int, concurrency: int, seconds: float) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp)) as engine:
-            return await drive(engine, concurrency, seconds)
+        async with fake_engine(Path(tmp), models) as engine:
+            return await drive(engine, models, concurrency, seconds)
 
 
-async def serve_core(socket_path: Path) -> None:
+async def serve_core(socket_path: Path, models: int) -> None:
     """The engine process: serve until killed."""
     from tessera.engine.core import EngineCore
 
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp)) as engine:
+        async with fake_engine(Path(tmp), models) as engine:
             core = EngineCore(engine)
             await core.start(socket_path)
             print("ready", flush=True)
             await asyncio.Event().wait()
 
 
-async def through_core(concurrency: int, seconds: float) -> float:
+async def through_core(models: int, concurrency: int, seconds: float) -> float:
     from tessera.engine.remote import RemoteEngine
 
     with tempfile.TemporaryDirectory() as tmp:
         socket_path = Path(tmp) / "engine.sock"
         server = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--serve", str(socket_path), stdout=subprocess.PIPE
+            *(sys.executable, __file__, "--serve", str(socket_path), "--models", str(models)),
+            stdout=subprocess.PIPE,
         )
         try:
             assert server.stdout is not None
@@ -107,7 +122,7 @@ async def through_core(concurrency: int, seconds: float) -> float:
             remote = RemoteEngine(socket_path)
             await remote.connect(timeout_s=30)
             try:
-                return await drive(remote, concurrency, seconds)
+                return await drive(remote, models, concurrency, seconds)
             finally:
                 await remote.close()
         finally:
@@ -118,18 +133,19 @@ async def through_core(concurrency: int, seconds: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--models", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        asyncio.run(serve_core(args.serve))
+        asyncio.run(serve_core(args.serve, args.models))
         return
     runs: list[dict[str, Any]] = []
     for round_ in range(1, args.rounds + 1):
         for form, run in (("engine", engine_only), ("core", through_core)):
-            rate = asyncio.run(run(args.concurrency, args.seconds))
+            rate = asyncio.run(run(args.models, args.concurrency, args.seconds))
             runs.append({"round": round_, "form": form, "req_per_s": rate})
             print(f"round {round_}, {form}: {rate:.0f} req/s", flush=True)
     medians = {
@@ -137,12 +153,20 @@ def main() -> None:
         for form in ("engine", "core")
     }
     date = datetime.date.today().isoformat()
+    many = args.models > 1
+    what = (
+        f"{args.models} `fake` embedding models that cost nothing, taken round robin"
+        if many
+        else "A `fake` embedding model that costs nothing"
+    )
+    rerun = "benchmarks/engine_ceiling_bench.py"
+    if many:
+        rerun += f" --models {args.models} --concurrency {args.concurrency}"
     lines = [
-        f"# The engine's ceiling, {date}",
+        f"# The engine's ceiling{' over many models' if many else ''}, {date}",
         "",
-        f"A `fake` embedding model that costs nothing, {args.concurrency} callers,"
-        f" {args.seconds:g} s a run. Rerun:",
-        "`HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_ceiling_bench.py`.",
+        f"{what}, {args.concurrency} callers, {args.seconds:g} s a run. Rerun:",
+        f"`HF_HUB_OFFLINE=1 .venv/bin/python {rerun}`.",
         "",
         "| round | form | req/s |",
         "|---|---|---|",
@@ -152,8 +176,9 @@ def main() -> None:
         f" from another process {medians['core']:.0f} req/s.",
         "",
     ]
-    figures = {"runs": runs, "medians": medians}
-    write_report(args.out, date, "engine-ceiling", figures, "\n".join(lines))
+    figures = {"models": args.models, "runs": runs, "medians": medians}
+    name = "engine-ceiling-models" if many else "engine-ceiling"
+    write_report(args.out, date, name, figures, "\n".join(lines))
 
 
 if __name__ == "__main__":

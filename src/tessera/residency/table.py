@@ -91,6 +91,13 @@ class ResidencyTable:
             raise ValueError("budget_bytes must be positive")
         self.budget_bytes = budget_bytes
         self.entries: dict[str, ModelEntry] = {}
+        # Running totals (see accounting): own and activation bytes of holding
+        # models; each shared component's holders, by the bytes each counts it
+        # at (a component is counted once, at the largest); their sum.
+        self._held_own = 0
+        self._shared: dict[str, dict[int, int]] = {}
+        self._shared_total = 0
+        self._activation = 0  # every entry's activation bytes
 
     def entry(
         self, name: str, max_bytes: int | None = None, target_s: float | None = None
@@ -101,22 +108,48 @@ class ResidencyTable:
         return found
 
     # -- accounting -------------------------------------------------------
+    # Kept as running totals, changed with each transition, so that a batch's
+    # reservation costs the same with a hundred models held as with one (a
+    # recount over every entry at each reservation was the engine process's
+    # largest cost with a hundred resident models round robin).
 
-    def _held_shared(self, exclude: Iterable[str] = ()) -> dict[str, int]:
-        skip = set(exclude)
-        held: dict[str, int] = {}
-        for e in self.entries.values():
-            if e.state in HOLDING and e.name not in skip:
-                held.update(e.footprint.shared_bytes)
-        return held
+    def _count(self, entry: ModelEntry, sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) a holding entry's bytes from the totals."""
+        if entry.state not in HOLDING:
+            return
+        self._held_own += sign * (entry.footprint.own_bytes + entry.activation_bytes)
+        for key, num_bytes in entry.footprint.shared_bytes.items():
+            holders = self._shared.setdefault(key, {})
+            before = max(holders) if holders else 0
+            count = holders.get(num_bytes, 0) + sign
+            if count:
+                holders[num_bytes] = count
+            else:
+                del holders[num_bytes]
+            after = max(holders) if holders else 0
+            if not holders:
+                del self._shared[key]
+            self._shared_total += after - before
+
+    def _held_by_others(self, key: str, besides: str) -> int:
+        """The bytes component ``key`` is counted at for holding models other
+        than ``besides`` (0: none uses it)."""
+        holders = self._shared.get(key)
+        if not holders:
+            return 0
+        entry = self.entries.get(besides)
+        mine = (
+            entry.footprint.shared_bytes.get(key)
+            if entry is not None and entry.state in HOLDING
+            else None
+        )
+        return max(
+            (v for v, count in holders.items() if count > (v == mine)),
+            default=0,
+        )
 
     def used_bytes(self) -> int:
-        own = sum(
-            e.footprint.own_bytes + e.activation_bytes
-            for e in self.entries.values()
-            if e.state in HOLDING
-        )
-        return own + sum(self._held_shared().values())
+        return self._held_own + self._shared_total
 
     def weight_bytes(self) -> int:
         """Bytes held by models themselves: what is used less the activation
@@ -128,11 +161,13 @@ class ResidencyTable:
 
     def extra_bytes(self, name: str, footprint: Footprint) -> int:
         """Bytes that holding ``name`` with ``footprint`` adds beyond what is held now
-        by the others (shared components already held by another model are free)."""
-        others = self._held_shared(exclude=[name])
+        by the others (shared components already held by another model are free,
+        up to the size the others count them at)."""
 
         def unshared(f: Footprint) -> int:
-            return f.own_bytes + sum(v for k, v in f.shared_bytes.items() if k not in others)
+            return f.own_bytes + sum(
+                max(0, v - self._held_by_others(k, name)) for k, v in f.shared_bytes.items()
+            )
 
         entry = self.entries.get(name)
         current = unshared(entry.footprint) if entry is not None and entry.state in HOLDING else 0
@@ -140,14 +175,21 @@ class ResidencyTable:
 
     def freed_by(self, names: Iterable[str]) -> int:
         """Bytes released if these models were unloaded now."""
-        victims = set(names)
-        before = self.used_bytes()
-        kept_own = sum(
-            e.footprint.own_bytes + e.activation_bytes
-            for e in self.entries.values()
-            if e.state in HOLDING and e.name not in victims
-        )
-        return before - kept_own - sum(self._held_shared(exclude=victims).values())
+        freed = 0
+        gone: dict[str, dict[int, int]] = {}
+        for name in set(names):
+            entry = self.entries.get(name)
+            if entry is None or entry.state not in HOLDING:
+                continue
+            freed += entry.footprint.own_bytes + entry.activation_bytes
+            for key, num_bytes in entry.footprint.shared_bytes.items():
+                counts = gone.setdefault(key, {})
+                counts[num_bytes] = counts.get(num_bytes, 0) + 1
+        for key, counts in gone.items():
+            holders = self._shared[key]
+            left = [v for v, c in holders.items() if c > counts.get(v, 0)]
+            freed += max(holders) - (max(left) if left else 0)
+        return freed
 
     # -- transitions ------------------------------------------------------
 
@@ -158,9 +200,11 @@ class ResidencyTable:
             raise ValueError(f"{name} is already {entry.state}")
         if self.extra_bytes(name, expected) > self.free_bytes():
             return False
+        self._count(entry, -1)
         entry.state = ModelState.LOADING
         entry.footprint = expected
         entry.error = None
+        self._count(entry, 1)
         return True
 
     def settle_load(self, name: str, measured: Footprint) -> bool:
@@ -168,7 +212,9 @@ class ResidencyTable:
         entry = self.entries[name]
         if self.extra_bytes(name, measured) > self.free_bytes():
             return False
+        self._count(entry, -1)
         entry.footprint = measured
+        self._count(entry, 1)
         return True
 
     def mark_ready(
@@ -198,6 +244,8 @@ class ResidencyTable:
 
     def fail(self, name: str, error: str) -> None:
         entry = self.entries[name]
+        self._count(entry, -1)
+        self._activation -= entry.activation_bytes
         entry.state = ModelState.FAILED
         entry.footprint, entry.activation_bytes = NO_BYTES, 0
         entry.error = error
@@ -212,6 +260,8 @@ class ResidencyTable:
 
     def finish_unload(self, name: str) -> None:
         entry = self.entries[name]
+        self._count(entry, -1)
+        self._activation -= entry.activation_bytes
         entry.state = ModelState.UNLOADED
         entry.footprint, entry.activation_bytes = NO_BYTES, 0
 
@@ -223,20 +273,26 @@ class ResidencyTable:
         if num_bytes > self.free_bytes():
             return None
         entry.pins += 1
-        entry.activation_bytes += num_bytes
+        self._add_activation(entry, num_bytes)
         entry.touch(now, use=True)
         return Reservation(name, num_bytes)
 
     def release(self, reservation: Reservation, now: float) -> None:
         entry = self.entries[reservation.name]
         entry.pins -= 1
-        entry.activation_bytes -= reservation.num_bytes
+        self._add_activation(entry, -reservation.num_bytes)
         entry.touch(now, use=False)
+
+    def _add_activation(self, entry: ModelEntry, num_bytes: int) -> None:
+        entry.activation_bytes += num_bytes
+        self._activation += num_bytes
+        if entry.state in HOLDING:
+            self._held_own += num_bytes
 
     def activation_bytes_held(self) -> int:
         """Activation bytes reserved by running batches: they come back when
         those batches end."""
-        return sum(e.activation_bytes for e in self.entries.values())
+        return self._activation
 
     def evictable(self, protect: Iterable[str] = ()) -> list[ModelEntry]:
         """Ready, unpinned models other than ``protect``: candidates for eviction."""
