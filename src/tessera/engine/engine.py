@@ -514,7 +514,10 @@ class Engine(ModelLifecycle):
         return batcher
 
     def _predictor(self, name: str) -> BatchTimePredictor:
-        return self._predictors.setdefault(name, BatchTimePredictor())
+        predictor = self._predictors.get(name)
+        if predictor is None:
+            predictor = self._predictors[name] = BatchTimePredictor()
+        return predictor
 
     async def infer(
         self,

@@ -21,16 +21,62 @@ LINE_SPREAD = 2.0
 
 
 class BatchTimePredictor:
+    """The fit is kept as running sums over the window (a refit over the whole
+    window after each batch cost O(window) per request with batches of one,
+    as a hundred models round robin run), recounted from the samples once a
+    window to shed the rounding that adding and taking away leaves."""
+
     def __init__(self, window: int = 256) -> None:
-        self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self._window = window
+        self._samples: deque[tuple[float, float]] = deque()
+        self._n_x = self._n_y = self._n_xx = self._n_xy = 0.0
+        self._since_recount = 0
+        # The smallest and largest sizes in the window: (sequence, size), each
+        # deque's sizes increasing (smallest) or decreasing (largest) from its front.
+        self._seq = 0
+        self._smallest: deque[tuple[int, float]] = deque()
+        self._largest: deque[tuple[int, float]] = deque()
         # The fit of the samples as they are (admission asks for every request).
         self._fit: tuple[float, float] | None = None
         self._fitted = False
 
     def observe(self, units: float, run_s: float) -> None:
-        if units > 0 and run_s >= 0:
-            self._samples.append((units, run_s))
-            self._fitted = False
+        if not (units > 0 and run_s >= 0):
+            return
+        if len(self._samples) == self._window:
+            old_x, old_y = self._samples.popleft()
+            self._add(old_x, old_y, -1.0)
+            first = self._seq - self._window
+            for extremes in (self._smallest, self._largest):
+                if extremes and extremes[0][0] == first:
+                    extremes.popleft()
+        self._samples.append((units, run_s))
+        self._add(units, run_s, 1.0)
+        while self._smallest and self._smallest[-1][1] >= units:
+            self._smallest.pop()
+        while self._largest and self._largest[-1][1] <= units:
+            self._largest.pop()
+        self._smallest.append((self._seq, units))
+        self._largest.append((self._seq, units))
+        self._seq += 1
+        self._since_recount += 1
+        if self._since_recount >= self._window:
+            self._recount()
+        self._fitted = False
+
+    def _add(self, x: float, y: float, sign: float) -> None:
+        self._n_x += sign * x
+        self._n_y += sign * y
+        self._n_xx += sign * x * x
+        self._n_xy += sign * x * y
+
+    def _recount(self) -> None:
+        self._n_x = self._n_y = self._n_xx = self._n_xy = 0.0
+        for x, y in self._samples:
+            self._add(x, y, 1.0)
+        self._since_recount = 0
 
     @property
     def num_samples(self) -> int:
@@ -46,14 +92,13 @@ class BatchTimePredictor:
         n = len(self._samples)
         if n == 0:
             return None
-        mean_x = sum(x for x, _ in self._samples) / n
-        mean_y = sum(y for _, y in self._samples) / n
-        var_x = sum((x - mean_x) ** 2 for x, _ in self._samples)
-        sizes = [x for x, _ in self._samples]
-        if var_x <= 1e-12 or max(sizes) < LINE_SPREAD * min(sizes):
+        mean_x = self._n_x / n
+        mean_y = max(0.0, self._n_y / n)
+        smallest, largest = self._smallest[0][1], self._largest[0][1]
+        var_x = self._n_xx - n * mean_x * mean_x
+        if largest < LINE_SPREAD * smallest or var_x <= 1e-12:
             return 0.0, mean_y / mean_x
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in self._samples) / var_x
-        slope = max(slope, 0.0)
+        slope = max((self._n_xy - n * mean_x * mean_y) / var_x, 0.0)
         intercept = max(mean_y - slope * mean_x, 0.0)
         return intercept, slope
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from tessera.errors import ConfigError
 from tessera.scheduling import DEFAULT_TIERS, BatchTimePredictor, TierSpec, parse_tiers
@@ -93,6 +95,44 @@ def test_predictor_default_window_is_256() -> None:
         predictor.observe(1, 1.0)
     assert predictor.num_samples == 256
     assert predictor.predict(1) == pytest.approx(1.0)
+
+
+def refit(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """The fit recounted from the samples, as the module notes define it."""
+    n = len(samples)
+    mean_x = sum(x for x, _ in samples) / n
+    mean_y = sum(y for _, y in samples) / n
+    var_x = sum((x - mean_x) ** 2 for x, _ in samples)
+    sizes = [x for x, _ in samples]
+    if var_x <= 1e-12 or max(sizes) < 2.0 * min(sizes):
+        return 0.0, mean_y / mean_x
+    slope = max(sum((x - mean_x) * (y - mean_y) for x, y in samples) / var_x, 0.0)
+    return max(mean_y - slope * mean_x, 0.0), slope
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 8),
+    st.lists(
+        st.tuples(st.sampled_from([1, 2, 3, 8, 32, 64]), st.floats(0.0, 2.0)),
+        min_size=1,
+        max_size=60,
+    ),
+)
+@example(2, [(1, 1.0), (2, 1.0), (3, 2.0)])  # the smallest size leaves the window
+def test_predictor_running_sums_give_the_fit_of_its_window(
+    window: int, samples: list[tuple[int, float]]
+) -> None:
+    # Sums kept as batches come and go (the smallest and largest size too)
+    # fit what a recount of the last ``window`` samples fits.
+    predictor = BatchTimePredictor(window=window)
+    for i, (units, run_s) in enumerate(samples):
+        predictor.observe(units, run_s)
+        intercept, slope = refit([(float(x), y) for x, y in samples[max(0, i + 1 - window) : i + 1]])
+        got = predictor.coefficients()
+        assert got is not None
+        assert got[0] == pytest.approx(intercept, abs=1e-9)
+        assert got[1] == pytest.approx(slope, abs=1e-9)
 
 
 # -- tiers ---------------------------------------------------------------------
