@@ -181,7 +181,9 @@ class ModelBatcher:
         no task of its own (two tasks a wait were a tenth of the engine's time
         with many models round robin)."""
         self._arrived.clear()
-        timer = self._clock.call_later(within_s, self._arrived.set) if within_s is not None else None
+        timer = (
+            self._clock.call_later(within_s, self._arrived.set) if within_s is not None else None
+        )
         try:
             await self._arrived.wait()
         finally:

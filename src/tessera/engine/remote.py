@@ -220,14 +220,22 @@ class RemoteEngine:
         # covers a lost answer, never the usual path.
         limit = request.deadline - request.arrival if request.deadline is not None else 0.0
         result: RequestResult | None = None
+
+        def expire() -> None:
+            if not request.future.done():
+                request.future.set_exception(
+                    DeadlineExceededError(
+                        f"no answer from model {submission.model!r} within {limit:.3g}s"
+                    )
+                )
+
+        # One timer on the clock, no task or future of its own (as ``Engine.wait``).
+        timer = self.clock.call_later(limit + DEADLINE_SLACK_S, expire)
         try:
-            result = await self.clock.wait_for(request.future, limit + DEADLINE_SLACK_S)
+            result = await request.future
             return result.outputs
-        except TimeoutError as e:
-            raise DeadlineExceededError(
-                f"no answer from model {submission.model!r} within {limit:.3g}s"
-            ) from e
         finally:
+            timer.cancel()
             self._by_request.pop(request, None)
             if call_id is not None:
                 if result is None and call_id in self._in_flight:

@@ -18,9 +18,11 @@ import pytest
 
 from builders import fake_engine
 from tessera.admission import TenantLimits
+from tessera.clock import FakeClock
 from tessera.engine import Caller, Engine, RequestTrace
 from tessera.engine.core import EngineCore
-from tessera.engine.remote import RemoteEngine
+from tessera.engine.ipc import FrameWriter, read_frame
+from tessera.engine.remote import DEADLINE_SLACK_S, RemoteEngine
 from tessera.errors import (
     DeadlineExceededError,
     InvalidInputError,
@@ -284,3 +286,44 @@ async def test_a_request_past_its_deadline_is_told_so_and_stops(tmp_path: Path) 
         )
         with pytest.raises(DeadlineExceededError):
             await remote.wait(remote_submission)
+
+
+async def test_an_answer_that_never_comes_ends_at_the_deadline_and_its_slack(
+    tmp_path: Path,
+) -> None:
+    # An engine process that queues a request and then says nothing more: the
+    # gateway's own timer answers its caller once the deadline and the slack
+    # (DEADLINE_SLACK_S) have passed on its clock, and tells the engine.
+    received: list[tuple[Any, ...]] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        frames = FrameWriter(writer)
+        frames.send(("state", "ready", {}, None))
+        try:
+            while (message := await read_frame(reader)) is not None:
+                received.append(message)
+                if message[0] == "submit":
+                    frames.send(("queued", message[1], "echo", "1", 1.0, 2.0))
+        finally:
+            frames.close()
+            await writer.wait_closed()
+
+    server = await asyncio.start_unix_server(silent, path=str(tmp_path / "engine.sock"))
+    clock = FakeClock(autojump=False)
+    remote = RemoteEngine(tmp_path / "engine.sock", clock=clock)
+    try:
+        await remote.connect(timeout_s=10)
+        submission = await remote.asubmit("echo", Task.EMBEDDING, [TextInput("x")], timeout_s=2.0)
+        waiting = asyncio.ensure_future(remote.wait(submission))
+        await until(lambda: clock.num_pending == 1)  # its timer is set
+        clock.advance(2.0 + DEADLINE_SLACK_S - 0.01)
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        clock.advance(0.02)
+        with pytest.raises(DeadlineExceededError, match=r"no answer from model 'echo' within 2s"):
+            await waiting
+        await until(lambda: any(m[0] == "cancel" for m in received))
+    finally:
+        await remote.close()
+        server.close()
+        await server.wait_closed()

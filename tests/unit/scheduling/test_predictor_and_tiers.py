@@ -128,7 +128,9 @@ def test_predictor_running_sums_give_the_fit_of_its_window(
     predictor = BatchTimePredictor(window=window)
     for i, (units, run_s) in enumerate(samples):
         predictor.observe(units, run_s)
-        intercept, slope = refit([(float(x), y) for x, y in samples[max(0, i + 1 - window) : i + 1]])
+        intercept, slope = refit(
+            [(float(x), y) for x, y in samples[max(0, i + 1 - window) : i + 1]]
+        )
         got = predictor.coefficients()
         assert got is not None
         assert got[0] == pytest.approx(intercept, abs=1e-9)
