@@ -1,7 +1,8 @@
 """The engine's own ceiling: requests a second with a model that costs nothing.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_ceiling_bench.py \
-        [--concurrency 256] [--models 1] [--seconds 5] [--rounds 3] [--out benchmarks/results]
+        [--concurrency 256] [--models 1] [--holds H] [--seconds 5] [--rounds 3] \
+        [--out benchmarks/results]
 
 What the server costs per request before any model runs, in two forms, in
 turn for ``--rounds`` rounds: ``engine``, an ``Engine`` in this process over
@@ -16,6 +17,11 @@ cores. With ``--models N`` (N > 1) there are N such models, all resident,
 and the callers take them round robin (each request the next model): the
 engine's cost per *batch* when batches hold one request each, as for 100
 resident models round robin at c=64 (``engine-ceiling-models`` reports).
+With ``--holds H`` as well, the budget holds H of them (each 1 MiB, the
+budget H + 0.5 MiB) and an evicted one waits in the host tier: nearly every
+batch is a swap-in and an eviction, costing nothing but the engine's own
+bookkeeping (``engine-ceiling-swaps`` reports), as for 100 models under a
+budget that holds 20.
 Writes ``OUT/engine-ceiling[-models]-DATE[-N].{md,json}``.
 """
 
@@ -44,16 +50,27 @@ BATCHING = {"max_batch_size": 64, "max_wait_ms": 2}
 
 
 @asynccontextmanager
-async def fake_engine(root: Path, models: int) -> AsyncIterator[Engine]:
+async def fake_engine(root: Path, models: int, holds: int | None = None) -> AsyncIterator[Engine]:
+    options: dict[str, object] = {"own_bytes": 1000}
+    budget = 64 * 2**20
+    if holds is not None:
+        options = {"own_bytes": 2**20, "host_tier": True}
+        budget = int((holds + 0.5) * 2**20)
     for name in model_names(models):
         folder = root / "repo" / name
         folder.mkdir(parents=True)
         card: dict[str, object] = {"name": name, "task": "embedding", "runtime": "torch"}
         card["adapter"] = "fake"
-        card.update(preload=True, batching=BATCHING, options={"own_bytes": 1000})
+        card.update(preload=holds is None, batching=BATCHING, options=options)
         (folder / "model.yaml").write_text(json.dumps(card))
     repository = ModelRepository.from_folders([root / "repo"])
-    config = EngineConfig(memory_budget_bytes=64 * 2**20, device="cpu", num_threads=2, fill=False)
+    config = EngineConfig(
+        memory_budget_bytes=budget,
+        host_memory_budget_bytes=models * 2**20,
+        device="cpu",
+        num_threads=2,
+        fill=False,
+    )
     engine = Engine(repository, config)
     await engine.preload()
     try:
@@ -89,33 +106,33 @@ async def drive(engine: ServingEngine, models: int, concurrency: int, seconds: f
     return done / (time.perf_counter() - began)
 
 
-async def engine_only(models: int, concurrency: int, seconds: float) -> float:
+async def engine_only(models: int, holds: int | None, concurrency: int, seconds: float) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp), models) as engine:
+        async with fake_engine(Path(tmp), models, holds) as engine:
             return await drive(engine, models, concurrency, seconds)
 
 
-async def serve_core(socket_path: Path, models: int) -> None:
+async def serve_core(socket_path: Path, models: int, holds: int | None) -> None:
     """The engine process: serve until killed."""
     from tessera.engine.core import EngineCore
 
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp), models) as engine:
+        async with fake_engine(Path(tmp), models, holds) as engine:
             core = EngineCore(engine)
             await core.start(socket_path)
             print("ready", flush=True)
             await asyncio.Event().wait()
 
 
-async def through_core(models: int, concurrency: int, seconds: float) -> float:
+async def through_core(models: int, holds: int | None, concurrency: int, seconds: float) -> float:
     from tessera.engine.remote import RemoteEngine
 
     with tempfile.TemporaryDirectory() as tmp:
         socket_path = Path(tmp) / "engine.sock"
-        server = await asyncio.create_subprocess_exec(
-            *(sys.executable, __file__, "--serve", str(socket_path), "--models", str(models)),
-            stdout=subprocess.PIPE,
-        )
+        command = [sys.executable, __file__, "--serve", str(socket_path), "--models", str(models)]
+        if holds is not None:
+            command += ["--holds", str(holds)]
+        server = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
         try:
             assert server.stdout is not None
             assert (await server.stdout.readline()).strip() == b"ready"
@@ -134,18 +151,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--models", type=int, default=1)
+    parser.add_argument("--holds", type=int, default=None)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        asyncio.run(serve_core(args.serve, args.models))
+        asyncio.run(serve_core(args.serve, args.models, args.holds))
         return
     runs: list[dict[str, Any]] = []
     for round_ in range(1, args.rounds + 1):
         for form, run in (("engine", engine_only), ("core", through_core)):
-            rate = asyncio.run(run(args.models, args.concurrency, args.seconds))
+            rate = asyncio.run(run(args.models, args.holds, args.concurrency, args.seconds))
             runs.append({"round": round_, "form": form, "req_per_s": rate})
             print(f"round {round_}, {form}: {rate:.0f} req/s", flush=True)
     medians = {
@@ -159,11 +177,19 @@ def main() -> None:
         if many
         else "A `fake` embedding model that costs nothing"
     )
+    if args.holds is not None:
+        what += (
+            f", under a budget that holds {args.holds} (1 MiB each, the budget"
+            f" {args.holds + 0.5:g} MiB; evicted ones wait in the host tier)"
+        )
     rerun = "benchmarks/engine_ceiling_bench.py"
     if many:
         rerun += f" --models {args.models} --concurrency {args.concurrency}"
+    if args.holds is not None:
+        rerun += f" --holds {args.holds}"
+    title = " under swaps" if args.holds is not None else " over many models" if many else ""
     lines = [
-        f"# The engine's ceiling{' over many models' if many else ''}, {date}",
+        f"# The engine's ceiling{title}, {date}",
         "",
         f"{what}, {args.concurrency} callers, {args.seconds:g} s a run. Rerun:",
         f"`HF_HUB_OFFLINE=1 .venv/bin/python {rerun}`.",
@@ -176,8 +202,10 @@ def main() -> None:
         f" from another process {medians['core']:.0f} req/s.",
         "",
     ]
-    figures = {"models": args.models, "runs": runs, "medians": medians}
+    figures = {"models": args.models, "holds": args.holds, "runs": runs, "medians": medians}
     name = "engine-ceiling-models" if many else "engine-ceiling"
+    if args.holds is not None:
+        name = "engine-ceiling-swaps"
     write_report(args.out, date, name, figures, "\n".join(lines))
 
 

@@ -98,6 +98,14 @@ PATIENCE_SHARE = 0.5
 FILL_SHARE = 0.9
 
 
+def _wake(waiters: set[asyncio.Future[None]]) -> set[asyncio.Future[None]]:
+    """Wake every one of ``waiters``; a new, empty set for the next ones."""
+    for woken in waiters:
+        if not woken.done():
+            woken.set_result(None)
+    return set()
+
+
 def _target_s(spec: ModelSpec) -> float | None:
     """``spec``'s latency target in seconds (None: its card gives none)."""
     return spec.latency_target_ms / 1000 if spec.latency_target_ms is not None else None
@@ -236,7 +244,13 @@ class ResidencyManager:
         # weights together (None: not computed since the last measurement).
         self._catalogue: dict[str, ModelSpec] = {}
         self._catalogue_total: int | None = None
-        self._changed = asyncio.Event()
+        # Callers waiting for a change (``_wait_change``): each a future of its
+        # own, all woken by ``_notify``, one by its own timer.
+        self._change_waiters: set[asyncio.Future[None]] = set()
+        # Loads waiting behind older waiters, by their place in line: only
+        # becoming its head can let one on, so only that wakes it (waking
+        # every one of them at each change was O(waiters) a load).
+        self._line_waiters: dict[object, set[asyncio.Future[None]]] = {}
         self.peak_used_bytes = 0
         # Models never evicted: versions serving while their successor loads.
         self._kept: set[str] = set()
@@ -497,10 +511,15 @@ class ResidencyManager:
 
     def _notify(self) -> None:
         self.peak_used_bytes = max(self.peak_used_bytes, self.table.used_bytes())
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self._change_waiters = _wake(self._change_waiters)
 
-    async def _wait_change(self, deadline: float, name: str, until: float | None = None) -> None:
+    async def _wait_change(
+        self, deadline: float, name: str, until: float | None = None, *, line: object = None
+    ) -> None:
+        """Wait for a change of the bytes or the line (with ``line``, a place in
+        line: for that place to become the line's head), a fresh model's
+        protection to end, ``until`` or ``deadline``; ``OverloadedError`` once
+        the deadline has passed."""
         remaining = deadline - self._clock.now()
         if remaining <= 0:
             raise OverloadedError(
@@ -510,14 +529,32 @@ class ResidencyManager:
         # On timeout the caller's loop re-checks and raises once the deadline passed.
         # A fresh model's protection ending is a change no event announces: wake
         # then too, and when the caller's patience (``until``) ends. The wait is
-        # bounded on the injected clock, so a fake one can jump it.
+        # a future and a timer on the injected clock (a fake one can jump it):
+        # with a hundred models swapping, a task and ``wait_for`` for each
+        # waiter at each change were most of the engine's time.
         now = self._clock.now()
         expiries = [since + FRESH_PROTECTION_S - now for since in self._fresh.values()]
         if until is not None:
             expiries.append(until - now)
         bound = min([remaining, *(e for e in expiries if e > 0)])
-        with contextlib.suppress(TimeoutError):
-            await self._clock.wait_for(self._changed.wait(), bound)
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = (
+            self._change_waiters if line is None else self._line_waiters.setdefault(line, set())
+        )
+        waiters.add(woken)
+
+        def expire() -> None:
+            if not woken.done():
+                woken.set_result(None)
+
+        timer = self._clock.call_later(bound, expire)
+        try:
+            await woken
+        finally:
+            timer.cancel()
+            waiters.discard(woken)
+            if not waiters and self._line_waiters.get(line) is waiters:
+                del self._line_waiters[line]
 
     def raise_if_failed(self, name: str) -> None:
         """``ModelUnavailableError`` until the failed model's retry time; the
@@ -639,7 +676,11 @@ class ResidencyManager:
     def _leave_line(self, waiter: object) -> int | None:
         """Take ``waiter`` out of the line; its ticket, if it held one."""
         self._needs.pop(waiter, None)
-        return self._waiting.pop(waiter, None)
+        ticket = self._waiting.pop(waiter, None)
+        if ticket is not None and self._waiting:
+            head = min(self._waiting, key=self._waiting.__getitem__)
+            _wake(self._line_waiters.pop(head, set()))
+        return ticket
 
     def _patient(self, short_bytes: int, name: str, patient_until: float) -> bool:
         """Whether a caller short of ``short_bytes`` for ``name`` should wait
@@ -787,7 +828,7 @@ class ResidencyManager:
                 self._needs[waiter] = extra + activation_bytes
                 short = self._short_of(extra + activation_bytes)
                 if self._behind(waiter):
-                    await self._wait_change(deadline, spec.key)
+                    await self._wait_change(deadline, spec.key, line=waiter)
                 elif self._patient(short, spec.key, patient_until):
                     await self._wait_change(deadline, spec.key, patient_until)
                 elif not await self._evict_for(

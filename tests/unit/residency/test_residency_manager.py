@@ -338,3 +338,26 @@ async def test_loads_get_room_in_the_order_they_began_to_wait() -> None:
     await asyncio.gather(large, small)
     assert list(host.loads)[-2:] == ["large", "small"]
     assert manager.table.used_bytes() <= 1000
+
+
+async def test_a_line_of_loads_moves_as_each_head_leaves_it_without_timers() -> None:
+    # Loads behind older waiters are woken only when they become the line's
+    # head (not at every change of bytes); each must then be woken at once, in
+    # its turn, not by a timer (the fake clock would jump to one: it does not move).
+    clock = FakeClock()
+    manager, host = make_manager(1000, wait_s=5.0, clock=clock)
+    lease = await manager.acquire(make_spec("a", 900), 0)
+    names = [f"m{i}" for i in range(6)]
+    loads = []
+    for name in names:
+        loads.append(asyncio.ensure_future(manager.acquire(make_spec(name, 900), 0)))
+        for _ in range(5):
+            await asyncio.sleep(0)
+    assert not any(load.done() for load in loads)
+    assert len(manager._line_waiters) == len(names) - 1  # all but the head sleep on the line
+    manager.release(lease)
+    for load in loads:  # each in turn: loaded, used, released, evicted for the next
+        manager.release(await load)
+    assert list(host.loads) == ["a", *names]
+    assert clock.now() == 0.0
+    assert manager.table.used_bytes() <= 1000
