@@ -542,12 +542,7 @@ class ResidencyManager:
             self._change_waiters if line is None else self._line_waiters.setdefault(line, set())
         )
         waiters.add(woken)
-
-        def expire() -> None:
-            if not woken.done():
-                woken.set_result(None)
-
-        timer = self._clock.call_later(bound, expire)
+        timer = self._clock.call_later(bound, lambda: _wake({woken}))
         try:
             await woken
         finally:

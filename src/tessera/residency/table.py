@@ -131,22 +131,19 @@ class ResidencyTable:
                 del self._shared[key]
             self._shared_total += after - before
 
+    def _largest_left(self, key: str, gone: dict[int, int]) -> int:
+        """The bytes component ``key`` would be counted at without ``gone``
+        (holders taken away, by the bytes each counts it at); 0: none left."""
+        holders = self._shared.get(key, {})
+        return max((v for v, count in holders.items() if count > gone.get(v, 0)), default=0)
+
     def _held_by_others(self, key: str, besides: str) -> int:
         """The bytes component ``key`` is counted at for holding models other
         than ``besides`` (0: none uses it)."""
-        holders = self._shared.get(key)
-        if not holders:
-            return 0
         entry = self.entries.get(besides)
-        mine = (
-            entry.footprint.shared_bytes.get(key)
-            if entry is not None and entry.state in HOLDING
-            else None
-        )
-        return max(
-            (v for v, count in holders.items() if count > (v == mine)),
-            default=0,
-        )
+        if entry is None or entry.state not in HOLDING or key not in entry.footprint.shared_bytes:
+            return self._largest_left(key, {})
+        return self._largest_left(key, {entry.footprint.shared_bytes[key]: 1})
 
     def used_bytes(self) -> int:
         return self._held_own + self._shared_total
@@ -186,9 +183,7 @@ class ResidencyTable:
                 counts = gone.setdefault(key, {})
                 counts[num_bytes] = counts.get(num_bytes, 0) + 1
         for key, counts in gone.items():
-            holders = self._shared[key]
-            left = [v for v, c in holders.items() if c > counts.get(v, 0)]
-            freed += max(holders) - (max(left) if left else 0)
+            freed += self._largest_left(key, {}) - self._largest_left(key, counts)
         return freed
 
     # -- transitions ------------------------------------------------------
