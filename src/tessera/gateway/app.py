@@ -27,6 +27,7 @@ from tessera.gateway import (
 from tessera.gateway.common import BodyLimitMiddleware
 from tessera.gateway.context import RequestContextMiddleware
 from tessera.gateway.errors import UnexpectedErrorMiddleware, install_error_handlers
+from tessera.gateway.fast import install_fast_routes
 from tessera.gateway.forward import EngineAppForward
 from tessera.gateway.observability import install_observability
 from tessera.metrics import StatsSink
@@ -119,6 +120,10 @@ def create_app(
     install_observability(
         app, engine, per_tenant_labels=per_tenant_labels, metrics_public=metrics_public
     )
+    # The request routes, served inside the middleware below (gateway/fast.py).
+    hot = (openai_api.embeddings, openai_api.chat_completions, openai_api.speech, kserve.infer)
+    tasks = (tasks_api.rerank, tasks_api.classify, tasks_api.translate, tasks_api.ocr)
+    install_fast_routes(app, (openai_api.router, tasks_api.router, kserve.router), (*hot, *tasks))
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(RequestContextMiddleware)
