@@ -102,17 +102,29 @@ async def _disconnected(request: Request) -> None:
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work``; if the client goes away first, cancel it (its queued
-    request is then dropped before it runs)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    request is then dropped before it runs). ``work`` runs in the caller's task
+    (one task a request fewer than running it in its own): the watcher cancels
+    that task, and the cancellation it caused becomes ``RequestCancelledError``."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _disconnected(request)
+        gone = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        task.uncancel()
+        raise RequestCancelledError("client disconnected") from None
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        raise RequestCancelledError("client disconnected")
-    return task.result()
 
 
 class BodyLimitMiddleware:

@@ -4,6 +4,7 @@ body intact."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 from collections.abc import AsyncIterator
@@ -206,3 +207,37 @@ async def test_the_apps_hot_routes_answer_as_fastapi_does(
     same = ("content-type", "retry-after", "x-model-version")
     assert {h: fast.headers.get(h) for h in same} == {h: slow.headers.get(h) for h in same}
     assert fast.headers["x-request-id"]
+
+
+async def test_a_client_gone_before_its_answer_drops_its_queued_request(
+    client: httpx.AsyncClient, engine: Engine
+) -> None:
+    """The watcher cancels the request's own task (fast.py runs the endpoint in
+    it): the request leaves the queue unrun and the answer is 499."""
+    await engine.load("slow")  # one request a batch, 0.1 s each
+    first = asyncio.ensure_future(
+        client.post("/v1/embeddings", json={"model": "slow", "input": "a"})
+    )
+    for _ in range(500):  # until the first is taken into a batch
+        model = engine.snapshot().model("slow")
+        if model is not None and model.num_requests == 1 and model.queue_depth == 0:
+            break
+        await asyncio.sleep(0.01)
+    body = b'{"model": "slow", "input": "b"}'
+    messages = [{"type": "http.request", "body": body}, {"type": "http.disconnect"}]
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return messages.pop(0)  # the second read is the watcher's, once it is queued
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json")]
+    scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": headers}
+    await create_app(engine)({**scope, "query_string": b"", "client": None}, receive, send)
+    assert sent[0]["status"] == 499
+    assert (await first).status_code == 200
+    stats = engine.snapshot().model("slow")
+    assert stats is not None
+    assert (stats.num_requests, stats.num_batches) == (2, 1)  # the second never ran
