@@ -39,6 +39,7 @@ A config file may hold any of::
     metrics_port: null           # a port: also serve /metrics there, without a key, on host
     per_tenant_labels: false     # true: a tenant label on tessera_requests_total (at most 50)
     log_format: text             # text | json (one object a line, with the request id)
+    access_log: false            # true: a log line a request too (each has an audit row)
     shutdown_grace_s: 30         # on SIGTERM, how long accepted requests may still run
     header_timeout_s: 10         # a request's head must arrive within this
     body_timeout_s: 60           # its whole body within this of the head
@@ -123,6 +124,7 @@ class ServerConfig:
     metrics_port: int | None = None
     per_tenant_labels: bool = False
     log_format: str = "text"
+    access_log: bool = False
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
@@ -188,6 +190,7 @@ _SERVER_KEYS = {
     "metrics_port",
     "per_tenant_labels",
     "log_format",
+    "access_log",
     "shutdown_grace_s",
     "header_timeout_s",
     "body_timeout_s",
@@ -264,6 +267,7 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         metrics_port=int(values["metrics_port"]) if values.get("metrics_port") else None,
         per_tenant_labels=bool(values.get("per_tenant_labels", False)),
         log_format=str(values.get("log_format", "text")),
+        access_log=bool(values.get("access_log", False)),
         shutdown_grace_s=_seconds(values, "shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S, 0.0),
         header_timeout_s=_seconds(values, "header_timeout_s", DEFAULT_HEADER_TIMEOUT_S),
         body_timeout_s=_seconds(values, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S),

@@ -75,6 +75,9 @@ def http_config(
         app,
         log_level=log_level.lower(),
         log_config=None,
+        # Off by default: every request has an audit row, and uvicorn's line a
+        # request was about 8% of a gateway's CPU (cProfile, docs/benchmarks.md).
+        access_log=settings.access_log,
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
         timeout_keep_alive=math.ceil(settings.keep_alive_s),

@@ -114,3 +114,13 @@ def test_fill_is_a_key_and_a_flag() -> None:
     assert build_config({"fill": False}, {"fill": True}).engine.fill is True  # --fill wins
     with pytest.raises(ConfigError, match="fill"):
         build_config({"fill": "yes"}, {})
+
+
+def test_the_access_log_is_off_unless_asked_for() -> None:
+    from tessera.gateway.server import http_config
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("not served")
+
+    assert http_config(app, build_config({}, {}), "info").access_log is False
+    assert http_config(app, build_config({"access_log": True}, {}), "info").access_log is True
