@@ -28,15 +28,15 @@ class Footprint:
     own_bytes: int
     shared_bytes: Mapping[str, int] = field(default_factory=dict)
     method: str | None = None
+    # Own bytes plus every shared component's, whole: summed once (the eviction
+    # policy reads it for every candidate of every choice).
+    total_bytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # A copy behind a read-only view: the caller's dict may change later.
-        object.__setattr__(self, "shared_bytes", MappingProxyType(dict(self.shared_bytes)))
-
-    @property
-    def total_bytes(self) -> int:
-        """Own bytes plus every shared component's, whole."""
-        return self.own_bytes + sum(self.shared_bytes.values())
+        shared = MappingProxyType(dict(self.shared_bytes))
+        object.__setattr__(self, "shared_bytes", shared)
+        object.__setattr__(self, "total_bytes", self.own_bytes + sum(shared.values()))
 
 
 NO_BYTES = Footprint(0)

@@ -68,6 +68,7 @@ from tessera.residency.policy import (
     EvictionPolicy,
     eviction_score,
     expected_cost,
+    take,
 )
 from tessera.residency.table import (
     HOLDING,
@@ -689,16 +690,17 @@ class ResidencyManager:
         if short_bytes <= 0 or self._clock.now() >= patient_until:
             return False
         protect = {name} | self._kept
-        now_idle = self.table.evictable(protect | self._fresh_now())
-        victims = self._policy.choose(now_idle, short_bytes, self.table.freed_by)
-        if not victims:
-            return False
+        idle = {e.name for e in self.table.evictable(protect | self._fresh_now())}
         soon = [
             e
             for e in self.table.entries.values()
             if e.state in (ModelState.READY, ModelState.LOADING) and e.name not in protect
         ]
-        later = self._policy.choose(soon, short_bytes, self.table.freed_by)
+        ordered = self._policy.order(soon)  # the idle ones are among them: one sort for both
+        victims = take([e for e in ordered if e.name in idle], short_bytes, self.table.freed_by)
+        if not victims:
+            return False
+        later = take(ordered, short_bytes, self.table.freed_by)
         if later is None:
             return False
         now = self._clock.now()
@@ -728,7 +730,7 @@ class ResidencyManager:
     def _behind(self, waiter: object) -> bool:
         """Whether another waiter has waited for room longer than ``waiter``."""
         mine = self._waiting.get(waiter, math.inf)
-        return any(since < mine for other, since in self._waiting.items() if other is not waiter)
+        return bool(self._waiting) and min(self._waiting.values()) < mine
 
     def _fresh_now(self) -> set[str]:
         now = self._clock.now()

@@ -62,12 +62,32 @@ def eviction_score(entry: ModelEntry, now: float) -> float:
 
 
 class EvictionPolicy(Protocol):
+    def order(self, candidates: Sequence[ModelEntry]) -> list[ModelEntry]:
+        """The candidates in the order this policy would evict them (none if
+        it never evicts)."""
+        ...
+
     def choose(
         self,
         candidates: Sequence[ModelEntry],
         need_bytes: int,
         freed_by: Callable[[list[str]], int],
     ) -> list[str] | None: ...
+
+
+def take(
+    ordered: Sequence[ModelEntry], need_bytes: int, freed_by: Callable[[list[str]], int]
+) -> list[str] | None:
+    """The first of ``ordered`` that together free ``need_bytes`` (as
+    ``freed_by`` counts them); None if all of them do not."""
+    victims: list[str] = []
+    freed = freed_by(victims)
+    for entry in ordered:
+        if freed >= need_bytes:
+            break
+        victims.append(entry.name)
+        freed = freed_by(victims)
+    return victims if freed >= need_bytes else None
 
 
 class EvictionPolicyName(StrEnum):
@@ -90,25 +110,26 @@ class _OrderedPolicy:
         self._key = key
         self._now = now
 
+    def order(self, candidates: Sequence[ModelEntry]) -> list[ModelEntry]:
+        now = self._now()
+        return sorted(candidates, key=lambda e: self._key(e, now))
+
     def choose(
         self,
         candidates: Sequence[ModelEntry],
         need_bytes: int,
         freed_by: Callable[[list[str]], int],
     ) -> list[str] | None:
-        now = self._now()
-        victims: list[str] = []
-        freed = freed_by(victims)
-        for entry in sorted(candidates, key=lambda e: self._key(e, now)):
-            if freed >= need_bytes:
-                break
-            victims.append(entry.name)
-            freed = freed_by(victims)
-        return victims if freed >= need_bytes else None
+        """Evict in this policy's order until ``need_bytes`` are freed; None if
+        every candidate is not enough."""
+        return take(self.order(candidates), need_bytes, freed_by)
 
 
 class _NeverEvict:
     """Never unload a model to make room (models are preloaded into fixed slices)."""
+
+    def order(self, candidates: Sequence[ModelEntry]) -> list[ModelEntry]:
+        return []
 
     def choose(
         self,
