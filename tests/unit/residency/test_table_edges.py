@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from tessera.clock import FakeClock
 from tessera.footprint import Footprint
 from tessera.residency import (
     ActivationStats,
@@ -16,6 +19,7 @@ from tessera.residency import (
     make_eviction_policy,
 )
 from tessera.residency.activation import SETTLING_READINGS
+from tessera.residency.policy import take
 from tessera.residency.table import USE_HALF_LIFE_S
 
 
@@ -298,3 +302,31 @@ def test_readings_that_keep_falling_settle_after_a_few() -> None:
     assert stats.reserve_bytes(1) == settled
     stats.observe(1, 1)  # counted in the window now, beside the settled reading
     assert stats.reserve_bytes(1) == settled
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 1000), st.integers(0, 50), st.integers(0, 5), st.booleans()),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(1, 5000),
+    st.sampled_from(["cost", "lru", "largest", "none"]),
+)
+def test_a_choice_among_some_candidates_is_the_order_of_all_less_the_others(
+    rows: list[tuple[int, int, int, bool]], need: int, name: str
+) -> None:
+    """What patience relies on (``ResidencyManager._patient``): the policy's
+    choice among the idle models is its order of idle and busy ones, less the
+    busy ones, taken until enough is freed."""
+    clock = FakeClock(100.0)
+    policy = make_eviction_policy(name, clock)
+    entries = [
+        ModelEntry(f"m{i}", footprint=Footprint(size), last_used=float(used), use_weight=uses)
+        for i, (size, used, uses, _) in enumerate(rows)
+    ]
+    idle = {f"m{i}" for i, row in enumerate(rows) if row[3]}
+    some = [e for e in entries if e.name in idle]
+    ordered = [e for e in policy.order(entries) if e.name in idle]
+    assert take(ordered, need, freed(entries)) == policy.choose(some, need, freed(entries))
