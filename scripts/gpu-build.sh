@@ -21,6 +21,8 @@ LIMIT_BYTES=$((64 * 1024 * 1024))
 WHEELS=(fastapi starlette pydantic pydantic-core annotated-types annotated-doc typing-inspection
   typing-extensions uvicorn httptools python-multipart orjson opentelemetry-api prometheus-client
   rich typer anyio pytest-asyncio)
+# The peer of the check (LitServe, as make bench-peers installs it) and what it adds.
+PEER_PINS=(litserve==0.2.19 pyzmq==27.3.0)
 
 cd "$(git rev-parse --show-toplevel)"
 mkdir -p "$G"
@@ -31,6 +33,7 @@ pins=()
 for name in "${WHEELS[@]}"; do
   pins+=("$name==$(version_of "$name")")
 done
+pins+=("${PEER_PINS[@]}")
 rm -rf "$G/whl" && mkdir -p "$G/whl"
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux2014_x86_64)

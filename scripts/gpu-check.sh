@@ -17,6 +17,9 @@
 #   GPU_CHECK_BUDGET_S      seconds for every step but the report (420; quick 240)
 #   GPU_CHECK_MODELS        models of the many-model loads (100; quick 5)
 #   GPU_CHECK_CLIENTS       client processes of a load (4; quick 1)
+#   GPU_CHECK_PEER_PYTHON   the python that runs the peer, LitServe (cuda: the check's, with
+#                           the carried wheels; cpu: make bench-peers' LitServe venv where
+#                           there is one); a python without litserve skips the peer
 #   GPU_CHECK_WORK          scratch folder (a new temporary one)
 #   OUT                     where the reports go (GPU_CHECK_WORK/out)
 set -u
@@ -29,6 +32,10 @@ else
   DEFAULT_PY=python3 DEFAULT_SKIP=0
 fi
 PY=${GPU_CHECK_PYTHON:-$DEFAULT_PY}
+PEER_VENV_PY=${TESSERA_PEERS_DIR:-$HOME/.cache/tessera/peers}/litserve/bin/python
+if [ "$DEV" = cpu ] && [ -x "$PEER_VENV_PY" ]; then DEFAULT_PEER_PY=$PEER_VENV_PY; else
+  DEFAULT_PEER_PY=$PY; fi
+PEER_PY=${GPU_CHECK_PEER_PYTHON:-$DEFAULT_PEER_PY}
 SKIP_INSTALL=${GPU_CHECK_SKIP_INSTALL:-$DEFAULT_SKIP}
 W=${GPU_CHECK_WORK:-$(mktemp -d -t gpu-check.XXXXXX)}
 OUT=${OUT:-$W/out}
@@ -37,10 +44,10 @@ SITE=$W/site
 G=.gpu
 if [ "$QUICK" = 1 ]; then
   BUDGET=${GPU_CHECK_BUDGET_S:-240} N=${GPU_CHECK_MODELS:-5} CLIENTS=${GPU_CHECK_CLIENTS:-1}
-  SIZES=1,32 FIGURE_S=0.5 RR_S=1 LOAD_S=2 LEVELS=8 CONC=8 FIRST_C=4
+  SIZES=1,32 FIGURE_S=0.5 RR_S=1 LOAD_S=2 LEVELS=8 CONC=8 FIRST_C=4 PEER_WORKERS=1
 else
   BUDGET=${GPU_CHECK_BUDGET_S:-420} N=${GPU_CHECK_MODELS:-100} CLIENTS=${GPU_CHECK_CLIENTS:-4}
-  SIZES=1,8,32,128 FIGURE_S=2 RR_S=3 LOAD_S=10 LEVELS=64,256 CONC=64 FIRST_C=8
+  SIZES=1,8,32,128 FIGURE_S=2 RR_S=3 LOAD_S=10 LEVELS=64,256 CONC=64 FIRST_C=8 PEER_WORKERS=4
 fi
 # The second many-model server's budget holds a fifth of the models (20 of 100), and at
 # least 2: the quick run's 5 would give 1, and one MiniLM and half another on the CPU
@@ -107,6 +114,9 @@ main() {
   # The process split's worth: the same model in one process (gateways 0), at the top level.
   step one_model_g0 90 "$PY" -m gpu_check one-model "${common[@]}" --levels "${LEVELS##*,}" \
     --gateways 0 --out "$P/one_model_g0.json"
+  # The issue's peer on the same device: LitServe, several inference processes on it.
+  step peer 120 "$PY" -m gpu_check peer "${common[@]}" --python "$PEER_PY" \
+    --workers "$PEER_WORKERS" --levels "$LEVELS" --out "$P/peer.json"
   log "steps done"
 }
 

@@ -1,7 +1,8 @@
 """The compute every peer server runs: tessera's MiniLM embedding, reproduced.
 
 Mean pooling over the attention mask, then L2 normalisation; inputs truncated
-at 256 word pieces; float32 on the CPU; 384 floats out. The peer scripts run
+at 256 word pieces; float32 (on the CPU, or a device where a script is told
+so); 384 floats out. The peer scripts run
 in their own venvs and cannot import tessera, so this mirrors
 ``tessera.runtimes.hf.HfEncoder.encode``. Loaded from a local folder only.
 """
@@ -32,7 +33,7 @@ def offline() -> None:
 class MiniLM:
     """The encoder and its tokenizer; ``encode`` is not safe to call concurrently."""
 
-    def __init__(self, model_dir: str, threads: int | None = None) -> None:
+    def __init__(self, model_dir: str, threads: int | None = None, device: str = "cpu") -> None:
         offline()
         import torch
         from transformers import AutoModel, AutoTokenizer
@@ -40,21 +41,22 @@ class MiniLM:
         if threads:
             torch.set_num_threads(threads)
         self.torch = torch
+        self.device = device
         self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
         model = AutoModel.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
-        self.model: Any = model.eval()
+        self.model: Any = model.to(device).eval()
 
     def encode(self, texts: list[str]) -> Any:
-        """A float32 tensor of shape ``(len(texts), 384)``."""
+        """A float32 tensor of shape ``(len(texts), 384)``, on the CPU."""
         torch = self.torch
         batch = self.tokenizer(
             texts, padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="pt"
-        )
+        ).to(self.device)
         with torch.inference_mode():
             hidden = self.model(**batch).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             vectors = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(vectors, p=2, dim=1).float()
+            return torch.nn.functional.normalize(vectors, p=2, dim=1).float().cpu()
 
     def encode_lists(self, texts: list[str]) -> list[list[float]]:
         vectors: list[list[float]] = self.encode(texts).tolist()

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-STEPS = ("env", "pytest", "torch", "one_model", "many_all", "many_budget", "one_model_g0")
+STEPS = ("env", "pytest", "torch", "one_model", "many_all", "many_budget", "one_model_g0", "peer")
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +56,17 @@ def test_quick_cpu_run_measures_every_step_and_reports_each_bar(tmp_path: Path) 
     assert report["one_model_g0"]["gateways"] == "0"
     assert report["one_model_g0"]["levels"]["8"]["ok"] > 0  # one process, the top level
     assert report["many_budget"]["swap_ins"]["loads"] > 0  # the budget made it swap
-    assert len(report["bars"]) == 8
-    assert {b["status"] for b in report["bars"]} == {"n/a (not a GPU)"}  # each one measured
+    assert len(report["bars"]) == 9
+    bars = {b["figure"]: b["status"] for b in report["bars"]}
+    # The peer runs where make bench-peers installed LitServe, and is skipped elsewhere (CI).
+    peer_bar = bars.pop(next(f for f in bars if "the peer's best" in f))
+    if "skipped" in report["peer"]:
+        assert peer_bar == "not measured"
+    else:
+        assert peer_bar == "n/a (not a GPU)"
+        assert report["peer"]["levels"]["8"]["ok"] > 0
+        assert report["peer"]["levels"]["8"]["failed"] == 0
+    assert set(bars.values()) == {"n/a (not a GPU)"}  # each one measured
     markdown = (out / "gpu-check.md").read_text()
     assert "| one model, p50 at c=1 |" in markdown
     assert "| one model (0 gateway processes), c=8 |" in markdown
