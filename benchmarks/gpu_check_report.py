@@ -79,6 +79,7 @@ def one_model_bars(parts: Part) -> list[Bar]:
     refused = (largest.get("statuses") or {}).get("503", 0) if largest else None
     peer = parts.get("peer") or {}
     peer_c, peer_top = saturation(peer.get("levels") or {})
+    over_peer = ratio(top.get("req_per_s"), peer_top.get("req_per_s"))
     return [
         at_least(
             f"one model, server req/s at saturation (c={c}) / plain torch batch-32 sentences/s",
@@ -90,9 +91,8 @@ def one_model_bars(parts: Part) -> list[Bar]:
         at_least(
             f"one model, server req/s at saturation (c={c}) / the peer's best"
             f" (LitServe, {peer.get('workers_per_device', '-')} workers on the device, c={peer_c})",
-            ratio(top.get("req_per_s"), peer_top.get("req_per_s")),
-            f"{number(ratio(top.get('req_per_s'), peer_top.get('req_per_s')))}"
-            f" ({number(peer_top.get('req_per_s'), 'req/s')} the peer's)",
+            over_peer,
+            f"{number(over_peer)} ({number(peer_top.get('req_per_s'), 'req/s')} the peer's)",
             1.5,
         ),
         at_most(
