@@ -282,7 +282,10 @@ class ComputeExecutor:
         value = fn()
         free_after, _ = torch.cuda.mem_get_info(index)
         peak = int(torch.cuda.max_memory_allocated(index)) - allocated
-        return Measured(value, max(0, int(free_before - free_after)), max(0, peak))
+        # The card's free bytes see allocations outside torch; torch's own count
+        # sees tensors placed in blocks its cache held already (an eviction's).
+        grown = int(torch.cuda.memory_allocated(index)) - allocated
+        return Measured(value, max(0, int(free_before - free_after), grown), max(0, peak))
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

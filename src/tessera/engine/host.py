@@ -40,6 +40,7 @@ from tessera.runtimes.base import (
     SharedComponents,
     SleepingModel,
 )
+from tessera.runtimes.hostcopy import PINNED_POOL
 from tessera.runtimes.isolated import IsolatedLoader
 from tessera.runtimes.memory import Measured, collect_all, freeze_heap
 from tessera.runtimes.registry import get_loader
@@ -166,6 +167,10 @@ class EngineHost:
     def _load_sync(self, spec: ModelSpec) -> LoadedModel:
         model = self._wake(spec)
         if model is None:
+            # Blocks that evictions left in torch's cache go back to the card:
+            # a load may be measured by the card's free bytes, or allocate
+            # outside torch (onnxruntime, a native engine).
+            self._empty_device_cache()
             with self.executor.loading():
                 model = self._load_once(spec)
         if self._closing:
@@ -258,7 +263,9 @@ class EngineHost:
             return None
         if held is None:
             return None
-        self._empty_device_cache()
+        # The freed blocks stay in torch's cache: a restore of a model of the
+        # same shapes takes them back without asking the driver (a free there
+        # waits for the whole device). Loads from files empty it first.
         with self._asleep_lock:
             self._kept[spec.key] = model
         log.info(
@@ -356,6 +363,7 @@ class EngineHost:
             self._asleep, self._kept = {}, {}
         for model in held:
             self._unload_sync(model)
+        PINNED_POOL.clear()
 
 
 def _unmeasured(fn: Callable[[], Any]) -> Measured:

@@ -416,7 +416,6 @@ class SentenceEncoder:
         if self.graphs_hold is not None:
             self.graphs_hold.park()
         self._host_copy = HostCopy.offload([self.model], self.device)
-        empty_device_cache(self.device)
         return self._host_copy.footprint()
 
     @property

@@ -4,10 +4,12 @@ evicted, brought back by a copy (or a mapping) when it is needed again.
 - CUDA: every tensor storage of the modules is copied into one host buffer
   that is page-locked (registered with CUDA at its exact size: torch's
   caching host allocator would round each block up to a power of two and keep
-  it after use), asynchronously on the device's copy stream (``copy_stream``:
-  beside other models' kernels, not behind them), then that stream is
-  synchronised and the device storage freed; restoring copies each back the
-  same way, then unregisters and frees the buffer. What the tier holds is
+  it after use), asynchronously on the device's stream for copies to the host
+  (``copy_stream``: beside other models' kernels, not behind them, and beside
+  the copies coming back, which have a stream of their own), then that stream
+  is synchronised and the device storage freed; restoring copies each back
+  the same way and hands the buffer to ``PINNED_POOL``, where the next copy of
+  that size takes it rather than page-lock a new one. What the tier holds is
   that buffer's bytes.
 - CPU: a storage that maps a weight file (transformers maps safetensors files
   rather than reading them) is let go: the process unmaps it, its pages stay
@@ -32,6 +34,7 @@ import mmap
 import os
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +45,7 @@ from tessera.footprint import Footprint
 _SMAPS = Path("/proc/self/smaps")
 PINNED = "pinned host memory"
 _ALIGN = 512  # bytes between storages in the pinned buffer (any dtype's alignment)
+TO_HOST, TO_DEVICE = "to host", "to device"  # the directions of copies, a stream each
 
 
 class HostCopyError(RuntimeError):
@@ -194,10 +198,63 @@ def _view_on(storage: Any, view: _View) -> Any:
     return tensor.set_(storage, view.offset, view.size, view.stride)
 
 
+class PinnedPool:
+    """Page-locked host buffers that no copy holds, kept for the next copy of
+    the same size. Page-locking a buffer pins (and first faults in) every page
+    of it, and unlocking and freeing it after each restore made every swap pay
+    for a new one; the models of one architecture are copies of one size, so
+    a restore's buffer is the next eviction's. At most ``max_buffers`` buffers
+    and ``max_bytes`` bytes wait here, outside the host tier's budget (as the
+    CUDA context is outside the device's); the oldest go first."""
+
+    def __init__(self, max_buffers: int = 4, max_bytes: int = 1 << 30) -> None:
+        self.max_buffers = max_buffers
+        self.max_bytes = max_bytes
+        self._free: deque[Any] = deque()
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> Any:
+        """A page-locked buffer of exactly ``nbytes`` (uint8): a kept one, else new."""
+        import torch
+
+        with self._lock:
+            for i, buffer in enumerate(self._free):
+                if buffer.numel() == nbytes:
+                    del self._free[i]  # by place: tensors compare element by element
+                    return buffer
+        return _register(torch.empty(nbytes, dtype=torch.uint8))
+
+    def give(self, buffer: Any) -> None:
+        """Keep ``buffer`` (page-locked, no longer read by the device) for a
+        later ``take``; what the pool's bounds leave out is unlocked and freed."""
+        with self._lock:
+            self._free.append(buffer)
+            released = []
+            while self._free and (
+                len(self._free) > self.max_buffers or self.held_bytes() > self.max_bytes
+            ):
+                released.append(self._free.popleft())
+        for old in released:
+            _unregister(old)
+
+    def held_bytes(self) -> int:
+        return sum(int(b.numel()) for b in self._free)
+
+    def clear(self) -> None:
+        """Unlock and free every buffer kept."""
+        with self._lock:
+            released, self._free = list(self._free), deque()
+        for old in released:
+            _unregister(old)
+
+
+PINNED_POOL = PinnedPool()
+
+
 class _Pinned:
     """One host buffer, registered with CUDA as page-locked at its exact size,
-    holding CUDA storages at ``offsets``; unregistered before it is freed (by
-    ``free``, or when it is collected)."""
+    holding CUDA storages at ``offsets``; given back to ``PINNED_POOL`` by
+    ``free``, unregistered if it is collected without that."""
 
     def __init__(self, buffer: Any, offsets: list[int]) -> None:
         self.nbytes = int(buffer.numel())
@@ -215,11 +272,11 @@ class _Pinned:
         for storage in storages:
             offsets.append(total)
             total += -(-int(storage.nbytes()) // _ALIGN) * _ALIGN
-        pinned = cls(_register(torch.empty(total, dtype=torch.uint8)), offsets)
+        pinned = cls(PINNED_POOL.take(total), offsets)
         # The weights are only read: the copy need not wait for other models'
         # kernels, and their blocks, freed after it, are reused in the order of
         # the stream that allocated them.
-        with copying(device):
+        with copying(device, TO_HOST):
             for storage, offset in zip(storages, offsets, strict=True):
                 source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
                 pinned._buffer[offset : offset + source.numel()].copy_(source, non_blocking=True)
@@ -230,7 +287,7 @@ class _Pinned:
         import torch
 
         copies = []
-        with copying(device) as used_after:  # new blocks of the copy stream's own
+        with copying(device, TO_DEVICE) as used_after:  # new blocks of the copy stream's own
             for offset, size in zip(self._offsets, nbytes, strict=True):
                 copy = torch.empty(size, dtype=torch.uint8, device=device)
                 copies.append(copy.copy_(self._buffer[offset : offset + size], non_blocking=True))
@@ -238,38 +295,42 @@ class _Pinned:
         return [c.untyped_storage() for c in copies]
 
     def free(self) -> None:
-        self._release()
+        """Hand the buffer to ``PINNED_POOL`` (once; the device reads it no more)."""
+        if self._release.detach() is not None:
+            PINNED_POOL.give(self._buffer)
 
 
-_COPY_STREAMS: dict[str, Any] = {}
+_COPY_STREAMS: dict[tuple[str, str], Any] = {}
 _COPY_STREAMS_LOCK = threading.Lock()
 
 
-def copy_stream(device: str) -> Any:
-    """The device's stream for the host tier's copies: they run beside the
-    batches' kernels (a GPU has copy engines of its own), and a copy waits for
-    itself only, where a device-wide synchronise waited for every model's
-    queued work."""
+def copy_stream(device: str, direction: str) -> Any:
+    """The device's stream for the host tier's copies in ``direction``
+    (``TO_HOST`` or ``TO_DEVICE``): they run beside the batches' kernels (a
+    GPU has copy engines of its own, one each way at least), an eviction's
+    copy beside a restore's, and a copy waits for itself only, where a
+    device-wide synchronise waited for every model's queued work."""
     import torch
 
     with _COPY_STREAMS_LOCK:
-        stream = _COPY_STREAMS.get(device)
+        stream = _COPY_STREAMS.get((device, direction))
         if stream is None:
-            stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # untyped upstream
+            stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # untyped upstream
+            _COPY_STREAMS[device, direction] = stream
         return stream
 
 
 @contextlib.contextmanager
-def copying(device: str) -> Iterator[Callable[[Any], None]]:
-    """Copies made inside run on ``device``'s copy stream; on leaving, that
-    stream is synchronised, and each tensor handed to the function yielded is
-    marked as used on the caller's stream from then on (its block is reused
-    only after that stream's work, once freed)."""
+def copying(device: str, direction: str) -> Iterator[Callable[[Any], None]]:
+    """Copies made inside run on ``device``'s copy stream for ``direction``; on
+    leaving, that stream is synchronised, and each tensor handed to the
+    function yielded is marked as used on the caller's stream from then on
+    (its block is reused only after that stream's work, once freed)."""
     import torch
 
     consumer = torch.cuda.current_stream(device)
     kept: list[Any] = []
-    stream = copy_stream(device)
+    stream = copy_stream(device, direction)
     with torch.cuda.stream(stream):
         yield kept.append
     stream.synchronize()

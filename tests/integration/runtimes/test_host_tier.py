@@ -110,18 +110,10 @@ def test_the_pinned_buffer_is_registered_at_its_exact_size_and_unregistered_once
 ) -> None:
     # The CUDA path's bookkeeping, on CPU tensors: one buffer for every storage,
     # each at an aligned offset, page-locked once at its exact size, unlocked
-    # once when freed (and not again when collected).
-    from tessera.runtimes import hostcopy
-    from tessera.runtimes.hostcopy import _Pinned
+    # once when freed (and not again when collected) by a pool that keeps none.
+    from tessera.runtimes.hostcopy import PinnedPool, _Pinned
 
-    cudart = FakeCudart()
-    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
-
-    @contextlib.contextmanager
-    def copying(device: str) -> Iterator[Callable[[Any], None]]:
-        yield lambda tensor: None  # CPU tensors: no streams
-
-    monkeypatch.setattr(hostcopy, "copying", copying)
+    cudart = on_cpu_as_cuda(monkeypatch, PinnedPool(max_buffers=0))
     tensors = [torch.arange(100, dtype=torch.float32), torch.arange(7, dtype=torch.int64)]
     storages = [t.untyped_storage() for t in tensors]
     pinned = _Pinned.copy_of(storages, "cpu")
@@ -136,9 +128,67 @@ def test_the_pinned_buffer_is_registered_at_its_exact_size_and_unregistered_once
     assert cudart.unregistered == list(cudart.registered)
 
 
+def test_a_restored_copy_leaves_its_page_locked_buffer_to_the_next_copy_of_its_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tessera.runtimes.hostcopy import PinnedPool, _Pinned
+
+    pool = PinnedPool(max_buffers=2)
+    cudart = on_cpu_as_cuda(monkeypatch, pool)
+    weights = [torch.arange(100, dtype=torch.float32).untyped_storage()]
+    first = _Pinned.copy_of(weights, "cpu")
+    first.to_device([400], "cpu")
+    first.free()
+    first.free()  # once only: the pool holds the buffer once
+    assert pool.held_bytes() == 512
+    second = _Pinned.copy_of(weights, "cpu")  # the same architecture, evicted next
+    assert len(cudart.registered) == 1  # the buffer kept, not a new one locked
+    assert pool.held_bytes() == 0
+    other = _Pinned.copy_of([torch.arange(300, dtype=torch.float32).untyped_storage()], "cpu")
+    assert len(cudart.registered) == 2  # another size: a buffer of its own
+    second.free()
+    other.free()
+    third = _Pinned.copy_of([torch.arange(200, dtype=torch.int64).untyped_storage()], "cpu")
+    third.free()  # a third buffer kept: the oldest goes
+    assert cudart.unregistered == [next(iter(cudart.registered))]
+    assert pool.held_bytes() == 1536 + 2048
+    pool.clear()
+    assert sorted(cudart.unregistered) == sorted(cudart.registered)
+
+
+def test_the_pool_keeps_no_more_bytes_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tessera.runtimes.hostcopy import PinnedPool, _Pinned
+
+    pool = PinnedPool(max_buffers=4, max_bytes=1024)
+    cudart = on_cpu_as_cuda(monkeypatch, pool)
+    for n in (100, 200, 300):  # 512, 1024 and 1536 bytes
+        _Pinned.copy_of([torch.zeros(n).untyped_storage()], "cpu").free()
+    assert pool.held_bytes() == 0  # the 1536: above the bound alone; each before it pushed out
+    assert len(cudart.unregistered) == 3
+
+
+def on_cpu_as_cuda(monkeypatch: pytest.MonkeyPatch, pool: Any) -> FakeCudart:
+    """The pinned path on CPU tensors: a stand-in for ``cudart``, no streams,
+    ``pool`` as the process's pool of buffers."""
+    from tessera.runtimes import hostcopy
+
+    cudart = FakeCudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+
+    @contextlib.contextmanager
+    def copying(device: str, direction: str) -> Iterator[Callable[[Any], None]]:
+        yield lambda tensor: None
+
+    monkeypatch.setattr(hostcopy, "copying", copying)
+    monkeypatch.setattr(hostcopy, "PINNED_POOL", pool)
+    return cudart
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cuda_copy_is_pinned_host_memory_and_comes_back_equal(tmp_path: Path) -> None:
+    from tessera.runtimes import hostcopy
+
     module, _ = tiny_module(tmp_path)
     module = module.to("cuda")
     before = forward_on(module, "cuda")
@@ -149,6 +199,12 @@ def test_a_cuda_copy_is_pinned_host_memory_and_comes_back_equal(tmp_path: Path) 
     assert module[0].weight.numel() == 0
     assert torch.cuda.memory_allocated() < allocated  # the device storages are gone
     copy.restore()
+    assert torch.equal(forward_on(module, "cuda"), before)
+    kept = hostcopy.PINNED_POOL.held_bytes()
+    assert kept >= copy.footprint().total_bytes  # its buffer waits for the next copy
+    again = HostCopy.offload([module], "cuda")
+    assert hostcopy.PINNED_POOL.held_bytes() == kept - again.footprint().total_bytes
+    again.restore()
     assert torch.equal(forward_on(module, "cuda"), before)
 
 
