@@ -340,7 +340,42 @@ def weights_onto_device(encoder: TorchEncoder, file: Path, seconds: float) -> Pa
                 lambda t: [v.to(device, non_blocking=True) for v in t.values()], [tensors]
             )
             figures[f"{name}_to_device_ms"] = 1000 * per_call_s(copy, seconds, encoder.sync)
+        figures.update(host_tier_swaps(encoder.model, str(device), seconds))
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}
+
+
+def host_tier_swaps(model: Any, device: str, seconds: float) -> Part:
+    """tessera's host tier on its own: a copy of ``model`` out to pinned memory
+    (``HostCopy.offload``) and back (``restore``), the median ms of each, with
+    the pool of page-locked buffers and with a pool that keeps none (a buffer
+    locked at each eviction and freed at each restore, as before the pool),
+    side by side, each for about ``seconds``."""
+    import copy
+
+    from tessera.runtimes import hostcopy
+
+    model = copy.deepcopy(model)
+    figures: Part = {}
+    saved = hostcopy.PINNED_POOL
+    for label, pool in (("pooled", hostcopy.PinnedPool()), ("fresh", hostcopy.PinnedPool(0))):
+        hostcopy.PINNED_POOL = pool
+        out_s: list[float] = []
+        back_s: list[float] = []
+        try:
+            deadline = time.perf_counter() + seconds
+            while time.perf_counter() < deadline or len(out_s) < 3:
+                start = time.perf_counter()
+                held = hostcopy.HostCopy.offload([model], device)
+                middle = time.perf_counter()
+                held.restore()
+                out_s.append(middle - start)
+                back_s.append(time.perf_counter() - middle)
+        finally:
+            hostcopy.PINNED_POOL = saved
+            pool.clear()
+        figures[f"host_tier_offload_{label}_ms"] = 1000 * statistics.median(out_s)
+        figures[f"host_tier_restore_{label}_ms"] = 1000 * statistics.median(back_s)
+    return figures
 
 
 def resident_round_robin(encoder: TorchEncoder, count: int, seconds: float) -> Part:

@@ -1,8 +1,8 @@
-"""The GPU check's figure of many models through one architecture's graphs,
-measured on the CPU with an eager runner standing in for the CUDA graph: the
-function the torch step calls on a device runs end to end here (that each
-model's forward through the graphs is its own is tests/integration/runtimes/
-test_graphs.py's)."""
+"""The GPU check's figures of many models through one architecture's graphs
+and of the host tier's swaps, measured on the CPU (an eager runner standing in
+for the CUDA graph): the functions the torch step calls on a device run end to
+end here (that each model's forward through the graphs is its own is
+tests/integration/runtimes/test_graphs.py's)."""
 
 from __future__ import annotations
 
@@ -25,3 +25,21 @@ def test_models_in_turn_through_one_architectures_graphs_give_a_rate() -> None:
             parameter.mul_(1.02)
     batch = encoder.tokens(bench_sentences(1))
     assert shared_graphs_round_robin(encoder, models, batch, 0.2, eager_runner) > 0
+
+
+def test_the_host_tiers_swap_figures_come_with_and_without_the_pool() -> None:
+    # On the CPU the copy maps files or stays in place (no pinned buffer): what
+    # runs here is the step's loop, both pools in turn, and the process's pool
+    # put back after.
+    from gpu_check import host_tier_swaps
+    from tessera.runtimes import hostcopy
+
+    pool = hostcopy.PINNED_POOL
+    figures = host_tier_swaps(torch.nn.Linear(8, 8), "cpu", 0.05)
+    assert set(figures) == {
+        f"host_tier_{way}_{kind}_ms"
+        for way in ("offload", "restore")
+        for kind in ("pooled", "fresh")
+    }
+    assert all(value > 0 for value in figures.values())
+    assert hostcopy.PINNED_POOL is pool
