@@ -485,6 +485,13 @@ class SharedGraphs:
         self._current: weakref.ref[Any] | None = None
         self._lock = threading.Lock()
         self._host_copy: HostCopy | None = None
+        # Each module's tensors, walked once: the same objects through copies,
+        # offloads and restores (only their data changes), and a walk of a
+        # MiniLM's modules costs more than launching the copy.
+        self._template_tensors = weight_tensors(template)
+        self._tensors: weakref.WeakKeyDictionary[Any, list[torch.Tensor]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @classmethod
     def of(
@@ -503,7 +510,10 @@ class SharedGraphs:
         with self._lock:
             current = self._current() if self._current is not None else None
             if current is not model:
-                copy_weights(weight_tensors(self.template), weight_tensors(model))
+                source = self._tensors.get(model)
+                if source is None:
+                    source = self._tensors[model] = weight_tensors(model)
+                copy_weights(self._template_tensors, source)
                 self._current = weakref.ref(model)
                 self.num_copies += 1
             return self.graphs(batch)
@@ -534,10 +544,10 @@ class SharedGraphs:
         with self._lock:
             if self._host_copy is not None:
                 return None
-            device = str(next(iter(weight_tensors(self.template))).device)
+            device = str(self._template_tensors[0].device)
             self.graphs.reset()
             self._current = None
-            self._host_copy = HostCopy.offload([self.template], device)
+            self._host_copy = HostCopy.offload([self.template], device, self._template_tensors)
             return self._host_copy.footprint()
 
     def restore(self) -> None:

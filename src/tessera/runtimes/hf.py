@@ -44,7 +44,7 @@ from tessera.runtimes.graphs import (
     encoder_variant,
     graphs_run_on,
 )
-from tessera.runtimes.hostcopy import HostCopy
+from tessera.runtimes.hostcopy import HostCopy, tensors_of
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.runtimes.stacking import StackGroup, group_for
 from tessera.runtimes.tokens import (
@@ -243,6 +243,7 @@ class SentenceEncoder:
         self.num_bytes = torch_module_bytes(model)
         self._tokenize_lock = threading.Lock()
         self._host_copy: HostCopy | None = None  # its weights while in the host tier
+        self._tensors: list[Any] | None = None  # its parameters and buffers, once walked
 
     @classmethod
     def on_device(
@@ -415,7 +416,9 @@ class SentenceEncoder:
             return None
         if self.graphs_hold is not None:
             self.graphs_hold.park()
-        self._host_copy = HostCopy.offload([self.model], self.device)
+        if self._tensors is None:
+            self._tensors = tensors_of([self.model])
+        self._host_copy = HostCopy.offload([self.model], self.device, self._tensors)
         return self._host_copy.footprint()
 
     @property

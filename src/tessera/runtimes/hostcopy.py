@@ -35,7 +35,7 @@ import os
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,12 +107,16 @@ class HostCopy:
         self._restored = False
 
     @classmethod
-    def offload(cls, modules: Iterable[Any], device: str) -> HostCopy:
-        """Move the parameters and buffers of ``modules`` (on ``device``) to host memory."""
+    def offload(
+        cls, modules: Iterable[Any], device: str, tensors: Sequence[Any] | None = None
+    ) -> HostCopy:
+        """Move the parameters and buffers of ``modules`` (on ``device``) to host
+        memory; ``tensors``: those, as ``tensors_of(modules)`` gave them earlier
+        (a model offloaded again and again need not walk its modules each time)."""
         storages: list[Any] = []
         index: dict[int, int] = {}
         views: list[_View] = []
-        for tensor in _tensors(modules):
+        for tensor in tensors if tensors is not None else tensors_of(modules):
             storage = tensor.untyped_storage()
             if storage.nbytes() == 0:
                 continue
@@ -136,9 +140,13 @@ class HostCopy:
         else:
             spans = file_spans(storages, read_regions())
         del storages  # the views below hold the last references
+        empty: dict[Any, Any] = {}  # one per dtype: their storages hold nothing
         for view in views:
             if pinned is not None or spans[view.storage] is not None:
-                view.tensor.data = _empty(view.tensor)
+                dtype = view.tensor.dtype
+                if dtype not in empty:
+                    empty[dtype] = _empty(view.tensor)
+                view.tensor.data = empty[dtype]
         return cls(device, views, nbytes, pinned, spans)
 
     def footprint(self) -> Footprint:
@@ -158,13 +166,22 @@ class HostCopy:
         if self._restored:
             raise HostCopyError("this host copy was restored already")
         if self._pinned is not None:
-            storages = self._pinned.to_device(self._nbytes, self.device)
+            # One device block for every storage, laid out as the buffer is:
+            # one copy, one allocation (which a model of the same size evicted
+            # before left in torch's cache), and the next offload copies one
+            # storage. Offsets in the buffer are multiples of 512 bytes, so of
+            # every dtype's size.
+            block = self._pinned.to_device(self.device)
+            offsets = self._pinned.offsets
+            for view in self._views:
+                first = offsets[view.storage] // view.tensor.dtype.itemsize
+                view.tensor.data = _view_on(block, view, first)
         else:
             storages = _map_spans(self._spans)
-        for view in self._views:
-            storage = storages[view.storage]
-            if storage is not None:
-                view.tensor.data = _view_on(storage, view)
+            for view in self._views:
+                storage = storages[view.storage]
+                if storage is not None:
+                    view.tensor.data = _view_on(storage, view, 0)
         self.close()
         self._restored = True
 
@@ -175,14 +192,17 @@ class HostCopy:
             self._pinned = None
 
 
-def _tensors(modules: Iterable[Any]) -> Iterator[Any]:
-    """Every distinct parameter and buffer of ``modules``."""
+def tensors_of(modules: Iterable[Any]) -> list[Any]:
+    """Every distinct parameter and buffer of ``modules`` (the same objects
+    through offloads and restores: only their data moves)."""
     seen: set[int] = set()
+    tensors = []
     for module in modules:
         for tensor in itertools.chain(module.parameters(), module.buffers()):
             if id(tensor) not in seen:
                 seen.add(id(tensor))
-                yield tensor
+                tensors.append(tensor)
+    return tensors
 
 
 def _empty(tensor: Any) -> Any:
@@ -191,11 +211,13 @@ def _empty(tensor: Any) -> Any:
     return torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
-def _view_on(storage: Any, view: _View) -> Any:
+def _view_on(storage: Any, view: _View, first: int) -> Any:
+    """``view``'s tensor over ``storage``, whose element ``first`` (of the view's
+    dtype) is where its own storage began."""
     import torch
 
     tensor = torch.empty(0, dtype=view.tensor.dtype, device=storage.device)
-    return tensor.set_(storage, view.offset, view.size, view.stride)
+    return tensor.set_(storage, first + view.offset, view.size, view.stride)
 
 
 class PinnedPool:
@@ -259,7 +281,7 @@ class _Pinned:
     def __init__(self, buffer: Any, offsets: list[int]) -> None:
         self.nbytes = int(buffer.numel())
         self._buffer = buffer
-        self._offsets = offsets
+        self.offsets = offsets  # of each storage, in bytes
         self._release = weakref.finalize(self, _unregister, buffer)
 
     @classmethod
@@ -282,22 +304,26 @@ class _Pinned:
                 pinned._buffer[offset : offset + source.numel()].copy_(source, non_blocking=True)
         return pinned
 
-    def to_device(self, nbytes: list[int], device: str) -> list[Any]:
-        """New device storages copied from the buffer (``non_blocking``, one synchronise)."""
-        import torch
-
-        copies = []
-        with copying(device, TO_DEVICE) as used_after:  # new blocks of the copy stream's own
-            for offset, size in zip(self._offsets, nbytes, strict=True):
-                copy = torch.empty(size, dtype=torch.uint8, device=device)
-                copies.append(copy.copy_(self._buffer[offset : offset + size], non_blocking=True))
-                used_after(copy)
-        return [c.untyped_storage() for c in copies]
+    def to_device(self, device: str) -> Any:
+        """One new device storage holding the whole buffer (one ``non_blocking``
+        copy, one synchronise)."""
+        with copying(device, TO_DEVICE) as used_after:  # a block of the copy stream's own
+            block = device_bytes(self.nbytes, device)
+            block.copy_(self._buffer, non_blocking=True)
+            used_after(block)
+        return block.untyped_storage()
 
     def free(self) -> None:
         """Hand the buffer to ``PINNED_POOL`` (once; the device reads it no more)."""
         if self._release.detach() is not None:
             PINNED_POOL.give(self._buffer)
+
+
+def device_bytes(nbytes: int, device: str) -> Any:
+    """An uninitialised uint8 tensor of ``nbytes`` on ``device``."""
+    import torch
+
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 _COPY_STREAMS: dict[tuple[str, str], Any] = {}

@@ -119,9 +119,11 @@ def test_the_pinned_buffer_is_registered_at_its_exact_size_and_unregistered_once
     pinned = _Pinned.copy_of(storages, "cpu")
     assert pinned.nbytes == 512 + 512  # 400 and 56 bytes, each at a 512-byte boundary
     assert list(cudart.registered.values()) == [pinned.nbytes]
-    back = pinned.to_device([400, 56], "cpu")
-    for tensor, storage in zip(tensors, back, strict=True):
-        again = torch.empty(0, dtype=tensor.dtype).set_(storage, 0, tensor.size(), (1,))
+    back = pinned.to_device("cpu")  # one storage, laid out as the buffer
+    assert pinned.offsets == [0, 512]
+    for tensor, offset in zip(tensors, pinned.offsets, strict=True):
+        first = offset // tensor.element_size()
+        again = torch.empty(0, dtype=tensor.dtype).set_(back, first, tensor.size(), (1,))
         assert torch.equal(again, tensor)
     pinned.free()
     del pinned
@@ -137,7 +139,7 @@ def test_a_restored_copy_leaves_its_page_locked_buffer_to_the_next_copy_of_its_s
     cudart = on_cpu_as_cuda(monkeypatch, pool)
     weights = [torch.arange(100, dtype=torch.float32).untyped_storage()]
     first = _Pinned.copy_of(weights, "cpu")
-    first.to_device([400], "cpu")
+    first.to_device("cpu")
     first.free()
     first.free()  # once only: the pool holds the buffer once
     assert pool.held_bytes() == 512
@@ -154,6 +156,53 @@ def test_a_restored_copy_leaves_its_page_locked_buffer_to_the_next_copy_of_its_s
     assert pool.held_bytes() == 1536 + 2048
     pool.clear()
     assert sorted(cudart.unregistered) == sorted(cudart.registered)
+
+
+def test_a_pinned_copy_comes_back_as_one_block_and_leaves_as_one_copy(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The CUDA path end to end on CPU tensors (the device block allocated in
+    # process memory): a model's storages come back as views of one block laid
+    # out as the buffer, so the next eviction copies one storage; answers,
+    # tied weights and the buffer (from the pool) hold through three swaps.
+    from tessera.runtimes import hostcopy
+    from tessera.runtimes.hostcopy import PinnedPool, tensors_of
+
+    cudart = on_cpu_as_cuda(monkeypatch, PinnedPool())
+    monkeypatch.setattr(
+        hostcopy, "device_bytes", lambda n, device: torch.empty(n, dtype=torch.uint8)
+    )
+    module, _ = tiny_module(tmp_path)
+    before = forward(module)
+    tensors = tensors_of([module])
+    loaded = len({t.untyped_storage().data_ptr() for t in tensors})  # the tied pair as one
+    counts = storages_copied(monkeypatch)
+    for _ in range(3):
+        copy = HostCopy.offload([module], "cuda", tensors)
+        assert copy.footprint().method == PINNED
+        assert module[0].weight.numel() == 0
+        assert module.scale.numel() == 0
+        copy.restore()
+        assert torch.equal(forward(module), before)
+        storages = {t.untyped_storage().data_ptr() for t in tensors}
+        assert len(storages) == 1  # every tensor a view of the one block
+    assert counts == [loaded, 1, 1]  # storages copied out: each as loaded, then the block
+    assert len(cudart.registered) == 1
+
+
+def storages_copied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many storages each pinned copy takes, recorded."""
+    from tessera.runtimes.hostcopy import _Pinned
+
+    counts: list[int] = []
+    copy_of = _Pinned.copy_of.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[_Pinned], storages: list[Any], device: str) -> _Pinned:
+        counts.append(len(storages))
+        return copy_of(cls, storages, device)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(_Pinned, "copy_of", classmethod(counted))
+    return counts
 
 
 def test_the_pool_keeps_no_more_bytes_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
