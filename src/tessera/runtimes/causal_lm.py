@@ -31,6 +31,11 @@ Options (model.yaml ``options``):
   models whose turn ends with something other than the EOS token.
 - ``max_tokens_limit``: refuse items whose ``max_tokens`` is larger.
 
+In the host tier (``runtimes.base.OffloadingModel``, ``runtimes/hostcopy.py``)
+when evicted: on CUDA its weights wait in pinned memory; on the CPU only
+weights that map their files leave (a model read into process memory, as a
+GGUF's conversion is, would free nothing there: it is not offloaded).
+
 Dequantizing a GGUF takes ~20 s on a small CPU, so when the load context has a
 ``cache_dir`` the converted model and tokenizer are kept there as safetensors,
 in ``<cache_dir>/causal-lm/<key>`` (the key hashes the GGUF's path, size and
@@ -63,6 +68,7 @@ from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
+from tessera.runtimes.hostcopy import HostSlot
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.step import holding, step_boundary
 from tessera.tasks.types import ChatInput, ChatOutput
@@ -372,6 +378,7 @@ class CausalLm:
         self._max_tokens_limit = int(limit) if limit is not None else None
         # Fast tokenizers are not safe to share between threads (padding state).
         self._lock = threading.Lock()
+        self._host = HostSlot(spec.name)
 
     def run(self, items: Sequence[Any]) -> list[ChatOutput]:
         # Held across step boundaries: taken with ``holding`` (see step.py).
@@ -389,9 +396,23 @@ class CausalLm:
     def memory(self) -> Footprint:
         return Footprint(own_bytes=self._bytes, method="torch tensors")
 
+    def offload(self) -> Footprint | None:
+        """Move the weights to the host tier (module and tokenizer stay built);
+        None where that would free nothing (see the module docstring)."""
+        with self._lock:
+            if self._model is None:
+                return None
+            return self._host.offload([self._model], self._device)
+
+    def restore(self) -> None:
+        """Bring the weights back from the host tier."""
+        with self._lock:
+            self._host.restore()
+
     def unload(self) -> None:
         self._model = None
         self._tokenizer = None
+        self._host.close()
         if self._device.startswith("cuda"):
             import torch
 
@@ -400,6 +421,8 @@ class CausalLm:
     def _require(self) -> tuple[Any, Any]:
         if self._model is None or self._tokenizer is None:
             raise ModelUnavailableError(self._spec.name, "the model was unloaded")
+        if self._host.waiting:
+            raise ModelUnavailableError(self._spec.name, "the model waits in the host tier")
         return self._model, self._tokenizer
 
     def _prepare(self, tokenizer: Any, item: Any) -> _Prepared:

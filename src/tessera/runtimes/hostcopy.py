@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tessera.errors import ModelUnavailableError
 from tessera.footprint import Footprint
 
 _SMAPS = Path("/proc/self/smaps")
@@ -149,6 +150,12 @@ class HostCopy:
                 view.tensor.data = empty[dtype]
         return cls(device, views, nbytes, pinned, spans)
 
+    @property
+    def moved(self) -> bool:
+        """Whether any storage left the modules (to pinned memory, or as a file
+        mapping let go); False where every one stayed in process memory."""
+        return self._pinned is not None or any(s is not None for s in self._spans)
+
     def footprint(self) -> Footprint:
         """The host bytes this copy holds and how."""
         if self._pinned is not None:
@@ -190,6 +197,51 @@ class HostCopy:
         if self._pinned is not None:
             self._pinned.free()
             self._pinned = None
+
+
+class HostSlot:
+    """Where a runtime's modules stand with the host tier: on the device, or
+    waiting in host memory as a ``HostCopy``; their tensors walked once. For
+    a runtime that is not offloaded where that would free nothing (on the
+    CPU, weights read into process memory). The caller holds its own lock
+    around each call and refuses to run while ``waiting``."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._copy: HostCopy | None = None
+        self._tensors: list[Any] | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self._copy is not None
+
+    def offload(self, modules: list[Any], device: str) -> Footprint | None:
+        """Move ``modules``' weights to host memory; None where they wait there
+        already, or where nothing would leave the process (nothing moved)."""
+        if self._copy is not None:
+            return None
+        if self._tensors is None:
+            self._tensors = tensors_of(modules)
+        copy = HostCopy.offload(modules, device, self._tensors)
+        if not copy.moved:
+            copy.restore()  # nothing left: nothing to bring back
+            return None
+        self._copy = copy
+        return copy.footprint()
+
+    def restore(self) -> None:
+        """The weights back where they were; raises if they are not waiting."""
+        copy = self._copy
+        if copy is None:
+            raise ModelUnavailableError(self._name, "its weights are not in the host tier")
+        copy.restore()
+        self._copy = None
+
+    def close(self) -> None:
+        """Free the host copy, if there is one (the model is being unloaded)."""
+        copy, self._copy = self._copy, None
+        if copy is not None:
+            copy.close()
 
 
 def tensors_of(modules: Iterable[Any]) -> list[Any]:

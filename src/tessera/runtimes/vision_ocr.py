@@ -43,6 +43,7 @@ from tessera.runtimes.causal_lm import (
     _RowStream,
     generate_in_groups,
 )
+from tessera.runtimes.hostcopy import HostSlot
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.step import holding
 from tessera.tasks.prompts import page_chat
@@ -127,12 +128,15 @@ class VisionOcr:
         text_config = getattr(model.config, "text_config", model.config)
         self._context_tokens = int(getattr(text_config, "max_position_embeddings", 0) or 0)
         self._lock = threading.Lock()  # the processor's tokenizer is not thread-safe
+        self._host = HostSlot(spec.name)
 
     def run(self, items: Sequence[Any]) -> list[ChatOutput]:
         # Held across step boundaries: taken with ``holding`` (see step.py).
         with holding(self._lock):
             if self._model is None:
                 raise ModelUnavailableError(self._spec.name, "the model was unloaded")
+            if self._host.waiting:
+                raise ModelUnavailableError(self._spec.name, "the model waits in the host tier")
             chats = [self._chat(item) for item in items]
             stops = item_stops(len(items))
             return generate_in_groups(
@@ -143,9 +147,21 @@ class VisionOcr:
     def memory(self) -> Footprint:
         return Footprint(own_bytes=self._bytes, method="torch tensors")
 
+    def offload(self) -> Footprint | None:
+        """Move the weights to the host tier (as ``causal_lm.CausalLm`` does)."""
+        with self._lock:
+            if self._model is None:
+                return None
+            return self._host.offload([self._model], self._device)
+
+    def restore(self) -> None:
+        with self._lock:
+            self._host.restore()
+
     def unload(self) -> None:
         self._model = None
         self._processor = None
+        self._host.close()
         if self._device.startswith("cuda"):
             import torch
 

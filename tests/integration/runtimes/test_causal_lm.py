@@ -21,8 +21,8 @@ from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
 from tessera.repository.spec import ModelSpec
 from tessera.request import with_stops
-from tessera.runtimes.base import LoadedModel, standalone_context
-from tessera.runtimes.causal_lm import _RowStream, _safe_end
+from tessera.runtimes.base import LoadedModel, OffloadingModel, standalone_context
+from tessera.runtimes.causal_lm import CausalLm, _from_pretrained, _RowStream, _safe_end
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
 
@@ -278,6 +278,40 @@ def test_tiny_unloaded_refuses_to_run(tiny_folder: Path) -> None:
     model.unload()
     with pytest.raises(ModelUnavailableError):
         model.run([chat("hello")])
+
+
+def test_tiny_waits_in_the_host_tier_and_comes_back_with_the_same_answers(
+    tiny_folder: Path,
+) -> None:
+    # On the CPU its weights map the safetensors file: they leave as mappings.
+    spec = read_spec(tiny_folder)
+    model = get_loader(spec.adapter).load(spec, standalone_context())
+    try:
+        assert isinstance(model, OffloadingModel)
+        before = run_one(model, chat("hello", max_tokens=6)).text
+        held = model.offload()
+        assert held is not None
+        assert "mapped weight files" in held.method
+        assert held.total_bytes >= model.memory().own_bytes
+        with pytest.raises(ModelUnavailableError, match="host tier"):
+            model.run([chat("hello")])
+        assert model.offload() is None  # there already
+        model.restore()
+        assert run_one(model, chat("hello", max_tokens=6)).text == before
+        with pytest.raises(ModelUnavailableError):
+            model.restore()  # not there any more
+    finally:
+        model.unload()
+
+
+def test_a_model_read_into_process_memory_is_not_offloaded_on_the_cpu(tiny_folder: Path) -> None:
+    # As a GGUF's conversion is read: moving it would free nothing here.
+    spec = read_spec(tiny_folder)
+    weights, tokenizer = _from_pretrained(spec, spec.resolve_source(), None, in_memory=True)
+    model = CausalLm(spec, weights, tokenizer, "cpu")
+    before = run_one(model, chat("hello", max_tokens=4)).text
+    assert model.offload() is None
+    assert run_one(model, chat("hello", max_tokens=4)).text == before
 
 
 def test_missing_gguf_file_is_unavailable(tiny_folder: Path, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from builders import make_queued, write_tiny_vl_card
 from tessera.errors import ModelUnavailableError
 from tessera.repository import read_spec
 from tessera.request import with_stops
-from tessera.runtimes.base import LoadedModel, standalone_context
+from tessera.runtimes.base import LoadedModel, OffloadingModel, standalone_context
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput, OcrInput, work_units
 
@@ -93,3 +93,22 @@ def test_a_card_whose_vision_options_are_not_the_processors_is_refused(
     spec = read_spec(tmp_path)
     with pytest.raises(ModelUnavailableError, match="disagree"):
         get_loader(spec.adapter).load(spec, standalone_context())
+
+
+def test_the_model_waits_in_the_host_tier_and_comes_back_with_the_same_answer(
+    card: Path,
+) -> None:
+    spec = read_spec(card)
+    model = get_loader(spec.adapter).load(spec, standalone_context())
+    try:
+        assert isinstance(model, OffloadingModel)
+        before = model.run([OcrInput(page(200, 300), prompt="Read it.")])
+        held = model.offload()
+        assert held is not None  # on the CPU: its safetensors' mappings let go
+        assert "mapped weight files" in held.method
+        with pytest.raises(ModelUnavailableError, match="host tier"):
+            model.run([OcrInput(page(200, 300))])
+        model.restore()
+        assert model.run([OcrInput(page(200, 300), prompt="Read it.")]) == before
+    finally:
+        model.unload()
