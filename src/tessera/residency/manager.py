@@ -933,21 +933,25 @@ class ResidencyManager:
                 await self._drop(victim)
             if not tier.begin_admit(name, expected):
                 return False
-            try:
-                held = await self._host.offload(spec, model)
-            except BaseException:
+        # The copy runs outside the lock: its expected bytes are held, and the
+        # next eviction's choice sees them so (a copy takes a GPU's copy engine
+        # about a millisecond for a MiniLM; under the lock, evictions were one
+        # at a time for all of it).
+        try:
+            held = await self._host.offload(spec, model)
+        except BaseException:
+            tier.finish(name)
+            raise
+        if held is None:
+            tier.finish(name)
+            return False
+        if not tier.settle(name, held, entry):
+            log.info("%s holds %d host bytes, more than its room", name, held.total_bytes)
+            try:  # its expected bytes stay held until it is gone
+                await self._host.drop(spec)
+            finally:
                 tier.finish(name)
-                raise
-            if held is None:
-                tier.finish(name)
-                return False
-            if not tier.settle(name, held, entry):
-                log.info("%s holds %d host bytes, more than its room", name, held.total_bytes)
-                try:  # its expected bytes stay held until it is gone
-                    await self._host.drop(spec)
-                finally:
-                    tier.finish(name)
-            return True
+        return True
 
     async def _drop(self, name: str) -> None:
         """Drop ``name``'s copy from the host tier, if it holds one (call under

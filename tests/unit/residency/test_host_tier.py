@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 from builders import make_spec
 from tessera.clock import FakeClock
 from tessera.errors import ModelTooLargeError, OverloadedError
+from tessera.footprint import Footprint
 from tessera.repository import ModelSpec
 from tessera.residency import ModelResidency, ResidencyManager, make_eviction_policy
 from tessera.residency.fake import FakeModelHost
+from tessera.runtimes.base import LoadedModel
 
 
 def make_manager(
@@ -209,6 +211,44 @@ async def test_a_load_waiting_for_a_model_being_offloaded_takes_its_copy() -> No
     await asyncio.gather(use(manager, b), use(manager, a), use(manager, b))
     assert host.loads["a"] == 1
     assert sum(host.restores.values()) >= 1
+
+
+class GatedOffloads(FakeModelHost):
+    """Offloads that begin, then wait for ``gate``."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.begun: list[str] = []
+        self.gate = asyncio.Event()
+
+    async def offload(self, spec: ModelSpec, model: LoadedModel) -> Footprint | None:
+        self.begun.append(spec.key)
+        await self.gate.wait()
+        return await super().offload(spec, model)
+
+
+async def test_evictions_copy_into_the_tier_side_by_side() -> None:
+    # Their bytes are held in the tier while they copy: the second eviction's
+    # copy does not wait for the first's (on a GPU, a millisecond each).
+    clock = FakeClock()
+    host = GatedOffloads(clock)
+    manager = ResidencyManager(
+        1000, host, make_eviction_policy("cost", clock), clock, host_budget_bytes=1000
+    )
+    await use(manager, kept("a", 400))
+    await use(manager, kept("b", 400))
+    big = asyncio.ensure_future(use(manager, make_spec("c", 900)))  # evicts both
+    for _ in range(100):
+        if len(host.begun) == 2:
+            break
+        await asyncio.sleep(0)
+    assert sorted(host.begun) == ["a", "b"]
+    assert manager.stats().host_used_bytes == 800  # both held while they copy
+    host.gate.set()
+    await big
+    assert (host.offloads["a"], host.offloads["b"]) == (1, 1)
+    assert manager.stats().host_used_bytes == 800
+    await manager.close()
 
 
 # -- the budgets under any sequence -------------------------------------------
