@@ -97,6 +97,7 @@ class HostCopy:
         nbytes: list[int],
         pinned: _Pinned | None,
         spans: list[FileSpan | None],
+        block: Any = None,
     ) -> None:
         self.device = device
         self._views = views
@@ -105,6 +106,9 @@ class HostCopy:
         # the file span it maps, None for one left in place (process memory).
         self._pinned = pinned
         self._spans = spans
+        # CUDA, a model restored before: the one storage every tensor views,
+        # emptied (its views untouched) and refilled on restore.
+        self._block = block
         self._restored = False
 
     @classmethod
@@ -114,10 +118,21 @@ class HostCopy:
         """Move the parameters and buffers of ``modules`` (on ``device``) to host
         memory; ``tensors``: those, as ``tensors_of(modules)`` gave them earlier
         (a model offloaded again and again need not walk its modules each time)."""
+        tensors = tensors if tensors is not None else tensors_of(modules)
+        if device.startswith("cuda"):
+            block = _one_block(tensors)
+            if block is not None:
+                # Restored before: every tensor views one block. Its bytes go
+                # and the storage stays, as FSDP frees a flat parameter's, so a
+                # swap costs two calls, not two for each of a hundred tensors.
+                whole = _Pinned.copy_of([block], device)
+                size = int(block.nbytes())
+                block.resize_(0)
+                return cls(device, [], [size], whole, [None], block)
         storages: list[Any] = []
         index: dict[int, int] = {}
         views: list[_View] = []
-        for tensor in tensors if tensors is not None else tensors_of(modules):
+        for tensor in tensors:
             storage = tensor.untyped_storage()
             if storage.nbytes() == 0:
                 continue
@@ -172,7 +187,9 @@ class HostCopy:
         mapped file changed since (then the modules are unusable: unload them)."""
         if self._restored:
             raise HostCopyError("this host copy was restored already")
-        if self._pinned is not None:
+        if self._pinned is not None and self._block is not None:
+            self._pinned.refill(self._block, self._nbytes[0], self.device)
+        elif self._pinned is not None:
             # One device block for every storage, laid out as the buffer is:
             # one copy, one allocation (which a model of the same size evicted
             # before left in torch's cache), and the next offload copies one
@@ -242,6 +259,21 @@ class HostSlot:
         copy, self._copy = self._copy, None
         if copy is not None:
             copy.close()
+
+
+def _one_block(tensors: Sequence[Any]) -> Any:
+    """The storage every one of ``tensors`` views, where they share one that
+    holds bytes and can be resized (as ``HostCopy.restore`` leaves a model);
+    else None."""
+    if not tensors:
+        return None
+    block = tensors[0].untyped_storage()
+    if block.nbytes() == 0 or not block.resizable():
+        return None
+    first = block.data_ptr()
+    if any(t.untyped_storage().data_ptr() != first for t in tensors):
+        return None
+    return block
 
 
 def tensors_of(modules: Iterable[Any]) -> list[Any]:
@@ -364,6 +396,17 @@ class _Pinned:
             block.copy_(self._buffer, non_blocking=True)
             used_after(block)
         return block.untyped_storage()
+
+    def refill(self, storage: Any, nbytes: int, device: str) -> None:
+        """Give the emptied device ``storage`` its ``nbytes`` again, copied from
+        the buffer's start (``non_blocking``, one synchronise)."""
+        import torch
+
+        with copying(device, TO_DEVICE) as used_after:  # a block of the copy stream's own
+            storage.resize_(nbytes)
+            target = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            target.copy_(self._buffer[:nbytes], non_blocking=True)
+            used_after(target)
 
     def free(self) -> None:
         """Hand the buffer to ``PINNED_POOL`` (once; the device reads it no more)."""

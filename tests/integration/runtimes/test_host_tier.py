@@ -158,13 +158,15 @@ def test_a_restored_copy_leaves_its_page_locked_buffer_to_the_next_copy_of_its_s
     assert sorted(cudart.unregistered) == sorted(cudart.registered)
 
 
-def test_a_pinned_copy_comes_back_as_one_block_and_leaves_as_one_copy(
+def test_a_pinned_copy_comes_back_as_one_block_which_later_swaps_empty_and_refill(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # The CUDA path end to end on CPU tensors (the device block allocated in
     # process memory): a model's storages come back as views of one block laid
-    # out as the buffer, so the next eviction copies one storage; answers,
-    # tied weights and the buffer (from the pool) hold through three swaps.
+    # out as the buffer; from then on a swap empties that one storage and fills
+    # it again, its views untouched (a view held elsewhere sees it emptied:
+    # the bytes are gone). Answers, tied weights and the buffer (from the pool)
+    # hold through three swaps.
     from tessera.runtimes import hostcopy
     from tessera.runtimes.hostcopy import PinnedPool, tensors_of
 
@@ -177,15 +179,20 @@ def test_a_pinned_copy_comes_back_as_one_block_and_leaves_as_one_copy(
     tensors = tensors_of([module])
     loaded = len({t.untyped_storage().data_ptr() for t in tensors})  # the tied pair as one
     counts = storages_copied(monkeypatch)
-    for _ in range(3):
+    for swap in range(3):
+        held_elsewhere = module[1].weight.detach()
         copy = HostCopy.offload([module], "cuda", tensors)
         assert copy.footprint().method == PINNED
-        assert module[0].weight.numel() == 0
-        assert module.scale.numel() == 0
+        assert module[0].weight.untyped_storage().nbytes() == 0
+        assert module.scale.untyped_storage().nbytes() == 0
+        emptied = held_elsewhere.untyped_storage().nbytes() == 0
+        assert emptied == (swap > 0)  # the first swap replaced the loaded storages
         copy.restore()
         assert torch.equal(forward(module), before)
         storages = {t.untyped_storage().data_ptr() for t in tensors}
         assert len(storages) == 1  # every tensor a view of the one block
+        weight, tied = module[0].weight, module[1].weight
+        assert weight.data_ptr() == tied.data_ptr()
     assert counts == [loaded, 1, 1]  # storages copied out: each as loaded, then the block
     assert len(cudart.registered) == 1
 
