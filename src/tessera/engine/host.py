@@ -11,7 +11,8 @@ the server stopping) ends it.
 A model that can wait in the host tier (``runtimes.base.OffloadingModel``) is
 offloaded when residency keeps it there (``offload``): its weights move to host
 memory and the host keeps the model; ``restore`` brings it back, ``drop`` ends
-it. Both run off the event loop, as loads do, and count as loads for the
+it. Both run off the event loop, as loads do, but on threads of their own (a
+swap does not wait behind loads from files), and count as loads for the
 measurement of batches (``executor.loading``)."""
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ class EngineHost:
         }
         self._load_pool = ThreadPoolExecutor(
             max_concurrent_loads, thread_name_prefix="tessera-load"
+        )
+        # The host tier's copies (offload, restore) on threads of their own: a
+        # swap takes milliseconds, and behind loads from files it waited for
+        # them (seconds). On CUDA four: copies each way, two at a time.
+        self._copy_pool = ThreadPoolExecutor(
+            4 if device.kind == "cuda" else 2, thread_name_prefix="tessera-copy"
         )
         self._ctx = LoadContext(
             device=device,
@@ -251,7 +258,7 @@ class EngineHost:
             return None
         self._live.pop(spec.key, None)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._load_pool, self._offload_sync, spec, model)
+        return await loop.run_in_executor(self._copy_pool, self._offload_sync, spec, model)
 
     def _offload_sync(self, spec: ModelSpec, model: OffloadingModel) -> Footprint | None:
         start = time.perf_counter()
@@ -286,7 +293,7 @@ class EngineHost:
             return None
         loop = asyncio.get_running_loop()
         start = time.perf_counter()
-        restored = await loop.run_in_executor(self._load_pool, self._restore_sync, spec, model)
+        restored = await loop.run_in_executor(self._copy_pool, self._restore_sync, spec, model)
         seconds = time.perf_counter() - start
         self.stats.on_load(spec.key, seconds, ok=restored)
         if not restored:
@@ -357,6 +364,7 @@ class EngineHost:
 
     def shutdown(self) -> None:
         self._closing = True
+        self._copy_pool.shutdown(wait=True, cancel_futures=True)
         self._load_pool.shutdown(wait=True, cancel_futures=True)
         with self._asleep_lock:
             held = [*self._asleep.values(), *self._kept.values()]

@@ -4,7 +4,9 @@ the loader's own warm-up."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 from typing import Any
 
 from builders import make_spec
@@ -136,5 +138,46 @@ async def test_a_card_may_give_its_runtime_all_of_the_servers_threads() -> None:
             await host.unload(spec, await host.load(spec))
         assert threads == {"share": 2, "all": 4, "three": 3, "many": 4}
     finally:
+        host.shutdown()
+        executor.shutdown()
+
+
+class GatedLoader(FakeLoader):
+    """Loads of models named ``slow*`` block (in their load thread) until ``go``."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Semaphore(0)
+        self.go = threading.Event()
+
+    def load(self, spec: Any, ctx: LoadContext) -> FakeModel:
+        if spec.name.startswith("slow"):
+            self.entered.release()
+            self.go.wait(GUARD_S)
+        return super().load(spec, ctx)
+
+
+GUARD_S = 30.0  # only a broken host waits this long
+
+
+async def test_a_swap_does_not_wait_behind_loads_from_files() -> None:
+    executor = CountingExecutor()
+    loader = GatedLoader()
+    host = EngineHost(CpuDevice(), executor, ActivationBook(), loaders={"fake": loader})
+    kept = make_spec("kept", 300, host_tier=True)
+    slow = [make_spec(f"slow{i}", 300) for i in range(2)]
+    try:
+        model = await host.load(kept)
+        assert await host.offload(kept, model) is not None
+        loads = [asyncio.ensure_future(host.load(spec)) for spec in slow]
+        for _ in slow:  # both load threads busy with a load from files
+            assert await asyncio.to_thread(loader.entered.acquire, timeout=GUARD_S)
+        assert await host.restore(kept) is model  # not behind them
+        assert await host.offload(kept, model) is not None
+        assert not any(load.done() for load in loads)
+        loader.go.set()
+        for spec, load in zip(slow, loads, strict=True):
+            await host.unload(spec, await load)
+    finally:
+        loader.go.set()
         host.shutdown()
         executor.shutdown()
