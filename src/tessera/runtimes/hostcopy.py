@@ -28,10 +28,12 @@ tokenizer) stay in process memory, unmeasured: 8-9 MiB for a MiniLM model
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 import mmap
 import os
+import re
 import threading
 import weakref
 from collections import deque
@@ -44,6 +46,9 @@ from tessera.errors import ModelUnavailableError
 from tessera.footprint import Footprint
 
 _SMAPS = Path("/proc/self/smaps")
+_MAPS = Path("/proc/self/maps")
+_PAGEMAP = "/proc/self/pagemap"
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 PINNED = "pinned host memory"
 _ALIGN = 512  # bytes between storages in the pinned buffer (any dtype's alignment)
 TO_HOST, TO_DEVICE = "to host", "to device"  # the directions of copies, a stream each
@@ -154,7 +159,7 @@ class HostCopy:
         if device.startswith("cuda"):
             pinned = _Pinned.copy_of(storages, device)
         else:
-            spans = file_spans(storages, read_regions())
+            spans = mapped_spans(storages)
         del storages  # the views below hold the last references
         empty: dict[Any, Any] = {}  # one per dtype: their storages hold nothing
         for view in views:
@@ -506,9 +511,64 @@ def _identity(path: str) -> tuple[int, int, int]:
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
+def mapped_spans(storages: list[Any]) -> list[FileSpan | None]:
+    """``file_spans`` of ``storages`` in this process: the mappings from
+    ``/proc/self/maps``, and whether a storage's pages were written from
+    ``/proc/self/pagemap`` for its own pages only. ``/proc/self/smaps`` holds
+    that too, for every mapping of the process: with torch and transformers
+    imported, 30-40 ms to make and parse on this project's CPU at every
+    eviction, against about one for these. Where pagemap cannot be read, smaps."""
+    try:
+        pagemap = os.open(_PAGEMAP, os.O_RDONLY)
+    except OSError:
+        return file_spans(storages, read_regions())
+    try:
+        return file_spans(storages, read_maps(), lambda s, n: _written(pagemap, s, n))
+    finally:
+        os.close(pagemap)
+
+
+# A line of /proc/self/maps that maps a file (an inode): start-end perms offset dev inode path
+_FILE_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) \S+ ([0-9a-f]+) \S+ 0*[1-9]\d* +(.+)$", re.M)
+
+
+def read_maps(maps: Path = _MAPS) -> list[Region]:
+    """The file mappings of this process from ``maps`` (no anonymous bytes
+    counted), adjacent pieces of one mapping merged; empty where /proc is absent."""
+    try:
+        text = maps.read_text()
+    except OSError:
+        return []
+    found = [
+        Region(int(start, 16), int(end, 16), int(offset, 16), path, 0)
+        for start, end, offset, path in _FILE_LINE.findall(text)
+    ]
+    return _merged(found)
+
+
+def _written(pagemap: int, start: int, nbytes: int) -> bool:
+    """Whether a page of [start, start + nbytes) was written since it was mapped
+    (copy-on-write made it anonymous: present and not a file page, or swapped
+    out, which file pages never are); True where pagemap does not answer."""
+    import numpy as np
+
+    first, last = start // _PAGE, (start + nbytes - 1) // _PAGE
+    try:
+        data = os.pread(pagemap, 8 * (last - first + 1), 8 * first)
+    except OSError:
+        return True
+    entries = np.frombuffer(data, dtype=np.uint64)
+    if len(entries) != last - first + 1:
+        return True
+    present = (entries >> np.uint64(63)) & np.uint64(1)
+    swapped = (entries >> np.uint64(62)) & np.uint64(1)
+    file_page = (entries >> np.uint64(61)) & np.uint64(1)
+    return bool(np.any((present & (file_page ^ np.uint64(1))) | swapped))
+
+
 def read_regions(smaps: Path = _SMAPS) -> list[Region]:
-    """The file mappings of this process, adjacent pieces of one mapping merged
-    (empty where /proc is absent)."""
+    """The file mappings of this process with each one's anonymous bytes,
+    adjacent pieces of one mapping merged (empty where /proc is absent)."""
     try:
         text = smaps.read_text()
     except OSError:
@@ -545,19 +605,38 @@ def _merged(regions: list[Region]) -> list[Region]:
     return merged
 
 
-def file_spans(storages: list[Any], regions: list[Region]) -> list[FileSpan | None]:
+def file_spans(
+    storages: list[Any],
+    regions: list[Region],
+    written: Callable[[int, int], bool] | None = None,
+) -> list[FileSpan | None]:
     """For each storage, the span of a file it maps whole and unwritten; None
-    for one that maps no file (or was written to since it was mapped)."""
+    for one that maps no file (or was written to since it was mapped: its
+    region's anonymous bytes say so, or ``written`` of its own bytes where
+    given)."""
+    ordered = sorted(regions, key=lambda r: r.start)  # disjoint: found by bisection
+    starts = [r.start for r in ordered]
+    identities: dict[str, tuple[int, int, int] | None] = {}
     spans: list[FileSpan | None] = []
     for storage in storages:
         start, nbytes = storage.data_ptr(), storage.nbytes()
-        region = next((r for r in regions if r.start <= start < r.end), None)
-        if region is None or start + nbytes > region.end or region.anonymous_bytes:
+        at = bisect.bisect_right(starts, start) - 1
+        region = ordered[at] if at >= 0 and start < ordered[at].end else None
+        if (
+            region is None
+            or start + nbytes > region.end
+            or region.anonymous_bytes
+            or (written is not None and written(start, nbytes))
+        ):
             spans.append(None)
             continue
-        try:
-            identity = _identity(region.path)
-        except OSError:  # deleted since it was mapped
+        if region.path not in identities:
+            try:
+                identities[region.path] = _identity(region.path)
+            except OSError:  # deleted since it was mapped
+                identities[region.path] = None
+        identity = identities[region.path]
+        if identity is None:
             spans.append(None)
             continue
         offset = region.offset + (start - region.start)

@@ -1,13 +1,20 @@
 """Which CPU storages the host tier may let go to the page cache: those that map
-a file whole and unwritten, read from the process's mappings (no torch here;
-tests/integration/runtimes/test_host_tier.py moves real tensors)."""
+a file whole and unwritten, read from the process's mappings and, for written
+pages, its page map (no torch here; tests/integration/runtimes/test_host_tier.py
+moves real tensors)."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.runtimes.hostcopy import Region, file_spans, read_regions
+import pytest
+
+from tessera.runtimes import hostcopy
+from tessera.runtimes.hostcopy import Region, file_spans, read_maps, read_regions
 
 SMAPS = """\
 00400000-00452000 r-xp 00000000 fe:00 100 /usr/bin/python3
@@ -74,3 +81,51 @@ def test_only_storages_inside_an_unwritten_file_mapping_are_let_go(tmp_path: Pat
 
 def test_no_proc_means_no_mappings(tmp_path: Path) -> None:
     assert read_regions(tmp_path / "absent") == []
+
+
+MAPS = """\
+00400000-00452000 r-xp 00000000 fe:00 100                                /usr/bin/python3
+7f0000000000-7f0000002000 rw-p 00000000 00:00 0
+7f0000010000-7f0000012000 rw-p 00000000 fe:00 200                        {weights}
+7f0000012000-7f0000014000 rw-p 00002000 fe:00 200                        {weights}
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]
+"""
+
+
+def test_file_mappings_are_read_from_maps_without_counts(tmp_path: Path) -> None:
+    weights = tmp_path / "a model.safetensors"  # a space in the path
+    maps = tmp_path / "maps"
+    maps.write_text(MAPS.format(weights=weights))
+    assert read_maps(maps) == [
+        Region(0x400000, 0x452000, 0, "/usr/bin/python3", 0),
+        Region(0x7F0000010000, 0x7F0000014000, 0, str(weights), 0),
+    ]
+    assert read_maps(tmp_path / "absent") == []
+
+
+def test_a_storage_whose_own_pages_were_written_is_not_let_go(tmp_path: Path) -> None:
+    found, weights, _ = regions(tmp_path)
+    clean, touched = Storage(0x7F0000010000, 0x1000), Storage(0x7F0000012000, 0x1000)
+    spans = file_spans([clean, touched], found, lambda start, n: start == touched.ptr)
+    assert spans[0] is not None
+    assert spans[0].path == str(weights)
+    assert spans[1] is None
+
+
+@pytest.mark.skipif(not os.access("/proc/self/pagemap", os.R_OK), reason="no page map")
+def test_the_page_map_tells_a_written_private_page_from_a_read_one(tmp_path: Path) -> None:
+    path = tmp_path / "weights.bin"
+    page = mmap.PAGESIZE
+    path.write_bytes(bytes(range(256)) * (4 * page // 256))
+    with path.open("rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # as transformers maps
+    start = ctypes.addressof(ctypes.c_char.from_buffer(mapped))
+    assert mapped[: 2 * page].count(b"\x00") == 2 * page // 256  # read: file pages
+    mapped[2 * page] = 1  # written: copy-on-write, anonymous now
+    pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+    try:
+        assert not hostcopy._written(pagemap, start, 2 * page)
+        assert hostcopy._written(pagemap, start + 2 * page + 10, 100)
+        assert hostcopy._written(pagemap, start, 4 * page)
+    finally:
+        os.close(pagemap)
