@@ -378,7 +378,7 @@ class CausalLm:
         self._max_tokens_limit = int(limit) if limit is not None else None
         # Fast tokenizers are not safe to share between threads (padding state).
         self._lock = threading.Lock()
-        self._host = HostSlot(spec.name)
+        self._host = HostSlot(spec.name, device, self._lock)
 
     def run(self, items: Sequence[Any]) -> list[ChatOutput]:
         # Held across step boundaries: taken with ``holding`` (see step.py).
@@ -399,15 +399,11 @@ class CausalLm:
     def offload(self) -> Footprint | None:
         """Move the weights to the host tier (module and tokenizer stay built);
         None where that would free nothing (see the module docstring)."""
-        with self._lock:
-            if self._model is None:
-                return None
-            return self._host.offload([self._model], self._device)
+        return self._host.offload(self._model)
 
     def restore(self) -> None:
         """Bring the weights back from the host tier."""
-        with self._lock:
-            self._host.restore()
+        self._host.restore()
 
     def unload(self) -> None:
         self._model = None

@@ -222,14 +222,17 @@ class HostCopy:
 
 
 class HostSlot:
-    """Where a runtime's modules stand with the host tier: on the device, or
-    waiting in host memory as a ``HostCopy``; their tensors walked once. For
-    a runtime that is not offloaded where that would free nothing (on the
-    CPU, weights read into process memory). The caller holds its own lock
-    around each call and refuses to run while ``waiting``."""
+    """Where a runtime's module stands with the host tier: on the device, or
+    waiting in host memory as a ``HostCopy``; its tensors walked once. For a
+    runtime that is not offloaded where that would free nothing (on the CPU,
+    weights read into process memory). Offload and restore hold ``lock``, the
+    runtime's own around its batches; the runtime refuses to run while
+    ``waiting``."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, device: str, lock: threading.Lock) -> None:
         self._name = name
+        self._device = device
+        self._lock = lock
         self._copy: HostCopy | None = None
         self._tensors: list[Any] | None = None
 
@@ -237,27 +240,30 @@ class HostSlot:
     def waiting(self) -> bool:
         return self._copy is not None
 
-    def offload(self, modules: list[Any], device: str) -> Footprint | None:
-        """Move ``modules``' weights to host memory; None where they wait there
-        already, or where nothing would leave the process (nothing moved)."""
-        if self._copy is not None:
-            return None
-        if self._tensors is None:
-            self._tensors = tensors_of(modules)
-        copy = HostCopy.offload(modules, device, self._tensors)
-        if not copy.moved:
-            copy.restore()  # nothing left: nothing to bring back
-            return None
-        self._copy = copy
-        return copy.footprint()
+    def offload(self, module: Any) -> Footprint | None:
+        """Move ``module``'s weights to host memory; None where there is no
+        module (unloaded), it waits there already, or nothing would leave the
+        process (nothing moved)."""
+        with self._lock:
+            if module is None or self._copy is not None:
+                return None
+            if self._tensors is None:
+                self._tensors = tensors_of([module])
+            copy = HostCopy.offload([module], self._device, self._tensors)
+            if not copy.moved:
+                copy.restore()  # nothing left: nothing to bring back
+                return None
+            self._copy = copy
+            return copy.footprint()
 
     def restore(self) -> None:
         """The weights back where they were; raises if they are not waiting."""
-        copy = self._copy
-        if copy is None:
-            raise ModelUnavailableError(self._name, "its weights are not in the host tier")
-        copy.restore()
-        self._copy = None
+        with self._lock:
+            copy = self._copy
+            if copy is None:
+                raise ModelUnavailableError(self._name, "its weights are not in the host tier")
+            copy.restore()
+            self._copy = None
 
     def close(self) -> None:
         """Free the host copy, if there is one (the model is being unloaded)."""

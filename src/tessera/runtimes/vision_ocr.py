@@ -128,7 +128,7 @@ class VisionOcr:
         text_config = getattr(model.config, "text_config", model.config)
         self._context_tokens = int(getattr(text_config, "max_position_embeddings", 0) or 0)
         self._lock = threading.Lock()  # the processor's tokenizer is not thread-safe
-        self._host = HostSlot(spec.name)
+        self._host = HostSlot(spec.name, device, self._lock)
 
     def run(self, items: Sequence[Any]) -> list[ChatOutput]:
         # Held across step boundaries: taken with ``holding`` (see step.py).
@@ -149,14 +149,10 @@ class VisionOcr:
 
     def offload(self) -> Footprint | None:
         """Move the weights to the host tier (as ``causal_lm.CausalLm`` does)."""
-        with self._lock:
-            if self._model is None:
-                return None
-            return self._host.offload([self._model], self._device)
+        return self._host.offload(self._model)
 
     def restore(self) -> None:
-        with self._lock:
-            self._host.restore()
+        self._host.restore()
 
     def unload(self) -> None:
         self._model = None
