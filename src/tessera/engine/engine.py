@@ -690,10 +690,17 @@ class Engine(ModelLifecycle):
             whole = BatchPart(tuple(batch.requests), 0.0, 0)
             self._report_failure(spec, whole, InferenceError(f"model {spec.key!r} failed"))
             return
-        for part in parts:
-            await self._run(spec, batch.formed_at, part)
+        for i, part in enumerate(parts):
+            await self._run(spec, batch.formed_at, part, more=i < len(parts) - 1)
 
-    async def _run(self, spec: ModelSpec, formed_at: float, part: BatchPart) -> None:
+    def _queued(self, spec: ModelSpec) -> bool:
+        """Whether requests of ``spec`` wait for a batch."""
+        batcher = self._batchers.get(spec.key)
+        return batcher is not None and batcher.depth > 0
+
+    async def _run(
+        self, spec: ModelSpec, formed_at: float, part: BatchPart, *, more: bool = False
+    ) -> None:
         """Run a part; if the model raised on it, find whose input it was.
 
         A failed part is retried in halves (an out-of-memory error too: a
@@ -703,7 +710,7 @@ class Engine(ModelLifecycle):
         When both halves fail the fault is the model's, not one input's:
         both fail without more retries, so a broken model costs three runs
         per batch, not one per request."""
-        error = await self._attempt(spec, formed_at, part)
+        error = await self._attempt(spec, formed_at, part, more=more)
         if error is None:
             return
         if len(part.requests) > 1 and _input_may_be_at_fault(error):
@@ -734,14 +741,22 @@ class Engine(ModelLifecycle):
                 self._fail_part(spec, half, error)
 
     async def _attempt(
-        self, spec: ModelSpec, formed_at: float, part: BatchPart
+        self, spec: ModelSpec, formed_at: float, part: BatchPart, *, more: bool = False
     ) -> BaseException | None:
         """Lease the model and run ``part`` on it; report a success and return
-        None, or return what failed (nothing is answered then)."""
+        None, or return what failed (nothing is answered then). ``more``: other
+        parts of its batch follow. When they do, or requests are queued, the
+        lease may keep its room for them (``ResidencyManager.release``), for
+        as long as this part is predicted to take."""
         items = [item for request in part.requests for item in request.items]
         try:
             expected_s = self._predictor(spec.key).predict(part.units)
-            async with self._residency.lease(spec, part.activation_bytes) as lease:
+            async with self._residency.lease(
+                spec,
+                part.activation_bytes,
+                # The next batch's time, taken as this one's.
+                lambda: expected_s if more or self._queued(spec) else None,
+            ) as lease:
                 run_items = with_stops(lease.model.run, part.requests)
                 run = await self._executor.run(
                     run_items, items, expected_s, lease.reservation.num_bytes

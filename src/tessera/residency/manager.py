@@ -45,12 +45,12 @@ import contextlib
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
-from tessera.clock import Clock
+from tessera.clock import Cancellable, Clock
 from tessera.errors import (
     ModelTooLargeError,
     ModelUnavailableError,
@@ -97,6 +97,10 @@ PATIENCE_SHARE = 0.5
 # fit) is filled to this share: the rest is room for the first batches, which
 # would otherwise evict a model the fill had just loaded.
 FILL_SHARE = 0.9
+# How long a batch's room is kept for its model's next batch beyond that
+# model's gathering wait (``release(hold=True)``): the next batch forms as
+# soon as the last one's callers are answered, within milliseconds.
+HOLD_SLACK_S = 0.05
 
 
 def _wake(waiters: set[asyncio.Future[None]]) -> set[asyncio.Future[None]]:
@@ -255,17 +259,30 @@ class ResidencyManager:
         self.peak_used_bytes = 0
         # Models never evicted: versions serving while their successor loads.
         self._kept: set[str] = set()
+        # When each waiter in line stops waiting for others before itself
+        # (its patience): until then a model with more batches queued may keep
+        # its room from one batch to the next (``_hold``).
+        self._patience: dict[object, float] = {}
+        # Batch rooms kept for their model's next batch, and their timers.
+        self._held: dict[str, tuple[Reservation, Cancellable]] = {}
 
     # -- public -----------------------------------------------------------
 
     @asynccontextmanager
-    async def lease(self, spec: ModelSpec, activation_bytes: int = 0) -> AsyncIterator[Lease]:
-        """Hold ``spec``'s model ready and pinned, with room for one batch."""
+    async def lease(
+        self,
+        spec: ModelSpec,
+        activation_bytes: int = 0,
+        next_batch_s: Callable[[], float | None] | None = None,
+    ) -> AsyncIterator[Lease]:
+        """Hold ``spec``'s model ready and pinned, with room for one batch;
+        ``next_batch_s``, read at the end: the predicted seconds of its next
+        batch, None if none is queued (see ``release``)."""
         lease = await self.acquire(spec, activation_bytes)
         try:
             yield lease
         finally:
-            self.release(lease)
+            self.release(lease, next_batch_s=next_batch_s() if next_batch_s else None)
 
     async def acquire(self, spec: ModelSpec, activation_bytes: int = 0) -> Lease:
         now = self._clock.now()
@@ -296,10 +313,15 @@ class ResidencyManager:
         finally:
             self._leave_line(waiter)
 
-    def release(self, lease: Lease) -> None:
-        self.table.release(lease.reservation, self._clock.now())
+    def release(self, lease: Lease, *, next_batch_s: float | None = None) -> None:
+        """End a lease. Given ``next_batch_s`` (another batch of the model is
+        queued, predicted to run that long) its room may be kept for that
+        batch (``_hold``)."""
         if lease.passed:
             self._passed_bytes -= lease.reservation.num_bytes
+        elif next_batch_s is not None and self._hold(lease.reservation, next_batch_s):
+            return
+        self.table.release(lease.reservation, self._clock.now())
         self._notify()
 
     async def ensure_loaded(self, spec: ModelSpec) -> None:
@@ -309,6 +331,7 @@ class ResidencyManager:
         """Unload a model once it is idle, and drop its host-tier copy; False if
         it was not loaded on the device."""
         deadline = self._clock.now() + self._wait_s
+        self._let_go(name)
         while True:
             entry = self.table.entries.get(name)
             if entry is None or entry.state in (ModelState.UNLOADED, ModelState.FAILED):
@@ -614,6 +637,11 @@ class ResidencyManager:
         where busy ones would cost less to evict (``_cheaper_soon``).
         """
         self._check_fits(spec, entry.footprint, activation_bytes)
+        if self._unhold(spec.key):
+            reservation = self.table.reserve(spec.key, activation_bytes, self._clock.now())
+            if reservation is not None:
+                return Lease(self._models[spec.key], reservation)
+            self._notify()
         # A model loaded for waiting batches and not used yet was loaded in its
         # turn: its first batch is in turn too (it may reserve and evict), or
         # the line would let the protection end and the model be evicted
@@ -637,6 +665,7 @@ class ResidencyManager:
         if lined:
             self._waiting.setdefault(waiter, next(self._tickets))
             self._needs[waiter] = activation_bytes
+            self._patience[waiter] = patient_until
         if lined and not self._in_turn(waiter, spec.key):
             await self._wait_change(deadline, spec.key)
             return None
@@ -649,6 +678,46 @@ class ResidencyManager:
         ):
             await self._wait_change(deadline, spec.key)
         return None
+
+    def _hold(self, reservation: Reservation, next_batch_s: float) -> bool:
+        """Keep a batch's room for its model's next batch (True), predicted to
+        run ``next_batch_s``, unless it holds no bytes, the model keeps one
+        already, no one waits for room, or a waiter's patience would run out
+        before that batch ends. A model that evicted another for its batch's room would
+        otherwise hand the room to that model's reload between two batches,
+        and evict it again for the next: an OCR page short of 50 MB evicted
+        the chat model before each page (mixed-zipf), every reload 0.8 s of
+        a two-core machine's CPU, and each page waited for the reload before
+        it. Kept until the next batch reserves (``_unhold``) or the model's
+        gathering wait and ``HOLD_SLACK_S`` have passed."""
+        name = reservation.name
+        if reservation.num_bytes <= 0 or name in self._held:
+            return False
+        if not self._waiting and not self._change_waiters:
+            return False  # no one would take the room meanwhile
+        ends = self._clock.now() + next_batch_s
+        if any(until < ends for until in self._patience.values()):
+            return False
+        spec = self._specs.get(name)
+        wait_s = spec.batching.max_wait_ms / 1000 if spec is not None else 0.0
+        timer = self._clock.call_later(wait_s + HOLD_SLACK_S, lambda: self._let_go(name))
+        self._held[name] = (reservation, timer)
+        return True
+
+    def _unhold(self, name: str) -> bool:
+        """Give back the room kept for ``name``'s next batch; whether there was one."""
+        held = self._held.pop(name, None)
+        if held is None:
+            return False
+        reservation, timer = held
+        timer.cancel()
+        self.table.release(reservation, self._clock.now())
+        return True
+
+    def _let_go(self, name: str) -> None:
+        """The kept room's time is up: free it for others."""
+        if self._unhold(name):
+            self._notify()
 
     def _in_turn(self, waiter: object, name: str) -> bool:
         """Whether ``waiter``, for model ``name``, may take bytes now: no older
@@ -672,6 +741,7 @@ class ResidencyManager:
     def _leave_line(self, waiter: object) -> int | None:
         """Take ``waiter`` out of the line; its ticket, if it held one."""
         self._needs.pop(waiter, None)
+        self._patience.pop(waiter, None)
         ticket = self._waiting.pop(waiter, None)
         if ticket is not None and self._waiting:
             head = min(self._waiting, key=self._waiting.__getitem__)
@@ -821,6 +891,7 @@ class ResidencyManager:
                 or not self.table.begin_load(spec.key, expected)
             ):
                 self._waiting.setdefault(waiter, next(self._tickets))
+                self._patience.setdefault(waiter, patient_until)
                 extra = self.table.extra_bytes(spec.key, expected)
                 self._needs[waiter] = extra + activation_bytes
                 short = self._short_of(extra + activation_bytes)
