@@ -13,6 +13,11 @@ work=$(mktemp -d)
 name=$(basename "$scenario" .yaml)-$budget
 sed "s/^memory_budget: .*/memory_budget: $budget/; s/^name: .*/name: $name/" "$scenario" > "$work/$name.yaml"
 out="$root/benchmarks/results/$name-pairs-$(date +%F).md"
+n=2
+while [ -e "$out" ]; do  # another run of the day's is kept: this one is -2, -3...
+  out="$root/benchmarks/results/$name-pairs-$(date +%F)-$n.md"
+  n=$((n + 1))
+done
 {
   echo "# \`$(basename "$scenario" .yaml)\` under $budget: this checkout against $old_src"
   echo

@@ -104,6 +104,9 @@ class QueuedRequest:
     stop: StopFlag = field(default_factory=StopFlag)  # see the module notes
     charge: Charge = field(default_factory=Charge)
     request_id: str | None = None  # the gateway's x-request-id, for log lines
+    # The units of each of its items that its runtime runs alone, one after
+    # another (``runtimes.base.ItemsApart``); the rest of ``units`` run together.
+    alone_units: tuple[float, ...] = ()
 
     @property
     def gone(self) -> bool:

@@ -54,13 +54,15 @@ from tessera.residency import (
     BatchPart,
     ModelResidency,
     ResidencyManager,
+    items_peak_units,
     make_eviction_policy,
+    peak_units,
 )
 from tessera.runtimes.base import ModelLoader
 from tessera.runtimes.memory import freeze_heap
 from tessera.runtimes.tokens import TokenCounter, token_counter
 from tessera.scheduling import BatchTimePredictor
-from tessera.tasks.types import ChatOutput, Task, request_units
+from tessera.tasks.types import ChatOutput, Task, request_units, work_units
 
 from .counters import ModelCounters
 from .executor import BatchRun, ComputeExecutor, default_workers
@@ -576,10 +578,11 @@ class Engine(ModelLifecycle):
             )
         self._residency.raise_if_failed(name)
         units = request_units(items, spec.inputs, self._token_counter(spec))
-        self._residency.raise_if_never_fits(spec, units)
+        alone = self._alone_units(spec, items)
+        self._residency.raise_if_never_fits(spec, items_peak_units(units, alone))
         admission = self._admission.admit(caller.limits, units) if caller is not None else None
         try:
-            request = self._queue(spec, list(items), units, timeout_s, caller)
+            request = self._queue(spec, list(items), units, alone, timeout_s, caller)
         except BaseException:
             if admission is not None:
                 self._admission.release(admission)
@@ -588,6 +591,15 @@ class Engine(ModelLifecycle):
         counters.num_requests += 1
         counters.num_items += len(items)
         return Submission(name, request, admission, spec.version_label)
+
+    def _alone_units(self, spec: ModelSpec, items: Sequence[Any]) -> tuple[float, ...]:
+        """The units of each of ``items`` that ``spec``'s runtime runs alone."""
+        loader = self._host.items_apart(spec)
+        if loader is None:
+            return ()
+        return tuple(
+            work_units(item, spec.inputs) for item in items if loader.runs_alone(spec, item)
+        )
 
     def _token_counter(self, spec: ModelSpec) -> TokenCounter | None:
         """The model's token count, for a card that refuses over-window texts."""
@@ -645,6 +657,7 @@ class Engine(ModelLifecycle):
         spec: ModelSpec,
         items: list[Any],
         units: float,
+        alone_units: tuple[float, ...],
         timeout_s: float | None,
         caller: Caller | None,
     ) -> QueuedRequest:
@@ -657,7 +670,13 @@ class Engine(ModelLifecycle):
         request_id = request_id_var.get()
         if caller is None:
             request = QueuedRequest(
-                items, units, now, future, deadline=now + timeout, request_id=request_id
+                items,
+                units,
+                now,
+                future,
+                deadline=now + timeout,
+                request_id=request_id,
+                alone_units=alone_units,
             )
         else:
             request = QueuedRequest(
@@ -671,6 +690,7 @@ class Engine(ModelLifecycle):
                 weight=caller.weight,
                 latency_target_s=caller.latency_target_s,
                 request_id=request_id,
+                alone_units=alone_units,
             )
         self._batcher(spec).submit(request)
         self._pending.add(request)
@@ -687,7 +707,7 @@ class Engine(ModelLifecycle):
             parts = self._residency.plan_batch(spec, batch.requests)
         except Exception as e:  # answered, not left to wait for their deadlines
             log.error("no plan for a batch of model %s: %s: %s", spec.key, type(e).__name__, e)
-            whole = BatchPart(tuple(batch.requests), 0.0, 0)
+            whole = BatchPart(tuple(batch.requests), 0.0, 0, 0.0)
             self._report_failure(spec, whole, InferenceError(f"model {spec.key!r} failed"))
             return
         for i, part in enumerate(parts):
@@ -800,7 +820,7 @@ class Engine(ModelLifecycle):
         counters and the sinks, and answer its callers."""
         num_items = len(run.outputs)
         if run.peak_bytes is not None and spec.runtime not in UNMEASURED_RUNTIMES:
-            self._residency.observe_batch(spec.key, run.peak_bytes, part.units)
+            self._residency.observe_batch(spec.key, run.peak_bytes, part.peak_units)
         self._predictor(spec.key).observe(part.units, run.run_s)
         counters = self._counters[spec.key]
         counters.num_batches += 1
@@ -848,14 +868,21 @@ def _cause(error: BaseException) -> str:
 
 def _halves(part: BatchPart) -> list[BatchPart]:
     """``part``'s requests still awaited, in two parts of about equal count,
-    each reserving its share of the part's activation bytes."""
+    each reserving its share of the part's activation bytes (by peak units)."""
     requests = [r for r in part.requests if not r.gone]
     middle = len(requests) // 2
     parts = []
     for group in (requests[:middle], requests[middle:]):
-        units = sum(r.units for r in group)
-        share = units / part.units if part.units else 0.0
-        parts.append(BatchPart(tuple(group), units, math.ceil(part.activation_bytes * share)))
+        peak = peak_units(group)
+        share = peak / part.peak_units if part.peak_units else 0.0
+        parts.append(
+            BatchPart(
+                tuple(group),
+                sum(r.units for r in group),
+                math.ceil(part.activation_bytes * share),
+                peak,
+            )
+        )
     return parts
 
 

@@ -34,6 +34,7 @@ from tessera.metrics import NullSink, StatsSink
 from tessera.repository.spec import ModelSpec
 from tessera.residency import ActivationBook
 from tessera.runtimes.base import (
+    ItemsApart,
     LoadContext,
     LoadedModel,
     ModelLoader,
@@ -90,6 +91,9 @@ class EngineHost:
         self._loaders: dict[tuple[str, str], ModelLoader] = {
             (adapter, "inline"): loader for adapter, loader in (loaders or {}).items()
         }
+        # Each loader as an ``ItemsApart`` where it is one (a protocol's
+        # isinstance takes microseconds: asked once, not per request).
+        self._apart: dict[tuple[str, str], ItemsApart | None] = {}
         self._load_pool = ThreadPoolExecutor(
             max_concurrent_loads, thread_name_prefix="tessera-load"
         )
@@ -134,6 +138,14 @@ class EngineHost:
             loader = IsolatedLoader(spec.adapter) if isolated else get_loader(spec.adapter)
             self._loaders[key] = loader
         return self._loaders[key]
+
+    def items_apart(self, spec: ModelSpec) -> ItemsApart | None:
+        """``spec``'s loader, where it runs some items alone."""
+        key = (spec.adapter, spec.isolation)
+        if key not in self._apart:
+            loader = self.loader(spec)
+            self._apart[key] = loader if isinstance(loader, ItemsApart) else None
+        return self._apart[key]
 
     def estimate(self, spec: ModelSpec) -> Footprint:
         loader = self.loader(spec)

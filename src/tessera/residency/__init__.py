@@ -8,7 +8,7 @@ from tessera.residency.manager import (
     ResidencyManager,
     ResidencyStats,
 )
-from tessera.residency.plan import BatchPart, split_to_fit
+from tessera.residency.plan import BatchPart, items_peak_units, peak_units, split_to_fit
 from tessera.residency.policy import EvictionPolicy, EvictionPolicyName, make_eviction_policy
 from tessera.residency.table import ModelEntry, ModelState, Reservation, ResidencyTable
 
@@ -27,6 +27,8 @@ __all__ = [
     "ResidencyManager",
     "ResidencyStats",
     "ResidencyTable",
+    "items_peak_units",
     "make_eviction_policy",
+    "peak_units",
     "split_to_fit",
 ]

@@ -607,9 +607,10 @@ class ResidencyManager:
                 raise RequestTooLargeError(spec.key, activation_bytes, weights, limit, what)
 
     def raise_if_never_fits(self, spec: ModelSpec, units: float) -> None:
-        """``RequestTooLargeError`` for a request whose own batch of ``units``
-        could never fit beside the model's measured weights (nothing is known,
-        and nothing refused, before the model's first load and warm-up)."""
+        """``RequestTooLargeError`` for a request whose own batch, of ``units``
+        peak units (``plan.peak_units``), could never fit beside the model's
+        measured weights (nothing is known, and nothing refused, before the
+        model's first load and warm-up)."""
         measured = self._measured.get(spec.key)
         stats = self.activations.of(spec.key)
         if measured is not None and stats.num_samples:

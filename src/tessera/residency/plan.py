@@ -1,10 +1,18 @@
 """How a batch is run within the budget: whole, or in parts that each fit.
 
-Invariant: a part's activation reservation (measured peak per unit x its
+Invariant: a part's activation reservation (measured peak per unit x its peak
 units) fits the room the model could have beside its own weights, unless the
 part is a single request, which is never split (the reservation then decides
 whether it waits for room or fails as too large). Parts keep the batch's
 order, so a request is answered by exactly one part.
+
+A part's *peak units* are the work units whose activations it holds at once:
+all of them, except for items its runtime runs alone, one after another
+(``QueuedRequest.alone_units``): of those only the largest counts, or the
+items run together where those are more. Four OCR pages run one at a time
+peak at one page's activations; reserving four pages' evicted models a batch
+never needed gone, and the measured peak per unit, taken over four, read a
+quarter of a page's.
 """
 
 from __future__ import annotations
@@ -22,6 +30,20 @@ class BatchPart:
     requests: tuple[QueuedRequest, ...]
     units: float
     activation_bytes: int
+    peak_units: float
+
+
+def items_peak_units(units: float, alone_units: Sequence[float]) -> float:
+    """The peak units of items of ``units`` in all, of which those of
+    ``alone_units`` run alone."""
+    return max(units - sum(alone_units), max(alone_units, default=0.0))
+
+
+def peak_units(requests: Sequence[QueuedRequest]) -> float:
+    """The work units whose activations ``requests`` hold at once, run as one batch."""
+    return items_peak_units(
+        sum(r.units for r in requests), [u for r in requests for u in r.alone_units]
+    )
 
 
 def split_to_fit(
@@ -30,11 +52,11 @@ def split_to_fit(
     room_bytes: int,
 ) -> list[BatchPart]:
     """Halve ``requests`` until each part's reservation fits ``room_bytes``."""
-    units = sum(r.units for r in requests)
-    need = reserve_bytes(units)
+    peak = peak_units(requests)
+    need = reserve_bytes(peak)
     if len(requests) > 1 and need > room_bytes:
         half = len(requests) // 2
         return split_to_fit(requests[:half], reserve_bytes, room_bytes) + split_to_fit(
             requests[half:], reserve_bytes, room_bytes
         )
-    return [BatchPart(tuple(requests), units, need)]
+    return [BatchPart(tuple(requests), sum(r.units for r in requests), need, peak)]

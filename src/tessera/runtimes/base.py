@@ -92,6 +92,16 @@ class OffloadingModel(LoadedModel, Protocol):
         ...
 
 
+@runtime_checkable
+class ItemsApart(Protocol):
+    """A loader whose runtime runs some items one after another, each alone:
+    their activations are freed before the next one's are taken."""
+
+    def runs_alone(self, spec: ModelSpec, item: object) -> bool:
+        """Whether ``item`` runs on its own, not beside the batch's other items."""
+        ...
+
+
 @dataclass(frozen=True)
 class LoadContext:
     """What a loader may use: the device, its thread share, shared components,

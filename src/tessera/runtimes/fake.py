@@ -19,6 +19,8 @@ Its descriptor's ``options`` set what it reports and does::
                              # and each word after the first is a step (step_boundary)
       scratch_bytes_per_unit: 0  # bytes a batch really allocates (and touches) per
                                  # work unit while it runs: a measurable peak
+      items_alone: false     # true: items run one after another, each with its own
+                             # scratch, freed before the next (ItemsApart)
       scale: 1.0             # embeddings of this norm (tells two versions apart)
       host_tier: false       # true: waits in the host tier when evicted (OffloadingModel)
       host_bytes: 1000       # the host bytes it then reports (default: own_bytes)
@@ -155,9 +157,13 @@ class FakeModel:
         with self._lock:
             self.num_batches += 1
         per_unit = int(self.spec.options.get("scratch_bytes_per_unit", 0))
-        scratch_bytes = per_unit * math.ceil(sum(work_units(i, self.spec.inputs) for i in items))
-        # Filled, so that every page is resident (a zeroed one may be left unmapped).
-        scratch = bytearray(b"\x01") * scratch_bytes
+        units = [work_units(i, self.spec.inputs) for i in items]
+        if self.spec.options.get("items_alone"):
+            for one in units:  # each item's scratch, freed before the next one's
+                _touch(per_unit * math.ceil(one))
+            scratch = bytearray()
+        else:
+            scratch = _touch(per_unit * math.ceil(sum(units)))
         run_s = float(self.spec.options.get("run_s", 0.0))
         if run_s:  # a failure below comes at the end of the run, as a real one may
             time.sleep(run_s)
@@ -228,6 +234,12 @@ class FakeOffloadingModel(FakeModel):
         self.offloaded = False
 
 
+def _touch(num_bytes: int) -> bytearray:
+    """``num_bytes`` filled, so that every page is resident (a zeroed one may
+    be left unmapped)."""
+    return bytearray(b"\x01") * num_bytes
+
+
 class FakeLoader:
     """The ``fake`` adapter."""
 
@@ -236,6 +248,9 @@ class FakeLoader:
 
     def shared_keys(self, spec: ModelSpec) -> tuple[str, ...]:
         return tuple(spec.options.get("shared", {}))
+
+    def runs_alone(self, spec: ModelSpec, item: object) -> bool:
+        return bool(spec.options.get("items_alone"))
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> FakeModel:
         load_s = float(spec.options.get("load_s", 0.0))

@@ -60,7 +60,7 @@ import psutil
 
 from tessera.errors import ModelUnavailableError, TesseraError
 from tessera.footprint import Footprint
-from tessera.runtimes.base import LoadContext, SharedComponents
+from tessera.runtimes.base import ItemsApart, LoadContext, SharedComponents
 from tessera.runtimes.external import EngineExit, RestartBackoff, nvml_bytes
 from tessera.runtimes.memory import measure_rss
 from tessera.runtimes.registry import get_loader
@@ -267,6 +267,10 @@ class IsolatedLoader:
 
     def shared_keys(self, spec: ModelSpec) -> tuple[str, ...]:
         return ()  # a worker shares nothing with the server's models
+
+    def runs_alone(self, spec: ModelSpec, item: object) -> bool:
+        """As the adapter runs it in the worker."""
+        return isinstance(self._inner, ItemsApart) and self._inner.runs_alone(spec, item)
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> IsolatedModel:
         model = IsolatedModel(spec, ctx)

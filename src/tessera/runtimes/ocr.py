@@ -264,6 +264,10 @@ class RapidOcrLoader:
     def shared_keys(self, spec: ModelSpec) -> tuple[str, ...]:
         return ()
 
+    def runs_alone(self, spec: ModelSpec, item: object) -> bool:
+        """Pages run one after another (line crops go through the recognizer together)."""
+        return isinstance(item, OcrInput) and item.mode == "page"
+
     def load(self, spec: ModelSpec, ctx: LoadContext) -> RapidOcrModel:
         files = _model_files(spec)
         params = _engine_params(spec, files, ctx.device, ctx.threads)

@@ -99,6 +99,10 @@ class PiperLoader:
     def shared_keys(self, spec: ModelSpec) -> tuple[str, ...]:
         return ()
 
+    def runs_alone(self, spec: ModelSpec, item: object) -> bool:
+        """Every line is spoken on its own, one after another."""
+        return True
+
     def load(self, spec: ModelSpec, ctx: LoadContext) -> PiperModel:
         # The missing extra first: without it the voice package is missing too.
         try:

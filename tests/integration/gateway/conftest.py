@@ -29,6 +29,11 @@ FAKE_MODELS: dict[str, dict[str, Any]] = {
     },
     # Allocates 1.25 MiB per work unit while a batch runs: its warm-up measures that.
     "scratch": {"task": "embedding", "options": {"scratch_bytes_per_unit": 5 * 2**18}},
+    # The same, with its items run one after another, each its scratch alone.
+    "scratch-alone": {
+        "task": "embedding",
+        "options": {"scratch_bytes_per_unit": 5 * 2**18, "items_alone": True},
+    },
     "broken": {"task": "embedding", "options": {"fail_load": True}},
     "huge": {"task": "embedding", "options": {"own_bytes": 10**12}},
 }

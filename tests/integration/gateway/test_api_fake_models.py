@@ -254,6 +254,27 @@ async def test_admin_batches_reports_recent_batch_sizes_and_times(
     assert embed["run_s_p99"] >= embed["run_s_p50"] >= 0
 
 
+async def test_items_run_alone_reserve_room_for_the_largest_not_their_sum(
+    client: httpx.AsyncClient, engine: Engine
+) -> None:
+    # Six 12-unit inputs in one request (never split): ~90 MiB held at once,
+    # over the 64 MiB budget, where the model holds them all; ~15 MiB, one
+    # input's, where it runs them one after another.
+    inputs = [f"{'x' * 47}{i}" for i in range(6)]
+    for name in ("scratch", "scratch-alone"):
+        assert (await client.post(f"/admin/models/{name}/load")).status_code == 200
+    together = await client.post("/v1/embeddings", json={"model": "scratch", "input": inputs})
+    assert together.status_code == 413, together.text
+    alone = await client.post("/v1/embeddings", json={"model": "scratch-alone", "input": inputs})
+    assert alone.status_code == 200, alone.text
+    assert len(alone.json()["data"]) == 6
+    # Its peak was taken per unit of one input, not spread over six.
+    stats = engine.snapshot().model("scratch-alone")
+    assert stats is not None
+    assert stats.activation_bytes_per_unit is not None
+    assert stats.activation_bytes_per_unit > 2**20
+
+
 async def test_batch_over_its_activation_room_runs_in_parts(
     client: httpx.AsyncClient, engine: Engine
 ) -> None:

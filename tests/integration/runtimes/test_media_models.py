@@ -19,7 +19,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.repository import read_spec
-from tessera.runtimes.base import LoadedModel, standalone_context
+from tessera.runtimes.base import ItemsApart, LoadedModel, standalone_context
+from tessera.runtimes.memory import start_peak
 from tessera.runtimes.ocr import RapidOcrModel
 from tessera.runtimes.registry import get_loader
 from tessera.step import stepping
@@ -149,6 +150,27 @@ def test_ocr_mixed_batch_keeps_item_order(ocr: LoadedModel) -> None:
 
     assert "fox" in " ".join(texts(outputs[0]))
     assert "12345" in " ".join(texts(outputs[1]))
+
+
+def test_ocr_pages_of_a_batch_peak_at_one_pages_activations(ocr: LoadedModel) -> None:
+    # The loader says pages run alone (line crops together), and so they do: a
+    # batch of six pages holds one page's activations at its peak, not six.
+    spec = read_spec(MODELS / "pp-ocrv6")
+    loader = get_loader(spec.adapter)
+    page = OcrInput(render(["TOTAL 12.50", "THANK YOU", "RECEIPT 0042"] * 4), "page")
+    assert isinstance(loader, ItemsApart)
+    assert loader.runs_alone(spec, page)
+    assert not loader.runs_alone(spec, OcrInput(blank(48, 300), "line"))
+    peaks = []
+    for num_pages in (1, 1, 6):  # the first run's one-off costs are left out
+        measure = start_peak()
+        if measure is None:
+            pytest.skip("this kernel cannot reset the high-water mark")
+        ocr.run([page] * num_pages)
+        peaks.append(measure())
+    one, six = peaks[1:]
+    assert one > 0
+    assert six < 2 * one
 
 
 def test_ocr_blank_images_give_no_lines(ocr: LoadedModel) -> None:

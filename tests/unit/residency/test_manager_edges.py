@@ -23,7 +23,7 @@ from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.activation import ActivationBook
 from tessera.residency.fake import FakeModelHost
 from tessera.residency.manager import LOAD_FAILED
-from tessera.residency.plan import split_to_fit
+from tessera.residency.plan import items_peak_units, peak_units, split_to_fit
 from tessera.tasks.types import Task
 
 
@@ -220,6 +220,26 @@ def test_batch_is_halved_until_each_part_fits_in_order(loop: asyncio.AbstractEve
     assert [r for p in parts for r in p.requests] == batch
     assert [p.activation_bytes for p in parts] == [20, 10, 20]
     assert all(p.activation_bytes <= 20 for p in parts)
+
+
+def test_items_run_alone_count_the_largest_of_them_not_their_sum(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # Three pages (run one after another: 2, 5 and 3 units) and a request of 4
+    # units run together: the batch holds 5 units' activations at its peak
+    # (the largest page), and 4 + 1 once the 5-unit page is left out.
+    pages = []
+    for units in (2.0, 5.0, 3.0):
+        future: asyncio.Future[RequestResult] = loop.create_future()
+        pages.append(QueuedRequest([0], units, 0.0, future, alone_units=(units,)))
+    (together,) = requests(loop, [4])
+    mixed = QueuedRequest([0, 1], 3.0, 0.0, loop.create_future(), alone_units=(1.0,))
+    assert peak_units([*pages, together]) == 5
+    assert peak_units([pages[0], together, mixed]) == 6  # 4 and mixed's 2 together
+    assert items_peak_units(3.0, ()) == 3
+    parts = split_to_fit([*pages, together], lambda units: int(units * 10), room_bytes=50)
+    assert len(parts) == 1
+    assert (parts[0].units, parts[0].peak_units, parts[0].activation_bytes) == (14, 5, 50)
 
 
 def test_a_single_request_is_never_split(loop: asyncio.AbstractEventLoop) -> None:
