@@ -55,6 +55,28 @@ def test_openai_client_chat_plain_and_streaming(oai: openai.OpenAI) -> None:
     )
     pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
     assert "".join(pieces) == text
+    # Asked for, the usage comes in a last chunk of no choices.
+    chunks = list(
+        oai.chat.completions.create(
+            model="smollm2-135m",
+            messages=messages,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage == response.usage
+    assert all(chunk.usage is None for chunk in chunks[:-1])
+
+
+def test_openai_client_models(oai: openai.OpenAI) -> None:
+    listed = {m.id for m in oai.models.list().data}
+    assert "all-minilm-l6-v2" in listed
+    assert oai.models.retrieve("all-minilm-l6-v2").id == "all-minilm-l6-v2"
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("no-such-model")
 
 
 def test_tritonclient_infer_embedding(server: Server) -> None:

@@ -181,7 +181,9 @@ def audit_request(
 ) -> None:
     """One audit row and one ``RequestEvent`` for a request (a WebSocket
     message too), refused ones included; ``state`` holds its principal and id."""
-    api = (path.startswith("/v1/") or path.startswith("/v2/models")) and path != "/v1/models"
+    api = (path.startswith("/v1/") or path.startswith("/v2/models")) and not (
+        path == "/v1/models" or path.startswith("/v1/models/")
+    )
     if not api and info.reason not in ("auth", "auth_throttled"):
         return
     principal: Principal | None = state.get("principal")

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tessera.engine import ServingEngine
-from tessera.errors import InvalidInputError, TesseraError
+from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
 from tessera.gateway.common import engine_of, run_task, submit_task, visible_models
 from tessera.gateway.errors import error_body, status_of
 from tessera.tasks.image import decode_base64, decode_image
@@ -108,6 +108,12 @@ class ChatMessageIn(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -119,6 +125,7 @@ class ChatRequest(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     seed: int | None = None
     n: int = Field(default=1, ge=1, le=1)
 
@@ -199,8 +206,9 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
         task = chat_task(engine_of(request), body.model)
         submission = await submit_task(request, body.model, task, [chat_input(body, on_text)])
         work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
+        usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(
-            _stream_chat(body.model, work, pieces, completion_id, created),
+            _stream_chat(body.model, work, pieces, completion_id, created, usage=usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -249,7 +257,12 @@ async def _stream_chat(
     pieces: asyncio.Queue[str],
     completion_id: str,
     created: int,
+    *,
+    usage: bool = False,
 ) -> AsyncIterator[str]:
+    """The answer's chunks as server-sent events; with ``usage`` (the request's
+    ``stream_options.include_usage``), a last chunk of no choices with the
+    usage, as OpenAI sends it."""
     try:
         yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""})
         while not work.done() or not pieces.empty():
@@ -267,6 +280,16 @@ async def _stream_chat(
             yield f"data: {json.dumps(error_body(status, str(e), kind))}\n\n"
             return
         yield _chunk(completion_id, created, model, {}, finish_reason=output.finish_reason)
+        if usage:
+            payload = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage_of(output),
+            }
+            yield f"data: {json.dumps(payload)}\n\n"
         yield "data: [DONE]\n\n"
     finally:
         if not work.done():
@@ -306,10 +329,10 @@ async def speech(body: SpeechRequest, request: Request) -> Response:
     return Response(wav_bytes(output), media_type="audio/wav")
 
 
-@router.get("/v1/models")
-async def list_models(request: Request) -> JSONResponse:
+def _model_objects(request: Request) -> list[dict[str, Any]]:
+    """The models the caller may use, as OpenAI's model objects."""
     allowed = set(visible_models(request))
-    data = [
+    return [
         {
             "id": model.name,
             "object": "model",
@@ -321,7 +344,21 @@ async def list_models(request: Request) -> JSONResponse:
         for model in engine_of(request).snapshot().models
         if model.name in allowed
     ]
-    return JSONResponse({"object": "list", "data": data})
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    return JSONResponse({"object": "list", "data": _model_objects(request)})
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> JSONResponse:
+    """One model (the OpenAI client's ``models.retrieve``); 404 for a model
+    the caller may not use, as for one that does not exist."""
+    for found in _model_objects(request):
+        if found["id"] == model:
+            return JSONResponse(found)
+    raise ModelNotFoundError(model)
 
 
 __all__ = ["error_body", "router", "texts_of", "usage_of"]

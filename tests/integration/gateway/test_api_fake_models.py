@@ -199,6 +199,10 @@ async def test_models_residency_and_admin(client: httpx.AsyncClient) -> None:
     r = await client.get("/v1/models")
     ids = {m["id"] for m in r.json()["data"]}
     assert {"embed", "chat", "ocr"} <= ids
+    r = await client.get("/v1/models/chat")
+    assert (r.status_code, r.json()["id"], r.json()["object"]) == (200, "chat", "model")
+    r = await client.get("/v1/models/nope")
+    assert (r.status_code, r.json()["error"]["type"]) == (404, "model_not_found")
     r = await client.post("/admin/models/mt/load")
     assert r.status_code == 200
     body = (await client.get("/admin/residency")).json()
