@@ -77,13 +77,29 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
     )
 
 
+def shortened(matrix: np.ndarray[Any, Any], dimensions: int) -> np.ndarray[Any, Any]:
+    """The first ``dimensions`` of each row (OpenAI's ``dimensions``); rows of
+    unit length are scaled to unit length again, as OpenAI's shortened
+    embeddings are. 400 for more dimensions than the model gives."""
+    if dimensions > matrix.shape[1]:
+        raise InvalidInputError(
+            f"dimensions is {dimensions}; this model's embeddings have {matrix.shape[1]}"
+        )
+    unit = np.abs(np.linalg.norm(matrix, axis=1) - 1.0) < 1e-3
+    rows = matrix[:, :dimensions]
+    if dimensions < matrix.shape[1] and unit.all():
+        norms = np.linalg.norm(rows, axis=1, keepdims=True)
+        rows = rows / np.maximum(norms, np.finfo(np.float32).tiny)
+    return rows
+
+
 def embeddings_body(
     body: EmbeddingRequest, items: list[TextInput], vectors: list[Any], limits: InputLimits
 ) -> dict[str, Any]:
     """The answer (its float vectors numpy rows, for orjson)."""
     matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
     if body.dimensions is not None:
-        matrix = matrix[:, : body.dimensions]
+        matrix = shortened(matrix, body.dimensions)
     data: list[dict[str, Any]] = []
     for index, row in enumerate(matrix):
         embedding: Any = (

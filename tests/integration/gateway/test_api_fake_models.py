@@ -31,6 +31,20 @@ async def test_embeddings_float_and_base64(client: httpx.AsyncClient) -> None:
     np.testing.assert_allclose(vector, fake_embedding("a b"), rtol=1e-6)
 
 
+async def test_embeddings_shortened_to_dimensions_stay_unit_vectors(
+    client: httpx.AsyncClient,
+) -> None:
+    r = await client.post("/v1/embeddings", json={"model": "embed", "input": "c", "dimensions": 3})
+    assert r.status_code == 200, r.text
+    head = fake_embedding("c")[:3]
+    np.testing.assert_allclose(
+        r.json()["data"][0]["embedding"], head / np.linalg.norm(head), rtol=1e-5
+    )
+    body = {"model": "embed", "input": "c", "dimensions": FAKE_DIMS}
+    r = await client.post("/v1/embeddings", json=body)
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], fake_embedding("c"), rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("body", "status"),
     [
@@ -41,6 +55,7 @@ async def test_embeddings_float_and_base64(client: httpx.AsyncClient) -> None:
         ({"model": "nope", "input": "x"}, 404),
         ({"model": "mt", "input": "x"}, 400),
         ({"model": "embed", "input": ["x"] * 5}, 413),
+        ({"model": "embed", "input": "x", "dimensions": FAKE_DIMS + 1}, 422),
     ],
 )
 async def test_bad_embedding_requests(client: httpx.AsyncClient, body: object, status: int) -> None:
