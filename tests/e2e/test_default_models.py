@@ -5,12 +5,14 @@ from __future__ import annotations
 import base64
 import io
 import wave
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import openai
 import pytest
 import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
 
 from serverproc import Server
 from tessera.tasks.samples import sample_page
@@ -19,8 +21,11 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def oai(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0)
+def oai(server: Server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0
+    ) as client:  # its pooled connections closed, not left to the collector
+        yield client
 
 
 def cosine(a: list[float], b: list[float]) -> float:
@@ -79,8 +84,9 @@ def test_openai_client_models(oai: openai.OpenAI) -> None:
         oai.models.retrieve("no-such-model")
 
 
-def test_tritonclient_infer_embedding(server: Server) -> None:
+def test_tritonclient_infer_embedding(server: Server, request: pytest.FixtureRequest) -> None:
     client = triton_http.InferenceServerClient(url=f"127.0.0.1:{server.port}")
+    request.addfinalizer(client.close)
     headers = server.headers
     assert client.is_server_live()
     assert client.is_server_ready()
@@ -100,6 +106,12 @@ def test_tritonclient_infer_embedding(server: Server) -> None:
     assert embeddings.dtype == np.float32
     metadata = client.get_model_metadata("all-minilm-l6-v2", headers=headers)
     assert metadata["outputs"][0]["datatype"] == "FP32"
+    config = client.get_model_config("all-minilm-l6-v2", headers=headers)
+    assert config["output"][0]["data_type"] == "TYPE_FP32"
+    index = client.get_model_repository_index(headers=headers)
+    assert "all-minilm-l6-v2" in {entry["name"] for entry in index}
+    with pytest.raises(InferenceServerException, match="not found"):
+        client.get_model_config("no-such-model", headers=headers)
 
 
 def test_rerank_puts_relevant_document_first(server: Server) -> None:

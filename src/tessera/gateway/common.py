@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tessera.admission import TenantLimits
 from tessera.engine import Caller, ServingEngine, Submission
 from tessera.errors import PermissionDeniedError, RequestCancelledError
-from tessera.gateway.errors import error_body
+from tessera.gateway.errors import error_body_for
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tasks.types import Task
 from tessera.tenants import Principal
@@ -142,11 +142,11 @@ class BodyLimitMiddleware:
             return
         for name, value in scope.get("headers", []):
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body_bytes:
-                await self._refuse(send)
+                await self._refuse(scope, send)
                 return
             if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
                 message = f"Content-Encoding {value.decode('latin-1')[:40]!r} is not accepted"
-                await self._refuse(send, 415, message, "unsupported_media_type")
+                await self._refuse(scope, send, 415, message, "unsupported_media_type")
                 return
         received = 0
 
@@ -162,15 +162,20 @@ class BodyLimitMiddleware:
         try:
             await self.app(scope, limited_receive, send)
         except _BodyTooLarge:
-            await self._refuse(send)
+            await self._refuse(scope, send)
 
     async def _refuse(
-        self, send: Send, status: int = 413, message: str = "", kind: str = "payload_too_large"
+        self,
+        scope: Scope,
+        send: Send,
+        status: int = 413,
+        message: str = "",
+        kind: str = "payload_too_large",
     ) -> None:
         import json
 
         message = message or f"request body over {self.max_body_bytes} bytes"
-        body = json.dumps(error_body(status, message, kind)).encode()
+        body = json.dumps(error_body_for(scope.get("path", ""), status, message, kind)).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.clock import Clock, MonotonicClock
 from tessera.engine import RequestTrace
-from tessera.gateway.errors import error_body
+from tessera.gateway.errors import error_body_for
 from tessera.logs import request_id as request_id_var
 from tessera.metrics import RequestEvent, StatsSink
 from tessera.tenants import AuditRecord, Principal
@@ -238,11 +238,7 @@ def audit_request(
 async def _respond(send: Send, refusal: _Refusal, path: str) -> None:
     status = refusal.status
     kind = {401: "authentication_error", 403: "permission_denied"}.get(status, "rate_limited")
-    payload: dict[str, Any] = (
-        {"error": refusal.message}
-        if path.startswith("/v2")
-        else error_body(status, refusal.message, kind)
-    )
+    payload = error_body_for(path, status, refusal.message, kind)
     headers = [(b"content-type", b"application/json")]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))

@@ -79,6 +79,18 @@ def error_body(status: int, message: str, kind: str) -> dict[str, object]:
     return {"error": {"message": message, "type": kind, "code": status}}
 
 
+def kserve_path(path: str) -> bool:
+    """Whether ``path`` is a KServe v2 route, whose errors read ``{"error": MESSAGE}``
+    (tritonclient reads the message from that string: given the OpenAI shape's
+    object, it raised a TypeError of its own as it formatted the error)."""
+    return path == "/v2" or path.startswith("/v2/")
+
+
+def error_body_for(path: str, status: int, message: str, kind: str) -> dict[str, object]:
+    """An error's body in the shape of ``path``'s API."""
+    return {"error": message} if kserve_path(path) else error_body(status, message, kind)
+
+
 def status_of(error: TesseraError) -> tuple[int, str]:
     """The HTTP status and error type of an engine error."""
     for cls, status, kind in _STATUS:
@@ -119,9 +131,9 @@ def reject_reason(error: TesseraError) -> str | None:
     return None
 
 
-def error_response(error: TesseraError) -> JSONResponse:
+def error_response(error: TesseraError, path: str = "") -> JSONResponse:
     status, kind = status_of(error)
-    body = error_body(status, str(error), kind)
+    body = error_body_for(path, status, str(error), kind)
     return JSONResponse(body, status_code=status, headers=error_headers(error))
 
 
@@ -131,7 +143,7 @@ def install_error_handlers(app: FastAPI) -> None:
         info = getattr(request.state, "audit", None)
         if info is not None:
             info.reason = reject_reason(exc) or type(exc).__name__
-        return error_response(exc)
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -140,11 +152,12 @@ def install_error_handlers(app: FastAPI) -> None:
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             problems.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
         message = "invalid request: " + "; ".join(problems)
-        return JSONResponse(error_body(422, message, "invalid_request_error"), status_code=422)
+        body = error_body_for(request.url.path, 422, message, "invalid_request_error")
+        return JSONResponse(body, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        body = error_body(exc.status_code, str(exc.detail), "http_error")
+        body = error_body_for(request.url.path, exc.status_code, str(exc.detail), "http_error")
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
@@ -176,7 +189,8 @@ class UnexpectedErrorMiddleware:
             self._log(scope, exc)
             if started:  # a stream under way: it ends here, cut short
                 return
-            body = error_body(500, f"internal error: {type(exc).__name__}", "internal_error")
+            message = f"internal error: {type(exc).__name__}"
+            body = error_body_for(scope.get("path", ""), 500, message, "internal_error")
             await JSONResponse(body, status_code=500)(scope, receive, send)
 
     def _log(self, scope: Scope, exc: Exception) -> None:

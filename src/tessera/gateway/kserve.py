@@ -55,6 +55,17 @@ def _io_metadata(spec: ModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
     return [], []
 
 
+# KServe datatypes as Triton's model configuration names them.
+_CONFIG_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32"}
+
+
+def _config_io(tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"name": t["name"], "data_type": _CONFIG_TYPES[t["datatype"]], "dims": t["shape"]}
+        for t in tensors
+    ]
+
+
 def _versioned(name: str, version: str | None) -> str:
     """How the engine names ``version`` of model ``name`` (its current one if None)."""
     return name if version is None else f"{name}@{version}"
@@ -63,13 +74,10 @@ def _versioned(name: str, version: str | None) -> str:
 @router.get("/v2/models/{name}", response_model=None)
 @router.get("/v2/models/{name}/versions/{version}", response_model=None)
 async def model_metadata(name: str, request: Request, version: str | None = None) -> Response:
-    if name not in visible_models(request):
-        return _kserve_error(ModelNotFoundError(name))
+    spec = _visible_spec(request, name, version)
+    if isinstance(spec, Response):
+        return spec
     engine = engine_of(request)
-    try:
-        spec = engine.spec(_versioned(name, version))
-    except ModelNotFoundError as e:
-        return _kserve_error(e)
     inputs, outputs = _io_metadata(spec)
     return JSONResponse(
         {
@@ -79,6 +87,68 @@ async def model_metadata(name: str, request: Request, version: str | None = None
             "inputs": inputs,
             "outputs": outputs,
         }
+    )
+
+
+def _visible_spec(request: Request, name: str, version: str | None) -> ModelSpec | Response:
+    """The spec of ``name`` (at ``version``) if the caller may use it, else the 404."""
+    if name not in visible_models(request):
+        return _kserve_error(ModelNotFoundError(name))
+    try:
+        return engine_of(request).spec(_versioned(name, version))
+    except ModelNotFoundError as e:
+        return _kserve_error(e)
+
+
+@router.get("/v2/models/{name}/config", response_model=None)
+@router.get("/v2/models/{name}/versions/{version}/config", response_model=None)
+async def model_config(name: str, request: Request, version: str | None = None) -> Response:
+    """Triton's model configuration extension (``tritonclient``'s
+    ``get_model_config``), in Triton's JSON form. Shapes are the metadata's,
+    batch dimension included, so ``max_batch_size`` reads 0 as Triton has it
+    for such models; tessera's own batching is under ``parameters``."""
+    spec = _visible_spec(request, name, version)
+    if isinstance(spec, Response):
+        return spec
+    inputs, outputs = _io_metadata(spec)
+    batching = {
+        "max_batch_size": spec.batching.max_batch_size,
+        "max_wait_ms": spec.batching.max_wait_ms,
+    }
+    return JSONResponse(
+        {
+            "name": spec.name,
+            "version": spec.version_label,
+            "platform": f"tessera_{spec.runtime}",
+            "backend": "tessera",
+            "max_batch_size": 0,
+            "input": _config_io(inputs),
+            "output": _config_io(outputs),
+            "parameters": {
+                f"tessera_batching_{key}": {"string_value": f"{value:g}"}
+                for key, value in batching.items()
+            },
+        }
+    )
+
+
+@router.post("/v2/repository/index", response_model=None)
+async def repository_index(request: Request) -> Response:
+    """Triton's model repository extension, its index only (``tritonclient``'s
+    ``get_model_repository_index``): every model the caller may use, its
+    current version, and ``READY`` for one resident now, else ``UNAVAILABLE``
+    (it loads on its first request). Loads and unloads are the admin API's."""
+    allowed = set(visible_models(request))
+    return JSONResponse(
+        [
+            {
+                "name": model.name,
+                "version": model.version,
+                "state": "READY" if model.state == "ready" else "UNAVAILABLE",
+            }
+            for model in engine_of(request).snapshot().models
+            if model.name in allowed and model.current
+        ]
     )
 
 

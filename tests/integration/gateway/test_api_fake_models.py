@@ -254,6 +254,30 @@ async def test_kserve_health_metadata_and_json_infer(client: httpx.AsyncClient) 
     assert isinstance(r.json()["error"], str)
 
 
+async def test_kserve_config_index_and_errors_in_kserve_shape(client: httpx.AsyncClient) -> None:
+    config = (await client.get("/v2/models/embed/config")).json()
+    assert (config["name"], config["max_batch_size"]) == ("embed", 0)
+    assert config["input"] == [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [-1]}]
+    assert config["output"] == [{"name": "EMBEDDING", "data_type": "TYPE_FP32", "dims": [-1, -1]}]
+    index = (await client.post("/v2/repository/index")).json()
+    states = {entry["name"]: entry["state"] for entry in index}
+    assert states["embed"] == "READY"  # preloaded
+    assert states["mt"] == "UNAVAILABLE"
+    # Every error under /v2 reads {"error": MESSAGE}, as tritonclient parses it:
+    # a model, a route and a method it does not know, a body that does not validate.
+    for method, path in (
+        ("GET", "/v2/models/nope/config"),
+        ("GET", "/v2/models/embed/stats"),
+        ("GET", "/v2/models/embed/infer"),
+        ("POST", "/v2/repository/models/embed/load"),
+    ):
+        r = await client.request(method, path)
+        assert r.status_code in (404, 405), (path, r.text)
+        assert isinstance(r.json()["error"], str), (path, r.text)
+    r = await client.get("/v1/nope")
+    assert r.json()["error"]["code"] == 404  # the OpenAI shape elsewhere
+
+
 async def test_admin_batches_reports_recent_batch_sizes_and_times(
     client: httpx.AsyncClient,
 ) -> None:
