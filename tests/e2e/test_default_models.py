@@ -7,6 +7,7 @@ import io
 import wave
 from collections.abc import Iterator
 
+import cohere
 import httpx
 import numpy as np
 import openai
@@ -135,6 +136,51 @@ def test_rerank_puts_relevant_document_first(server: Server) -> None:
     results = r.json()["results"]
     assert results[0]["index"] == 1
     assert results[0]["document"]["text"].startswith("Berlin has")
+
+
+def test_cohere_clients_rerank_and_embed(
+    server: Server, oai: openai.OpenAI, request: pytest.FixtureRequest
+) -> None:
+    documents = [
+        "Berlin is known for its museums.",
+        "Berlin has a population of 3.5 million people.",
+        "Paris is the capital of France.",
+    ]
+    query = "How many people live in Berlin?"
+    http = httpx.Client(timeout=60)  # closed at the end, not left to the collector
+    request.addfinalizer(http.close)
+    v1 = cohere.Client(api_key=server.key, base_url=server.base_url, httpx_client=http)
+    v2 = cohere.ClientV2(api_key=server.key, base_url=server.base_url, httpx_client=http)
+    first = v1.rerank(
+        model="minilm-rerank", query=query, documents=documents, top_n=2, return_documents=True
+    )
+    assert [r.index for r in first.results] == [1, 0]
+    assert first.results[0].document is not None
+    assert first.results[0].document.text == documents[1]
+    second = v2.rerank(model="minilm-rerank", query=query, documents=documents)
+    assert [(r.index, r.relevance_score) for r in second.results] == [
+        (r.index, r.relevance_score)
+        for r in v1.rerank(model="minilm-rerank", query=query, documents=documents).results
+    ]
+    reference = oai.embeddings.create(model="all-minilm-l6-v2", input=documents[0]).data[0]
+    plain = v1.embed(model="all-minilm-l6-v2", texts=[documents[0]], input_type="search_document")
+    assert isinstance(plain.embeddings, list)
+    by_type = v2.embed(
+        model="all-minilm-l6-v2",
+        texts=[documents[0]],
+        input_type="search_document",
+        embedding_types=["float"],
+    )
+    assert by_type.embeddings.float_ is not None
+    for vector in (plain.embeddings[0], by_type.embeddings.float_[0]):
+        assert cosine(vector, reference.embedding) > 0.9999
+    with pytest.raises(cohere.errors.UnprocessableEntityError):
+        v2.embed(
+            model="all-minilm-l6-v2",
+            texts=["x"],
+            input_type="search_document",
+            embedding_types=["int8"],
+        )
 
 
 def test_classify_intent(server: Server) -> None:

@@ -79,11 +79,17 @@ def error_body(status: int, message: str, kind: str) -> dict[str, object]:
     return {"error": {"message": message, "type": kind, "code": status}}
 
 
+_KSERVE_PREFIXES = ("/v2/health", "/v2/models", "/v2/repository")
+
+
 def kserve_path(path: str) -> bool:
     """Whether ``path`` is a KServe v2 route, whose errors read ``{"error": MESSAGE}``
     (tritonclient reads the message from that string: given the OpenAI shape's
-    object, it raised a TypeError of its own as it formatted the error)."""
-    return path == "/v2" or path.startswith("/v2/")
+    object, it raised a TypeError of its own as it formatted the error).
+    Cohere's ``/v2/rerank`` and ``/v2/embed`` are not."""
+    return path == "/v2" or any(
+        path == prefix or path.startswith(prefix + "/") for prefix in _KSERVE_PREFIXES
+    )
 
 
 def error_body_for(path: str, status: int, message: str, kind: str) -> dict[str, object]:

@@ -1,5 +1,10 @@
-"""Task endpoints outside OpenAI's API: rerank (Cohere/Jina shape), classify,
-OCR (a prompt and a task for vision-language models) and translate."""
+"""Task endpoints outside OpenAI's API: rerank (Cohere/Jina shape), Cohere's
+embed, classify, OCR (a prompt and a task for vision-language models) and
+translate.
+
+Cohere's clients call ``/v1/rerank`` and ``/v1/embed`` (``cohere.Client``) or
+``/v2/rerank`` and ``/v2/embed`` (``cohere.ClientV2``); both shapes are served.
+"""
 
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ class RerankRequest(BaseModel):
 
 
 @router.post("/v1/rerank")
+@router.post("/v2/rerank")
 async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
     items = rerank_items(body)
     scores = await run_task(request, body.model, Task.RERANK, items)
@@ -73,6 +79,38 @@ def rerank_body(body: RerankRequest, scores: list[Any]) -> dict[str, Any]:
             result["document"] = {"text": texts[index]}
         results.append(result)
     return {"id": str(uuid.uuid4()), "model": body.model, "results": results, "meta": {}}
+
+
+class CohereEmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    texts: Annotated[list[str], Field(min_length=1)]
+    input_type: str | None = None  # a symmetric model embeds queries and documents alike
+    embedding_types: list[str] | None = None
+
+
+@router.post("/v1/embed")
+@router.post("/v2/embed")
+async def cohere_embed(body: CohereEmbedRequest, request: Request) -> JSONResponse:
+    """Cohere's embed: floats only (``embedding_types`` of ``float``); v1
+    answers a plain list of vectors unless types were asked for, v2 by type."""
+    kinds = body.embedding_types
+    if kinds is not None and set(kinds) != {"float"}:
+        raise InvalidInputError(f"embedding_types {kinds}: only 'float' is served")
+    items = [TextInput(t) for t in texts_of(body.texts, "texts")]
+    vectors = await run_task(request, body.model, Task.EMBEDDING, items)
+    floats = [[float(x) for x in vector] for vector in vectors]
+    by_type = kinds is not None or request.url.path.startswith("/v2/")
+    return JSONResponse(
+        {
+            "id": str(uuid.uuid4()),
+            "texts": body.texts,
+            "embeddings": {"float": floats} if by_type else floats,
+            "meta": {"api_version": {"version": "2" if by_type else "1"}},
+            "response_type": "embeddings_by_type" if by_type else "embeddings_floats",
+        }
+    )
 
 
 class ClassifyRequest(BaseModel):

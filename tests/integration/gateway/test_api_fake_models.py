@@ -276,6 +276,9 @@ async def test_kserve_config_index_and_errors_in_kserve_shape(client: httpx.Asyn
         assert isinstance(r.json()["error"], str), (path, r.text)
     r = await client.get("/v1/nope")
     assert r.json()["error"]["code"] == 404  # the OpenAI shape elsewhere
+    body = {"model": "embed", "texts": ["x"], "embedding_types": ["int8"]}
+    r = await client.post("/v2/embed", json=body)  # Cohere's v2, not KServe's
+    assert (r.status_code, r.json()["error"]["code"]) == (422, 422)
 
 
 async def test_admin_batches_reports_recent_batch_sizes_and_times(
