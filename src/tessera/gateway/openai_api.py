@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
@@ -61,6 +61,25 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _not_token_ids(cls, value: object) -> object:
+        """OpenAI's API also takes token ids (tiktoken's, which some clients
+        send by default); each model here has a tokenizer of its own."""
+        if isinstance(value, list) and value and all(_token_ids(v) for v in value):
+            raise ValueError(
+                "token ids are not taken as input: send the text (each model counts"
+                " its own tokens; LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)"
+            )
+        return value
+
+
+def _token_ids(value: object) -> bool:
+    """An int, or a non-empty list of ints: a token id, or a text as token ids."""
+    if isinstance(value, list):
+        return bool(value) and all(_token_ids(v) and not isinstance(v, list) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @router.post("/v1/embeddings")

@@ -66,6 +66,15 @@ async def test_bad_embedding_requests(client: httpx.AsyncClient, body: object, s
     assert "Traceback" not in r.text
 
 
+@pytest.mark.parametrize("tokens", [[101, 7592, 102], [[101, 7592], [102]]])
+async def test_token_ids_as_input_are_refused_with_why(
+    client: httpx.AsyncClient, tokens: object
+) -> None:
+    r = await client.post("/v1/embeddings", json={"model": "embed", "input": tokens})
+    assert r.status_code == 422
+    assert "send the text" in r.json()["error"]["message"]
+
+
 async def test_malformed_json_and_oversized_body(client: httpx.AsyncClient) -> None:
     r = await client.post(
         "/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"}
