@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.errors import (
@@ -191,6 +192,14 @@ class UnexpectedErrorMiddleware:
 
         try:
             await self.app(scope, receive, send_tracking)
+        except ClientDisconnect:
+            # The client left (or its body timed out, already answered 408)
+            # while a route read the body: nobody to answer, nothing broken.
+            log.info(
+                "%s %s: the client left before its body arrived",
+                scope.get("method"),
+                scope.get("path"),
+            )
         except Exception as exc:
             self._log(scope, exc)
             if started:  # a stream under way: it ends here, cut short

@@ -38,7 +38,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from tessera.config import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ServerConfig
 from tessera.engine import ServingEngine
-from tessera.gateway.errors import error_body
+from tessera.gateway.errors import error_body_for
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,9 @@ class TimedHttpProtocol(HttpToolsProtocol):
         if not cycle.response_started:
             request_id = cycle.scope.get("state", {}).get("request_id")
             self._write_408(
-                f"request body not received within {self._body_timeout_s:g}s", request_id
+                f"request body not received within {self._body_timeout_s:g}s",
+                request_id,
+                cycle.scope.get("path", ""),
             )
         # The app, waiting for the body, reads a disconnect; its answer goes nowhere.
         cycle.disconnected = True
@@ -175,8 +177,10 @@ class TimedHttpProtocol(HttpToolsProtocol):
     def _client(self) -> str:
         return f"{self.client[0]}:{self.client[1]}" if self.client else "?"
 
-    def _write_408(self, message: str, request_id: str | None = None) -> None:
-        body = json.dumps(error_body(408, message, "request_timeout")).encode()
+    def _write_408(self, message: str, request_id: str | None = None, path: str = "") -> None:
+        """A 408 written on the transport; in the shape of ``path``'s API where
+        its head was read (not for a head that never came whole)."""
+        body = json.dumps(error_body_for(path, 408, message, "request_timeout")).encode()
         head = [
             b"HTTP/1.1 408 Request Timeout",
             b"content-type: application/json",
