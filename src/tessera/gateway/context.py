@@ -32,14 +32,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.clock import Clock, MonotonicClock
 from tessera.engine import RequestTrace
-from tessera.gateway.errors import error_body_for
+from tessera.gateway.errors import error_body_for, kserve_path
 from tessera.logs import request_id as request_id_var
 from tessera.metrics import RequestEvent, StatsSink
 from tessera.tenants import AuditRecord, Principal
 from tessera.tenants.throttle import AuthThrottle
 
-# Cohere's v2 routes (``cohere.ClientV2``), beside KServe's under /v2.
-COHERE_V2_PATHS = frozenset({"/v2/rerank", "/v2/embed"})
 PUBLIC_PATHS = frozenset({"/v2/health/live", "/v2/health/ready", "/v2", "/openapi.json", "/docs"})
 # The live page and its assets hold no data (the page asks /admin/* with a key).
 DASHBOARD_PATH = "/dashboard"
@@ -183,9 +181,11 @@ def audit_request(
 ) -> None:
     """One audit row and one ``RequestEvent`` for a request (a WebSocket
     message too), refused ones included; ``state`` holds its principal and id."""
-    api = (path.startswith(("/v1/", "/v2/models")) or path in COHERE_V2_PATHS) and not (
-        path == "/v1/models" or path.startswith("/v1/models/")
-    )
+    # KServe's infer and metadata, and the routes under /v2 that are not KServe's (Cohere's).
+    api = (
+        path.startswith(("/v1/", "/v2/models"))
+        or (path.startswith("/v2/") and not kserve_path(path))
+    ) and not (path == "/v1/models" or path.startswith("/v1/models/"))
     if not api and info.reason not in ("auth", "auth_throttled"):
         return
     principal: Principal | None = state.get("principal")

@@ -99,7 +99,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
 def shortened(matrix: np.ndarray[Any, Any], dimensions: int) -> np.ndarray[Any, Any]:
     """The first ``dimensions`` of each row (OpenAI's ``dimensions``); rows of
     unit length are scaled to unit length again, as OpenAI's shortened
-    embeddings are. 400 for more dimensions than the model gives."""
+    embeddings are. 422 for more dimensions than the model gives."""
     if dimensions > matrix.shape[1]:
         raise InvalidInputError(
             f"dimensions is {dimensions}; this model's embeddings have {matrix.shape[1]}"
@@ -272,17 +272,26 @@ def completion_body(
 
 
 def _chunk(
-    completion_id: str, created: int, model: str, delta: dict[str, Any], **extra: Any
+    completion_id: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any] | None,
+    usage: dict[str, int] | None = None,
+    **extra: Any,
 ) -> str:
-    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
-    choice.update(extra)
-    payload = {
+    """One chunk event: a choice of ``delta``, or (``delta`` None) none, with ``usage``."""
+    choices: list[dict[str, Any]] = []
+    if delta is not None:
+        choices.append({"index": 0, "delta": delta, "finish_reason": None, **extra})
+    payload: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [choice],
+        "choices": choices,
     }
+    if usage is not None:
+        payload["usage"] = usage
     return f"data: {json.dumps(payload)}\n\n"
 
 
@@ -316,15 +325,7 @@ async def _stream_chat(
             return
         yield _chunk(completion_id, created, model, {}, finish_reason=output.finish_reason)
         if usage:
-            payload = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": usage_of(output),
-            }
-            yield f"data: {json.dumps(payload)}\n\n"
+            yield _chunk(completion_id, created, model, None, usage_of(output))
         yield "data: [DONE]\n\n"
     finally:
         if not work.done():

@@ -12,6 +12,7 @@ import json
 import uuid
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -100,7 +101,7 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request) -> JSONRespon
         raise InvalidInputError(f"embedding_types {kinds}: only 'float' is served")
     items = [TextInput(t) for t in texts_of(body.texts, "texts")]
     vectors = await run_task(request, body.model, Task.EMBEDDING, items)
-    floats = [[float(x) for x in vector] for vector in vectors]
+    floats = np.stack([np.asarray(v, dtype=np.float32) for v in vectors]).tolist()
     by_type = kinds is not None or request.url.path.startswith("/v2/")
     return JSONResponse(
         {

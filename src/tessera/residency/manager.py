@@ -98,7 +98,7 @@ PATIENCE_SHARE = 0.5
 # would otherwise evict a model the fill had just loaded.
 FILL_SHARE = 0.9
 # How long a batch's room is kept for its model's next batch beyond that
-# model's gathering wait (``release(hold=True)``): the next batch forms as
+# model's gathering wait (``release`` with ``next_batch_s``): the next batch forms as
 # soon as the last one's callers are answered, within milliseconds.
 HOLD_SLACK_S = 0.05
 
