@@ -323,11 +323,13 @@ async def test_items_run_alone_reserve_room_for_the_largest_not_their_sum(
     alone = await client.post("/v1/embeddings", json={"model": "scratch-alone", "input": inputs})
     assert alone.status_code == 200, alone.text
     assert len(alone.json()["data"]) == 6
-    # Its peak was taken per unit of one input, not spread over six.
+    # Its peak was taken per unit of one input (1.25 MiB a unit allocated; the
+    # reading may be lower where freed heap still resident takes part of it),
+    # not spread over six (about 0.2 MiB).
     stats = engine.snapshot().model("scratch-alone")
     assert stats is not None
     assert stats.activation_bytes_per_unit is not None
-    assert stats.activation_bytes_per_unit > 2**20
+    assert stats.activation_bytes_per_unit > 2**19
 
 
 async def test_batch_over_its_activation_room_runs_in_parts(
