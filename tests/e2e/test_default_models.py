@@ -77,6 +77,24 @@ def test_openai_client_chat_plain_and_streaming(oai: openai.OpenAI) -> None:
     assert all(chunk.usage is None for chunk in chunks[:-1])
 
 
+def test_openai_client_legacy_completions(oai: openai.OpenAI) -> None:
+    prompt = "The capital of France is"
+    response = oai.completions.create(
+        model="smollm2-135m", prompt=prompt, max_tokens=6, temperature=0
+    )
+    text = response.choices[0].text
+    assert text.startswith(" Paris")
+    assert response.usage is not None
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (5, 6)
+    assert response.choices[0].finish_reason == "length"
+    stream = oai.completions.create(
+        model="smollm2-135m", prompt=prompt, max_tokens=6, temperature=0, stream=True
+    )
+    assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == text
+    with pytest.raises(openai.UnprocessableEntityError, match="not served"):
+        oai.completions.create(model="smollm2-135m", prompt=prompt, logprobs=1)
+
+
 def test_openai_client_models(oai: openai.OpenAI) -> None:
     listed = {m.id for m in oai.models.list().data}
     assert "all-minilm-l6-v2" in listed

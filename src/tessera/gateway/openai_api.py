@@ -1,7 +1,9 @@
-"""OpenAI-compatible endpoints: embeddings, chat completions, speech, models.
+"""OpenAI-compatible endpoints: embeddings, chat completions, the legacy
+completions, speech, models.
 
 Chat messages may carry images as ``image_url`` parts with ``data:`` URLs, for
-a vision-language OCR model (the server fetches no remote URL).
+a vision-language OCR model (the server fetches no remote URL). A legacy
+completion continues its prompt as it is, without the model's chat template.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import json
 import time
 import uuid
 import wave
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 import orjson
@@ -40,6 +42,7 @@ from tessera.tasks.types import (
 )
 
 router = APIRouter()
+T = TypeVar("T")
 
 
 def texts_of(value: str | list[str], field: str = "input") -> list[str]:
@@ -65,14 +68,19 @@ class EmbeddingRequest(BaseModel):
     @field_validator("input", mode="before")
     @classmethod
     def _not_token_ids(cls, value: object) -> object:
-        """OpenAI's API also takes token ids (tiktoken's, which some clients
-        send by default); each model here has a tokenizer of its own."""
-        if isinstance(value, list) and value and all(_token_ids(v) for v in value):
-            raise ValueError(
-                "token ids are not taken as input: send the text (each model counts"
-                " its own tokens; LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)"
-            )
-        return value
+        return _text_not_token_ids(
+            value,
+            "each model counts its own tokens;"
+            " LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False",
+        )
+
+
+def _text_not_token_ids(value: object, advice: str) -> object:
+    """OpenAI's API also takes token ids (tiktoken's, which some clients send
+    by default); each model here has a tokenizer of its own."""
+    if isinstance(value, list) and value and all(_token_ids(v) for v in value):
+        raise ValueError(f"token ids are not taken as input: send the text ({advice})")
+    return value
 
 
 def _token_ids(value: object) -> bool:
@@ -216,11 +224,14 @@ def chat_task(engine: ServingEngine, model: str) -> Task:
     return spec.task if spec.inputs.vision is not None else Task.GENERATE
 
 
-def usage_of(output: ChatOutput) -> dict[str, int]:
+def usage_of(*outputs: ChatOutput) -> dict[str, int]:
+    """The tokens of one answer, or of several together."""
+    prompt = sum(o.prompt_tokens for o in outputs)
+    completion = sum(o.completion_tokens for o in outputs)
     return {
-        "prompt_tokens": output.prompt_tokens,
-        "completion_tokens": output.completion_tokens,
-        "total_tokens": output.prompt_tokens + output.completion_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
     }
 
 
@@ -271,6 +282,27 @@ def completion_body(
     }
 
 
+def _event(
+    kind: str,
+    completion_id: str,
+    created: int,
+    model: str,
+    choices: list[dict[str, Any]],
+    usage: dict[str, int] | None = None,
+) -> str:
+    """One server-sent event of a stream of ``kind`` (its ``object``)."""
+    payload: dict[str, Any] = {
+        "id": completion_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if usage is not None:
+        payload["usage"] = usage
+    return f"data: {json.dumps(payload)}\n\n"
+
+
 def _chunk(
     completion_id: str,
     created: int,
@@ -279,20 +311,28 @@ def _chunk(
     usage: dict[str, int] | None = None,
     **extra: Any,
 ) -> str:
-    """One chunk event: a choice of ``delta``, or (``delta`` None) none, with ``usage``."""
+    """One chat chunk: a choice of ``delta``, or (``delta`` None) none, with ``usage``."""
     choices: list[dict[str, Any]] = []
     if delta is not None:
         choices.append({"index": 0, "delta": delta, "finish_reason": None, **extra})
-    payload: dict[str, Any] = {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
-    if usage is not None:
-        payload["usage"] = usage
-    return f"data: {json.dumps(payload)}\n\n"
+    return _event("chat.completion.chunk", completion_id, created, model, choices, usage)
+
+
+async def _pieces(work: asyncio.Future[list[Any]], pieces: asyncio.Queue[T]) -> AsyncIterator[T]:
+    """Each streamed piece as it comes, until ``work`` is done and all are read."""
+    while not work.done() or not pieces.empty():
+        getter = asyncio.ensure_future(pieces.get())
+        waiting: set[asyncio.Future[Any]] = {getter, work}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            yield getter.result()
+        else:
+            getter.cancel()
+
+
+def _error_event(error: TesseraError) -> str:
+    status, kind = status_of(error)
+    return f"data: {json.dumps(error_body(status, str(error), kind))}\n\n"
 
 
 async def _stream_chat(
@@ -309,23 +349,161 @@ async def _stream_chat(
     usage, as OpenAI sends it."""
     try:
         yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""})
-        while not work.done() or not pieces.empty():
-            getter = asyncio.ensure_future(pieces.get())
-            waiting: set[asyncio.Future[Any]] = {getter, work}
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                yield _chunk(completion_id, created, model, {"content": getter.result()})
-            else:
-                getter.cancel()
+        async for piece in _pieces(work, pieces):
+            yield _chunk(completion_id, created, model, {"content": piece})
         try:
             (output,) = work.result()
         except TesseraError as e:
-            status, kind = status_of(e)
-            yield f"data: {json.dumps(error_body(status, str(e), kind))}\n\n"
+            yield _error_event(e)
             return
         yield _chunk(completion_id, created, model, {}, finish_reason=output.finish_reason)
         if usage:
             yield _chunk(completion_id, created, model, None, usage_of(output))
+        yield "data: [DONE]\n\n"
+    finally:
+        if not work.done():
+            work.cancel()
+
+
+class CompletionRequest(BaseModel):
+    """OpenAI's legacy completions: one choice a prompt (``n`` 1), no logprobs."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    prompt: str | Annotated[list[str], Field(min_length=1)]
+    max_tokens: int = Field(default=16, ge=1, le=4096)  # OpenAI's default here is 16
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    seed: int | None = None
+    echo: bool = False
+    n: int = Field(default=1, ge=1, le=1)
+    best_of: int | None = Field(default=None, ge=1, le=1)
+    logprobs: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _not_token_ids(cls, value: object) -> object:
+        return _text_not_token_ids(value, "each model has a tokenizer of its own")
+
+    @field_validator("logprobs", "suffix")
+    @classmethod
+    def _not_served(cls, value: object) -> object:
+        if value is not None:
+            raise ValueError("is not served here (log probabilities, or text after the completion)")
+        return value
+
+    def prompts(self) -> list[str]:
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise InvalidInputError(f"prompt[{i}] must not be empty")
+        return prompts
+
+
+def completion_inputs(
+    body: CompletionRequest, on_text: list[Callable[[str], None]] | None = None
+) -> list[ChatInput]:
+    """One raw-prompt item a prompt; ``on_text``: each one's stream listener."""
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    listeners: list[Callable[[str], None] | None] = [None] * len(body.prompts())
+    if on_text is not None:
+        listeners = list(on_text)
+    return [
+        ChatInput(
+            messages=(),
+            prompt=prompt,
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            stop=stop,
+            seed=body.seed,
+            on_text=listener,
+        )
+        for prompt, listener in zip(body.prompts(), listeners, strict=True)
+    ]
+
+
+def _text_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
+    created = int(time.time())
+    prompts = body.prompts()
+    if body.stream:
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+
+        def listener(index: int) -> Callable[[str], None]:
+            def on_text(text: str) -> None:
+                loop.call_soon_threadsafe(pieces.put_nowait, (index, text))
+
+            return on_text
+
+        # As for a chat: submitted here, so that a refusal is an HTTP status.
+        items = completion_inputs(body, [listener(i) for i in range(len(prompts))])
+        submission = await submit_task(request, body.model, Task.GENERATE, items)
+        work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
+        usage = body.stream_options is not None and body.stream_options.include_usage
+        echoed = prompts if body.echo else []
+        return StreamingResponse(
+            _stream_completion(body.model, work, pieces, completion_id, created, echoed, usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    outputs = await run_task(request, body.model, Task.GENERATE, completion_inputs(body))
+    choices = [
+        _text_choice(i, (prompt if body.echo else "") + output.text, output.finish_reason)
+        for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True))
+    ]
+    payload = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": body.model,
+        "choices": choices,
+        "usage": usage_of(*outputs),
+    }
+    return JSONResponse(payload)
+
+
+async def _stream_completion(
+    model: str,
+    work: asyncio.Future[list[Any]],
+    pieces: asyncio.Queue[tuple[int, str]],
+    completion_id: str,
+    created: int,
+    echoed: list[str],
+    usage: bool,
+) -> AsyncIterator[str]:
+    """Each prompt's text as it comes (after the prompt itself, for ``echo``),
+    then each one's finish reason, and (``usage``) a last chunk of no choices
+    with the usage."""
+
+    def event(choices: list[dict[str, Any]], tokens: dict[str, int] | None = None) -> str:
+        return _event("text_completion", completion_id, created, model, choices, tokens)
+
+    try:
+        for index, prompt in enumerate(echoed):
+            yield event([_text_choice(index, prompt, None)])
+        async for index, piece in _pieces(work, pieces):
+            yield event([_text_choice(index, piece, None)])
+        try:
+            outputs = work.result()
+        except TesseraError as e:
+            yield _error_event(e)
+            return
+        for index, output in enumerate(outputs):
+            yield event([_text_choice(index, "", output.finish_reason)])
+        if usage:
+            yield event([], usage_of(*outputs))
         yield "data: [DONE]\n\n"
     finally:
         if not work.done():

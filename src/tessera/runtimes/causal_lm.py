@@ -425,13 +425,16 @@ class CausalLm:
         if not isinstance(item, ChatInput):
             raise InvalidInputError(f"expected a chat item, got {type(item).__name__}")
         _validate(item, self._max_tokens_limit)
-        messages = [{"role": m.role, "content": m.content} for m in item.messages]
-        try:
-            prompt = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-        except Exception as e:  # the template raises on what it cannot render
-            raise InvalidInputError(f"the chat cannot be formatted for this model: {e}") from e
+        if item.prompt is not None:
+            prompt = _raw_prompt(tokenizer, item.prompt)
+        else:
+            messages = [{"role": m.role, "content": m.content} for m in item.messages]
+            try:
+                prompt = tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False
+                )
+            except Exception as e:  # the template raises on what it cannot render
+                raise InvalidInputError(f"the chat cannot be formatted for this model: {e}") from e
         num_prompt_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
         if self._context_tokens and num_prompt_tokens + item.max_tokens > self._context_tokens:
             raise InvalidInputError(
@@ -488,8 +491,21 @@ class CausalLm:
         return [row.output(p.num_prompt_tokens) for row, p in zip(rows, group, strict=True)]
 
 
+def _raw_prompt(tokenizer: Any, text: str) -> str:
+    """A completion's prompt as the model reads it: after the BOS token where
+    the tokenizer puts one in front of a text (as transformers' and vLLM's
+    completions do); prompts are tokenized without special tokens."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if not bos or text.startswith(bos):
+        return text
+    ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+    return bos + text if ids and ids[0] == tokenizer.bos_token_id else text
+
+
 def _validate(item: ChatInput, max_tokens_limit: int | None) -> None:
-    if not item.messages:
+    if item.prompt is not None and item.messages:
+        raise InvalidInputError("a completion's prompt and a chat's messages do not go together")
+    if item.prompt is None and not item.messages:
         raise InvalidInputError("a chat needs at least one message")
     if item.max_tokens < 1:
         raise InvalidInputError(f"max_tokens must be at least 1, got {item.max_tokens}")

@@ -99,9 +99,10 @@ def fake_output(item: object, *, word_s: float = 0.0, stop: StopFlag | None = No
                 (0.0, float(height)),
             )
             return OcrOutput((OcrLine(f"{width}x{height}", 1.0, box),))
-        case ChatInput(messages=messages, on_text=on_text):
+        case ChatInput(messages=messages, on_text=on_text, prompt=prompt):
             words: list[str] = []
-            for word in messages[-1].content.split():
+            said = prompt if prompt is not None else messages[-1].content
+            for word in said.split():
                 if words:
                     step_boundary()
                 if stop is not None and stop.is_set():
@@ -111,7 +112,7 @@ def fake_output(item: object, *, word_s: float = 0.0, stop: StopFlag | None = No
                 if on_text is not None:
                     on_text(word + " ")
             text = " ".join(words) + " "
-            return ChatOutput(text, len(messages), len(words), "stop")
+            return ChatOutput(text, len(messages) if prompt is None else 1, len(words), "stop")
     raise TypeError(f"fake model cannot answer {type(item).__name__}")
 
 

@@ -1,11 +1,13 @@
 """One chat completion streamed from an OpenAI-compatible engine process.
 
 What the external runtime (``runtimes/external.py``) sends each item as and
-reads back: ``POST /v1/chat/completions`` with ``stream: true``, read as
-server-sent events until ``[DONE]``. Streaming serves ``on_text``, tells a
-crash mid-answer (the connection resets, or the stream ends before its last
-chunk) apart from a slow answer, and bounds a hung engine: the connection's
-timeout is the longest wait for the next chunk. An item whose caller has gone
+reads back: ``POST /v1/chat/completions`` with ``stream: true`` (an item of a
+raw ``prompt``: ``POST /v1/completions``, whose chunks carry ``text`` where a
+chat's carry a ``delta``), read as server-sent events until ``[DONE]``.
+Streaming serves ``on_text``, tells a crash mid-answer (the connection
+resets, or the stream ends before its last chunk) apart from a slow answer,
+and bounds a hung engine: the connection's timeout is the longest wait for
+the next chunk. An item whose caller has gone
 (its stop flag) stops at the next chunk: the connection is closed, which ends
 the generation in llama.cpp's and vLLM's servers alike. A message's images
 go as ``image_url`` parts with ``data:`` URLs (for an engine that takes them).
@@ -51,7 +53,7 @@ def complete(
     try:
         connection.request(
             "POST",
-            "/v1/chat/completions",
+            "/v1/chat/completions" if item.prompt is None else "/v1/completions",
             body=json.dumps(body),
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
         )
@@ -68,10 +70,16 @@ def complete(
 
 
 def request_body(model: str, item: ChatInput, extras: Mapping[str, Any]) -> dict[str, Any]:
-    """The OpenAI chat request of ``item``, with the engine's own ``extras``."""
+    """The OpenAI chat (or, for a raw prompt, completion) request of ``item``,
+    with the engine's own ``extras``."""
+    text: dict[str, Any] = (
+        {"prompt": item.prompt}
+        if item.prompt is not None
+        else {"messages": [{"role": m.role, "content": _content(m)} for m in item.messages]}
+    )
     body: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": m.role, "content": _content(m)} for m in item.messages],
+        **text,
         "max_tokens": item.max_tokens,
         "temperature": item.temperature,
         "top_p": item.top_p,
@@ -159,7 +167,7 @@ def _read_stream(response: http.client.HTTPResponse, item: ChatInput, stop: Stop
                 finish_reason="stop",
             )
         for choice in event.get("choices") or ():
-            piece = (choice.get("delta") or {}).get("content") or ""
+            piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
             finish = choice.get("finish_reason") or finish
             if not piece:
                 continue

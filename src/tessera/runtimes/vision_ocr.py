@@ -167,8 +167,10 @@ class VisionOcr:
         match item:
             case OcrInput():
                 return page_chat(item, self._spec.options.get("prompts"), self._spec.inputs)
-            case ChatInput():
+            case ChatInput(prompt=None):
                 return item
+            case ChatInput():
+                raise InvalidInputError("this model answers chats, not a raw prompt to continue")
         raise InvalidInputError(f"expected an OCR page or a chat, got {type(item).__name__}")
 
     def _encode(self, chats: list[ChatInput]) -> Any:

@@ -143,7 +143,9 @@ class ChatMessage:
 
 @dataclass(frozen=True, slots=True)
 class ChatInput:
-    """A chat conversation to continue.
+    """A chat conversation to continue, or (``prompt`` set, ``messages``
+    empty) a text to continue as it is, without the model's chat template:
+    OpenAI's legacy completions.
 
     ``on_text`` (if set) is called from the worker thread with each new piece
     of generated text, for streaming; it must be thread-safe and must not block.
@@ -156,6 +158,7 @@ class ChatInput:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
+    prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,7 +299,7 @@ def work_units(item: object, limits: InputLimits = NO_LIMITS) -> float:
                 return prompt_tokens + ocr_max_tokens(item, limits)
             case ChatInput(messages=messages, max_tokens=max_tokens):
                 images = sum(_image_tokens(i, vision) for m in messages for i in m.images)
-                return images + sum(_approx_tokens(m.content) for m in messages) + max_tokens
+                return images + _chat_tokens(item) + max_tokens
     match item:
         case TextInput(text=text):
             return _text_units(text, limits)
@@ -309,9 +312,15 @@ def work_units(item: object, limits: InputLimits = NO_LIMITS) -> float:
             return max(1e-3, height * width / OCR_DETECTION_SIDE**2)
         case OcrInput(image=image):
             return _detection_pages(int(image.shape[0]), int(image.shape[1]), limits)
-        case ChatInput(messages=messages, max_tokens=max_tokens):
-            return sum(_approx_tokens(m.content) for m in messages) + max_tokens
+        case ChatInput(max_tokens=max_tokens):
+            return _chat_tokens(item) + max_tokens
     raise TypeError(f"not a task item: {type(item).__name__}")
+
+
+def _chat_tokens(item: ChatInput) -> int:
+    """A chat's text tokens, its messages' or its raw prompt's (characters / 4)."""
+    raw = _approx_tokens(item.prompt) if item.prompt is not None else 0
+    return sum(_approx_tokens(m.content) for m in item.messages) + raw
 
 
 def _check_item(

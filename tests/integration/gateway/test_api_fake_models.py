@@ -165,6 +165,81 @@ async def test_chat_plain_and_streaming(client: httpx.AsyncClient) -> None:
     assert "".join(pieces) == "one two three "
 
 
+async def test_legacy_completions_plain_echo_and_several_prompts(
+    client: httpx.AsyncClient,
+) -> None:
+    r = await client.post("/v1/completions", json={"model": "chat", "prompt": "one two"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion"
+    assert body["id"].startswith("cmpl-")
+    assert body["choices"] == [
+        {"text": "one two ", "index": 0, "logprobs": None, "finish_reason": "stop"}
+    ]
+    assert body["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    prompts = ["a b c", "d", "e f"]
+    r = await client.post(
+        "/v1/completions", json={"model": "chat", "prompt": prompts, "echo": True}
+    )
+    assert r.status_code == 200, r.text
+    texts = [(c["index"], c["text"]) for c in r.json()["choices"]]
+    assert texts == [(0, "a b ca b c "), (1, "dd "), (2, "e fe f ")]
+    assert r.json()["usage"]["completion_tokens"] == 6
+
+
+async def test_legacy_completions_stream_each_prompts_pieces_by_index(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {
+        "model": "chat",
+        "prompt": ["one two three", "four five"],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    texts: dict[int, str] = {0: "", 1: ""}
+    finished: dict[int, str] = {}
+    events = []
+    async with client.stream("POST", "/v1/completions", json=body) as stream:
+        assert stream.status_code == 200
+        async for line in stream.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    *chunks, usage = [json.loads(e) for e in events[:-1]]
+    for chunk in chunks:
+        assert chunk["object"] == "text_completion"
+        (choice,) = chunk["choices"]
+        texts[choice["index"]] += choice["text"]
+        if choice["finish_reason"] is not None:
+            finished[choice["index"]] = choice["finish_reason"]
+    assert texts == {0: "one two three ", 1: "four five "}
+    assert finished == {0: "stop", 1: "stop"}
+    assert usage["choices"] == []
+    assert usage["usage"]["completion_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"model": "chat", "prompt": ""}, 422, "must not be empty"),
+        ({"model": "chat", "prompt": []}, 422, "prompt"),
+        ({"model": "chat", "prompt": [1, 2, 3]}, 422, "send the text"),
+        ({"model": "chat", "prompt": "x", "logprobs": 1}, 422, "not served"),
+        ({"model": "chat", "prompt": "x", "suffix": "y"}, 422, "not served"),
+        ({"model": "chat", "prompt": "x", "n": 2}, 422, "n"),
+        ({"model": "chat", "prompt": "x", "max_tokens": 0}, 422, "max_tokens"),
+        ({"model": "embed", "prompt": "x"}, 400, "embed"),
+        ({"model": "nope", "prompt": "x"}, 404, "nope"),
+    ],
+)
+async def test_bad_legacy_completions_say_why(
+    client: httpx.AsyncClient, body: object, status: int, says: str
+) -> None:
+    r = await client.post("/v1/completions", json=body)
+    assert r.status_code == status, r.text
+    assert says in r.json()["error"]["message"]
+
+
 async def test_failed_model_is_503_and_others_keep_serving(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/embeddings", json={"model": "broken", "input": "x"})
     assert r.status_code == 503

@@ -22,7 +22,13 @@ from tessera.repository import default_repository_path, read_spec
 from tessera.repository.spec import ModelSpec
 from tessera.request import with_stops
 from tessera.runtimes.base import LoadedModel, OffloadingModel, standalone_context
-from tessera.runtimes.causal_lm import CausalLm, _from_pretrained, _RowStream, _safe_end
+from tessera.runtimes.causal_lm import (
+    CausalLm,
+    _from_pretrained,
+    _raw_prompt,
+    _RowStream,
+    _safe_end,
+)
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
 
@@ -37,6 +43,11 @@ HANG_GUARD_S = 30.0  # only a broken executor waits this long
 
 def chat(text: str, **kwargs: Any) -> ChatInput:
     return ChatInput(messages=(ChatMessage("user", text),), **kwargs)
+
+
+def raw(text: str, **kwargs: Any) -> ChatInput:
+    """A legacy completion's item: the text continued as it is."""
+    return ChatInput(messages=(), prompt=text, **kwargs)
 
 
 def run_one(model: LoadedModel, item: ChatInput) -> ChatOutput:
@@ -218,6 +229,42 @@ def test_tiny_batch_matches_one_by_one(tiny: LoadedModel) -> None:
     assert "".join(pieces) == batch[2].text
 
 
+def test_tiny_continues_a_raw_prompt_as_it_is(tiny: LoadedModel, tiny_folder: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    prompt = "the capital of France is"
+    output = run_one(tiny, raw(prompt, max_tokens=6))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    model = LlamaForCausalLM.from_pretrained(tiny_folder)
+    with torch.inference_mode():
+        made = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert output.text == tokenizer.decode(made[0, ids.shape[1] :], skip_special_tokens=True)
+    assert (output.prompt_tokens, output.completion_tokens) == (ids.shape[1], 6)
+    # The chat template is not applied: a chat of the same text is longer.
+    assert run_one(tiny, chat(prompt, max_tokens=6)).prompt_tokens > output.prompt_tokens
+    # In one batch with chats, the same answers as alone.
+    items = [chat("hello", max_tokens=5), raw(prompt, max_tokens=6)]
+    assert tiny.run(items) == [run_one(tiny, chat("hello", max_tokens=5)), output]
+
+
+def test_raw_prompt_gets_the_bos_token_its_tokenizer_puts_in_front(tiny_folder: Path) -> None:
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    assert _raw_prompt(tokenizer, "hello") == "hello"  # no BOS token
+    tokenizer.add_special_tokens({"bos_token": "<|im_start|>"})
+    assert _raw_prompt(tokenizer, "hello") == "hello"  # one, never put in front
+    bos = ("<|im_start|>", tokenizer.bos_token_id)
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[bos]
+    )
+    assert _raw_prompt(tokenizer, "hello") == "<|im_start|>hello"
+    assert _raw_prompt(tokenizer, "<|im_start|>hello") == "<|im_start|>hello"
+
+
 async def test_tiny_a_row_whose_caller_left_stops_at_the_next_step(tiny: LoadedModel) -> None:
     loop = asyncio.get_running_loop()
     gone, kept = make_queued(loop, "gone"), make_queued(loop, "kept")
@@ -260,6 +307,7 @@ def test_tiny_seeded_sampling_repeats(tiny: LoadedModel) -> None:
         chat("x", top_p=0.0),
         chat("x", stop=("",)),
         ChatInput(messages=()),
+        ChatInput(messages=(ChatMessage("user", "x"),), prompt="y"),
     ],
 )
 def test_tiny_refuses_invalid_items(tiny: LoadedModel, item: ChatInput) -> None:

@@ -103,6 +103,18 @@ def test_length_stop_and_streaming(smollm2: ExternalModel) -> None:
     assert "".join(pieces) == cut.text
 
 
+def test_continues_a_raw_prompt_without_the_chat_template(smollm2: ExternalModel) -> None:
+    pieces: list[str] = []
+    prompt = "The capital of France is"
+    item = ChatInput(messages=(), prompt=prompt, max_tokens=6, on_text=pieces.append)
+    output = run_one(smollm2, item)
+    assert output.text.startswith(" Paris")
+    # Its five tokens, as they are: a chat template would add a dozen more.
+    assert (output.prompt_tokens, output.completion_tokens) == (5, 6)
+    assert output.finish_reason == "length"
+    assert "".join(pieces) == output.text
+
+
 def slots_busy(model: ExternalModel) -> list[bool]:
     """Whether each slot of the model's engine is generating now (llama.cpp's /slots)."""
     assert model.address is not None
