@@ -2,11 +2,13 @@
 reload is a copy, not a parse), every default model, side by side in one run.
 
     HF_HUB_OFFLINE=1 nice .venv/bin/python benchmarks/reload_bench.py [--threads 1] \
-        [--reps 7] [--models NAME ...] [--out benchmarks/results]
+        [--reps 7] [--models NAME ...] [--no-cache] [--out benchmarks/results]
 
 Each model runs in a fresh process of its own (one after the other, so that
-they never share the cores), through the engine's own ``EngineHost``: a first
-load (measured and warmed up, as the engine's is), then ``reps`` rounds, each
+they never share the cores), through the engine's own ``EngineHost`` with a
+cache folder of its own, empty at the start, as a server has one under its
+data folder (``--no-cache``: none): a first load (measured and warmed up, as
+the engine's is, and filling the cache), then ``reps`` rounds, each
 of which evicts the model and brings it back twice, one way after the other:
 
 - from files: ``unload`` then ``load``, the engine's reload (not measured nor
@@ -35,9 +37,11 @@ import json
 import os
 import pickle
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -73,7 +77,7 @@ def resident_mib() -> dict[str, float]:
     return fields
 
 
-async def measure(name: str, threads: int, reps: int) -> dict[str, Any]:
+async def measure(name: str, threads: int, reps: int, cache: bool) -> dict[str, Any]:
     """Run in a child process: the figures of one model, as a dict."""
     from tessera.device import CpuDevice
     from tessera.engine.executor import ComputeExecutor
@@ -86,7 +90,8 @@ async def measure(name: str, threads: int, reps: int) -> dict[str, Any]:
     spec = read_spec(default_repository_path() / name)
     device = CpuDevice()
     executor = ComputeExecutor(device, threads, 1)
-    host = EngineHost(device, executor, ActivationBook())
+    cache_dir = Path(tempfile.mkdtemp(prefix="reload-cache-")) if cache else None
+    host = EngineHost(device, executor, ActivationBook(), cache_dir=cache_dir)
     items = warmup_items(spec.task, 1)
     try:
         start = time.perf_counter()
@@ -122,6 +127,8 @@ async def measure(name: str, threads: int, reps: int) -> dict[str, Any]:
     finally:
         host.shutdown()
         executor.shutdown()
+        if cache_dir is not None:
+            shutil.rmtree(cache_dir, ignore_errors=True)
     median = statistics.median
     return {
         "model": name,
@@ -143,14 +150,16 @@ async def measure(name: str, threads: int, reps: int) -> dict[str, Any]:
     }
 
 
-def run_child(name: str, threads: int, reps: int) -> dict[str, Any]:
+def run_child(name: str, threads: int, reps: int, cache: bool) -> dict[str, Any]:
     code = (
         "import asyncio, json, sys; sys.path.insert(0, sys.argv[1]); import reload_bench as b; "
-        "print(json.dumps(asyncio.run(b.measure(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))))"
+        "a = sys.argv[2:]; "
+        "print(json.dumps(asyncio.run(b.measure(a[0], int(a[1]), int(a[2]), a[3] == 'cache'))))"
     )
     here = str(Path(__file__).parent)
+    kind = "cache" if cache else "none"
     out = subprocess.run(
-        [sys.executable, "-c", code, here, name, str(threads), str(reps)],
+        [sys.executable, "-c", code, here, name, str(threads), str(reps), kind],
         check=True,
         capture_output=True,
         text=True,
@@ -163,9 +172,11 @@ def _s(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
-def table(rows: list[dict[str, Any]], threads: int, reps: int) -> str:
+def table(rows: list[dict[str, Any]], threads: int, reps: int, cache: bool) -> str:
+    folder = "a cache folder" if cache else "no cache folder"
     lines = [
-        f"{threads} thread(s); medians of {reps} reloads each way, one way after the other\n",
+        f"{threads} thread(s), {folder}; medians of {reps} reloads each way,"
+        " one way after the other\n",
         "| model | runtime | first load s | reload from files s | from the host tier s "
         "| files / tier | first batch after, files / tier (ms) | host tier holds (MiB) "
         "| same answers |",
@@ -212,27 +223,35 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--no-cache", action="store_true", help="load without a cache folder")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     for name in args.models:
         try:
-            rows.append(run_child(name, args.threads, args.reps))
+            rows.append(run_child(name, args.threads, args.reps, not args.no_cache))
         except subprocess.CalledProcessError as e:
             cause = (e.stderr or "").strip().splitlines()[-1:] or ["no output"]
             rows.append({"model": name, "error": cause[0]})
         print(f"{name}: done", file=sys.stderr)
-    text = table(rows, args.threads, args.reps)
+    text = table(rows, args.threads, args.reps, not args.no_cache)
     print(text)
     date = datetime.date.today().isoformat()
     stem = output_stem(args.out, date, "reload")
     rerun = "HF_HUB_OFFLINE=1 nice .venv/bin/python benchmarks/reload_bench.py"
     stem.with_suffix(".md").write_text(
         f"# Reloads from files vs from the host tier, {date}\n\n"
-        f"Rerun: `{rerun} --threads {args.threads} --reps {args.reps}`\n\n{text}"
+        f"Rerun: `{rerun} --threads {args.threads} --reps {args.reps}"
+        f"{' --no-cache' if args.no_cache else ''}`\n\n{text}"
     )
     machine = {"cpus": os.cpu_count(), "platform": platform.platform()}
-    report = {"date": date, "threads": args.threads, "reps": args.reps, "machine": machine}
+    report = {
+        "date": date,
+        "threads": args.threads,
+        "reps": args.reps,
+        "cache": not args.no_cache,
+        "machine": machine,
+    }
     stem.with_suffix(".json").write_text(json.dumps({**report, "rows": rows}, indent=2) + "\n")
     print(f"wrote {stem}.md and .json")
 

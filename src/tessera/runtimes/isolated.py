@@ -22,6 +22,9 @@ model with the adapter there, and runs each batch it is sent.
   next batch.
 - **Bytes**: the worker's resident set (its interpreter included), or on CUDA
   the bytes NVML counts for its pid.
+- **Load**: with the server's cache folder (converted and optimised graphs
+  are made once and read back by every later worker) and its warm-up choice
+  (a reload skips it).
 - **Stop**: unloading closes the pipe (the worker unloads its model and exits)
   and kills it after a grace; a worker also exits when the server dies (its
   pipe ends), unless it is stuck in a batch.
@@ -53,6 +56,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -183,6 +187,8 @@ class _WorkerArgs:
     device: str  # make_device's name: cpu, cuda:N
     threads: int
     mps_active_thread_percentage: int | None
+    cache_dir: Path | None = None  # the server's, for converted and optimised graphs
+    warm_up: bool = True
 
 
 def worker_main(conn: Connection, args: _WorkerArgs) -> None:
@@ -197,7 +203,14 @@ def worker_main(conn: Connection, args: _WorkerArgs) -> None:
             import torch
 
             torch.set_num_threads(args.threads)
-        ctx = LoadContext(device, args.threads, SharedComponents(), measure_rss)
+        ctx = LoadContext(
+            device,
+            args.threads,
+            SharedComponents(),
+            measure_rss,
+            cache_dir=args.cache_dir,
+            warm_up=args.warm_up,
+        )
         model = get_loader(args.spec.adapter).load(args.spec, ctx)
     except BaseException as e:
         _send(conn, _Reply(error=_portable(e)))
@@ -290,6 +303,8 @@ class IsolatedModel:
             device="cpu" if device.kind == "cpu" else f"cuda:{device.index}",
             threads=ctx.threads,
             mps_active_thread_percentage=spec.mps_active_thread_percentage,
+            cache_dir=ctx.cache_dir,
+            warm_up=ctx.warm_up,
         )
         self._run_timeout_s = float(spec.options.get("run_timeout_s", 120.0))
         self._run_lock = threading.Lock()  # one batch in the worker at a time

@@ -1,7 +1,8 @@
 """``isolation: process``: models in worker processes of their own, loaded with
 ``IsolatedLoader`` outside the engine: answers as inline (large arrays through
 shared memory), an ``os.abort()``, a hang and a leak that end only the worker,
-unloading that ends it, and a real native model (bergamot) answering as inline."""
+unloading that ends it, a real native model (bergamot) answering as inline, and
+a worker loading with the server's cache folder."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from tessera.runtimes.isolated import (
     worker_main,
 )
 from tessera.runtimes.registry import get_loader
+from tessera.tasks.samples import sample_page
 from tessera.tasks.types import OcrInput, SpeechInput, Task, TextInput, TranslateInput
 
 MODELS = Path(__file__).resolve().parents[3] / "src" / "tessera" / "models"
@@ -214,3 +216,17 @@ def test_bergamot_in_a_worker_answers_as_inline() -> None:
         assert model.run(items) == want
     finally:
         model.unload()
+
+
+@pytest.mark.slow
+def test_a_worker_loads_with_the_servers_cache_folder(tmp_path: Path) -> None:
+    spec = dataclasses.replace(read_spec(MODELS / "pp-ocrv6"), isolation="process")
+    ctx = dataclasses.replace(standalone_context(), cache_dir=tmp_path, warm_up=False)
+    model = IsolatedLoader(spec.adapter).load(spec, ctx)
+    try:
+        (output,) = model.run([OcrInput(sample_page())])
+        assert output.lines
+    finally:
+        model.unload()
+    # The worker made its three optimised graphs there, for every later load.
+    assert len(list((tmp_path / "onnx-optimized").glob("*.onnx"))) == 3
