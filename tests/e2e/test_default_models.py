@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import soundfile
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
@@ -248,7 +249,7 @@ def test_ocr_page_json_and_line_multipart(server: Server) -> None:
     assert "Total" in r.json()["text"]
 
 
-def test_speech_wav(oai: openai.OpenAI) -> None:
+def test_speech_wav_and_mp3(oai: openai.OpenAI) -> None:
     response = oai.audio.speech.create(
         model="piper-joe", voice="joe", input="Hello from tessera.", response_format="wav"
     )
@@ -257,6 +258,13 @@ def test_speech_wav(oai: openai.OpenAI) -> None:
         assert wav.getsampwidth() == 2
         seconds = wav.getnframes() / wav.getframerate()
     assert 0.5 < seconds < 10
+    # OpenAI's own default, mp3, as its client asks for it.
+    mp3 = oai.audio.speech.create(
+        model="piper-joe", voice="joe", input="Hello from tessera.", response_format="mp3"
+    )
+    info = soundfile.info(io.BytesIO(mp3.content))
+    assert info.format == "MP3"
+    assert abs(info.duration - seconds) < 0.2
 
 
 def test_translate_both_directions(server: Server) -> None:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import time
 import uuid
-import wave
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -28,6 +26,7 @@ from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
 from tessera.gateway.common import engine_of, run_task, submit_task, visible_models
 from tessera.gateway.errors import error_body, status_of
+from tessera.tasks.audio import AudioFormat, check_format, encoded
 from tessera.tasks.image import decode_base64, decode_image
 from tessera.tasks.types import (
     ChatInput,
@@ -35,7 +34,6 @@ from tessera.tasks.types import (
     ChatOutput,
     InputLimits,
     SpeechInput,
-    SpeechOutput,
     Task,
     TextInput,
     work_units,
@@ -318,7 +316,7 @@ def _chunk(
     return _event("chat.completion.chunk", completion_id, created, model, choices, usage)
 
 
-async def _pieces(work: asyncio.Future[list[Any]], pieces: asyncio.Queue[T]) -> AsyncIterator[T]:
+async def pieces_of(work: asyncio.Future[list[Any]], pieces: asyncio.Queue[T]) -> AsyncIterator[T]:
     """Each streamed piece as it comes, until ``work`` is done and all are read."""
     while not work.done() or not pieces.empty():
         getter = asyncio.ensure_future(pieces.get())
@@ -349,7 +347,7 @@ async def _stream_chat(
     usage, as OpenAI sends it."""
     try:
         yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""})
-        async for piece in _pieces(work, pieces):
+        async for piece in pieces_of(work, pieces):
             yield _chunk(completion_id, created, model, {"content": piece})
         try:
             (output,) = work.result()
@@ -493,7 +491,7 @@ async def _stream_completion(
     try:
         for index, prompt in enumerate(echoed):
             yield event([_text_choice(index, prompt, None)])
-        async for index, piece in _pieces(work, pieces):
+        async for index, piece in pieces_of(work, pieces):
             yield event([_text_choice(index, piece, None)])
         try:
             outputs = work.result()
@@ -516,18 +514,13 @@ class SpeechRequest(BaseModel):
     model: str
     input: Annotated[str, Field(min_length=1, max_length=4096)]
     voice: str | None = None
-    response_format: Literal["wav", "pcm"] = "wav"
+    response_format: AudioFormat = "wav"
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
 
-
-def wav_bytes(output: SpeechOutput) -> bytes:
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(output.sample_rate)
-        wav.writeframes(np.asarray(output.samples, dtype="<i2").tobytes())
-    return buffer.getvalue()
+    @field_validator("response_format")
+    @classmethod
+    def _written(cls, value: str) -> str:
+        return check_format(value)
 
 
 @router.post("/v1/audio/speech", response_model=None)
@@ -535,12 +528,10 @@ async def speech(body: SpeechRequest, request: Request) -> Response:
     if not body.input.strip():
         raise InvalidInputError("input must not be blank")
     (output,) = await run_task(request, body.model, Task.TTS, [SpeechInput(body.input, body.speed)])
-    if body.response_format == "pcm":
-        pcm = np.asarray(output.samples, dtype="<i2").tobytes()
-        return Response(
-            pcm, media_type="audio/pcm", headers={"x-sample-rate": str(output.sample_rate)}
-        )
-    return Response(wav_bytes(output), media_type="audio/wav")
+    # mp3, flac and opus take milliseconds a second of speech: off the event loop.
+    audio = await asyncio.to_thread(encoded, output, body.response_format)
+    headers = {"x-sample-rate": str(audio.sample_rate)} if body.response_format == "pcm" else {}
+    return Response(audio.data, media_type=audio.media_type, headers=headers)
 
 
 def _model_objects(request: Request) -> list[dict[str, Any]]:

@@ -54,7 +54,6 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-import numpy as np
 import orjson
 from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, Field
@@ -80,8 +79,8 @@ from tessera.gateway.openai_api import (
     chat_task,
     completion_body,
     embeddings_body,
+    pieces_of,
     texts_of,
-    wav_bytes,
 )
 from tessera.gateway.tasks_api import (
     ClassifyRequest,
@@ -96,6 +95,7 @@ from tessera.gateway.tasks_api import (
     translate_body,
 )
 from tessera.logs import request_id as request_id_var
+from tessera.tasks.audio import encoded
 from tessera.tasks.image import decode_base64, decode_image
 from tessera.tasks.types import SpeechInput, Task, TextInput, TranslateInput
 from tessera.tenants import Principal
@@ -443,16 +443,12 @@ async def _speech(session: _Session, message: _Message, payload: dict[str, Any])
         raise InvalidInputError("input must not be blank")
     items = [SpeechInput(body.input, body.speed)]
     (output,) = await session.run(message, body.model, Task.TTS, items, _timeout(payload))
-    audio = (
-        np.asarray(output.samples, dtype="<i2").tobytes()
-        if body.response_format == "pcm"
-        else wav_bytes(output)
-    )
+    audio = await asyncio.to_thread(encoded, output, body.response_format)
     data = {
         "model": body.model,
         "format": body.response_format,
-        "sample_rate": output.sample_rate,
-        "audio": base64.b64encode(audio).decode(),
+        "sample_rate": audio.sample_rate,
+        "audio": base64.b64encode(audio.data).decode(),
     }
     await session.result(message, data)
 
@@ -470,13 +466,8 @@ async def _chat(session: _Session, message: _Message, payload: dict[str, Any]) -
     item = chat_input(body, on_text if body.stream else None)
     work = asyncio.ensure_future(session.run(message, body.model, task, [item], _timeout(payload)))
     try:
-        while not work.done() or not pieces.empty():
-            getter = asyncio.ensure_future(pieces.get())
-            await asyncio.wait({getter, work}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                await session.send({"id": message.id, "type": "delta", "content": getter.result()})
-            else:
-                getter.cancel()
+        async for piece in pieces_of(work, pieces):
+            await session.send({"id": message.id, "type": "delta", "content": piece})
         (output,) = work.result()
     finally:
         if not work.done():

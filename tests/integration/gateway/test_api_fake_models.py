@@ -149,6 +149,28 @@ async def test_speech_returns_wav(client: httpx.AsyncClient) -> None:
         assert wav.getnframes() == 500
 
 
+@pytest.mark.parametrize(
+    ("audio_format", "media_type"), [("mp3", "audio/mpeg"), ("flac", "audio/flac")]
+)
+async def test_speech_in_openais_other_formats(
+    client: httpx.AsyncClient, audio_format: str, media_type: str
+) -> None:
+    soundfile = pytest.importorskip("soundfile")
+    body = {"model": "tts", "input": "hello", "response_format": audio_format}
+    r = await client.post("/v1/audio/speech", json=body)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == media_type
+    info = soundfile.info(io.BytesIO(r.content))
+    assert (info.samplerate, info.channels) == (22050, 1)
+
+
+async def test_speech_in_aac_is_refused_saying_what_is_served(client: httpx.AsyncClient) -> None:
+    body = {"model": "tts", "input": "hello", "response_format": "aac"}
+    r = await client.post("/v1/audio/speech", json=body)
+    assert r.status_code == 422
+    assert "mp3, opus, flac, wav, pcm" in r.json()["error"]["message"]
+
+
 async def test_chat_plain_and_streaming(client: httpx.AsyncClient) -> None:
     messages = [{"role": "user", "content": "one two three"}]
     r = await client.post("/v1/chat/completions", json={"model": "chat", "messages": messages})
