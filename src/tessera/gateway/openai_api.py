@@ -41,6 +41,8 @@ from tessera.tasks.types import (
 
 router = APIRouter()
 T = TypeVar("T")
+# The most choices (``n``) one request may ask for: each is an item of its own.
+MAX_CHOICES = 16
 
 
 def texts_of(value: str | list[str], field: str = "input") -> list[str]:
@@ -168,7 +170,7 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     seed: int | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
 
 
 def _message(message: ChatMessageIn) -> ChatMessage:
@@ -237,33 +239,46 @@ def usage_of(*outputs: ChatOutput) -> dict[str, int]:
 async def chat_completions(body: ChatRequest, request: Request) -> Response:
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
+    task = chat_task(engine_of(request), body.model)
     if body.stream:
-        loop = asyncio.get_running_loop()
-        pieces: asyncio.Queue[str] = asyncio.Queue()
-
-        def on_text(text: str) -> None:
-            loop.call_soon_threadsafe(pieces.put_nowait, text)
-
+        pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+        items = [chat_input(body, on_text) for on_text in listeners(pieces, body.n)]
         # Submitted here so that a refusal is an HTTP status, not a stream event;
         # the wait runs as its own task so the admission is released even if
         # the stream is never read.
-        task = chat_task(engine_of(request), body.model)
-        submission = await submit_task(request, body.model, task, [chat_input(body, on_text)])
+        submission = await submit_task(request, body.model, task, items)
         work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
         usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(
-            _stream_chat(body.model, work, pieces, completion_id, created, usage=usage),
+            _stream_chat(
+                body.model, work, pieces, completion_id, created, choices=body.n, usage=usage
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    task = chat_task(engine_of(request), body.model)
-    (output,) = await run_task(request, body.model, task, [chat_input(body)])
-    return JSONResponse(completion_body(body.model, output, completion_id, created))
+    items = [chat_input(body) for _ in range(body.n)]
+    outputs = await run_task(request, body.model, task, items)
+    return JSONResponse(completion_body(body.model, outputs, completion_id, created))
+
+
+def listeners(pieces: asyncio.Queue[tuple[int, str]], count: int) -> list[Callable[[str], None]]:
+    """``count`` stream listeners, called from worker threads: each puts
+    (its index, a piece) on ``pieces`` in the running loop."""
+    loop = asyncio.get_running_loop()
+
+    def listener(index: int) -> Callable[[str], None]:
+        def on_text(text: str) -> None:
+            loop.call_soon_threadsafe(pieces.put_nowait, (index, text))
+
+        return on_text
+
+    return [listener(i) for i in range(count)]
 
 
 def completion_body(
-    model: str, output: ChatOutput, completion_id: str, created: int
+    model: str, outputs: list[ChatOutput], completion_id: str, created: int
 ) -> dict[str, Any]:
+    """A chat's answer: a choice an output."""
     return {
         "id": completion_id,
         "object": "chat.completion",
@@ -271,12 +286,13 @@ def completion_body(
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "message": {"role": "assistant", "content": output.text},
                 "finish_reason": output.finish_reason,
             }
+            for index, output in enumerate(outputs)
         ],
-        "usage": usage_of(output),
+        "usage": usage_of(*outputs),
     }
 
 
@@ -307,12 +323,15 @@ def _chunk(
     model: str,
     delta: dict[str, Any] | None,
     usage: dict[str, int] | None = None,
-    **extra: Any,
+    *,
+    index: int = 0,
+    finish_reason: str | None = None,
 ) -> str:
-    """One chat chunk: a choice of ``delta``, or (``delta`` None) none, with ``usage``."""
+    """One chat chunk: choice ``index``'s ``delta``, or (``delta`` None) no
+    choice, with ``usage``."""
     choices: list[dict[str, Any]] = []
     if delta is not None:
-        choices.append({"index": 0, "delta": delta, "finish_reason": None, **extra})
+        choices.append({"index": index, "delta": delta, "finish_reason": finish_reason})
     return _event("chat.completion.chunk", completion_id, created, model, choices, usage)
 
 
@@ -336,27 +355,32 @@ def _error_event(error: TesseraError) -> str:
 async def _stream_chat(
     model: str,
     work: asyncio.Future[list[Any]],
-    pieces: asyncio.Queue[str],
+    pieces: asyncio.Queue[tuple[int, str]],
     completion_id: str,
     created: int,
     *,
+    choices: int,
     usage: bool = False,
 ) -> AsyncIterator[str]:
-    """The answer's chunks as server-sent events; with ``usage`` (the request's
-    ``stream_options.include_usage``), a last chunk of no choices with the
-    usage, as OpenAI sends it."""
+    """The answer's chunks as server-sent events, each choice's by its index;
+    with ``usage`` (the request's ``stream_options.include_usage``), a last
+    chunk of no choices with the usage, as OpenAI sends it."""
     try:
-        yield _chunk(completion_id, created, model, {"role": "assistant", "content": ""})
-        async for piece in pieces_of(work, pieces):
-            yield _chunk(completion_id, created, model, {"content": piece})
+        for index in range(choices):
+            role = {"role": "assistant", "content": ""}
+            yield _chunk(completion_id, created, model, role, index=index)
+        async for index, piece in pieces_of(work, pieces):
+            yield _chunk(completion_id, created, model, {"content": piece}, index=index)
         try:
-            (output,) = work.result()
+            outputs = work.result()
         except TesseraError as e:
             yield _error_event(e)
             return
-        yield _chunk(completion_id, created, model, {}, finish_reason=output.finish_reason)
+        for index, output in enumerate(outputs):
+            finish = output.finish_reason
+            yield _chunk(completion_id, created, model, {}, index=index, finish_reason=finish)
         if usage:
-            yield _chunk(completion_id, created, model, None, usage_of(output))
+            yield _chunk(completion_id, created, model, None, usage_of(*outputs))
         yield "data: [DONE]\n\n"
     finally:
         if not work.done():
@@ -364,7 +388,7 @@ async def _stream_chat(
 
 
 class CompletionRequest(BaseModel):
-    """OpenAI's legacy completions: one choice a prompt (``n`` 1), no logprobs."""
+    """OpenAI's legacy completions: ``n`` choices a prompt, no logprobs."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -378,7 +402,7 @@ class CompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     seed: int | None = None
     echo: bool = False
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     best_of: int | None = Field(default=None, ge=1, le=1)
     logprobs: int | None = None
     suffix: str | None = None
@@ -406,11 +430,13 @@ class CompletionRequest(BaseModel):
 def completion_inputs(
     body: CompletionRequest, on_text: list[Callable[[str], None]] | None = None
 ) -> list[ChatInput]:
-    """One raw-prompt item a prompt; ``on_text``: each one's stream listener."""
+    """``n`` raw-prompt items a prompt, in the order of their choices' indices
+    (prompt i's are i*n to i*n + n - 1); ``on_text``: each one's stream listener."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    listeners: list[Callable[[str], None] | None] = [None] * len(body.prompts())
+    prompts = [prompt for prompt in body.prompts() for _ in range(body.n)]
+    streams: list[Callable[[str], None] | None] = [None] * len(prompts)
     if on_text is not None:
-        listeners = list(on_text)
+        streams = list(on_text)
     return [
         ChatInput(
             messages=(),
@@ -422,7 +448,7 @@ def completion_inputs(
             seed=body.seed,
             on_text=listener,
         )
-        for prompt, listener in zip(body.prompts(), listeners, strict=True)
+        for prompt, listener in zip(prompts, streams, strict=True)
     ]
 
 
@@ -434,19 +460,11 @@ def _text_choice(index: int, text: str, finish_reason: str | None) -> dict[str, 
 async def completions(body: CompletionRequest, request: Request) -> Response:
     completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
-    prompts = body.prompts()
+    prompts = [prompt for prompt in body.prompts() for _ in range(body.n)]  # a choice each
     if body.stream:
-        loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-
-        def listener(index: int) -> Callable[[str], None]:
-            def on_text(text: str) -> None:
-                loop.call_soon_threadsafe(pieces.put_nowait, (index, text))
-
-            return on_text
-
         # As for a chat: submitted here, so that a refusal is an HTTP status.
-        items = completion_inputs(body, [listener(i) for i in range(len(prompts))])
+        items = completion_inputs(body, listeners(pieces, len(prompts)))
         submission = await submit_task(request, body.model, Task.GENERATE, items)
         work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
         usage = body.stream_options is not None and body.stream_options.include_usage

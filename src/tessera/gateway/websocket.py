@@ -79,6 +79,7 @@ from tessera.gateway.openai_api import (
     chat_task,
     completion_body,
     embeddings_body,
+    listeners,
     pieces_of,
     texts_of,
 )
@@ -456,23 +457,22 @@ async def _speech(session: _Session, message: _Message, payload: dict[str, Any])
 async def _chat(session: _Session, message: _Message, payload: dict[str, Any]) -> None:
     body = _parse(ChatRequest, payload)
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-    pieces: asyncio.Queue[str] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-
-    def on_text(text: str) -> None:
-        loop.call_soon_threadsafe(pieces.put_nowait, text)
-
+    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
     task = chat_task(session.engine, body.model)
-    item = chat_input(body, on_text if body.stream else None)
-    work = asyncio.ensure_future(session.run(message, body.model, task, [item], _timeout(payload)))
+    if body.stream:
+        items = [chat_input(body, on_text) for on_text in listeners(pieces, body.n)]
+    else:
+        items = [chat_input(body) for _ in range(body.n)]
+    work = asyncio.ensure_future(session.run(message, body.model, task, items, _timeout(payload)))
     try:
-        async for piece in pieces_of(work, pieces):
-            await session.send({"id": message.id, "type": "delta", "content": piece})
-        (output,) = work.result()
+        async for index, piece in pieces_of(work, pieces):
+            delta = {"id": message.id, "type": "delta", "index": index, "content": piece}
+            await session.send(delta)
+        outputs = work.result()
     finally:
         if not work.done():
             work.cancel()
-    await session.result(message, completion_body(body.model, output, completion_id, created))
+    await session.result(message, completion_body(body.model, outputs, completion_id, created))
 
 
 async def _ocr(session: _Session, message: _Message, payload: dict[str, Any]) -> None:

@@ -209,6 +209,49 @@ async def test_legacy_completions_plain_echo_and_several_prompts(
     assert r.json()["usage"]["completion_tokens"] == 6
 
 
+async def test_n_choices_of_a_chat_and_of_each_prompt(client: httpx.AsyncClient) -> None:
+    messages = [{"role": "user", "content": "one two"}]
+    body = {"model": "chat", "messages": messages, "n": 3}
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [(c["index"], c["message"]["content"]) for c in choices] == [
+        (0, "one two "),
+        (1, "one two "),
+        (2, "one two "),
+    ]
+    assert r.json()["usage"]["completion_tokens"] == 6
+    body = {"model": "chat", "prompt": ["a", "b c"], "n": 2}
+    r = await client.post("/v1/completions", json=body)
+    texts = [(c["index"], c["text"]) for c in r.json()["choices"]]
+    assert texts == [(0, "a "), (1, "a "), (2, "b c "), (3, "b c ")]
+    r = await client.post("/v1/chat/completions", json={**body, "messages": messages, "n": 17})
+    assert r.status_code == 422
+
+
+async def test_a_streamed_chat_of_n_choices_streams_each_by_index(
+    client: httpx.AsyncClient,
+) -> None:
+    messages = [{"role": "user", "content": "one two three"}]
+    body = {"model": "chat", "messages": messages, "n": 2, "stream": True}
+    texts: dict[int, str] = {0: "", 1: ""}
+    roles, finished = [], {}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+        async for line in stream.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            (choice,) = json.loads(line[6:])["choices"]
+            delta = choice["delta"]
+            if "role" in delta:
+                roles.append(choice["index"])
+            texts[choice["index"]] += delta.get("content", "")
+            if choice["finish_reason"] is not None:
+                finished[choice["index"]] = choice["finish_reason"]
+    assert roles == [0, 1]
+    assert texts == {0: "one two three ", 1: "one two three "}
+    assert finished == {0: "stop", 1: "stop"}
+
+
 async def test_legacy_completions_stream_each_prompts_pieces_by_index(
     client: httpx.AsyncClient,
 ) -> None:
@@ -248,7 +291,7 @@ async def test_legacy_completions_stream_each_prompts_pieces_by_index(
         ({"model": "chat", "prompt": [1, 2, 3]}, 422, "send the text"),
         ({"model": "chat", "prompt": "x", "logprobs": 1}, 422, "not served"),
         ({"model": "chat", "prompt": "x", "suffix": "y"}, 422, "not served"),
-        ({"model": "chat", "prompt": "x", "n": 2}, 422, "n"),
+        ({"model": "chat", "prompt": "x", "n": 17}, 422, "n"),
         ({"model": "chat", "prompt": "x", "max_tokens": 0}, 422, "max_tokens"),
         ({"model": "embed", "prompt": "x"}, 400, "embed"),
         ({"model": "nope", "prompt": "x"}, 404, "nope"),
