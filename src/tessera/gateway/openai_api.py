@@ -419,21 +419,22 @@ class CompletionRequest(BaseModel):
             raise ValueError("is not served here (log probabilities, or text after the completion)")
         return value
 
-    def prompts(self) -> list[str]:
+    def choice_prompts(self) -> list[str]:
+        """Each choice's prompt, in the order of their indices: ``n`` of each
+        prompt (prompt i's are choices i*n to i*n + n - 1)."""
         prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
         for i, prompt in enumerate(prompts):
             if not prompt:
                 raise InvalidInputError(f"prompt[{i}] must not be empty")
-        return prompts
+        return [prompt for prompt in prompts for _ in range(self.n)]
 
 
 def completion_inputs(
     body: CompletionRequest, on_text: list[Callable[[str], None]] | None = None
 ) -> list[ChatInput]:
-    """``n`` raw-prompt items a prompt, in the order of their choices' indices
-    (prompt i's are i*n to i*n + n - 1); ``on_text``: each one's stream listener."""
+    """A raw-prompt item a choice; ``on_text``: each one's stream listener."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    prompts = [prompt for prompt in body.prompts() for _ in range(body.n)]
+    prompts = body.choice_prompts()
     streams: list[Callable[[str], None] | None] = [None] * len(prompts)
     if on_text is not None:
         streams = list(on_text)
@@ -460,7 +461,7 @@ def _text_choice(index: int, text: str, finish_reason: str | None) -> dict[str, 
 async def completions(body: CompletionRequest, request: Request) -> Response:
     completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
-    prompts = [prompt for prompt in body.prompts() for _ in range(body.n)]  # a choice each
+    prompts = body.choice_prompts()
     if body.stream:
         pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
         # As for a chat: submitted here, so that a refusal is an HTTP status.
