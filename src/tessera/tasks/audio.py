@@ -92,4 +92,6 @@ def _resampled(
     count = max(1, round(samples.size * target / rate))
     times = np.arange(count) * (rate / target)
     values = np.interp(times, np.arange(samples.size), samples.astype(np.float32))
-    return np.clip(np.rint(values), -32768, 32767).astype("<i2")
+    resampled: np.ndarray[tuple[int], np.dtype[np.int16]]
+    resampled = np.clip(np.rint(values), -32768, 32767).astype(np.int16)
+    return resampled

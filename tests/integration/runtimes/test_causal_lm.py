@@ -235,9 +235,9 @@ def test_tiny_continues_a_raw_prompt_as_it_is(tiny: LoadedModel, tiny_folder: Pa
 
     prompt = "the capital of France is"
     output = run_one(tiny, raw(prompt, max_tokens=6))
-    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder / "1")
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    model = LlamaForCausalLM.from_pretrained(tiny_folder)
+    model = LlamaForCausalLM.from_pretrained(tiny_folder / "1")
     with torch.inference_mode():
         made = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
     assert output.text == tokenizer.decode(made[0, ids.shape[1] :], skip_special_tokens=True)
@@ -253,7 +253,7 @@ def test_raw_prompt_gets_the_bos_token_its_tokenizer_puts_in_front(tiny_folder: 
     from tokenizers import processors
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_folder)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder / "1")
     assert _raw_prompt(tokenizer, "hello") == "hello"  # no BOS token
     tokenizer.add_special_tokens({"bos_token": "<|im_start|>"})
     assert _raw_prompt(tokenizer, "hello") == "hello"  # one, never put in front
