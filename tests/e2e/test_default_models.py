@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import wave
 from collections.abc import Iterator
 
@@ -76,6 +77,17 @@ def test_openai_client_chat_plain_and_streaming(oai: openai.OpenAI) -> None:
     assert chunks[-1].choices == []
     assert chunks[-1].usage == response.usage
     assert all(chunk.usage is None for chunk in chunks[:-1])
+
+
+def test_openai_client_json_answers(oai: openai.OpenAI) -> None:
+    response = oai.chat.completions.create(
+        model="smollm2-135m",
+        messages=[{"role": "user", "content": "Give the capital of France as JSON."}],
+        max_tokens=48,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    assert isinstance(json.loads(response.choices[0].message.content or ""), dict)
 
 
 def test_openai_client_legacy_completions(oai: openai.OpenAI) -> None:

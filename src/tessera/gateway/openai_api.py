@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
@@ -157,6 +157,29 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: free ``text``, any ``json_object``, or JSON
+    of the schema in ``json_schema.schema``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema":
+            schema = (self.json_schema or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise ValueError("type json_schema needs a json_schema object with a schema")
+        return self
+
+    def constraint(self) -> str | None:
+        """The format as the runtimes take it (``ChatInput.response_format``):
+        None for free text."""
+        return None if self.type == "text" else self.model_dump_json(exclude_none=True)
+
+
 class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -171,6 +194,7 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     seed: int | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    response_format: ResponseFormat | None = None
 
 
 def _message(message: ChatMessageIn) -> ChatMessage:
@@ -206,6 +230,7 @@ def _image_of(image_url: Any) -> Any:
 
 def chat_input(body: ChatRequest, on_text: Any = None) -> ChatInput:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    response_format = body.response_format
     return ChatInput(
         messages=tuple(_message(m) for m in body.messages),
         max_tokens=body.max_completion_tokens or body.max_tokens or 128,
@@ -214,6 +239,7 @@ def chat_input(body: ChatRequest, on_text: Any = None) -> ChatInput:
         stop=stop,
         seed=body.seed,
         on_text=on_text,
+        response_format=None if response_format is None else response_format.constraint(),
     )
 
 

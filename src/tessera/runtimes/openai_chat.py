@@ -89,6 +89,8 @@ def request_body(model: str, item: ChatInput, extras: Mapping[str, Any]) -> dict
     }
     if item.stop:
         body["stop"] = list(item.stop)
+    if item.response_format is not None:  # llama.cpp and vLLM both constrain to it
+        body["response_format"] = json.loads(item.response_format)
     if item.seed is not None:
         body["seed"] = item.seed
     return body

@@ -47,7 +47,13 @@ from tessera.runtimes.hostcopy import HostSlot
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.step import holding
 from tessera.tasks.prompts import page_chat
-from tessera.tasks.types import ChatInput, ChatOutput, OcrInput, VisionLimits
+from tessera.tasks.types import (
+    ChatInput,
+    ChatOutput,
+    OcrInput,
+    VisionLimits,
+    refuse_json_answers,
+)
 
 if TYPE_CHECKING:
     from tessera.repository.spec import ModelSpec
@@ -168,6 +174,7 @@ class VisionOcr:
             case OcrInput():
                 return page_chat(item, self._spec.options.get("prompts"), self._spec.inputs)
             case ChatInput(prompt=None):
+                refuse_json_answers(item, "transformers' generate")
                 return item
             case ChatInput():
                 raise InvalidInputError("this model answers chats, not a raw prompt to continue")

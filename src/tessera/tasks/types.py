@@ -147,6 +147,10 @@ class ChatInput:
     empty) a text to continue as it is, without the model's chat template:
     OpenAI's legacy completions.
 
+    ``response_format`` (OpenAI's object of that name, as JSON text: type
+    ``json_object`` or ``json_schema``) holds the answer to JSON; a runtime
+    that cannot refuses the item. None: free text.
+
     ``on_text`` (if set) is called from the worker thread with each new piece
     of generated text, for streaming; it must be thread-safe and must not block.
     """
@@ -159,6 +163,7 @@ class ChatInput:
     seed: int | None = None
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
     prompt: str | None = None
+    response_format: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +326,16 @@ def _chat_tokens(item: ChatInput) -> int:
     """A chat's text tokens, its messages' or its raw prompt's (characters / 4)."""
     raw = _approx_tokens(item.prompt) if item.prompt is not None else 0
     return sum(_approx_tokens(m.content) for m in item.messages) + raw
+
+
+def refuse_json_answers(item: ChatInput, runtime: str) -> None:
+    """Refuse an item whose answer must be JSON, for a runtime that cannot
+    hold an answer to that."""
+    if item.response_format is not None:
+        raise InvalidInputError(
+            f"response_format: {runtime} cannot hold an answer to JSON;"
+            " a model served by llama.cpp or vLLM (runtime: external) can"
+        )
 
 
 def _check_item(

@@ -209,6 +209,27 @@ async def test_legacy_completions_plain_echo_and_several_prompts(
     assert r.json()["usage"]["completion_tokens"] == 6
 
 
+@pytest.mark.parametrize(
+    ("response_format", "status", "says"),
+    [
+        ({"type": "text"}, 200, ""),
+        ({"type": "json_object"}, 422, "cannot hold an answer to JSON"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, 422, "JSON"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, 422, "needs a json_schema"),
+        ({"type": "xml"}, 422, "type"),
+    ],
+)
+async def test_json_answers_where_the_runtime_cannot_hold_them_say_why(
+    client: httpx.AsyncClient, response_format: object, status: int, says: str
+) -> None:
+    messages = [{"role": "user", "content": "one two"}]
+    body = {"model": "chat", "messages": messages, "response_format": response_format}
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == status, r.text
+    if status != 200:
+        assert says in r.json()["error"]["message"]
+
+
 async def test_n_choices_of_a_chat_and_of_each_prompt(client: httpx.AsyncClient) -> None:
     messages = [{"role": "user", "content": "one two"}]
     body = {"model": "chat", "messages": messages, "n": 3}

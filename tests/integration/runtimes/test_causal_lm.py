@@ -308,6 +308,7 @@ def test_tiny_seeded_sampling_repeats(tiny: LoadedModel) -> None:
         chat("x", stop=("",)),
         ChatInput(messages=()),
         ChatInput(messages=(ChatMessage("user", "x"),), prompt="y"),
+        chat("x", response_format='{"type": "json_object"}'),
     ],
 )
 def test_tiny_refuses_invalid_items(tiny: LoadedModel, item: ChatInput) -> None:

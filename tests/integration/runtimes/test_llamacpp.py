@@ -115,6 +115,26 @@ def test_continues_a_raw_prompt_without_the_chat_template(smollm2: ExternalModel
     assert "".join(pieces) == output.text
 
 
+def test_answers_held_to_json_and_to_a_schema(smollm2: ExternalModel) -> None:
+    any_object = chat(
+        "Give the capital of France as JSON.",
+        max_tokens=48,
+        response_format='{"type": "json_object"}',
+    )
+    assert isinstance(json.loads(run_one(smollm2, any_object).text), dict)
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    held = chat(QUESTION, max_tokens=48, response_format=json.dumps(response_format))
+    answer = json.loads(run_one(smollm2, held).text)
+    assert list(answer) == ["city"]
+    assert isinstance(answer["city"], str)
+
+
 def slots_busy(model: ExternalModel) -> list[bool]:
     """Whether each slot of the model's engine is generating now (llama.cpp's /slots)."""
     assert model.address is not None
