@@ -116,12 +116,13 @@ def test_continues_a_raw_prompt_without_the_chat_template(smollm2: ExternalModel
 
 
 def test_answers_held_to_json_and_to_a_schema(smollm2: ExternalModel) -> None:
+    # Asked plainly for JSON, this model rambles on in it past any small max_tokens.
     any_object = chat(
-        "Give the capital of France as JSON.",
-        max_tokens=48,
+        f"{QUESTION} Answer in JSON with the key city.",
+        max_tokens=64,
         response_format='{"type": "json_object"}',
     )
-    assert isinstance(json.loads(run_one(smollm2, any_object).text), dict)
+    assert json.loads(run_one(smollm2, any_object).text)["city"] == "Paris"
     schema = {
         "type": "object",
         "properties": {"city": {"type": "string"}},
@@ -130,9 +131,7 @@ def test_answers_held_to_json_and_to_a_schema(smollm2: ExternalModel) -> None:
     }
     response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
     held = chat(QUESTION, max_tokens=48, response_format=json.dumps(response_format))
-    answer = json.loads(run_one(smollm2, held).text)
-    assert list(answer) == ["city"]
-    assert isinstance(answer["city"], str)
+    assert json.loads(run_one(smollm2, held).text) == {"city": "Paris"}
 
 
 def slots_busy(model: ExternalModel) -> list[bool]:
