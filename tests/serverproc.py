@@ -23,6 +23,7 @@ class Server:
     port: int
     log_path: Path
     key: str | None = None
+    grpc_port: int | None = None  # where it was given --grpc-port
 
     @property
     def headers(self) -> dict[str, str]:

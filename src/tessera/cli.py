@@ -85,6 +85,10 @@ def serve(
     metrics_port: Annotated[
         int | None, typer.Option(help="Also serve /metrics on this port, without a key.")
     ] = None,
+    grpc_port: Annotated[
+        int | None,
+        typer.Option(help="Also serve KServe v2 over gRPC on this port (tessera[grpc])."),
+    ] = None,
     no_auth: Annotated[
         bool, typer.Option("--no-auth", help="Serve without API keys (trusted networks only).")
     ] = False,
@@ -138,6 +142,7 @@ def serve(
         auth=False if no_auth else None,
         log_format=log_format,
         metrics_port=metrics_port,
+        grpc_port=grpc_port,
         shutdown_grace_s=shutdown_grace,
         header_timeout_s=header_timeout,
         body_timeout_s=body_timeout,
@@ -254,12 +259,16 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
     num_gateways = 0
     if ray_engines is None:
         num_gateways = gateway_processes(settings.gateways, engine.device_kind, os.cpu_count() or 1)
-    if num_gateways:
+    if settings.grpc_port is not None:
+        typer.echo(f"KServe v2 gRPC on {settings.host}:{settings.grpc_port}")
+    if num_gateways:  # the gateway processes serve gRPC, as they serve HTTP
         from tessera.gateway.split import serve_split
 
         typer.echo(f"{num_gateways} gateway processes on {settings.host}:{settings.port}")
         serve_split(settings, app_, engine, num_gateways, log_level)
         return
+    if settings.grpc_port is not None:
+        app_.state.grpc_address = (settings.host, settings.grpc_port)
     server = GatewayServer(
         http_config(app_, settings, log_level, host=settings.host, port=settings.port),
         engine,

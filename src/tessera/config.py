@@ -37,6 +37,7 @@ A config file may hold any of::
     audit_retention_days: 30
     metrics_public: false        # true: /metrics needs no key (else an admin key)
     metrics_port: null           # a port: also serve /metrics there, without a key, on host
+    grpc_port: null              # a port: also serve KServe v2 over gRPC there (tessera[grpc])
     per_tenant_labels: false     # true: a tenant label on tessera_requests_total (at most 50)
     log_format: text             # text | json (one object a line, with the request id)
     access_log: false            # true: a log line a request too (each has an audit row)
@@ -122,6 +123,7 @@ class ServerConfig:
     audit_retention_days: float | None = 30.0
     metrics_public: bool = False
     metrics_port: int | None = None
+    grpc_port: int | None = None
     per_tenant_labels: bool = False
     log_format: str = "text"
     access_log: bool = False
@@ -188,6 +190,7 @@ _SERVER_KEYS = {
     "audit_retention_days",
     "metrics_public",
     "metrics_port",
+    "grpc_port",
     "per_tenant_labels",
     "log_format",
     "access_log",
@@ -265,6 +268,7 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         audit_retention_days=values.get("audit_retention_days", 30.0),
         metrics_public=bool(values.get("metrics_public", False)),
         metrics_port=int(values["metrics_port"]) if values.get("metrics_port") else None,
+        grpc_port=int(values["grpc_port"]) if values.get("grpc_port") else None,
         per_tenant_labels=bool(values.get("per_tenant_labels", False)),
         log_format=str(values.get("log_format", "text")),
         access_log=bool(values.get("access_log", False)),

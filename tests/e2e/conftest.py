@@ -3,11 +3,12 @@ default models; the acceptance tests talk to it with real clients."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
 
-from serverproc import Server, start_server, stop_server
+from serverproc import Server, free_port, start_server, stop_server
 from tessera.tenants import TenantStore
 
 
@@ -24,13 +25,14 @@ def admin_key(tmp_path_factory: pytest.TempPathFactory) -> str:
 def server(tmp_path_factory: pytest.TempPathFactory, admin_key: str) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("server")
     data_dir = tmp_path_factory.getbasetemp() / "server-data"
+    grpc_port = free_port()
     process, server = start_server(
         tmp,
         *("--memory-budget", "3GiB", "--preload", "all-minilm-l6-v2"),
-        *("--data-dir", str(data_dir)),
+        *("--data-dir", str(data_dir), "--grpc-port", str(grpc_port)),
         key=admin_key,
     )
     try:
-        yield server
+        yield dataclasses.replace(server, grpc_port=grpc_port)
     finally:
         stop_server(process)

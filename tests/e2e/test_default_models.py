@@ -151,6 +151,51 @@ def test_tritonclient_infer_embedding(server: Server, request: pytest.FixtureReq
         client.get_model_config("no-such-model", headers=headers)
 
 
+def test_tritonclient_over_grpc(server: Server, request: pytest.FixtureRequest) -> None:
+    import tritonclient.grpc as triton_grpc
+
+    client = triton_grpc.InferenceServerClient(url=f"127.0.0.1:{server.grpc_port}")
+    request.addfinalizer(client.close)
+    headers = {"authorization": f"Bearer {server.key}"}  # gRPC metadata keys are lower case
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.get_server_metadata().name == "tessera"
+    assert client.is_model_ready("all-minilm-l6-v2", headers=headers)
+    texts = np.array([b"hello world", b"good morning"], dtype=object)
+    tensor = triton_grpc.InferInput("TEXT", [2], "BYTES")
+    tensor.set_data_from_numpy(texts)
+    result = client.infer("all-minilm-l6-v2", [tensor], headers=headers)
+    embeddings = result.as_numpy("EMBEDDING")
+    assert embeddings is not None
+    assert embeddings.shape == (2, 384)
+    # The same vectors as over HTTP.
+    over_http = httpx.post(
+        f"{server.base_url}/v1/embeddings",
+        json={"model": "all-minilm-l6-v2", "input": ["hello world", "good morning"]},
+        headers=server.headers,
+    ).json()["data"]
+    np.testing.assert_allclose(embeddings, [d["embedding"] for d in over_http], atol=1e-5)
+    metadata = client.get_model_metadata("all-minilm-l6-v2", headers=headers)
+    assert (metadata.inputs[0].datatype, metadata.outputs[0].datatype) == ("BYTES", "FP32")
+    config = client.get_model_config("all-minilm-l6-v2", headers=headers).config
+    assert config.output[0].data_type == triton_grpc.model_config_pb2.TYPE_FP32
+    index = client.get_model_repository_index(headers=headers)
+    assert "all-minilm-l6-v2" in {model.name for model in index.models}
+    with pytest.raises(InferenceServerException, match="not found") as missing:
+        client.infer("no-such-model", [tensor], headers=headers)
+    assert missing.value.status() == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as no_key:
+        client.infer("all-minilm-l6-v2", [tensor])
+    assert no_key.value.status() == "StatusCode.UNAUTHENTICATED"
+    wrong = triton_grpc.InferInput("TEXT", [2], "BYTES")
+    wrong.set_data_from_numpy(texts)
+    wrong.set_shape([3])  # three elements declared, two sent
+    with pytest.raises(InferenceServerException) as bad:
+        client.infer("all-minilm-l6-v2", [wrong], headers=headers)
+    assert bad.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "shape" in str(bad.value.message())
+
+
 def test_rerank_puts_relevant_document_first(server: Server) -> None:
     r = httpx.post(
         f"{server.base_url}/v1/rerank",

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long a stopping gRPC server lets its calls in flight finish.
+GRPC_STOP_GRACE_S = 5.0
+
 
 def create_app(
     engine: ServingEngine,
@@ -89,9 +92,17 @@ def create_app(
         tasks = [preload]
         if watcher is not None:
             tasks.append(asyncio.create_task(watch_after(preload, watcher), name="watch"))
+        # KServe v2 over gRPC beside HTTP, where the serving side has set an address.
+        grpc_server = None
+        if app.state.grpc_address is not None:
+            from tessera.gateway.grpc_kserve import start_grpc
+
+            grpc_server = await start_grpc(app, *app.state.grpc_address)
         try:
             yield
         finally:
+            if grpc_server is not None:  # HTTP has drained: the calls in flight get a grace
+                await grpc_server.stop(GRPC_STOP_GRACE_S)
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -113,6 +124,7 @@ def create_app(
     no_telemetry: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
     app = FastAPI(title="tessera", version=__version__, lifespan=lifespan, telemetry=no_telemetry)
     app.state.engine = engine
+    app.state.grpc_address = None  # (host, port): set by whoever serves the app
     app.state.cluster = cluster
     app.state.tenant_store = tenant_store
     app.state.audit_log = audit_log

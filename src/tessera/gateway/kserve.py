@@ -374,6 +374,8 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         labels = np.array([r.labels[0].label for r in results], dtype=object)
         scores = np.array([r.labels[0].score for r in results], dtype=np.float32)
         arrays = [("LABEL", labels, "BYTES"), ("SCORE", scores, "FP32")]
+    if parsed.outputs:  # only those asked for, as Triton answers
+        arrays = [entry for entry in arrays if entry[0] in parsed.outputs]
     outputs, blobs = [], []
     for out_name, array, datatype in arrays:
         out, blob = _encode_output(parsed, out_name, array, datatype)

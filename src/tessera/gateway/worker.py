@@ -70,6 +70,8 @@ def main(argv: list[str]) -> int:
         engine_app=app_socket,
         request_events=engine,
     )
+    if settings.grpc_port is not None:  # each gateway listens (grpcio sets SO_REUSEPORT)
+        app.state.grpc_address = (settings.host, settings.grpc_port)
     listener = socket.socket(fileno=fd)
     server = GatewayProcessServer(
         http_config(app, settings, log_level), engine, settings.shutdown_grace_s

@@ -422,6 +422,13 @@ async def test_kserve_health_metadata_and_json_infer(client: httpx.AsyncClient) 
     r = await client.post("/v2/models/embed/infer", json={"inputs": []})
     assert r.status_code == 422
     assert isinstance(r.json()["error"], str)
+    # Only the outputs asked for come back, as Triton answers.
+    text = {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a"]}
+    body = {"inputs": [text], "outputs": [{"name": "SCORE"}]}
+    r = await client.post("/v2/models/intent/infer", json=body)
+    assert [o["name"] for o in r.json()["outputs"]] == ["SCORE"]
+    r = await client.post("/v2/models/intent/infer", json={"inputs": [text]})
+    assert [o["name"] for o in r.json()["outputs"]] == ["LABEL", "SCORE"]
 
 
 async def test_kserve_config_index_and_errors_in_kserve_shape(client: httpx.AsyncClient) -> None:

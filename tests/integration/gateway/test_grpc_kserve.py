@@ -1,0 +1,106 @@
+"""KServe v2 over gRPC (``gateway/grpc_kserve.py``) on the real app over fake
+models: tritonclient's aio client, and the raw stub for what it never sends."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+
+from serverproc import free_port
+from tessera.engine import Engine
+from tessera.gateway import create_app
+from tessera.runtimes.fake import fake_classify, fake_embedding
+
+grpc = pytest.importorskip("grpc")
+triton = pytest.importorskip("tritonclient.grpc.aio")
+from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from tessera.gateway.grpc_kserve import start_grpc  # noqa: E402
+
+
+@pytest.fixture
+async def address(engine: Engine) -> AsyncIterator[str]:
+    app = create_app(engine, max_body_bytes=64 * 1024)
+    port = free_port()
+    server = await start_grpc(app, "127.0.0.1", port)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+def texts_input(texts: list[str]) -> object:
+    tensor = triton.InferInput("TEXT", [len(texts)], "BYTES")
+    tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object))
+    return tensor
+
+
+async def test_infer_answers_embeddings_and_labels_as_the_models_do(address: str) -> None:
+    async with triton.InferenceServerClient(address) as client:
+        result = await client.infer("embed", [texts_input(["a b", "c"])], request_id="r-1")
+        np.testing.assert_allclose(
+            result.as_numpy("EMBEDDING"), [fake_embedding("a b"), fake_embedding("c")], rtol=1e-6
+        )
+        assert result.get_response().id == "r-1"
+        labels = await client.infer("intent", [texts_input(["hello"])])
+        expected = fake_classify("hello").labels[0]
+        assert labels.as_numpy("LABEL").tolist() == [expected.label.encode()]
+        np.testing.assert_allclose(labels.as_numpy("SCORE"), [expected.score], rtol=1e-6)
+        # Only the output asked for comes back.
+        only = await client.infer(
+            "intent", [texts_input(["hello"])], outputs=[triton.InferRequestedOutput("SCORE")]
+        )
+        assert [o.name for o in only.get_response().outputs] == ["SCORE"]
+
+
+async def test_texts_in_bytes_contents_are_read_as_in_raw_contents(address: str) -> None:
+    request = service_pb2.ModelInferRequest(model_name="embed")
+    tensor = request.inputs.add(name="TEXT", datatype="BYTES", shape=[2])
+    tensor.contents.bytes_contents.extend([b"a b", b"c"])
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response = await stub.ModelInfer(request)
+    vectors = np.frombuffer(response.raw_output_contents[0], dtype="<f4").reshape(2, -1)
+    np.testing.assert_allclose(vectors, [fake_embedding("a b"), fake_embedding("c")], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("model", "status"),
+    [
+        ("nope", "StatusCode.NOT_FOUND"),
+        ("chat", "StatusCode.INVALID_ARGUMENT"),  # infer serves embeddings and labels
+        ("broken", "StatusCode.UNAVAILABLE"),
+    ],
+)
+async def test_errors_take_their_grpc_status_and_message(
+    address: str, model: str, status: str
+) -> None:
+    async with triton.InferenceServerClient(address) as client:
+        with pytest.raises(InferenceServerException) as error:
+            await client.infer(model, [texts_input(["x"])])
+    assert error.value.status() == status
+    assert model in str(error.value.message()) or "infer serves" in str(error.value.message())
+
+
+async def test_metadata_config_readiness_and_the_index(address: str) -> None:
+    async with triton.InferenceServerClient(address) as client:
+        assert await client.is_server_live()
+        metadata = await client.get_model_metadata("embed")
+        assert [(t.name, t.datatype) for t in metadata.outputs] == [("EMBEDDING", "FP32")]
+        config = (await client.get_model_config("intent")).config
+        assert [o.name for o in config.output] == ["LABEL", "SCORE"]
+        assert await client.is_model_ready("embed")  # preloaded
+        assert not await client.is_model_ready("nope")
+        index = await client.get_model_repository_index()
+        assert {"embed", "intent"} <= {m.name for m in index.models}
+
+
+async def test_what_is_not_served_is_unimplemented(address: str) -> None:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name="embed"))
+    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
