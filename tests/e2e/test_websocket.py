@@ -128,6 +128,7 @@ def test_every_task_is_answered_with_its_http_body(
         "s": {"type": "speech", "model": "voice", "input": "Hello."},
         "o": {"type": "ocr", "model": "reader", "image": png_b64(40, 30)},
         "h": {"type": "chat", "model": "chatty", "messages": [{"role": "user", "content": "a b"}]},
+        "p": {"type": "completion", "model": "chatty", "prompt": ["x y", "z"], "echo": True},
     }
     with open_socket(server, key, "ws-tasks") as ws:
         for message_id, message in messages.items():
@@ -147,6 +148,7 @@ def test_every_task_is_answered_with_its_http_body(
     assert base64.b64decode(data["s"]["audio"])[:4] == b"RIFF"
     assert data["o"]["pages"][0]["text"] == "40x30"
     assert data["h"]["choices"][0]["message"]["content"] == "a b "
+    assert [c["text"] for c in data["p"]["choices"]] == ["x yx y ", "zz "]
     rows = audit_rows(data_dir, "ws-tasks/", len(messages), WS_COLUMNS)
     assert {k.removeprefix("ws-tasks/") for k in rows} == set(messages)
     assert all(row[0] == "acme" and row[2] == 200 for row in rows.values())
@@ -182,6 +184,18 @@ def test_chat_streams_and_ids_in_flight_are_answered_as_they_finish(
     assert len(deltas) == 20
     assert "".join(deltas) == final["choices"][0]["message"]["content"]
     assert final["usage"]["completion_tokens"] == 20
+
+
+def test_a_completion_of_two_choices_streams_deltas_by_index(server: Server, key: str) -> None:
+    message = {"type": "completion", "model": "chatty", "prompt": "a b c", "n": 2}
+    with open_socket(server, key) as ws:
+        ask(ws, {"id": "p", "stream": True, **message})
+        texts = {0: "", 1: ""}
+        while (reply := answer(ws))["type"] == "delta":
+            texts[reply["index"]] += reply["content"]
+    assert reply["type"] == "result"
+    assert texts == {0: "a b c ", 1: "a b c "}
+    assert [c["text"] for c in reply["data"]["choices"]] == ["a b c ", "a b c "]
 
 
 def test_ocr_pages_come_as_they_are_read(server: Server, key: str) -> None:

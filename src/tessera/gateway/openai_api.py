@@ -502,19 +502,25 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             headers={"Cache-Control": "no-cache"},
         )
     outputs = await run_task(request, body.model, Task.GENERATE, completion_inputs(body))
-    choices = [
-        _text_choice(i, (prompt if body.echo else "") + output.text, output.finish_reason)
-        for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True))
-    ]
-    payload = {
+    return JSONResponse(text_completion_body(body, outputs, completion_id, created))
+
+
+def text_completion_body(
+    body: CompletionRequest, outputs: list[ChatOutput], completion_id: str, created: int
+) -> dict[str, Any]:
+    """A legacy completion's answer: a choice an output (after its prompt, for ``echo``)."""
+    prompts = body.choice_prompts()
+    return {
         "id": completion_id,
         "object": "text_completion",
         "created": created,
         "model": body.model,
-        "choices": choices,
+        "choices": [
+            _text_choice(i, (prompt if body.echo else "") + output.text, output.finish_reason)
+            for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True))
+        ],
         "usage": usage_of(*outputs),
     }
-    return JSONResponse(payload)
 
 
 async def _stream_completion(

@@ -73,14 +73,17 @@ from tessera.gateway.errors import (
 )
 from tessera.gateway.openai_api import (
     ChatRequest,
+    CompletionRequest,
     EmbeddingRequest,
     SpeechRequest,
     chat_input,
     chat_task,
     completion_body,
+    completion_inputs,
     embeddings_body,
     listeners,
     pieces_of,
+    text_completion_body,
     texts_of,
 )
 from tessera.gateway.tasks_api import (
@@ -454,6 +457,23 @@ async def _speech(session: _Session, message: _Message, payload: dict[str, Any])
     await session.result(message, data)
 
 
+async def _deltas(
+    session: _Session,
+    message: _Message,
+    work: asyncio.Future[list[Any]],
+    pieces: asyncio.Queue[tuple[int, str]],
+) -> list[Any]:
+    """Each streamed piece as a ``delta`` message, then ``work``'s outputs."""
+    try:
+        async for index, piece in pieces_of(work, pieces):
+            delta = {"id": message.id, "type": "delta", "index": index, "content": piece}
+            await session.send(delta)
+        return work.result()
+    finally:
+        if not work.done():
+            work.cancel()
+
+
 async def _chat(session: _Session, message: _Message, payload: dict[str, Any]) -> None:
     body = _parse(ChatRequest, payload)
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -464,15 +484,22 @@ async def _chat(session: _Session, message: _Message, payload: dict[str, Any]) -
     else:
         items = [chat_input(body) for _ in range(body.n)]
     work = asyncio.ensure_future(session.run(message, body.model, task, items, _timeout(payload)))
-    try:
-        async for index, piece in pieces_of(work, pieces):
-            delta = {"id": message.id, "type": "delta", "index": index, "content": piece}
-            await session.send(delta)
-        outputs = work.result()
-    finally:
-        if not work.done():
-            work.cancel()
+    outputs = await _deltas(session, message, work, pieces)
     await session.result(message, completion_body(body.model, outputs, completion_id, created))
+
+
+async def _completion(session: _Session, message: _Message, payload: dict[str, Any]) -> None:
+    """A legacy completion: the prompt continued as it is; deltas as a chat's."""
+    body = _parse(CompletionRequest, payload)
+    completion_id, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    streams = listeners(pieces, len(body.choice_prompts())) if body.stream else None
+    items = completion_inputs(body, streams)
+    work = asyncio.ensure_future(
+        session.run(message, body.model, Task.GENERATE, items, _timeout(payload))
+    )
+    outputs = await _deltas(session, message, work, pieces)
+    await session.result(message, text_completion_body(body, outputs, completion_id, created))
 
 
 async def _ocr(session: _Session, message: _Message, payload: dict[str, Any]) -> None:
@@ -505,6 +532,7 @@ _Handler = Callable[[_Session, _Message, dict[str, Any]], Awaitable[None]]
 _HANDLERS: dict[str, _Handler] = {
     "embeddings": _embeddings,
     "chat": _chat,
+    "completion": _completion,
     "ocr": _ocr,
     "rerank": _rerank,
     "classify": _classify,
