@@ -79,6 +79,27 @@ def test_openai_client_chat_plain_and_streaming(oai: openai.OpenAI) -> None:
     assert all(chunk.usage is None for chunk in chunks[:-1])
 
 
+def test_openai_client_logprobs_plain_and_streamed(oai: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "Which city is the capital of France?"}]
+    asked = {"max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    response = oai.chat.completions.create(model="smollm2-135m", messages=messages, **asked)
+    choice = response.choices[0]
+    assert choice.logprobs is not None
+    assert choice.logprobs.content
+    assert "".join(t.token for t in choice.logprobs.content) == choice.message.content
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+    stream = oai.chat.completions.create(
+        model="smollm2-135m", messages=messages, stream=True, **asked
+    )
+    streamed = [
+        token
+        for chunk in stream
+        if chunk.choices and chunk.choices[0].logprobs
+        for token in chunk.choices[0].logprobs.content or []
+    ]
+    assert [t.token for t in streamed] == [t.token for t in choice.logprobs.content]
+
+
 def test_openai_client_json_answers(oai: openai.OpenAI) -> None:
     response = oai.chat.completions.create(
         model="smollm2-135m",

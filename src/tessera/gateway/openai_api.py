@@ -195,6 +195,14 @@ class ChatRequest(BaseModel):
     seed: int | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     response_format: ResponseFormat | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_with_logprobs(self) -> ChatRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
 
 def _message(message: ChatMessageIn) -> ChatMessage:
@@ -240,6 +248,7 @@ def chat_input(body: ChatRequest, on_text: Any = None) -> ChatInput:
         seed=body.seed,
         on_text=on_text,
         response_format=None if response_format is None else response_format.constraint(),
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
 
 
@@ -314,12 +323,18 @@ def completion_body(
             {
                 "index": index,
                 "message": {"role": "assistant", "content": output.text},
+                "logprobs": _logprobs_of(output),
                 "finish_reason": output.finish_reason,
             }
             for index, output in enumerate(outputs)
         ],
         "usage": usage_of(*outputs),
     }
+
+
+def _logprobs_of(output: ChatOutput) -> dict[str, Any] | None:
+    """A choice's ``logprobs``: its tokens', where they were asked for."""
+    return None if output.logprobs is None else {"content": list(output.logprobs)}
 
 
 def _event(
@@ -352,12 +367,16 @@ def _chunk(
     *,
     index: int = 0,
     finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> str:
-    """One chat chunk: choice ``index``'s ``delta``, or (``delta`` None) no
-    choice, with ``usage``."""
+    """One chat chunk: choice ``index``'s ``delta`` (and ``logprobs``), or
+    (``delta`` None) no choice, with ``usage``."""
     choices: list[dict[str, Any]] = []
     if delta is not None:
-        choices.append({"index": index, "delta": delta, "finish_reason": finish_reason})
+        choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
+        if logprobs is not None:
+            choice["logprobs"] = logprobs
+        choices.append(choice)
     return _event("chat.completion.chunk", completion_id, created, model, choices, usage)
 
 
@@ -402,9 +421,17 @@ async def _stream_chat(
         except TesseraError as e:
             yield _error_event(e)
             return
-        for index, output in enumerate(outputs):
-            finish = output.finish_reason
-            yield _chunk(completion_id, created, model, {}, index=index, finish_reason=finish)
+        for index, output in enumerate(outputs):  # the tokens' logprobs come with the end
+            finish, logprobs = output.finish_reason, _logprobs_of(output)
+            yield _chunk(
+                completion_id,
+                created,
+                model,
+                {},
+                index=index,
+                finish_reason=finish,
+                logprobs=logprobs,
+            )
         if usage:
             yield _chunk(completion_id, created, model, None, usage_of(*outputs))
         yield "data: [DONE]\n\n"

@@ -71,7 +71,7 @@ from tessera.runtimes.base import LoadContext
 from tessera.runtimes.hostcopy import HostSlot
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.step import holding, step_boundary
-from tessera.tasks.types import ChatInput, ChatOutput, refuse_json_answers
+from tessera.tasks.types import ChatInput, ChatOutput, refuse_engine_only
 
 if TYPE_CHECKING:
     from tessera.repository.spec import ModelSpec
@@ -425,7 +425,7 @@ class CausalLm:
         if not isinstance(item, ChatInput):
             raise InvalidInputError(f"expected a chat item, got {type(item).__name__}")
         _validate(item, self._max_tokens_limit)
-        refuse_json_answers(item, "transformers' generate")
+        refuse_engine_only(item, "transformers' generate")
         if item.prompt is not None:
             prompt = _raw_prompt(tokenizer, item.prompt)
         else:

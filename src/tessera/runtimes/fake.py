@@ -64,7 +64,7 @@ from tessera.tasks.types import (
     Task,
     TextInput,
     TranslateInput,
-    refuse_json_answers,
+    refuse_engine_only,
     work_units,
 )
 
@@ -101,7 +101,7 @@ def fake_output(item: object, *, word_s: float = 0.0, stop: StopFlag | None = No
             )
             return OcrOutput((OcrLine(f"{width}x{height}", 1.0, box),))
         case ChatInput(messages=messages, on_text=on_text, prompt=prompt):
-            refuse_json_answers(item, "a fake model")
+            refuse_engine_only(item, "a fake model")
             words: list[str] = []
             said = prompt if prompt is not None else messages[-1].content
             for word in said.split():

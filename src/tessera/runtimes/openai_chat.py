@@ -91,6 +91,9 @@ def request_body(model: str, item: ChatInput, extras: Mapping[str, Any]) -> dict
         body["stop"] = list(item.stop)
     if item.response_format is not None:  # llama.cpp and vLLM both constrain to it
         body["response_format"] = json.loads(item.response_format)
+    if item.logprobs is not None:  # each chunk then carries its tokens' logprobs
+        body["logprobs"] = True
+        body["top_logprobs"] = item.logprobs
     if item.seed is not None:
         body["seed"] = item.seed
     return body
@@ -155,6 +158,7 @@ def _read_stream(response: http.client.HTTPResponse, item: ChatInput, stop: Stop
     finish: str | None = None
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] = {}
+    logprobs: list[dict[str, Any]] = []
     for event in _sse_events(response):
         if "error" in event:
             raise InferenceError(f"the engine failed the chat: {event['error']}")
@@ -171,6 +175,7 @@ def _read_stream(response: http.client.HTTPResponse, item: ChatInput, stop: Stop
         for choice in event.get("choices") or ():
             piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
             finish = choice.get("finish_reason") or finish
+            logprobs.extend(_token_logprobs(choice.get("logprobs")))
             if not piece:
                 continue
             pieces.append(piece)
@@ -188,4 +193,21 @@ def _read_stream(response: http.client.HTTPResponse, item: ChatInput, stop: Stop
         prompt_tokens=int(usage.get("prompt_tokens", 0)),
         completion_tokens=int(usage.get("completion_tokens", 0)),
         finish_reason=reason,
+        logprobs=tuple(logprobs) if item.logprobs is not None else None,
     )
+
+
+def _token_logprobs(found: Any) -> list[dict[str, Any]]:
+    """A chunk's ``logprobs.content`` items in OpenAI's fields (llama.cpp adds
+    token ids, which OpenAI's answer has not)."""
+    if not isinstance(found, dict):
+        return []
+    fields = ("token", "logprob", "bytes")
+    items = []
+    for entry in found.get("content") or ():
+        item = {key: entry.get(key) for key in fields}
+        item["top_logprobs"] = [
+            {key: top.get(key) for key in fields} for top in entry.get("top_logprobs") or ()
+        ]
+        items.append(item)
+    return items

@@ -52,7 +52,7 @@ from tessera.tasks.types import (
     ChatOutput,
     OcrInput,
     VisionLimits,
-    refuse_json_answers,
+    refuse_engine_only,
 )
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ class VisionOcr:
             case OcrInput():
                 return page_chat(item, self._spec.options.get("prompts"), self._spec.inputs)
             case ChatInput(prompt=None):
-                refuse_json_answers(item, "transformers' generate")
+                refuse_engine_only(item, "transformers' generate")
                 return item
             case ChatInput():
                 raise InvalidInputError("this model answers chats, not a raw prompt to continue")

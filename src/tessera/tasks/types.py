@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tessera.errors import InvalidInputError, PayloadTooLargeError, TaskMismatchError
 
@@ -149,7 +149,9 @@ class ChatInput:
 
     ``response_format`` (OpenAI's object of that name, as JSON text: type
     ``json_object`` or ``json_schema``) holds the answer to JSON; a runtime
-    that cannot refuses the item. None: free text.
+    that cannot refuses the item. None: free text. ``logprobs`` (k, 0 to 20)
+    asks for each generated token's log probability and its k likeliest
+    alternatives; a runtime that cannot give them refuses the item.
 
     ``on_text`` (if set) is called from the worker thread with each new piece
     of generated text, for streaming; it must be thread-safe and must not block.
@@ -164,6 +166,7 @@ class ChatInput:
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
     prompt: str | None = None
     response_format: str | None = None
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +175,9 @@ class ChatOutput:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: Literal["stop", "length"]
+    # With ChatInput.logprobs: a token each, as OpenAI's ``logprobs.content``
+    # items (``token``, ``logprob``, ``bytes``, ``top_logprobs``).
+    logprobs: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,14 +334,16 @@ def _chat_tokens(item: ChatInput) -> int:
     return sum(_approx_tokens(m.content) for m in item.messages) + raw
 
 
-def refuse_json_answers(item: ChatInput, runtime: str) -> None:
-    """Refuse an item whose answer must be JSON, for a runtime that cannot
-    hold an answer to that."""
+def refuse_engine_only(item: ChatInput, runtime: str) -> None:
+    """Refuse an item that asks for what only the external engines give: an
+    answer held to JSON, or log probabilities."""
+    engines = "a model served by llama.cpp or vLLM (runtime: external) can"
     if item.response_format is not None:
         raise InvalidInputError(
-            f"response_format: {runtime} cannot hold an answer to JSON;"
-            " a model served by llama.cpp or vLLM (runtime: external) can"
+            f"response_format: {runtime} cannot hold an answer to JSON; {engines}"
         )
+    if item.logprobs is not None:
+        raise InvalidInputError(f"logprobs: {runtime} does not give them; {engines}")
 
 
 def _check_item(

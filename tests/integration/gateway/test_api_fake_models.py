@@ -230,6 +230,27 @@ async def test_json_answers_where_the_runtime_cannot_hold_them_say_why(
         assert says in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"logprobs": True}, "does not give them"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "needs logprobs: true"),
+    ],
+)
+async def test_logprobs_where_the_runtime_cannot_give_them_say_why(
+    client: httpx.AsyncClient, extra: dict[str, object], says: str
+) -> None:
+    body = {"model": "chat", "messages": [{"role": "user", "content": "x"}], **extra}
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 422, r.text
+    assert says in r.json()["error"]["message"]
+    body["logprobs"] = False
+    body.pop("top_logprobs", None)
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.json()["choices"][0]["logprobs"] is None
+
+
 async def test_n_choices_of_a_chat_and_of_each_prompt(client: httpx.AsyncClient) -> None:
     messages = [{"role": "user", "content": "one two"}]
     body = {"model": "chat", "messages": messages, "n": 3}

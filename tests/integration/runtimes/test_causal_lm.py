@@ -309,6 +309,7 @@ def test_tiny_seeded_sampling_repeats(tiny: LoadedModel) -> None:
         ChatInput(messages=()),
         ChatInput(messages=(ChatMessage("user", "x"),), prompt="y"),
         chat("x", response_format='{"type": "json_object"}'),
+        chat("x", logprobs=0),
     ],
 )
 def test_tiny_refuses_invalid_items(tiny: LoadedModel, item: ChatInput) -> None:

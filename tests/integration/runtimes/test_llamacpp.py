@@ -115,6 +115,20 @@ def test_continues_a_raw_prompt_without_the_chat_template(smollm2: ExternalModel
     assert "".join(pieces) == output.text
 
 
+def test_each_tokens_logprob_and_its_likeliest_alternatives(smollm2: ExternalModel) -> None:
+    output = run_one(smollm2, chat(QUESTION, max_tokens=8, logprobs=2))
+    assert output.logprobs is not None
+    assert len(output.logprobs) == output.completion_tokens
+    assert "".join(t["token"] for t in output.logprobs) == output.text
+    for token in output.logprobs:
+        assert token["logprob"] <= 0
+        assert bytes(token["bytes"]).decode() == token["token"]
+        assert len(token["top_logprobs"]) == 2
+        # Greedy: the token chosen is the likeliest.
+        assert token["top_logprobs"][0]["token"] == token["token"]
+    assert run_one(smollm2, chat(QUESTION, max_tokens=2)).logprobs is None
+
+
 def test_answers_held_to_json_and_to_a_schema(smollm2: ExternalModel) -> None:
     # Asked plainly for JSON, this model rambles on in it past any small max_tokens.
     any_object = chat(
