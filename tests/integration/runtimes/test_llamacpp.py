@@ -118,7 +118,9 @@ def test_continues_a_raw_prompt_without_the_chat_template(smollm2: ExternalModel
 def test_each_tokens_logprob_and_its_likeliest_alternatives(smollm2: ExternalModel) -> None:
     output = run_one(smollm2, chat(QUESTION, max_tokens=8, logprobs=2))
     assert output.logprobs is not None
-    assert len(output.logprobs) == output.completion_tokens
+    # A token of the text each: the end of turn, counted in completion_tokens, is none.
+    assert output.finish_reason == "stop"
+    assert len(output.logprobs) == output.completion_tokens - 1
     assert "".join(t["token"] for t in output.logprobs) == output.text
     for token in output.logprobs:
         assert token["logprob"] <= 0
