@@ -148,7 +148,7 @@ class Handler(BaseHTTPRequestHandler):
                 if state.weights is None:
                     state.load()
             self._json(200, {})
-        elif self.path == "/v1/chat/completions":
+        elif self.path in ("/v1/chat/completions", "/v1/completions"):
             self._chat(json.loads(raw or b"{}"))
         elif not self.path.startswith(("/sleep", "/wake_up")):
             self._error(404, "Not Found")
@@ -164,12 +164,17 @@ class Handler(BaseHTTPRequestHandler):
         if time.monotonic() < state.chat_ready_at:
             self._error(503, "the model is loading")
             return
+        raw_prompt = self.path == "/v1/completions"  # a prompt, continued as it is
         try:
-            texts, images = _read_messages(body.get("messages") or [])
+            if raw_prompt:
+                texts, images = [str(body.get("prompt", ""))], []
+            else:
+                texts, images = _read_messages(body.get("messages") or [])
         except ValueError as e:
             self._error(400, str(e))
             return
-        prompt = len(" ".join(texts).split()) + 4 + sum(image_tokens(i) for i in images)
+        template = 0 if raw_prompt else 4  # a chat's template adds four tokens
+        prompt = len(" ".join(texts).split()) + template + sum(image_tokens(i) for i in images)
         max_tokens = int(body.get("max_tokens") or 16)
         if images:  # an echo of what arrived, cut at max_tokens
             echo = json.dumps({"prompt": "\n".join(texts), "images": images})
@@ -228,18 +233,24 @@ class Handler(BaseHTTPRequestHandler):
                 "total_tokens": prompt + done,
             }
 
+        raw_prompt = self.path == "/v1/completions"
+
         def emit(i: int, piece: str) -> None:
             last = i == len(pieces) - 1
-            chunk: dict[str, Any] = {
-                "object": "chat.completion.chunk",
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"content": piece},
-                        "finish_reason": finish if last else None,
-                    }
-                ],
-            }
+            choice: dict[str, Any] = {"index": 0, "finish_reason": finish if last else None}
+            if raw_prompt:  # a completion's chunks carry text, a chat's a delta
+                choice["text"] = piece
+            else:
+                choice["delta"] = {"content": piece}
+            if body.get("logprobs") and not raw_prompt:  # -0.5 each; alternatives lower
+                token = {"token": piece, "logprob": -0.5, "bytes": list(piece.encode())}
+                alternatives = [
+                    {"token": f"x{k}", "logprob": -1.0 - k, "bytes": list(f"x{k}".encode())}
+                    for k in range(int(body.get("top_logprobs") or 0))
+                ]
+                choice["logprobs"] = {"content": [{**token, "top_logprobs": alternatives}]}
+            kind = "text_completion" if raw_prompt else "chat.completion.chunk"
+            chunk: dict[str, Any] = {"object": kind, "choices": [choice]}
             if options.get("continuous_usage_stats"):
                 chunk["usage"] = usage(i + 1)
             send(chunk)

@@ -4,6 +4,7 @@ loaded with the runtime's own loader, outside the engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -96,6 +97,23 @@ def test_streams_and_exports_the_engine_metrics(model: ExternalModel) -> None:
     report = model.memory()
     assert report.method in (RSS_METHOD, NVML_METHOD)
     assert report.own_bytes > WEIGHTS
+
+
+def test_a_raw_prompt_goes_to_the_engines_completions(model: ExternalModel) -> None:
+    pieces: list[str] = []
+    item = ChatInput(messages=(), prompt="a b c", max_tokens=3, on_text=pieces.append)
+    (output,) = model.run([item])
+    assert (output.text, output.completion_tokens) == ("w0 w1 w2", 3)
+    assert output.prompt_tokens == 3  # the prompt's words: no chat template around them
+    assert "".join(pieces) == output.text
+
+
+def test_logprobs_come_back_a_token_each(model: ExternalModel) -> None:
+    (output,) = model.run([dataclasses.replace(chat(3), logprobs=2)])
+    assert output.logprobs is not None
+    assert [t["token"] for t in output.logprobs] == ["w0 ", "w1 ", "w2"]
+    assert [len(t["top_logprobs"]) for t in output.logprobs] == [2, 2, 2]
+    assert model.run([chat(2)])[0].logprobs is None
 
 
 def test_sleep_frees_the_weights_and_keeps_the_process_and_wake_brings_them_back(
