@@ -127,12 +127,19 @@ async def call_app(
     return _Answer(status, answer_headers, b"".join(chunks))
 
 
+# Headers the translation writes itself: a caller's metadata of these names is dropped.
+_OWN_HEADERS = frozenset({"content-length", "host", "transfer-encoding", HEADER_LENGTH})
+
+
 def _headers(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple[str, str]]:
     """The call's text metadata, as request headers."""
     return [
         (key, value)
         for key, value in (context.invocation_metadata() or ())
-        if isinstance(value, str) and not key.startswith(":") and not key.endswith("-bin")
+        if isinstance(value, str)
+        and not key.startswith(":")
+        and not key.endswith("-bin")
+        and key not in _OWN_HEADERS
     ]
 
 
