@@ -12,6 +12,8 @@ tritonclient sends its ``headers``), its peer the request's client.
 - ``ModelInfer``: inputs in ``raw_input_contents`` (tritonclient's way:
   BYTES elements each after a 4-byte little-endian length) or in
   ``contents.bytes_contents``; outputs come back in ``raw_output_contents``.
+  The call's deadline is the request's ``x-request-timeout``: it waits in the
+  engine no longer than its caller does.
 - ``ModelMetadata``, ``ModelConfig`` (Triton's ``ModelConfig`` message,
   from the JSON form of ``/v2/models/{name}/config``), ``ModelReady``,
   ``ServerMetadata``, ``ServerLive``, ``ServerReady``, ``RepositoryIndex``.
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "inference-header-content-length"
+TIMEOUT_HEADER = "x-request-timeout"
 _INSTALL_HINT = "grpc_port needs the grpc extra: pip install 'tessera[grpc]'"
 # HTTP statuses as gRPC's codes (by name: grpc is imported only when serving).
 _CODES = {
@@ -132,8 +135,9 @@ _OWN_HEADERS = frozenset({"content-length", "host", "transfer-encoding", HEADER_
 
 
 def _headers(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple[str, str]]:
-    """The call's text metadata, as request headers."""
-    return [
+    """The call's text metadata, as request headers; its deadline, unless the
+    metadata name one, as ``x-request-timeout`` (the engine's deadline for it)."""
+    headers = [
         (key, value)
         for key, value in (context.invocation_metadata() or ())
         if isinstance(value, str)
@@ -141,6 +145,10 @@ def _headers(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple[str, str
         and not key.endswith("-bin")
         and key not in _OWN_HEADERS
     ]
+    remaining = context.time_remaining()
+    if remaining is not None and not any(key == TIMEOUT_HEADER for key, _ in headers):
+        headers.append((TIMEOUT_HEADER, f"{max(remaining, 0.001):.3f}"))
+    return headers
 
 
 def _peer(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[str, int]:

@@ -18,7 +18,7 @@ triton = pytest.importorskip("tritonclient.grpc.aio")
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from tessera.gateway.grpc_kserve import start_grpc  # noqa: E402
+from tessera.gateway.grpc_kserve import _headers, start_grpc  # noqa: E402
 
 
 @pytest.fixture
@@ -108,3 +108,25 @@ async def test_what_is_not_served_is_unimplemented(address: str) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name="embed"))
     assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+class Context:
+    """What ``_headers`` reads of a call's context: its metadata and deadline."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...], remaining: float | None) -> None:
+        self.metadata, self.remaining = metadata, remaining
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    def time_remaining(self) -> float | None:
+        return self.remaining
+
+
+def test_the_calls_deadline_is_the_requests_timeout() -> None:
+    key = ("authorization", "Bearer k")
+    assert _headers(Context((key,), 2.5)) == [key, ("x-request-timeout", "2.500")]  # type: ignore[arg-type]
+    assert _headers(Context((key,), None)) == [key]  # type: ignore[arg-type]
+    # A timeout the caller named in its metadata is kept as it is.
+    named = ("x-request-timeout", "9")
+    assert _headers(Context((named,), 2.5)) == [named]  # type: ignore[arg-type]
