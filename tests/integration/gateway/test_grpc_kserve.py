@@ -125,8 +125,8 @@ class Context:
 
 def test_the_calls_deadline_is_the_requests_timeout() -> None:
     key = ("authorization", "Bearer k")
-    assert _headers(Context((key,), 2.5)) == [key, ("x-request-timeout", "2.500")]  # type: ignore[arg-type]
-    assert _headers(Context((key,), None)) == [key]  # type: ignore[arg-type]
+    assert _headers(Context((key,), 2.5)) == [key, ("x-request-timeout", "2.500")]
+    assert _headers(Context((key,), None)) == [key]
     # A timeout the caller named in its metadata is kept as it is.
     named = ("x-request-timeout", "9")
-    assert _headers(Context((named,), 2.5)) == [named]  # type: ignore[arg-type]
+    assert _headers(Context((named,), 2.5)) == [named]
