@@ -98,6 +98,16 @@ def test_openai_client_logprobs_plain_and_streamed(oai: openai.OpenAI) -> None:
         for token in chunk.choices[0].logprobs.content or []
     ]
     assert [t.token for t in streamed] == [t.token for t in choice.logprobs.content]
+    # logprobs alone, no alternatives asked for: each token's own.
+    alone = oai.chat.completions.create(
+        model="smollm2-135m", messages=messages, max_tokens=3, temperature=0, logprobs=True
+    ).choices[0]
+    assert alone.logprobs is not None
+    assert alone.logprobs.content
+    assert [t.token for t in alone.logprobs.content] == [
+        t.token for t in choice.logprobs.content[:3]
+    ]
+    assert all(t.top_logprobs == [] for t in alone.logprobs.content)
 
 
 def test_openai_client_json_answers(oai: openai.OpenAI) -> None:

@@ -93,7 +93,8 @@ def request_body(model: str, item: ChatInput, extras: Mapping[str, Any]) -> dict
         body["response_format"] = json.loads(item.response_format)
     if item.logprobs is not None:  # each chunk then carries its tokens' logprobs
         body["logprobs"] = True
-        body["top_logprobs"] = item.logprobs
+        # llama.cpp gives none at all for 0 alternatives: ask one, and drop it.
+        body["top_logprobs"] = max(1, item.logprobs)
     if item.seed is not None:
         body["seed"] = item.seed
     return body
@@ -175,7 +176,7 @@ def _read_stream(response: http.client.HTTPResponse, item: ChatInput, stop: Stop
         for choice in event.get("choices") or ():
             piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
             finish = choice.get("finish_reason") or finish
-            logprobs.extend(_token_logprobs(choice.get("logprobs")))
+            logprobs.extend(_token_logprobs(choice.get("logprobs"), item.logprobs or 0))
             if not piece:
                 continue
             pieces.append(piece)
@@ -197,17 +198,17 @@ def _read_stream(response: http.client.HTTPResponse, item: ChatInput, stop: Stop
     )
 
 
-def _token_logprobs(found: Any) -> list[dict[str, Any]]:
+def _token_logprobs(found: Any, alternatives: int) -> list[dict[str, Any]]:
     """A chunk's ``logprobs.content`` items in OpenAI's fields (llama.cpp adds
-    token ids, which OpenAI's answer has not)."""
+    token ids, which OpenAI's answer has not), with ``alternatives`` of each
+    token's likeliest at most."""
     if not isinstance(found, dict):
         return []
     fields = ("token", "logprob", "bytes")
     items = []
     for entry in found.get("content") or ():
         item = {key: entry.get(key) for key in fields}
-        item["top_logprobs"] = [
-            {key: top.get(key) for key in fields} for top in entry.get("top_logprobs") or ()
-        ]
+        tops = list(entry.get("top_logprobs") or ())[:alternatives]
+        item["top_logprobs"] = [{key: top.get(key) for key in fields} for top in tops]
         items.append(item)
     return items

@@ -129,6 +129,11 @@ def test_each_tokens_logprob_and_its_likeliest_alternatives(smollm2: ExternalMod
         # Greedy: the token chosen is the likeliest.
         assert token["top_logprobs"][0]["token"] == token["token"]
     assert run_one(smollm2, chat(QUESTION, max_tokens=2)).logprobs is None
+    # No alternatives asked for (OpenAI's top_logprobs left out): the tokens' own.
+    alone = run_one(smollm2, chat(QUESTION, max_tokens=3, logprobs=0))
+    assert alone.logprobs is not None
+    assert [t["token"] for t in alone.logprobs] == [t["token"] for t in output.logprobs[:3]]
+    assert all(t["top_logprobs"] == [] for t in alone.logprobs)
 
 
 def test_answers_held_to_json_and_to_a_schema(smollm2: ExternalModel) -> None:
