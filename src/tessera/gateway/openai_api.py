@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
@@ -278,19 +279,8 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
     if body.stream:
         pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
         items = [chat_input(body, on_text) for on_text in listeners(pieces, body.n)]
-        # Submitted here so that a refusal is an HTTP status, not a stream event;
-        # the wait runs as its own task so the admission is released even if
-        # the stream is never read.
-        submission = await submit_task(request, body.model, task, items)
-        work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
-        usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(
-            _stream_chat(
-                body.model, work, pieces, completion_id, created, choices=body.n, usage=usage
-            ),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
+        events = _chat_events(body, completion_id, created)
+        return await _streamed(request, body.model, task, items, pieces, events)
     items = [chat_input(body) for _ in range(body.n)]
     outputs = await run_task(request, body.model, task, items)
     return JSONResponse(completion_body(body.model, outputs, completion_id, created))
@@ -397,47 +387,88 @@ def _error_event(error: TesseraError) -> str:
     return f"data: {json.dumps(error_body(status, str(error), kind))}\n\n"
 
 
-async def _stream_chat(
+@dataclass(frozen=True)
+class _StreamEvents:
+    """How one API writes its stream's server-sent events."""
+
+    opening: list[str]  # before any piece
+    piece: Callable[[int, str], str]  # a choice's index and its new text
+    end: Callable[[int, ChatOutput], str]  # a choice's index and its output
+    usage: Callable[[dict[str, int]], str] | None  # the usage, where asked for
+
+
+def _wants_usage(options: StreamOptions | None) -> bool:
+    return options is not None and options.include_usage
+
+
+async def _streamed(
+    request: Request,
     model: str,
-    work: asyncio.Future[list[Any]],
+    task: Task,
+    items: list[ChatInput],
     pieces: asyncio.Queue[tuple[int, str]],
-    completion_id: str,
-    created: int,
-    *,
-    choices: int,
-    usage: bool = False,
+    events: _StreamEvents,
+) -> StreamingResponse:
+    """A streamed answer of ``items``, whose listeners put their pieces on
+    ``pieces``. Submitted here so that a refusal is an HTTP status, not a
+    stream event; the wait runs as its own task so the admission is released
+    even if the stream is never read."""
+    submission = await submit_task(request, model, task, items)
+    work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
+    return StreamingResponse(
+        _stream(work, pieces, events),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+    )
+
+
+async def _stream(
+    work: asyncio.Future[list[Any]], pieces: asyncio.Queue[tuple[int, str]], events: _StreamEvents
 ) -> AsyncIterator[str]:
-    """The answer's chunks as server-sent events, each choice's by its index;
-    with ``usage`` (the request's ``stream_options.include_usage``), a last
-    chunk of no choices with the usage, as OpenAI sends it."""
+    """The opening events, each piece as it comes, each choice's end, the
+    usage where asked for, then ``[DONE]``; an error as an event of its own."""
     try:
-        for index in range(choices):
-            role = {"role": "assistant", "content": ""}
-            yield _chunk(completion_id, created, model, role, index=index)
-        async for index, piece in pieces_of(work, pieces):
-            yield _chunk(completion_id, created, model, {"content": piece}, index=index)
+        for event in events.opening:
+            yield event
+        async for index, text in pieces_of(work, pieces):
+            yield events.piece(index, text)
         try:
             outputs = work.result()
         except TesseraError as e:
             yield _error_event(e)
             return
-        for index, output in enumerate(outputs):  # the tokens' logprobs come with the end
-            finish, logprobs = output.finish_reason, _logprobs_of(output)
-            yield _chunk(
-                completion_id,
-                created,
-                model,
-                {},
-                index=index,
-                finish_reason=finish,
-                logprobs=logprobs,
-            )
-        if usage:
-            yield _chunk(completion_id, created, model, None, usage_of(*outputs))
+        for index, output in enumerate(outputs):
+            yield events.end(index, output)
+        if events.usage is not None:
+            yield events.usage(usage_of(*outputs))
         yield "data: [DONE]\n\n"
     finally:
         if not work.done():
             work.cancel()
+
+
+def _chat_events(body: ChatRequest, completion_id: str, created: int) -> _StreamEvents:
+    """A chat's chunks: a role chunk a choice first, its content as it comes,
+    its finish reason (and its tokens' logprobs) last; with
+    ``stream_options.include_usage``, a last chunk of no choices with the
+    usage, as OpenAI sends it."""
+
+    def chunk(
+        delta: dict[str, Any] | None, usage: dict[str, int] | None = None, **choice: Any
+    ) -> str:
+        return _chunk(completion_id, created, body.model, delta, usage, **choice)
+
+    def end(index: int, output: ChatOutput) -> str:
+        logprobs = _logprobs_of(output)
+        return chunk({}, index=index, finish_reason=output.finish_reason, logprobs=logprobs)
+
+    role = {"role": "assistant", "content": ""}
+    return _StreamEvents(
+        opening=[chunk(role, index=index) for index in range(body.n)],
+        piece=lambda index, text: chunk({"content": text}, index=index),
+        end=end,
+        usage=(lambda tokens: chunk(None, tokens)) if _wants_usage(body.stream_options) else None,
+    )
 
 
 class CompletionRequest(BaseModel):
@@ -514,20 +545,11 @@ def _text_choice(index: int, text: str, finish_reason: str | None) -> dict[str, 
 async def completions(body: CompletionRequest, request: Request) -> Response:
     completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
-    prompts = body.choice_prompts()
     if body.stream:
         pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-        # As for a chat: submitted here, so that a refusal is an HTTP status.
-        items = completion_inputs(body, listeners(pieces, len(prompts)))
-        submission = await submit_task(request, body.model, Task.GENERATE, items)
-        work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
-        usage = body.stream_options is not None and body.stream_options.include_usage
-        echoed = prompts if body.echo else []
-        return StreamingResponse(
-            _stream_completion(body.model, work, pieces, completion_id, created, echoed, usage),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
+        items = completion_inputs(body, listeners(pieces, len(body.choice_prompts())))
+        events = _completion_events(body, completion_id, created)
+        return await _streamed(request, body.model, Task.GENERATE, items, pieces, events)
     outputs = await run_task(request, body.model, Task.GENERATE, completion_inputs(body))
     return JSONResponse(text_completion_body(body, outputs, completion_id, created))
 
@@ -550,40 +572,21 @@ def text_completion_body(
     }
 
 
-async def _stream_completion(
-    model: str,
-    work: asyncio.Future[list[Any]],
-    pieces: asyncio.Queue[tuple[int, str]],
-    completion_id: str,
-    created: int,
-    echoed: list[str],
-    usage: bool,
-) -> AsyncIterator[str]:
-    """Each prompt's text as it comes (after the prompt itself, for ``echo``),
-    then each one's finish reason, and (``usage``) a last chunk of no choices
-    with the usage."""
+def _completion_events(body: CompletionRequest, completion_id: str, created: int) -> _StreamEvents:
+    """A legacy completion's events: each choice's prompt first, for ``echo``;
+    its text as it comes, its finish reason last; with
+    ``stream_options.include_usage``, a last event of no choices with the usage."""
 
     def event(choices: list[dict[str, Any]], tokens: dict[str, int] | None = None) -> str:
-        return _event("text_completion", completion_id, created, model, choices, tokens)
+        return _event("text_completion", completion_id, created, body.model, choices, tokens)
 
-    try:
-        for index, prompt in enumerate(echoed):
-            yield event([_text_choice(index, prompt, None)])
-        async for index, piece in pieces_of(work, pieces):
-            yield event([_text_choice(index, piece, None)])
-        try:
-            outputs = work.result()
-        except TesseraError as e:
-            yield _error_event(e)
-            return
-        for index, output in enumerate(outputs):
-            yield event([_text_choice(index, "", output.finish_reason)])
-        if usage:
-            yield event([], usage_of(*outputs))
-        yield "data: [DONE]\n\n"
-    finally:
-        if not work.done():
-            work.cancel()
+    echoed = body.choice_prompts() if body.echo else []
+    return _StreamEvents(
+        opening=[event([_text_choice(i, prompt, None)]) for i, prompt in enumerate(echoed)],
+        piece=lambda index, text: event([_text_choice(index, text, None)]),
+        end=lambda index, output: event([_text_choice(index, "", output.finish_reason)]),
+        usage=(lambda tokens: event([], tokens)) if _wants_usage(body.stream_options) else None,
+    )
 
 
 class SpeechRequest(BaseModel):
