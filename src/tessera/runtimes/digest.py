@@ -10,6 +10,7 @@ size and modification time stay the same.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from pathlib import Path
 
@@ -19,6 +20,21 @@ _CHUNK_BYTES = 1 << 20
 
 _digests: dict[tuple[str, int, int], str] = {}
 _lock = threading.Lock()
+
+
+def source_key(source: Path, **extra: object) -> str:
+    """A cache entry's name for what was made from ``source``: a hash of its
+    resolved path, size and modification time, and of ``extra`` (what else the
+    entry depends on: a version, an option). Not of its bytes: cheap to take at
+    every load, and a file changed in place gets a new entry."""
+    stat = source.stat()
+    identity = {
+        "path": str(source.resolve()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        **extra,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def file_digest(path: Path) -> str:

@@ -29,8 +29,6 @@ the ``onnx`` package is missing or the rewrite fails (each with a log line).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import tempfile
@@ -40,6 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from tessera.runtimes.digest import source_key
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -260,18 +260,6 @@ def _names_read(nodes: list[Any]) -> set[str]:
     return names
 
 
-def _cache_key(source: Path, accuracy_level: int) -> str:
-    stat = source.stat()
-    identity = {
-        "path": str(source.resolve()),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-        "accuracy_level": accuracy_level,
-        "version": REWRITE_VERSION,
-    }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-
 @dataclass(frozen=True)
 class ServedGraph:
     """What a session loads: a file path or serialised bytes, and a word on which."""
@@ -287,7 +275,8 @@ def served_graph(
     the cache, or made now and cached), or ``source`` itself."""
     entry = None
     if cache_dir is not None:
-        entry = cache_dir / _CACHE_SUBDIR / f"{_cache_key(source, accuracy_level)}.onnx"
+        key = source_key(source, accuracy_level=accuracy_level, version=REWRITE_VERSION)
+        entry = cache_dir / _CACHE_SUBDIR / f"{key}.onnx"
         if entry.is_file():
             return ServedGraph(str(entry), "int8 rewrite (cached)")
         marker = entry.with_suffix(".none")

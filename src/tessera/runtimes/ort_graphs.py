@@ -25,14 +25,13 @@ logs a warning and serves the source as it is.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from tessera.runtimes.digest import source_key
 from tessera.runtimes.memory import trim_heap
 
 log = logging.getLogger(__name__)
@@ -49,18 +48,6 @@ def cpu_only(providers: list[Any]) -> bool:
     return names == [_CPU]
 
 
-def _cache_key(source: Path, ort_version: str) -> str:
-    stat = source.stat()
-    identity = {
-        "path": str(source.resolve()),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-        "onnxruntime": ort_version,
-        "version": GRAPH_VERSION,
-    }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def optimized_graph(source: Path, cache_dir: Path | None, name: str = "") -> Path:
     """The file a CPU session of ``source`` should load: its optimised graph
     (from the cache, or made now and cached), or ``source`` itself when there
@@ -69,7 +56,8 @@ def optimized_graph(source: Path, cache_dir: Path | None, name: str = "") -> Pat
         return source
     import onnxruntime as ort
 
-    entry = cache_dir / _CACHE_SUBDIR / f"{_cache_key(source, ort.__version__)}.onnx"
+    key = source_key(source, onnxruntime=ort.__version__, version=GRAPH_VERSION)
+    entry = cache_dir / _CACHE_SUBDIR / f"{key}.onnx"
     if entry.is_file():
         return entry
     try:
