@@ -36,6 +36,7 @@ import asyncio
 import json
 import logging
 from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -67,13 +68,13 @@ _CODES = {
 }
 
 
+@dataclass(frozen=True, slots=True)
 class _Answer:
     """An HTTP answer of the app: status, headers (lower-case names), body."""
 
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self.status = status
-        self.headers = headers
-        self.body = body
+    status: int
+    headers: dict[str, str]
+    body: bytes
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -180,16 +181,26 @@ class KServeService:
         self.pb = service_pb2
 
     async def _get(
-        self, context: grpc.aio.ServicerContext[Any, Any], method: str, path: str, body: bytes = b""
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        method: str,
+        path: str,
+        body: bytes = b"",
+        more_headers: Sequence[tuple[str, str]] = (),
     ) -> _Answer:
-        headers = _headers(context)
+        headers = [*_headers(context), *more_headers]
         return await call_app(self.app, method, path, headers, body, _peer(context), _gone(context))
 
     async def _ok(
-        self, context: grpc.aio.ServicerContext[Any, Any], method: str, path: str, body: bytes = b""
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        method: str,
+        path: str,
+        body: bytes = b"",
+        more_headers: Sequence[tuple[str, str]] = (),
     ) -> _Answer:
         """The app's answer, or the call aborted with its error's status."""
-        answer = await self._get(context, method, path, body)
+        answer = await self._get(context, method, path, body, more_headers)
         if answer.status >= 400:
             await _abort(context, answer)
         return answer
@@ -263,12 +274,8 @@ class KServeService:
         header, blob = _infer_body(request)
         head = json.dumps(header).encode()
         path = _model_path(request.model_name, request.model_version, "/infer")
-        headers = [*_headers(context), (HEADER_LENGTH, str(len(head)))]
-        answer = await call_app(
-            self.app, "POST", path, headers, head + blob, _peer(context), _gone(context)
-        )
-        if answer.status >= 400:
-            await _abort(context, answer)
+        length = [(HEADER_LENGTH, str(len(head)))]
+        answer = await self._ok(context, "POST", path, head + blob, length)
         split = int(answer.headers.get(HEADER_LENGTH, len(answer.body)))
         found = json.loads(answer.body[:split])
         tensor = self.pb.ModelInferResponse.InferOutputTensor
