@@ -237,20 +237,27 @@ def _image_of(image_url: Any) -> Any:
     return decode_image(decode_base64(url))
 
 
-def chat_input(body: ChatRequest, on_text: Any = None) -> ChatInput:
+def chat_inputs(
+    body: ChatRequest, pieces: asyncio.Queue[tuple[int, str]] | None = None
+) -> list[ChatInput]:
+    """An item a choice (``n``); with ``pieces``, each streams its text there."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     response_format = body.response_format
-    return ChatInput(
-        messages=tuple(_message(m) for m in body.messages),
-        max_tokens=body.max_completion_tokens or body.max_tokens or 128,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        stop=stop,
-        seed=body.seed,
-        on_text=on_text,
-        response_format=None if response_format is None else response_format.constraint(),
-        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-    )
+    messages = tuple(_message(m) for m in body.messages)
+    return [
+        ChatInput(
+            messages=messages,
+            max_tokens=body.max_completion_tokens or body.max_tokens or 128,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            stop=stop,
+            seed=body.seed,
+            on_text=on_text,
+            response_format=None if response_format is None else response_format.constraint(),
+            logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        )
+        for on_text in _listeners(pieces, body.n)
+    ]
 
 
 def chat_task(engine: ServingEngine, model: str) -> Task:
@@ -278,17 +285,20 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
     task = chat_task(engine_of(request), body.model)
     if body.stream:
         pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-        items = [chat_input(body, on_text) for on_text in listeners(pieces, body.n)]
+        items = chat_inputs(body, pieces)
         events = _chat_events(body, completion_id, created)
         return await _streamed(request, body.model, task, items, pieces, events)
-    items = [chat_input(body) for _ in range(body.n)]
-    outputs = await run_task(request, body.model, task, items)
+    outputs = await run_task(request, body.model, task, chat_inputs(body))
     return JSONResponse(completion_body(body.model, outputs, completion_id, created))
 
 
-def listeners(pieces: asyncio.Queue[tuple[int, str]], count: int) -> list[Callable[[str], None]]:
+def _listeners(
+    pieces: asyncio.Queue[tuple[int, str]] | None, count: int
+) -> list[Callable[[str], None] | None]:
     """``count`` stream listeners, called from worker threads: each puts
-    (its index, a piece) on ``pieces`` in the running loop."""
+    (its index, a piece) on ``pieces`` in the running loop; none without ``pieces``."""
+    if pieces is None:
+        return [None] * count
     loop = asyncio.get_running_loop()
 
     def listener(index: int) -> Callable[[str], None]:
@@ -514,14 +524,11 @@ class CompletionRequest(BaseModel):
 
 
 def completion_inputs(
-    body: CompletionRequest, on_text: list[Callable[[str], None]] | None = None
+    body: CompletionRequest, pieces: asyncio.Queue[tuple[int, str]] | None = None
 ) -> list[ChatInput]:
-    """A raw-prompt item a choice; ``on_text``: each one's stream listener."""
+    """A raw-prompt item a choice; with ``pieces``, each streams its text there."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     prompts = body.choice_prompts()
-    streams: list[Callable[[str], None] | None] = [None] * len(prompts)
-    if on_text is not None:
-        streams = list(on_text)
     return [
         ChatInput(
             messages=(),
@@ -533,7 +540,7 @@ def completion_inputs(
             seed=body.seed,
             on_text=listener,
         )
-        for prompt, listener in zip(prompts, streams, strict=True)
+        for prompt, listener in zip(prompts, _listeners(pieces, len(prompts)), strict=True)
     ]
 
 
@@ -547,7 +554,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     created = int(time.time())
     if body.stream:
         pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-        items = completion_inputs(body, listeners(pieces, len(body.choice_prompts())))
+        items = completion_inputs(body, pieces)
         events = _completion_events(body, completion_id, created)
         return await _streamed(request, body.model, Task.GENERATE, items, pieces, events)
     outputs = await run_task(request, body.model, Task.GENERATE, completion_inputs(body))

@@ -76,12 +76,11 @@ from tessera.gateway.openai_api import (
     CompletionRequest,
     EmbeddingRequest,
     SpeechRequest,
-    chat_input,
+    chat_inputs,
     chat_task,
     completion_body,
     completion_inputs,
     embeddings_body,
-    listeners,
     pieces_of,
     text_completion_body,
     texts_of,
@@ -479,10 +478,7 @@ async def _chat(session: _Session, message: _Message, payload: dict[str, Any]) -
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
     task = chat_task(session.engine, body.model)
-    if body.stream:
-        items = [chat_input(body, on_text) for on_text in listeners(pieces, body.n)]
-    else:
-        items = [chat_input(body) for _ in range(body.n)]
+    items = chat_inputs(body, pieces if body.stream else None)
     work = asyncio.ensure_future(session.run(message, body.model, task, items, _timeout(payload)))
     outputs = await _deltas(session, message, work, pieces)
     await session.result(message, completion_body(body.model, outputs, completion_id, created))
@@ -493,8 +489,7 @@ async def _completion(session: _Session, message: _Message, payload: dict[str, A
     body = _parse(CompletionRequest, payload)
     completion_id, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-    streams = listeners(pieces, len(body.choice_prompts())) if body.stream else None
-    items = completion_inputs(body, streams)
+    items = completion_inputs(body, pieces if body.stream else None)
     work = asyncio.ensure_future(
         session.run(message, body.model, Task.GENERATE, items, _timeout(payload))
     )

@@ -35,7 +35,7 @@ from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes
-from tessera.runtimes.ort_graphs import optimized_graph
+from tessera.runtimes.ort_graphs import cpu_only, optimized_graph
 from tessera.step import step_boundary
 from tessera.tasks.types import OcrInput, OcrLine, OcrOutput
 
@@ -274,7 +274,7 @@ class RapidOcrLoader:
     def load(self, spec: ModelSpec, ctx: LoadContext) -> RapidOcrModel:
         files = _model_files(spec)
         graphs = files
-        if ctx.device.kind == "cpu":  # made (once) before the measurement
+        if cpu_only(ctx.device.onnx_providers(spec.max_bytes)):  # made once, before the measurement
             graphs = {k: optimized_graph(p, ctx.cache_dir, spec.name) for k, p in files.items()}
         params = _engine_params(spec, graphs, ctx.device, ctx.threads)
         use_cls = bool(spec.options.get("use_cls", True))
