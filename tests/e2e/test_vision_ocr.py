@@ -129,8 +129,11 @@ def test_ocr_tasks_fields_and_translate(server: Server) -> None:
         assert r.status_code == 422  # over the card's max_tokens_limit of 64
 
 
-def test_chat_with_an_image_url_reaches_the_same_model(server: Server) -> None:
+def test_chat_with_an_image_url_reaches_the_same_model(
+    server: Server, request: pytest.FixtureRequest
+) -> None:
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key)
+    request.addfinalizer(client.close)
     content = [
         {"type": "image_url", "image_url": {"url": data_url(300, 200)}},
         {"type": "text", "text": "Read it."},
@@ -161,8 +164,11 @@ def test_chat_with_an_image_url_reaches_the_same_model(server: Server) -> None:
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
-def test_images_are_refused_where_they_cannot_go(server: Server) -> None:
+def test_images_are_refused_where_they_cannot_go(
+    server: Server, request: pytest.FixtureRequest
+) -> None:
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key)
+    request.addfinalizer(client.close)
     remote = [{"type": "image_url", "image_url": {"url": "http://example.com/page.png"}}]
     with pytest.raises(openai.UnprocessableEntityError, match="fetches nothing"):
         client.chat.completions.create(

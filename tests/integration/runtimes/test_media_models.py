@@ -162,7 +162,7 @@ def test_ocr_pages_of_a_batch_peak_at_one_pages_activations(ocr: LoadedModel) ->
     assert loader.runs_alone(spec, page)
     assert not loader.runs_alone(spec, OcrInput(blank(48, 300), "line"))
     peaks = []
-    for num_pages in (1, 1, 6):  # the first run's one-off costs are left out
+    for num_pages in (1, 2, 6):  # the first run's one-off costs are left out
         # Freed heap handed back first: pages still resident from earlier
         # tests' runs would take the allocations without a rise to measure.
         trim_heap()
@@ -171,9 +171,13 @@ def test_ocr_pages_of_a_batch_peak_at_one_pages_activations(ocr: LoadedModel) ->
             pytest.skip("this kernel cannot reset the high-water mark")
         ocr.run([page] * num_pages)
         peaks.append(measure())
-    one, six = peaks[1:]
-    assert one > 16 * 2**20  # a page's activations were measured (about 100 MiB)
-    assert six < 2 * one
+    two, six = peaks[1:]
+    assert two > 16 * 2**20  # a page's activations were measured (about 100 MiB)
+    # Held together, six pages would take three times what two take. A run's
+    # second page can peak above its first by what the allocator does not reuse
+    # of the first's freed memory (by 0.6 of one page's peak here, by 1.05 of it
+    # on CI's machine), once: the comparison is with two pages, past that.
+    assert six < 1.5 * two
 
 
 def test_ocr_blank_images_give_no_lines(ocr: LoadedModel) -> None:
