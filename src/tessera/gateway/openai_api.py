@@ -181,19 +181,58 @@ class ResponseFormat(BaseModel):
         return None if self.type == "text" else self.model_dump_json(exclude_none=True)
 
 
-class ChatRequest(BaseModel):
+MAX_LOGIT_BIAS = 300  # tokens a request may bias
+
+
+class Sampling(BaseModel):
+    """How chat and legacy completions choose their tokens (OpenAI's fields)."""
+
     model_config = ConfigDict(extra="allow")
 
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: (
+        Annotated[
+            dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]],
+            Field(max_length=MAX_LOGIT_BIAS),
+        ]
+        | None
+    ) = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f'keys are token ids ("50256"), got {key!r}')
+        return value
+
+    def sampling(self) -> dict[str, Any]:
+        """These fields as ``ChatInput`` takes them."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
+            "seed": self.seed,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "logit_bias": tuple(
+                sorted((int(token), bias) for token, bias in (self.logit_bias or {}).items())
+            ),
+        }
+
+
+class ChatRequest(Sampling):
     model: str
     messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
     max_tokens: int | None = Field(default=None, ge=1, le=4096)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=4096)
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     response_format: ResponseFormat | None = None
     logprobs: bool = False
@@ -241,17 +280,13 @@ def chat_inputs(
     body: ChatRequest, pieces: asyncio.Queue[tuple[int, str]] | None = None
 ) -> list[ChatInput]:
     """An item a choice (``n``); with ``pieces``, each streams its text there."""
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     response_format = body.response_format
     messages = tuple(_message(m) for m in body.messages)
     return [
         ChatInput(
             messages=messages,
             max_tokens=body.max_completion_tokens or body.max_tokens or 128,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            stop=stop,
-            seed=body.seed,
+            **body.sampling(),
             on_text=on_text,
             response_format=None if response_format is None else response_format.constraint(),
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
@@ -481,20 +516,14 @@ def _chat_events(body: ChatRequest, completion_id: str, created: int) -> _Stream
     )
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(Sampling):
     """OpenAI's legacy completions: ``n`` choices a prompt, no logprobs."""
-
-    model_config = ConfigDict(extra="allow")
 
     model: str
     prompt: str | Annotated[list[str], Field(min_length=1)]
     max_tokens: int = Field(default=16, ge=1, le=4096)  # OpenAI's default here is 16
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = None
     echo: bool = False
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     best_of: int | None = Field(default=None, ge=1, le=1)
@@ -527,17 +556,13 @@ def completion_inputs(
     body: CompletionRequest, pieces: asyncio.Queue[tuple[int, str]] | None = None
 ) -> list[ChatInput]:
     """A raw-prompt item a choice; with ``pieces``, each streams its text there."""
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     prompts = body.choice_prompts()
     return [
         ChatInput(
             messages=(),
             prompt=prompt,
             max_tokens=body.max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            stop=stop,
-            seed=body.seed,
+            **body.sampling(),
             on_text=listener,
         )
         for prompt, listener in zip(prompts, _listeners(pieces, len(prompts)), strict=True)

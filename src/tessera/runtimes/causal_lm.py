@@ -19,7 +19,10 @@ may step aside while short batches of other models run.
 
 Greedy items of a batch run as one left-padded ``generate``; sampling items
 are grouped by (temperature, top_p), and seeded items run alone so that a
-seed gives the same text whatever else is in the batch.
+seed gives the same text whatever else is in the batch. OpenAI's presence and
+frequency penalties and logit bias are each row's own, applied to the logits
+before temperature and top-p (``sampling_options``): rows that differ in them
+share a ``generate``.
 
 Options (model.yaml ``options``):
 
@@ -426,6 +429,7 @@ class CausalLm:
             raise InvalidInputError(f"expected a chat item, got {type(item).__name__}")
         _validate(item, self._max_tokens_limit)
         refuse_engine_only(item, "transformers' generate")
+        check_logit_bias(item, len(tokenizer))
         if item.prompt is not None:
             prompt = _raw_prompt(tokenizer, item.prompt)
         else:
@@ -470,13 +474,9 @@ class CausalLm:
             "pad_token_id": tokenizer.pad_token_id,
             "eos_token_id": sorted(self._eos_ids),
             "stopping_criteria": StoppingCriteriaList([_row_criteria_class()(rows)]),
+            **sampling_options([p.item for p in group], encoded["input_ids"].shape[1]),
         }
         sampling = first.temperature > 0
-        if sampling:
-            options |= {"do_sample": True, "temperature": first.temperature, "top_p": first.top_p}
-            options["top_k"] = 0  # OpenAI semantics: no top-k unless asked
-        else:
-            options["do_sample"] = False
         with (
             holding(_SAMPLING_LOCK) if sampling else contextlib.nullcontext(),
             torch.inference_mode(),
@@ -551,6 +551,95 @@ def generate_in_groups(
         for index, output in zip(group, generate(group), strict=True):
             outputs[index] = output
     return [o for o in outputs if o is not None]
+
+
+def check_logit_bias(item: ChatInput, vocab_size: int) -> None:
+    """Refuse a logit bias on a token id the model's vocabulary does not have."""
+    for token, _ in item.logit_bias:
+        if token >= vocab_size:
+            raise InvalidInputError(
+                f"logit_bias: token id {token} is not in this model's vocabulary"
+                f" of {vocab_size} tokens"
+            )
+
+
+def sampling_options(chats: Sequence[ChatInput], prompt_length: int) -> dict[str, Any]:
+    """``generate``'s options for one group of chats (one temperature and
+    top-p: ``_groups``) whose prompts take ``prompt_length`` columns: OpenAI's
+    sampling (no top-k), with each row's penalties and logit bias where any
+    row asks for them."""
+    first = chats[0]
+    sampling = first.temperature > 0
+    if not any(c.presence_penalty or c.frequency_penalty or c.logit_bias for c in chats):
+        if not sampling:
+            return {"do_sample": False}
+        return {
+            "do_sample": True,
+            "temperature": first.temperature,
+            "top_p": first.top_p,
+            "top_k": 0,  # OpenAI semantics: no top-k unless asked
+        }
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    # generate puts processors of its own before those it is given: it is
+    # given them all, so that penalties and bias come before temperature and top-p.
+    chain: list[Any] = [_penalties_class()(chats, prompt_length)]
+    if not sampling:
+        return {"do_sample": False, "logits_processor": LogitsProcessorList(chain)}
+    if first.temperature != 1.0:
+        chain.append(TemperatureLogitsWarper(first.temperature))
+    if first.top_p < 1.0:
+        chain.append(TopPLogitsWarper(first.top_p))
+    return {
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "logits_processor": LogitsProcessorList(chain),
+    }
+
+
+@functools.cache
+def _penalties_class() -> type[Any]:
+    """A transformers ``LogitsProcessor`` of each row's presence and frequency
+    penalties (over the tokens it has generated) and logit bias (built on first
+    use, so that importing this module does not import transformers)."""
+    import torch
+    from transformers import LogitsProcessor
+
+    class Penalties(LogitsProcessor):
+        def __init__(self, chats: Sequence[ChatInput], prompt_length: int) -> None:
+            self._chats = chats
+            self._prompt_length = prompt_length
+            self._presence = torch.tensor([c.presence_penalty for c in chats])
+            self._frequency = torch.tensor([c.frequency_penalty for c in chats])
+            self._penalised = bool(self._presence.any() or self._frequency.any())
+            self._bias: torch.Tensor | None = None
+
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            generated = input_ids[:, self._prompt_length :]
+            if self._penalised and generated.shape[1]:
+                counts = torch.zeros_like(scores).scatter_add_(
+                    1, generated, torch.ones_like(generated, dtype=scores.dtype)
+                )
+                presence = self._presence.to(scores)[:, None]
+                frequency = self._frequency.to(scores)[:, None]
+                scores = scores - presence * (counts > 0) - frequency * counts
+            return scores + self._bias_like(scores)
+
+        def _bias_like(self, scores: torch.Tensor) -> torch.Tensor:
+            """Each row's bias over the logits' width (made once; ids past the
+            width, which the model cannot give, are left out)."""
+            if self._bias is None:
+                bias = torch.zeros(scores.shape, dtype=scores.dtype)
+                for row, chat in enumerate(self._chats):
+                    for token, value in chat.logit_bias:
+                        if token < scores.shape[1]:
+                            bias[row, token] = value
+                self._bias = bias.to(scores.device)
+            return self._bias
+
+    return Penalties
 
 
 def _groups(items: Sequence[ChatInput]) -> list[list[int]]:

@@ -97,6 +97,14 @@ def request_body(model: str, item: ChatInput, extras: Mapping[str, Any]) -> dict
         body["top_logprobs"] = max(1, item.logprobs)
     if item.seed is not None:
         body["seed"] = item.seed
+    # OpenAI's fields, which both engines take (llama.cpp counts the penalties
+    # over the last 64 tokens it has seen, vLLM over the answer so far).
+    if item.presence_penalty:
+        body["presence_penalty"] = item.presence_penalty
+    if item.frequency_penalty:
+        body["frequency_penalty"] = item.frequency_penalty
+    if item.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in item.logit_bias}
     return body
 
 

@@ -41,7 +41,9 @@ from tessera.runtimes.causal_lm import (
     _eos_ids,
     _row_criteria_class,
     _RowStream,
+    check_logit_bias,
     generate_in_groups,
+    sampling_options,
 )
 from tessera.runtimes.hostcopy import HostSlot
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
@@ -175,6 +177,7 @@ class VisionOcr:
                 return page_chat(item, self._spec.options.get("prompts"), self._spec.inputs)
             case ChatInput(prompt=None):
                 refuse_engine_only(item, "transformers' generate")
+                check_logit_bias(item, len(self._processor.tokenizer))
                 return item
             case ChatInput():
                 raise InvalidInputError("this model answers chats, not a raw prompt to continue")
@@ -236,10 +239,8 @@ class VisionOcr:
             "pad_token_id": tokenizer.pad_token_id,
             "eos_token_id": sorted(self._eos_ids),
             "stopping_criteria": StoppingCriteriaList([_row_criteria_class()(rows)]),
-            "do_sample": first.temperature > 0,
+            **sampling_options(chats, encoded["input_ids"].shape[1]),
         }
-        if first.temperature > 0:
-            options |= {"temperature": first.temperature, "top_p": first.top_p, "top_k": 0}
         sampling = first.temperature > 0
         with (
             holding(_SAMPLING_LOCK) if sampling else contextlib.nullcontext(),

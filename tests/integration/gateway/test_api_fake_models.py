@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tessera.engine import Engine
+from tessera.gateway.openai_api import ChatRequest
 from tessera.runtimes.fake import FAKE_DIMS, fake_embedding
 from tessera.tasks.samples import sample_page
 
@@ -249,6 +250,42 @@ async def test_logprobs_where_the_runtime_cannot_give_them_say_why(
     body.pop("top_logprobs", None)
     r = await client.post("/v1/chat/completions", json=body)
     assert r.json()["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"logit_bias": {"the": 1}}, "token ids"),
+        ({"logit_bias": {"-5": 1}}, "token ids"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+    ],
+)
+async def test_penalties_and_logit_bias_out_of_openais_ranges_say_why(
+    client: httpx.AsyncClient, extra: dict[str, object], says: str
+) -> None:
+    bodies = {
+        "/v1/chat/completions": {"model": "chat", "messages": [{"role": "user", "content": "x"}]},
+        "/v1/completions": {"model": "chat", "prompt": "x"},
+    }
+    for path, body in bodies.items():
+        r = await client.post(path, json={**body, **extra})
+        assert r.status_code == 422, r.text
+        assert says in r.json()["error"]["message"]
+
+
+async def test_penalties_and_logit_bias_in_range_are_taken(client: httpx.AsyncClient) -> None:
+    extra = {"presence_penalty": -2, "frequency_penalty": 2, "logit_bias": {"12": 100, "7": -1}}
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "a b"}], **extra}
+    r = await client.post("/v1/chat/completions", json=chat)
+    assert r.json()["choices"][0]["message"]["content"] == "a b "
+    sampling = ChatRequest.model_validate(chat).sampling()
+    assert (sampling["presence_penalty"], sampling["frequency_penalty"]) == (-2.0, 2.0)
+    assert sampling["logit_bias"] == ((7, -1.0), (12, 100.0))
+    r = await client.post("/v1/completions", json={"model": "chat", "prompt": "c", **extra})
+    assert r.json()["choices"][0]["text"] == "c "
 
 
 async def test_n_choices_of_a_chat_and_of_each_prompt(client: httpx.AsyncClient) -> None:

@@ -25,6 +25,7 @@ from tessera.runtimes.base import LoadedModel, OffloadingModel, standalone_conte
 from tessera.runtimes.causal_lm import (
     CausalLm,
     _from_pretrained,
+    _penalties_class,
     _raw_prompt,
     _RowStream,
     _safe_end,
@@ -141,6 +142,21 @@ def test_row_stream_eos_and_length() -> None:
     row = _RowStream(chat("x", max_tokens=2), decode, eos_ids=frozenset({0}))
     assert [row.push(ord(c)) for c in "ab"] == [False, True]
     assert (row.text, row.finish_reason) == ("ab", "length")
+
+
+def test_penalties_take_openais_formula_row_by_row_over_generated_tokens() -> None:
+    import torch
+
+    penalised = chat("x", presence_penalty=0.5, frequency_penalty=0.25)
+    biased = chat("y", logit_bias=((2, 3.0), (4, -100.0)))
+    penalties = _penalties_class()([penalised, biased], 2)
+    # Two prompt columns (ids past the logits' width: never counted), then
+    # row 0 generated 1, 1, 3 and row 1 generated 1, 0, 0.
+    input_ids = torch.tensor([[9, 9, 1, 1, 3], [9, 9, 1, 0, 0]])
+    scores = penalties(input_ids, torch.zeros(2, 5))
+    assert scores.tolist() == [[0.0, -1.0, 0.0, -0.75, 0.0], [0.0, 0.0, 3.0, 0.0, -100.0]]
+    # Before the first generated token: the bias alone.
+    assert penalties(input_ids[:, :2], torch.zeros(2, 5))[0].tolist() == [0.0] * 5
 
 
 # --- a tiny random Llama in a model folder ----------------------------------------
@@ -296,6 +312,55 @@ def test_tiny_seeded_sampling_repeats(tiny: LoadedModel) -> None:
     first = tiny.run([item, chat("world", max_tokens=4, temperature=0.5)])[0]
     again = run_one(tiny, item)
     assert first == again
+
+
+def test_tiny_logit_bias_and_penalties_are_each_rows_own(
+    tiny: LoadedModel, tiny_folder: Path
+) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder / "1")
+    plain = run_one(tiny, chat("hello", max_tokens=12))
+    world = tokenizer(" world", add_special_tokens=False)["input_ids"][0]
+    biased, penalised, beside = tiny.run(
+        [
+            chat("hello", max_tokens=6, logit_bias=((world, 100.0),)),
+            chat(
+                "hello",
+                max_tokens=12,
+                presence_penalty=0.5,
+                frequency_penalty=1.5,
+                logit_bias=((world, 10.0),),
+            ),
+            chat("hello", max_tokens=12),  # in the same generate, as it is alone
+        ]
+    )
+    assert biased.text == tokenizer.decode([world] * 6)
+    assert beside == plain
+    # The penalised row, greedy step by step by OpenAI's formula: the bias
+    # gives " world" first, and the penalties then take its lead away.
+    assert isinstance(tiny, CausalLm)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello"}], add_generation_prompt=True, tokenize=False
+    )
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    generated: list[int] = []
+    with torch.inference_mode():
+        for _ in range(12):
+            logits = tiny._model(torch.tensor([ids + generated])).logits[0, -1]
+            logits[world] += 10.0
+            for token in set(generated):
+                logits[token] -= 0.5 + 1.5 * generated.count(token)
+            generated.append(int(logits.argmax()))
+    assert penalised.text == tokenizer.decode(
+        generated, skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
+    assert generated[0] == world
+    assert generated.count(world) < 12
+    refused = chat("hello", max_tokens=4, logit_bias=((len(tokenizer), 1.0),))
+    with pytest.raises(InvalidInputError, match="not in this model's vocabulary"):
+        run_one(tiny, refused)
 
 
 @pytest.mark.parametrize(

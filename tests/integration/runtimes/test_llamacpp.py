@@ -155,17 +155,32 @@ def test_answers_held_to_json_and_to_a_schema(smollm2: ExternalModel) -> None:
     assert json.loads(run_one(smollm2, held).text) == {"city": "Paris"}
 
 
-def slots_busy(model: ExternalModel) -> list[bool]:
-    """Whether each slot of the model's engine is generating now (llama.cpp's /slots)."""
+def test_a_logit_bias_reaches_the_engine(smollm2: ExternalModel) -> None:
+    (paris,) = engine_call(smollm2, "POST", "/tokenize", {"content": " Paris"})["tokens"]
+    assert "Paris" in run_one(smollm2, chat(QUESTION, max_tokens=8)).text
+    barred = run_one(smollm2, chat(QUESTION, max_tokens=8, logit_bias=((paris, -100.0),)))
+    assert "Paris" not in barred.text
+    assert barred.text.startswith("The capital of France is")
+
+
+def engine_call(
+    model: ExternalModel, method: str, path: str, body: dict[str, Any] | None = None
+) -> Any:
+    """The JSON answer of one of the model's engine's own endpoints."""
     assert model.address is not None
     host, _, port = model.address.removeprefix("http://").partition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
         auth = {"Authorization": f"Bearer {model.api_key}"}
-        connection.request("GET", "/slots", headers=auth)
-        return [bool(slot["is_processing"]) for slot in json.loads(connection.getresponse().read())]
+        connection.request(method, path, None if body is None else json.dumps(body), auth)
+        return json.loads(connection.getresponse().read())
     finally:
         connection.close()
+
+
+def slots_busy(model: ExternalModel) -> list[bool]:
+    """Whether each slot of the model's engine is generating now (llama.cpp's /slots)."""
+    return [bool(slot["is_processing"]) for slot in engine_call(model, "GET", "/slots")]
 
 
 def test_an_item_whose_caller_left_stops_and_frees_its_slot(smollm2: ExternalModel) -> None:
