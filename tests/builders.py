@@ -331,3 +331,19 @@ def write_tiny_vl_card(model_dir: Path, name: str = "tiny-vl-ocr") -> Path:
     }
     (folder / "model.yaml").write_text(yaml.safe_dump(card))
     return folder
+
+
+# An OpenAI function tool with one required argument (the tool-call tests).
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}

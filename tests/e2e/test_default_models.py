@@ -17,6 +17,7 @@ import soundfile
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
+from builders import WEATHER_TOOL
 from serverproc import Server
 from tessera.tasks.samples import sample_page
 
@@ -124,6 +125,25 @@ def test_openai_client_json_answers(oai: openai.OpenAI) -> None:
         response_format={"type": "json_object"},
     )
     assert json.loads(response.choices[0].message.content or "")["city"] == "Paris"
+
+
+def test_openai_client_tool_calls(oai: openai.OpenAI) -> None:
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    response = oai.chat.completions.create(
+        model="smollm2-135m",
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=48,
+        temperature=0,
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or ()
+    assert call.type == "function"
+    assert call.function.name == "get_weather"
+    assert list(json.loads(call.function.arguments)) == ["city"]
 
 
 def test_openai_client_legacy_completions(oai: openai.OpenAI) -> None:

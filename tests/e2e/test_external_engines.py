@@ -7,6 +7,7 @@ and woken by a request, and a SIGTERM that leaves no engine process behind."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import psutil
 import pytest
 import yaml
 
+from builders import WEATHER_TOOL
 from fakes import write_fake_vllm_model
 from serverproc import Server, start_server, stop_server
 
@@ -112,6 +114,55 @@ def test_llamacpp_engine_streams_survives_sigkill_mid_request_and_stops_with_the
     finally:
         stop_server(process)
     assert "Traceback" not in server.log()
+
+
+def test_a_vllm_engines_tool_calls_reach_openais_client_plain_and_streamed(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    write_fake_vllm_model(tmp_path / "repo", "fake-tools")
+    config = tmp_path / "config.yaml"
+    repos = [str(tmp_path / "repo")]
+    config.write_text(
+        yaml.safe_dump({"include_default_models": False, "model_repositories": repos})
+    )
+    process, server = start_server(tmp_path, "--no-auth", "--config", str(config))
+    try:
+        chat = client(server, request).chat.completions
+        question: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+        ask = {"model": "fake-tools", "messages": question, "tools": [WEATHER_TOOL]}
+        answer = chat.create(**ask, tool_choice="required").choices[0]
+        assert answer.finish_reason == "tool_calls"
+        assert answer.message.content is None
+        (call,) = answer.message.tool_calls or ()
+        assert call.id == "chatcmpl-tool-1"
+        assert call.type == "function"
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"echo": "Weather in Paris?"}
+
+        chunks = list(chat.create(**ask, tool_choice="required", stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert [d.content for d in deltas if d.content] == []
+        (streamed,) = [call for d in deltas for call in d.tool_calls or ()]
+        assert (streamed.index, streamed.id) == (0, "chatcmpl-tool-1")
+        assert streamed.function is not None
+        assert streamed.function.arguments == call.function.arguments
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+        # The call and the tool's answer go back; the engine reads the tool's turn.
+        called = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
+        result = {"role": "tool", "tool_call_id": call.id, "content": "Sunny"}
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        again = chat.create(
+            **{**ask, "messages": [*question, called, result]}, tool_choice=named
+        ).choices[0]
+        assert [json.loads(c.function.arguments) for c in again.message.tool_calls or ()] == [
+            {"echo": "Sunny"}
+        ]
+        # With tool_choice auto this engine answers in text.
+        text = chat.create(**ask, max_tokens=2).choices[0]
+        assert (text.message.content, text.message.tool_calls) == ("w0 w1", None)
+    finally:
+        stop_server(process)
 
 
 def test_fake_vllm_engines_sleep_when_evicted_wake_on_a_request_and_stop_with_the_server(

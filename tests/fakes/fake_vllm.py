@@ -21,7 +21,12 @@ token a word, cut at ``max_tokens`` (finish ``length``, else ``stop``):
 32 x 32 block of each image. The port opens after ``--load-delay-s``, and
 chats are answered 503 (while ``/health`` answers 200) for
 ``--chat-ready-after-s`` more, as a server that listens before its model is
-ready does. With
+ready does. A streamed chat with ``tools`` and a ``tool_choice`` of
+``required`` or a named function is answered with one call of that function
+(or of the first tool), as vLLM streams calls: its id, type and name in the
+first ``delta.tool_calls`` fragment, its arguments ``{"echo": the last
+message's text}`` in two, finish ``tool_calls``; a ``tool`` message without
+``tool_call_id`` is a 400, as vLLM's. With
 ``--engine-core-child`` it starts a child process, as vLLM's API server starts
 its engine core, to show that stopping or killing it reaches its group.
 """
@@ -185,11 +190,16 @@ class Handler(BaseHTTPRequestHandler):
         else:
             pieces = [f"w{i} " if i < max_tokens - 1 else f"w{i}" for i in range(max_tokens)]
             finish = "length"
+        tool = None if raw_prompt else _called_tool(body)
+        if tool is not None:  # the arguments, in two pieces
+            arguments = json.dumps({"echo": texts[-1] if texts else ""})
+            pieces = [arguments[:10], arguments[10:]]
+            finish = "tool_calls"
         with state.lock:
             state.running += 1
             state.prompt_tokens += prompt
         if body.get("stream"):
-            self._stream(body, prompt, pieces, finish)
+            self._stream(body, prompt, pieces, finish, tool)
             return
         text = self._generate(pieces, lambda _i, _piece: None)
         usage = {"prompt_tokens": prompt, "completion_tokens": len(pieces)}
@@ -215,7 +225,9 @@ class Handler(BaseHTTPRequestHandler):
                 self.state.running -= 1
         return "".join(sent)
 
-    def _stream(self, body: dict[str, Any], prompt: int, pieces: list[str], finish: str) -> None:
+    def _stream(
+        self, body: dict[str, Any], prompt: int, pieces: list[str], finish: str, tool: str | None
+    ) -> None:
         options = body.get("stream_options") or {}
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -240,6 +252,12 @@ class Handler(BaseHTTPRequestHandler):
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish if last else None}
             if raw_prompt:  # a completion's chunks carry text, a chat's a delta
                 choice["text"] = piece
+            elif tool is not None:
+                call: dict[str, Any] = {"index": 0, "function": {"arguments": piece}}
+                if i == 0:
+                    call |= {"id": "chatcmpl-tool-1", "type": "function"}
+                    call["function"]["name"] = tool
+                choice["delta"] = {"tool_calls": [call]}
             else:
                 choice["delta"] = {"content": piece}
             if body.get("logprobs") and not raw_prompt:  # -0.5 each; alternatives lower
@@ -261,6 +279,17 @@ class Handler(BaseHTTPRequestHandler):
         send("[DONE]")
 
 
+def _called_tool(body: dict[str, Any]) -> str | None:
+    """The function a chat must call: the one named, or the first tool's where
+    the choice is ``required``; None where none must be called."""
+    tools, choice = body.get("tools") or [], body.get("tool_choice")
+    if isinstance(choice, dict):
+        return str(choice["function"]["name"])
+    if choice == "required" and tools:
+        return str(tools[0]["function"]["name"])
+    return None
+
+
 def _read_messages(messages: list[Any]) -> tuple[list[str], list[dict[str, int]]]:
     """The messages' texts, and what each image part carried: its bytes and,
     for a PNG, its size. Content is a string or OpenAI's parts; an image
@@ -268,6 +297,8 @@ def _read_messages(messages: list[Any]) -> tuple[list[str], list[dict[str, int]]
     texts: list[str] = []
     images: list[dict[str, int]] = []
     for message in messages:
+        if message.get("role") == "tool" and not message.get("tool_call_id"):
+            raise ValueError("a tool message needs its tool_call_id")
         content = message.get("content")
         if not isinstance(content, list):
             texts.append(str(content or ""))

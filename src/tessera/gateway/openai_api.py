@@ -37,6 +37,7 @@ from tessera.tasks.types import (
     SpeechInput,
     Task,
     TextInput,
+    ToolCall,
     work_units,
 )
 
@@ -145,11 +146,64 @@ def embeddings_body(
     }
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(BaseModel):
+    """A call an assistant made, in an earlier turn of the chat."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+
+MAX_TOOLS = 128  # OpenAI's limit too
+
+
+class FunctionIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolIn(BaseModel):
+    """A tool the model may call: a function, its parameters a JSON schema."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    function: FunctionIn
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(BaseModel):
@@ -237,6 +291,9 @@ class ChatRequest(Sampling):
     response_format: ResponseFormat | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: Annotated[list[ToolIn], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _top_with_logprobs(self) -> ChatRequest:
@@ -244,17 +301,44 @@ class ChatRequest(Sampling):
             raise ValueError("top_logprobs needs logprobs: true")
         return self
 
+    @model_validator(mode="after")
+    def _tools_agree(self) -> ChatRequest:
+        names = [tool.function.name for tool in self.tools or ()]
+        if len(set(names)) < len(names):
+            raise ValueError("tools: each tool needs a name of its own")
+        choice = self.tool_choice
+        if choice not in (None, "none") and not names:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not in tools")
+        format_ = self.response_format
+        if self.tool_setup() and format_ is not None and format_.type != "text":
+            raise ValueError("response_format and tools do not go together here")
+        return self
+
+    def tool_setup(self) -> dict[str, Any]:
+        """The tools as ``ChatInput`` takes them; none where ``tool_choice`` is none."""
+        choice = self.tool_choice
+        if not self.tools or choice == "none":
+            return {}
+        return {
+            "tools": json.dumps([tool.model_dump(exclude_none=True) for tool in self.tools]),
+            "tool_choice": choice.function.name
+            if isinstance(choice, NamedToolChoice)
+            else choice or "auto",
+            "parallel_tool_calls": self.parallel_tool_calls,
+        }
+
 
 def _message(message: ChatMessageIn) -> ChatMessage:
-    """A message's text and images: text parts joined, ``image_url`` parts decoded
-    from their ``data:`` URLs (the server fetches nothing: a remote URL is refused)."""
-    if message.content is None:
-        return ChatMessage(message.role, "")
-    if isinstance(message.content, str):
-        return ChatMessage(message.role, message.content)
+    """A message's text and images (text parts joined, ``image_url`` parts
+    decoded from their ``data:`` URLs: the server fetches nothing, a remote URL
+    is refused), and the tool calls it made or the call it answers."""
     texts: list[str] = []
     images: list[Any] = []
-    for part in message.content:
+    if isinstance(message.content, str):
+        texts.append(message.content)
+    for part in message.content if isinstance(message.content, list) else ():
         kind = part.get("type")
         if kind == "text":
             texts.append(str(part.get("text", "")))
@@ -262,7 +346,15 @@ def _message(message: ChatMessageIn) -> ChatMessage:
             images.append(_image_of(part.get("image_url")))
         else:
             raise InvalidInputError(f"content part type {kind!r} is not supported")
-    return ChatMessage(message.role, "".join(texts), images=tuple(images))
+    return ChatMessage(
+        message.role,
+        "".join(texts),
+        images=tuple(images),
+        tool_calls=tuple(
+            ToolCall(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or ()
+        ),
+        tool_call_id=message.tool_call_id,
+    )
 
 
 def _image_of(image_url: Any) -> Any:
@@ -287,6 +379,7 @@ def chat_inputs(
             messages=messages,
             max_tokens=body.max_completion_tokens or body.max_tokens or 128,
             **body.sampling(),
+            **body.tool_setup(),
             on_text=on_text,
             response_format=None if response_format is None else response_format.constraint(),
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
@@ -357,13 +450,25 @@ def completion_body(
         "choices": [
             {
                 "index": index,
-                "message": {"role": "assistant", "content": output.text},
+                "message": _assistant_message(output),
                 "logprobs": _logprobs_of(output),
                 "finish_reason": output.finish_reason,
             }
             for index, output in enumerate(outputs)
         ],
         "usage": usage_of(*outputs),
+    }
+
+
+def _assistant_message(output: ChatOutput) -> dict[str, Any]:
+    """A choice's message: its text, or its tool calls (and text where it has
+    any beside them: null where it has none, as OpenAI answers)."""
+    if not output.tool_calls:
+        return {"role": "assistant", "content": output.text}
+    return {
+        "role": "assistant",
+        "content": output.text or None,
+        "tool_calls": [call.openai() for call in output.tool_calls],
     }
 
 
@@ -504,8 +609,11 @@ def _chat_events(body: ChatRequest, completion_id: str, created: int) -> _Stream
         return _chunk(completion_id, created, body.model, delta, usage, **choice)
 
     def end(index: int, output: ChatOutput) -> str:
+        """Its tool calls (whole, in one delta), then its finish reason."""
+        calls = [{"index": i, **call.openai()} for i, call in enumerate(output.tool_calls)]
         logprobs = _logprobs_of(output)
-        return chunk({}, index=index, finish_reason=output.finish_reason, logprobs=logprobs)
+        finish = chunk({}, index=index, finish_reason=output.finish_reason, logprobs=logprobs)
+        return (chunk({"tool_calls": calls}, index=index) if calls else "") + finish
 
     role = {"role": "assistant", "content": ""}
     return _StreamEvents(

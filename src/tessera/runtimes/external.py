@@ -116,6 +116,7 @@ class EngineKind(Protocol):
     label: str  # in messages: "llama.cpp", "vLLM"
     sleeps: bool  # whether eviction puts it to sleep rather than stopping it
     takes_images: bool  # whether chats may carry images (vision-language OCR)
+    native_tools: bool  # whether it calls tools itself (else: tool_calls.py's generic format)
     serial_start: bool  # start one at a time (each measures the memory free at launch)
     metrics_path: str | None  # its Prometheus page, scraped after each batch
     default_load_timeout_s: float
@@ -655,12 +656,26 @@ class ExternalModel:
             raise InvalidInputError(f"expected a chat item, got {type(item).__name__}")
         if not self._kind.takes_images and any(m.images for m in item.messages):
             raise InvalidInputError(f"the {self._kind.label} engine does not take images")
+        if item.tools is not None and item.logprobs is not None and not self._kind.native_tools:
+            raise InvalidInputError(
+                f"logprobs with tools: the {self._kind.label} engine's tool calls are read"
+                " from JSON it writes, whose tokens' logprobs are not the answer's"
+            )
         _validate(item, self._max_tokens_limit)
         return item
 
     def _complete(self, engine: EngineProcess, item: ChatInput, stop: StopFlag) -> ChatOutput:
-        body = request_body(self._spec.name, item, self._kind.chat_extras())
-        return complete(engine.address, self._api_key, body, item, stop, self._idle_timeout_s)
+        native = self._kind.native_tools
+        body = request_body(self._spec.name, item, self._kind.chat_extras(), native_tools=native)
+        return complete(
+            engine.address,
+            self._api_key,
+            body,
+            item,
+            stop,
+            self._idle_timeout_s,
+            native_tools=native,
+        )
 
     def _control(self, engine: EngineProcess, method: str, path: str) -> bytes:
         """A request to one of the engine's own endpoints; its body."""

@@ -55,6 +55,7 @@ class LlamaCppEngine:
     label = "llama.cpp"
     sleeps = False
     takes_images = False
+    native_tools = False
     serial_start = False
     metrics_path = None
     default_load_timeout_s = 120.0

@@ -18,13 +18,21 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from tessera.errors import InferenceError, InvalidInputError
 from tessera.request import StopFlag
+from tessera.runtimes.tool_calls import (
+    call_id,
+    generic_messages,
+    generic_schema,
+    native_fields,
+    native_message,
+    read_generic,
+)
 from tessera.tasks.image import png_data_url
-from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput
+from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput, ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +52,12 @@ def complete(
     item: ChatInput,
     stop: StopFlag,
     timeout_s: float,
+    *,
+    native_tools: bool,
 ) -> ChatOutput:
-    """One chat completion of ``body`` (``request_body``'s), streamed, until
-    ``stop`` is set; raises ``EngineGone`` if the engine is."""
+    """One chat completion of ``body`` (``request_body``'s, with the same
+    ``native_tools``), streamed, until ``stop`` is set; raises ``EngineGone``
+    if the engine is."""
     host, _, port = address.removeprefix("http://").partition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     response: http.client.HTTPResponse | None = None
@@ -60,7 +71,7 @@ def complete(
         response = connection.getresponse()
         if response.status != 200:
             raise http_error(str(body.get("model")), response.status, response.read())
-        return _read_stream(response, item, stop)
+        return _read_stream(response, item, stop, generic_tools=not native_tools)
     except (OSError, http.client.HTTPException) as e:  # reset, refused, timed out
         raise EngineGone(f"{type(e).__name__}: {e}") from e
     finally:
@@ -69,14 +80,21 @@ def complete(
         connection.close()
 
 
-def request_body(model: str, item: ChatInput, extras: Mapping[str, Any]) -> dict[str, Any]:
+def request_body(
+    model: str, item: ChatInput, extras: Mapping[str, Any], *, native_tools: bool
+) -> dict[str, Any]:
     """The OpenAI chat (or, for a raw prompt, completion) request of ``item``,
-    with the engine's own ``extras``."""
-    text: dict[str, Any] = (
-        {"prompt": item.prompt}
-        if item.prompt is not None
-        else {"messages": [{"role": m.role, "content": _content(m)} for m in item.messages]}
-    )
+    with the engine's own ``extras``; its tools as OpenAI's fields for an
+    engine that calls tools itself (``native_tools``), else in the generic
+    format (``runtimes/tool_calls.py``)."""
+    text: dict[str, Any]
+    if item.prompt is not None:
+        text = {"prompt": item.prompt}
+    elif native_tools:
+        messages = [native_message(m, _content(m)) for m in item.messages]
+        text = {"messages": messages, **native_fields(item)}
+    else:
+        text = {"messages": generic_messages(item, _content)}
     body: dict[str, Any] = {
         "model": model,
         **text,
@@ -91,6 +109,9 @@ def request_body(model: str, item: ChatInput, extras: Mapping[str, Any]) -> dict
         body["stop"] = list(item.stop)
     if item.response_format is not None:  # llama.cpp and vLLM both constrain to it
         body["response_format"] = json.loads(item.response_format)
+    if item.tools is not None and not native_tools:
+        schema = {"name": "tool_calls", "schema": generic_schema(item)}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     if item.logprobs is not None:  # each chunk then carries its tokens' logprobs
         body["logprobs"] = True
         # llama.cpp gives none at all for 0 alternatives: ask one, and drop it.
@@ -161,13 +182,20 @@ def _ran_so_far(
     return 0, num_pieces
 
 
-def _read_stream(response: http.client.HTTPResponse, item: ChatInput, stop: StopFlag) -> ChatOutput:
+def _read_stream(
+    response: http.client.HTTPResponse, item: ChatInput, stop: StopFlag, *, generic_tools: bool
+) -> ChatOutput:
+    """The answer of a stream. A generic tool answer is JSON (not streamed
+    as it comes: its text, if it is one, goes to ``on_text`` at the end); an
+    engine's own tool calls come as ``delta.tool_calls`` fragments by index."""
+    generic = generic_tools and item.tools is not None
     pieces: list[str] = []
-    on_text = item.on_text
+    on_text = None if generic else item.on_text
     finish: str | None = None
     usage: dict[str, Any] | None = None
     timings: dict[str, Any] = {}
     logprobs: list[dict[str, Any]] = []
+    calls: dict[int, dict[str, str]] = {}
     for event in _sse_events(response):
         if "error" in event:
             raise InferenceError(f"the engine failed the chat: {event['error']}")
@@ -182,28 +210,60 @@ def _read_stream(response: http.client.HTTPResponse, item: ChatInput, stop: Stop
                 finish_reason="stop",
             )
         for choice in event.get("choices") or ():
-            piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            delta = choice.get("delta") or {}
+            piece = choice.get("text") or delta.get("content") or ""
             finish = choice.get("finish_reason") or finish
             logprobs.extend(_token_logprobs(choice.get("logprobs"), item.logprobs or 0))
+            _add_call_fragments(calls, delta.get("tool_calls"))
             if not piece:
                 continue
             pieces.append(piece)
-            if on_text is not None:
-                try:
-                    on_text(piece)
-                except Exception:  # a failing listener must not fail the other items
-                    logger.exception("on_text raised; streaming to it stops")
-                    on_text = None
+            if on_text is not None and not _tell(on_text, piece):
+                on_text = None
     if finish is None or usage is None:
         raise EngineGone("the stream ended before its last chunk")
-    reason: Literal["stop", "length"] = "length" if finish == "length" else "stop"
+    text = "".join(pieces)
+    tool_calls = tuple(
+        ToolCall(c["id"] or call_id(), c["name"], c["arguments"]) for _, c in sorted(calls.items())
+    )
+    if generic:
+        text, tool_calls = read_generic(text)
+        if text and item.on_text is not None:
+            _tell(item.on_text, text)
+    reason: Literal["stop", "length", "tool_calls"] = (
+        "length" if finish == "length" else "tool_calls" if tool_calls else "stop"
+    )
     return ChatOutput(
-        text="".join(pieces),
+        text=text,
         prompt_tokens=int(usage.get("prompt_tokens", 0)),
         completion_tokens=int(usage.get("completion_tokens", 0)),
         finish_reason=reason,
         logprobs=tuple(logprobs) if item.logprobs is not None else None,
+        tool_calls=tool_calls,
     )
+
+
+def _tell(on_text: Callable[[str], None], piece: str) -> bool:
+    """Give a listener a piece; False if it raised (it is told no more)."""
+    try:
+        on_text(piece)
+    except Exception:  # a failing listener must not fail the other items
+        logger.exception("on_text raised; streaming to it stops")
+        return False
+    return True
+
+
+def _add_call_fragments(calls: dict[int, dict[str, str]], fragments: Any) -> None:
+    """A chunk's ``delta.tool_calls``: a call's id and name come once, its
+    arguments in pieces, each fragment under its call's index."""
+    for fragment in fragments or ():
+        call = calls.setdefault(
+            int(fragment.get("index", 0)), {"id": "", "name": "", "arguments": ""}
+        )
+        function = fragment.get("function") or {}
+        call["id"] = fragment.get("id") or call["id"]
+        call["name"] = function.get("name") or call["name"]
+        call["arguments"] += function.get("arguments") or ""
 
 
 def _token_logprobs(found: Any, alternatives: int) -> list[dict[str, Any]]:

@@ -77,6 +77,7 @@ class VllmEngine:
     label = "vLLM"
     sleeps = True
     takes_images = True
+    native_tools = True
     serial_start = True
     metrics_path = "/metrics"
     default_load_timeout_s = 600.0

@@ -231,6 +231,17 @@ async def test_json_answers_where_the_runtime_cannot_hold_them_say_why(
         assert says in r.json()["error"]["message"]
 
 
+async def chat_refused(
+    client: httpx.AsyncClient, extra: dict[str, object], says: str
+) -> dict[str, object]:
+    """A chat of the fake model with ``extra`` fields: a 422 that ``says``; its body."""
+    body = {"model": "chat", "messages": [{"role": "user", "content": "x"}], **extra}
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 422, r.text
+    assert says in r.json()["error"]["message"]
+    return body
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
@@ -242,10 +253,7 @@ async def test_json_answers_where_the_runtime_cannot_hold_them_say_why(
 async def test_logprobs_where_the_runtime_cannot_give_them_say_why(
     client: httpx.AsyncClient, extra: dict[str, object], says: str
 ) -> None:
-    body = {"model": "chat", "messages": [{"role": "user", "content": "x"}], **extra}
-    r = await client.post("/v1/chat/completions", json=body)
-    assert r.status_code == 422, r.text
-    assert says in r.json()["error"]["message"]
+    body = await chat_refused(client, extra, says)
     body["logprobs"] = False
     body.pop("top_logprobs", None)
     r = await client.post("/v1/chat/completions", json=body)
@@ -286,6 +294,41 @@ async def test_penalties_and_logit_bias_in_range_are_taken(client: httpx.AsyncCl
     assert sampling["logit_bias"] == ((7, -1.0), (12, 100.0))
     r = await client.post("/v1/completions", json={"model": "chat", "prompt": "c", **extra})
     assert r.json()["choices"][0]["text"] == "c "
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+CALLED = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"tools": [TOOL]}, "cannot call tools"),
+        ({"tools": [TOOL], "tool_choice": "required"}, "cannot call tools"),
+        ({"messages": [CALLED, {"role": "tool", "tool_call_id": "c1", "content": "x"}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice needs tools"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}}, "'f'"),
+        ({"tools": [TOOL, TOOL]}, "a name of its own"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "name"),
+        ({"tools": [{"type": "retrieval"}]}, "type"),
+        ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "do not go together"),
+    ],
+)
+async def test_tools_where_they_cannot_be_called_or_do_not_agree_say_why(
+    client: httpx.AsyncClient, extra: dict[str, object], says: str
+) -> None:
+    await chat_refused(client, extra, says)
+
+
+async def test_tool_choice_none_leaves_the_tools_out(client: httpx.AsyncClient) -> None:
+    messages = [{"role": "user", "content": "a b"}]
+    body = {"model": "chat", "messages": messages, "tools": [TOOL], "tool_choice": "none"}
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": "a b "}
 
 
 async def test_n_choices_of_a_chat_and_of_each_prompt(client: httpx.AsyncClient) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from builders import make_queued
+from builders import WEATHER_TOOL, make_queued
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
 from tessera.repository.spec import ModelSpec
@@ -161,6 +161,43 @@ def test_a_logit_bias_reaches_the_engine(smollm2: ExternalModel) -> None:
     barred = run_one(smollm2, chat(QUESTION, max_tokens=8, logit_bias=((paris, -100.0),)))
     assert "Paris" not in barred.text
     assert barred.text.startswith("The capital of France is")
+
+
+def test_tools_are_called_through_the_generic_format_and_their_results_read(
+    smollm2: ExternalModel,
+) -> None:
+    question = chat("What is the weather in Paris?", max_tokens=48)
+    pieces: list[str] = []
+    called = run_one(
+        smollm2,
+        dataclasses.replace(
+            question,
+            tools=json.dumps([WEATHER_TOOL]),
+            tool_choice="required",
+            parallel_tool_calls=False,
+            on_text=pieces.append,
+        ),
+    )
+    assert called.finish_reason == "tool_calls"
+    assert (called.text, pieces) == ("", [])  # the JSON it wrote is not streamed as text
+    (call,) = called.tool_calls
+    assert call.name == "get_weather"
+    assert list(json.loads(call.arguments)) == ["city"]
+    assert call.id.startswith("call_")
+    # The call and its result go back; without tools the model answers in text.
+    turns = (
+        *question.messages,
+        ChatMessage("assistant", "", tool_calls=(call,)),
+        ChatMessage("tool", "Sunny, 21 degrees.", tool_call_id=call.id),
+    )
+    answer = run_one(smollm2, dataclasses.replace(question, messages=turns))
+    assert answer.text
+    assert answer.tool_calls == ()
+    # A named tool is called even when the question needs none.
+    named = dataclasses.replace(
+        chat("Hello!", max_tokens=48), tools=json.dumps([WEATHER_TOOL]), tool_choice="get_weather"
+    )
+    assert [c.name for c in run_one(smollm2, named).tool_calls][:1] == ["get_weather"]
 
 
 def engine_call(
