@@ -315,6 +315,44 @@ def test_cohere_clients_rerank_and_embed(
         )
 
 
+def test_huggingface_inference_client_over_tei(
+    server: Server, oai: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import InferenceClient, constants
+
+    # The client's own offline switch (set for the whole suite) blocks every
+    # URL, loopback included: the server it calls still runs offline.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    text = "The cat sat on the mat."
+    embedder = InferenceClient(model=f"{server.base_url}/tei/all-minilm-l6-v2", token=server.key)
+    vector = embedder.feature_extraction(text)
+    assert vector.shape == (1, 384)
+    reference = oai.embeddings.create(model="all-minilm-l6-v2", input=text).data[0].embedding
+    assert cosine(list(vector[0]), reference) > 0.9999
+    question = "I want to reset my password"
+    classifier = InferenceClient(model=f"{server.base_url}/tei/intent-minilm", token=server.key)
+    # TEI answers one text with a flat list of labels, best first, and the
+    # client reads the first item of its answer: the best label, as from TEI.
+    top = classifier.text_classification(question)
+    body = {"model": "intent-minilm", "input": question}
+    classified = httpx.post(f"{server.base_url}/v1/classify", json=body, headers=server.headers)
+    assert top.label == classified.json()["data"][0]["label"]
+    # TEI's rerank: Cohere's shape's scores, best first.
+    texts = ["Paris is in France.", "Berlin has 3.5 million people."]
+    query = "How many people live in Berlin?"
+    tei = httpx.post(
+        f"{server.base_url}/tei/minilm-rerank/rerank",
+        json={"query": query, "texts": texts},
+        headers=server.headers,
+    )
+    cohere_body = {"model": "minilm-rerank", "query": query, "documents": texts}
+    scores = httpx.post(f"{server.base_url}/v1/rerank", json=cohere_body, headers=server.headers)
+    assert [(r["index"], r["relevance_score"]) for r in scores.json()["results"]] == [
+        (r["index"], r["score"]) for r in tei.json()
+    ]
+    assert tei.json()[0]["index"] == 1
+
+
 def test_classify_intent(server: Server) -> None:
     r = httpx.post(
         f"{server.base_url}/v1/classify",

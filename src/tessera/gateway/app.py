@@ -22,6 +22,7 @@ from tessera.gateway import (
     kserve,
     openai_api,
     tasks_api,
+    tei_api,
     tenants_admin,
     websocket,
 )
@@ -131,7 +132,17 @@ def create_app(
     app.state.tiers = tiers or dict(DEFAULT_TIERS)
     install_error_handlers(app)
     app.state.max_body_bytes = max_body_bytes  # the WebSocket's message bound too
-    routers = (health, openai_api, tasks_api, websocket, kserve, admin, tenants_admin, dashboard)
+    routers = (
+        health,
+        openai_api,
+        tasks_api,
+        tei_api,
+        websocket,
+        kserve,
+        admin,
+        tenants_admin,
+        dashboard,
+    )
     for module in routers:
         app.include_router(module.router)
     install_observability(

@@ -181,10 +181,12 @@ def audit_request(
 ) -> None:
     """One audit row and one ``RequestEvent`` for a request (a WebSocket
     message too), refused ones included; ``state`` holds its principal and id."""
-    # KServe's infer and metadata, and the routes under /v2 that are not KServe's (Cohere's).
+    # KServe's infer and metadata, the routes under /v2 that are not KServe's
+    # (Cohere's), and TEI's inference routes.
     api = (
         path.startswith(("/v1/", "/v2/models"))
         or (path.startswith("/v2/") and not kserve_path(path))
+        or (path.startswith("/tei/") and not path.endswith(("/info", "/health")))
     ) and not (path == "/v1/models" or path.startswith("/v1/models/"))
     if not api and info.reason not in ("auth", "auth_throttled"):
         return

@@ -95,7 +95,17 @@ def kserve_path(path: str) -> bool:
 
 def error_body_for(path: str, status: int, message: str, kind: str) -> dict[str, object]:
     """An error's body in the shape of ``path``'s API."""
-    return {"error": message} if kserve_path(path) else error_body(status, message, kind)
+    if kserve_path(path):
+        return {"error": message}
+    if path.startswith("/tei/"):  # TEI's: its kinds are Overloaded, Backend, Validation...
+        return {"error": message, "error_type": _tei_kind(status)}
+    return error_body(status, message, kind)
+
+
+def _tei_kind(status: int) -> str:
+    if status in (429, 503):
+        return "Overloaded"
+    return "Backend" if status >= 500 else "Validation"
 
 
 def status_of(error: TesseraError) -> tuple[int, str]:
