@@ -9,6 +9,7 @@ import wave
 from collections.abc import Iterator
 
 import cohere
+import deepl
 import httpx
 import numpy as np
 import openai
@@ -439,6 +440,23 @@ def test_translate_both_directions(server: Server) -> None:
         headers=server.headers,
     )
     assert "cat" in r.json()["data"][0]["translation"].lower()
+
+
+def test_deepl_client_translates_both_directions(server: Server) -> None:
+    translator = deepl.Translator(server.key, server_url=server.base_url)
+    to_pt = translator.translate_text(
+        ["The cat is on the table.", "The book is in the car."], target_lang="PT-BR"
+    )
+    assert isinstance(to_pt, list)
+    assert "gato" in to_pt[0].text.lower()
+    assert (to_pt[0].detected_source_lang, to_pt[0].billed_characters) == ("EN", 24)
+    to_en = translator.translate_text("O gato está na mesa.", target_lang="EN-US")
+    assert not isinstance(to_en, list)
+    assert "cat" in to_en.text.lower()
+    assert to_en.detected_source_lang == "PT"
+    assert {lang.code for lang in translator.get_target_languages()} == {"EN", "PT"}
+    with pytest.raises(deepl.DeepLException, match="no model translates"):
+        translator.translate_text("Bonjour", target_lang="FR")
 
 
 def test_bad_input_gets_json_errors(server: Server, oai: openai.OpenAI) -> None:

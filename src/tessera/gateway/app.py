@@ -18,6 +18,7 @@ from tessera.engine import PreloadProgress, ServingEngine
 from tessera.gateway import (
     admin,
     dashboard,
+    deepl_api,
     health,
     kserve,
     openai_api,
@@ -137,6 +138,7 @@ def create_app(
         openai_api,
         tasks_api,
         tei_api,
+        deepl_api,
         websocket,
         kserve,
         admin,

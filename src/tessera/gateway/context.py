@@ -2,8 +2,8 @@
 
 - ``x-request-id`` is taken from the request or made, and returned.
 - When the app has a tenant store, every route but the health probes needs
-  an API key (``Authorization: Bearer KEY`` or ``x-api-key``): none, unknown
-  or revoked → 401; ``/admin`` and ``/metrics`` need an admin key → 403
+  an API key (``Authorization: Bearer KEY``, DeepL's ``DeepL-Auth-Key KEY``,
+  or ``x-api-key``): none, unknown or revoked → 401; ``/admin`` and ``/metrics`` need an admin key → 403
   (``/metrics`` is public where ``app.state.metrics_public`` is set). Keys are checked
   against the store on each request, so revocations apply at once.
 - Failed authentication is throttled per client address (``AuthThrottle``):
@@ -70,7 +70,8 @@ def api_key(headers: list[tuple[bytes, bytes]]) -> str | None:
     for name, value in headers:
         if name == b"authorization":
             scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
+            # DeepL's clients send their key under a scheme of their own.
+            if scheme.lower() in ("bearer", "deepl-auth-key") and token.strip():
                 return token.strip()
         elif name == b"x-api-key" and value.strip():
             return value.decode("latin-1").strip()
@@ -187,7 +188,7 @@ def audit_request(
         path.startswith(("/v1/", "/v2/models"))
         or (path.startswith("/v2/") and not kserve_path(path))
         or (path.startswith("/tei/") and not path.endswith(("/info", "/health")))
-    ) and not (path == "/v1/models" or path.startswith("/v1/models/"))
+    ) and not (path in ("/v1/models", "/v2/languages") or path.startswith("/v1/models/"))
     if not api and info.reason not in ("auth", "auth_throttled"):
         return
     principal: Principal | None = state.get("principal")

@@ -99,6 +99,8 @@ def error_body_for(path: str, status: int, message: str, kind: str) -> dict[str,
         return {"error": message}
     if path.startswith("/tei/"):  # TEI's: its kinds are Overloaded, Backend, Validation...
         return {"error": message, "error_type": _tei_kind(status)}
+    if path in ("/v2/translate", "/v2/languages"):  # DeepL's
+        return {"message": message}
     return error_body(status, message, kind)
 
 
