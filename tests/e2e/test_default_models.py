@@ -12,6 +12,7 @@ import cohere
 import deepl
 import httpx
 import numpy as np
+import ollama
 import openai
 import pytest
 import soundfile
@@ -457,6 +458,35 @@ def test_deepl_client_translates_both_directions(server: Server) -> None:
     assert {lang.code for lang in translator.get_target_languages()} == {"EN", "PT"}
     with pytest.raises(deepl.DeepLException, match="no model translates"):
         translator.translate_text("Bonjour", target_lang="FR")
+
+
+def test_ollama_client_embeds_and_chats(server: Server, oai: openai.OpenAI) -> None:
+    client = ollama.Client(host=server.base_url, headers=server.headers)
+    text = "The cat sat on the mat."
+    embedded = client.embed(model="all-minilm-l6-v2", input=[text])
+    reference = oai.embeddings.create(model="all-minilm-l6-v2", input=text).data[0].embedding
+    assert cosine(list(embedded.embeddings[0]), reference) > 0.9999
+    question = [{"role": "user", "content": "Which city is the capital of France?"}]
+    answer = client.chat(model="smollm2-135m", messages=question, options={"num_predict": 16})
+    assert "Paris" in (answer.message.content or "")
+    assert answer.done_reason == "stop"
+    streamed = client.chat(
+        model="smollm2-135m", messages=question, options={"num_predict": 16}, stream=True
+    )
+    parts = [part.message.content or "" for part in streamed]
+    assert "".join(parts) == answer.message.content
+    assert len(parts) > 2
+    continued = client.generate(
+        model="smollm2-135m",
+        prompt="The capital of France is",
+        raw=True,
+        options={"num_predict": 4},
+    )
+    assert "Paris" in continued.response
+    assert "smollm2-135m" in {m.model for m in client.list().models}
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.embed(model="no-such-model", input="x")
+    assert missing.value.status_code == 404
 
 
 def test_bad_input_gets_json_errors(server: Server, oai: openai.OpenAI) -> None:

@@ -3,9 +3,10 @@
 - ``x-request-id`` is taken from the request or made, and returned.
 - When the app has a tenant store, every route but the health probes needs
   an API key (``Authorization: Bearer KEY``, DeepL's ``DeepL-Auth-Key KEY``,
-  or ``x-api-key``): none, unknown or revoked → 401; ``/admin`` and ``/metrics`` need an admin key → 403
-  (``/metrics`` is public where ``app.state.metrics_public`` is set). Keys are checked
-  against the store on each request, so revocations apply at once.
+  or ``x-api-key``): none, unknown or revoked → 401; ``/admin`` and
+  ``/metrics`` need an admin key → 403 (``/metrics`` is public where
+  ``app.state.metrics_public`` is set). Keys are checked against the store on
+  each request, so revocations apply at once.
 - Failed authentication is throttled per client address (``AuthThrottle``):
   past its threshold a failing address gets 429 with ``Retry-After``; a right
   key still passes (see ``tenants/throttle.py`` for why).
@@ -183,11 +184,12 @@ def audit_request(
     """One audit row and one ``RequestEvent`` for a request (a WebSocket
     message too), refused ones included; ``state`` holds its principal and id."""
     # KServe's infer and metadata, the routes under /v2 that are not KServe's
-    # (Cohere's), and TEI's inference routes.
+    # (Cohere's, DeepL's), and TEI's and Ollama's inference routes.
     api = (
         path.startswith(("/v1/", "/v2/models"))
         or (path.startswith("/v2/") and not kserve_path(path))
         or (path.startswith("/tei/") and not path.endswith(("/info", "/health")))
+        or path in ("/api/embed", "/api/embeddings", "/api/chat", "/api/generate")
     ) and not (path in ("/v1/models", "/v2/languages") or path.startswith("/v1/models/"))
     if not api and info.reason not in ("auth", "auth_throttled"):
         return

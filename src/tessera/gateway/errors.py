@@ -101,6 +101,8 @@ def error_body_for(path: str, status: int, message: str, kind: str) -> dict[str,
         return {"error": message, "error_type": _tei_kind(status)}
     if path in ("/v2/translate", "/v2/languages"):  # DeepL's
         return {"message": message}
+    if path.startswith("/api/"):  # Ollama's
+        return {"error": message}
     return error_body(status, message, kind)
 
 

@@ -1,0 +1,351 @@
+"""Ollama's API (``/api/...``) for Ollama's clients (``ollama.Client(host=...)``,
+LangChain's ``OllamaEmbeddings`` and ``ChatOllama``).
+
+- ``POST /api/embed`` (``input``: a text or a list; ``dimensions``): unit
+  vectors, as Ollama's; ``POST /api/embeddings`` (``prompt``), the older one;
+- ``POST /api/chat`` and ``POST /api/generate`` (``prompt``, with ``system``;
+  ``raw`` continues it as it is): streamed as Ollama streams them, one JSON
+  object a line, unless ``stream`` is false (Ollama's default is true);
+  ``options`` ``temperature``, ``top_p``, ``num_predict``, ``stop``, ``seed``,
+  ``presence_penalty`` and ``frequency_penalty`` are taken (others, such as
+  ``top_k`` and ``num_ctx``, are the model card's), ``format`` (``json`` or a
+  schema) and ``tools`` go where the OpenAI API's would (llama.cpp, vLLM),
+  and images (base64) to a vision-language model;
+- ``GET /api/tags`` (the models the caller may use), ``GET /api/ps`` (those
+  resident now, their bytes), ``GET /api/version``.
+
+Defaults are tessera's where Ollama's come from a model's Modelfile: a chat
+is greedy unless ``temperature`` is given, and at most 128 tokens unless
+``num_predict`` is. A model name may carry Ollama's ``:latest`` tag. Keys go
+as a bearer token (``ollama.Client(headers=...)``). Errors read as Ollama's,
+``{"error": message}`` (``gateway/errors.py``). Pulling, pushing, creating,
+copying and deleting models are not served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from tessera import __version__
+from tessera.errors import InvalidInputError, TesseraError
+from tessera.gateway.common import engine_of, run_task, submit_task, visible_models
+from tessera.gateway.errors import status_of
+from tessera.gateway.openai_api import chat_task, pieces_of, shortened, texts_of
+from tessera.tasks.image import decode_image
+from tessera.tasks.types import (
+    ChatInput,
+    ChatMessage,
+    ChatOutput,
+    Task,
+    TextInput,
+    ToolCall,
+    work_units,
+)
+
+router = APIRouter(prefix="/api")
+
+
+def _name(model: str) -> str:
+    return model.removesuffix(":latest")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class OllamaEmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str | Annotated[list[str], Field(min_length=1)]
+    truncate: bool = True
+    dimensions: int | None = Field(default=None, ge=1)
+
+
+@router.post("/embed")
+async def embed(body: OllamaEmbedRequest, request: Request) -> JSONResponse:
+    started = time.perf_counter_ns()
+    model = _name(body.model)
+    items = [TextInput(t) for t in texts_of(body.input)]
+    limits = engine_of(request).spec(model).inputs
+    vectors = await run_task(request, model, Task.EMBEDDING, items)
+    matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
+    if body.dimensions is not None:
+        matrix = shortened(matrix, body.dimensions)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    matrix = matrix / np.maximum(norms, np.finfo(np.float32).tiny)
+    return JSONResponse(
+        {
+            "model": body.model,
+            "embeddings": matrix.tolist(),
+            "total_duration": time.perf_counter_ns() - started,
+            "load_duration": 0,
+            "prompt_eval_count": int(sum(work_units(i, limits) for i in items)),
+        }
+    )
+
+
+class OllamaEmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    prompt: str
+
+
+@router.post("/embeddings")
+async def embeddings(body: OllamaEmbeddingsRequest, request: Request) -> JSONResponse:
+    (text,) = texts_of(body.prompt, "prompt")
+    (vector,) = await run_task(request, _name(body.model), Task.EMBEDDING, [TextInput(text)])
+    return JSONResponse({"embedding": np.asarray(vector, dtype=np.float32).tolist()})
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    num_predict: int | None = Field(default=None, ge=-2, le=4096)
+    stop: list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+
+
+class OllamaCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    function: dict[str, Any]
+
+
+class OllamaMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    images: list[str] | None = None
+    tool_calls: list[OllamaCall] | None = None
+
+
+class Generation(BaseModel):
+    """What chat and generate share."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    stream: bool = True
+    format: Literal["json"] | dict[str, Any] | None = None
+    options: Options = Field(default_factory=Options)
+
+    def item(self, **fields: Any) -> ChatInput:
+        options = self.options
+        limit = options.num_predict
+        return ChatInput(
+            max_tokens=128 if limit is None or limit < 0 else max(1, limit),
+            temperature=options.temperature,
+            top_p=options.top_p,
+            stop=tuple(options.stop or ()),
+            seed=options.seed,
+            presence_penalty=options.presence_penalty,
+            frequency_penalty=options.frequency_penalty,
+            response_format=self._response_format(),
+            **fields,
+        )
+
+    def _response_format(self) -> str | None:
+        if self.format is None:
+            return None
+        if self.format == "json":
+            return json.dumps({"type": "json_object"})
+        schema = {"name": "format", "schema": self.format}
+        return json.dumps({"type": "json_schema", "json_schema": schema})
+
+
+class OllamaChatRequest(Generation):
+    messages: Annotated[list[OllamaMessage], Field(min_length=1)]
+    tools: list[dict[str, Any]] | None = None
+
+
+class OllamaGenerateRequest(Generation):
+    prompt: Annotated[str, Field(min_length=1)]
+    system: str | None = None
+    raw: bool = False
+
+
+def _images(encoded: list[str] | None) -> tuple[Any, ...]:
+    images = []
+    for i, text in enumerate(encoded or ()):
+        try:
+            images.append(decode_image(base64.b64decode(text, validate=True)))
+        except (binascii.Error, ValueError) as e:
+            raise InvalidInputError(f"images[{i}] is not base64: {e}") from e
+    return tuple(images)
+
+
+def _message(message: OllamaMessage) -> ChatMessage:
+    calls = tuple(
+        ToolCall(
+            f"call_{i}",
+            str(call.function.get("name", "")),
+            json.dumps(call.function.get("arguments", {})),
+        )
+        for i, call in enumerate(message.tool_calls or ())
+    )
+    return ChatMessage(message.role, message.content, _images(message.images), tool_calls=calls)
+
+
+@router.post("/chat", response_model=None)
+async def chat(body: OllamaChatRequest, request: Request) -> Response:
+    tools = {"tools": json.dumps(body.tools), "tool_choice": "auto"} if body.tools else {}
+    messages = tuple(_message(m) for m in body.messages)
+    return await _answer(request, body, "message", messages=messages, **tools)
+
+
+@router.post("/generate", response_model=None)
+async def generate(body: OllamaGenerateRequest, request: Request) -> Response:
+    if body.raw:
+        return await _answer(request, body, "response", messages=(), prompt=body.prompt)
+    system = (ChatMessage("system", body.system),) if body.system else ()
+    messages = (*system, ChatMessage("user", body.prompt))
+    return await _answer(request, body, "response", messages=messages)
+
+
+async def _answer(request: Request, body: Generation, field: str, **fields: Any) -> Response:
+    """One chat (``field`` message) or generation (``field`` response), whole
+    or streamed a line a piece."""
+    model = _name(body.model)
+    task = chat_task(engine_of(request), model)
+    started = time.perf_counter_ns()
+    if not body.stream:
+        (output,) = await run_task(request, model, task, [body.item(**fields)])
+        return JSONResponse(_last(body.model, field, output, started, whole=True))
+    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+
+    def on_text(text: str) -> None:
+        loop.call_soon_threadsafe(pieces.put_nowait, (0, text))
+
+    submission = await submit_task(request, model, task, [body.item(on_text=on_text, **fields)])
+    work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
+    lines = _lines(body.model, field, work, pieces, started)
+    return StreamingResponse(lines, media_type="application/x-ndjson")
+
+
+async def _lines(
+    model: str,
+    field: str,
+    work: asyncio.Future[list[Any]],
+    pieces: asyncio.Queue[tuple[int, str]],
+    started: int,
+) -> AsyncIterator[str]:
+    try:
+        async for _, text in pieces_of(work, pieces):
+            piece = {"role": "assistant", "content": text} if field == "message" else text
+            yield json.dumps({"model": model, "created_at": _now(), field: piece, "done": False})
+            yield "\n"
+        try:
+            (output,) = work.result()
+        except TesseraError as e:
+            yield json.dumps({"error": str(e), "status": status_of(e)[0]}) + "\n"
+            return
+        yield json.dumps(_last(model, field, output, started, whole=False)) + "\n"
+    finally:
+        if not work.done():
+            work.cancel()
+
+
+def _last(
+    model: str, field: str, output: ChatOutput, started: int, *, whole: bool
+) -> dict[str, Any]:
+    """The answer (``whole``) or a stream's last line: its text where whole,
+    its calls, why it ended and its counts."""
+    text = output.text if whole else ""
+    content: Any = text
+    if field == "message":
+        content = {"role": "assistant", "content": text}
+        if output.tool_calls:
+            content["tool_calls"] = [
+                {"function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                for c in output.tool_calls
+            ]
+    return {
+        "model": model,
+        "created_at": _now(),
+        field: content,
+        "done": True,
+        "done_reason": "length" if output.finish_reason == "length" else "stop",
+        "total_duration": time.perf_counter_ns() - started,
+        "load_duration": 0,
+        "prompt_eval_count": output.prompt_tokens,
+        "eval_count": output.completion_tokens,
+    }
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _details(task: str) -> dict[str, Any]:
+    return {
+        "format": "",
+        "family": task,
+        "families": [task],
+        "parameter_size": "",
+        "quantization_level": "",
+    }
+
+
+@router.get("/tags")
+async def tags(request: Request) -> JSONResponse:
+    """The models the caller may use; a size is its bytes as last measured
+    (0 until it has loaded once)."""
+    engine = engine_of(request)
+    measured = {m.name: m.measured_bytes or 0 for m in engine.snapshot().models}
+    models = [
+        {
+            "name": name,
+            "model": name,
+            "modified_at": _now(),
+            "size": measured.get(name, 0),
+            "digest": "",
+            "details": _details(engine.spec(name).task.value),
+        }
+        for name in visible_models(request)
+    ]
+    return JSONResponse({"models": models})
+
+
+@router.get("/ps")
+async def ps(request: Request) -> JSONResponse:
+    visible = set(visible_models(request))
+    resident = [
+        {
+            "name": m.name,
+            "model": m.name,
+            "size": m.bytes,
+            "size_vram": m.bytes,
+            "digest": "",
+            "details": _details(m.task),
+        }
+        for m in engine_of(request).snapshot().models
+        if m.state == "ready" and not m.host_tier and m.name.partition("@")[0] in visible
+    ]
+    return JSONResponse({"models": resident})
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": __version__})

@@ -1,0 +1,116 @@
+"""Ollama's API over fake models: embed, chat and generate (whole and
+streamed a line a piece), tags, ps; errors in Ollama's shape."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from tessera.runtimes.fake import fake_embedding
+
+
+async def test_embed_gives_unit_vectors_and_the_older_route_one(
+    client: httpx.AsyncClient,
+) -> None:
+    r = await client.post("/api/embed", json={"model": "embed:latest", "input": ["a b", "c"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "embed:latest"
+    np.testing.assert_allclose(
+        body["embeddings"], [fake_embedding("a b"), fake_embedding("c")], rtol=1e-6
+    )
+    assert body["prompt_eval_count"] > 0
+    r = await client.post("/api/embed", json={"model": "embed", "input": "c", "dimensions": 3})
+    head = fake_embedding("c")[:3]
+    np.testing.assert_allclose(r.json()["embeddings"], [head / np.linalg.norm(head)], rtol=1e-5)
+    r = await client.post("/api/embeddings", json={"model": "embed", "prompt": "c"})
+    np.testing.assert_allclose(r.json()["embedding"], fake_embedding("c"), rtol=1e-6)
+
+
+async def test_chat_whole_and_streamed(client: httpx.AsyncClient) -> None:
+    messages = [{"role": "user", "content": "one two three"}]
+    body = {"model": "chat", "messages": messages, "stream": False}
+    r = await client.post("/api/chat", json=body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["message"] == {"role": "assistant", "content": "one two three "}
+    assert (answer["done"], answer["done_reason"]) == (True, "stop")
+    assert answer["eval_count"] == 3
+    # Streamed by default, as Ollama's: a JSON object a line, the last one done.
+    async with client.stream(
+        "POST", "/api/chat", json={"model": "chat", "messages": messages}
+    ) as s:
+        assert s.headers["content-type"] == "application/x-ndjson"
+        lines = [json.loads(line) async for line in s.aiter_lines() if line]
+    assert [line["done"] for line in lines] == [False, False, False, True]
+    assert "".join(line["message"]["content"] for line in lines) == "one two three "
+    assert lines[-1]["eval_count"] == 3
+
+
+async def test_generate_whole_raw_and_streamed(client: httpx.AsyncClient) -> None:
+    body = {"model": "chat", "prompt": "x y", "system": "be brief", "stream": False}
+    r = await client.post("/api/generate", json=body)
+    assert r.json()["response"] == "x y "  # the fake echoes the last message
+    r = await client.post("/api/generate", json={**body, "raw": True})
+    assert r.json()["response"] == "x y "
+    async with client.stream("POST", "/api/generate", json={**body, "stream": True}) as s:
+        lines = [json.loads(line) async for line in s.aiter_lines() if line]
+    assert "".join(line["response"] for line in lines) == "x y "
+    assert lines[-1]["done"]
+
+
+async def test_tags_and_ps(client: httpx.AsyncClient) -> None:
+    names = [m["name"] for m in (await client.get("/api/tags")).json()["models"]]
+    assert {"embed", "chat", "intent"} <= set(names)
+    resident = (await client.get("/api/ps")).json()["models"]
+    assert [m["name"] for m in resident] == ["embed"]  # preloaded; nothing else ran
+    assert resident[0]["size"] > 0
+    assert (await client.get("/api/version")).json()["version"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "says"),
+    [
+        ("/api/embed", {"model": "nope", "input": "x"}, 404, "nope"),
+        ("/api/embed", {"model": "embed", "input": ""}, 422, "empty"),
+        ("/api/chat", {"model": "chat", "messages": [], "stream": False}, 422, "messages"),
+        (
+            "/api/chat",
+            {
+                "model": "chat",
+                "messages": [{"role": "user", "content": "x"}],
+                "format": "json",
+                "stream": False,
+            },
+            422,
+            "JSON",
+        ),
+        (
+            "/api/chat",
+            {
+                "model": "chat",
+                "messages": [{"role": "user", "content": "x", "images": ["not base64!"]}],
+                "stream": False,
+            },
+            422,
+            "base64",
+        ),
+        (
+            "/api/generate",
+            {"model": "chat", "prompt": "x", "options": {"temperature": 3}},
+            422,
+            "temperature",
+        ),
+        ("/api/generate", {"model": "embed", "prompt": "x", "stream": False}, 400, "embed"),
+    ],
+)
+async def test_errors_read_as_ollamas(
+    client: httpx.AsyncClient, path: str, body: dict[str, object], status: int, says: str
+) -> None:
+    r = await client.post(path, json=body)
+    assert r.status_code == status, r.text
+    assert list(r.json()) == ["error"]
+    assert says in r.json()["error"]
