@@ -8,6 +8,8 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,6 +22,7 @@ from tessera.tasks.types import Task
 from tessera.tenants import Principal
 
 T = TypeVar("T")
+B = TypeVar("B", bound=BaseModel)
 
 
 def engine_of(request: HTTPConnection) -> ServingEngine:
@@ -30,6 +33,18 @@ def engine_of(request: HTTPConnection) -> ServingEngine:
 def principal_of(request: HTTPConnection) -> Principal | None:
     principal: Principal | None = getattr(request.state, "principal", None)
     return principal
+
+
+def parsed(schema: type[B], raw: bytes | dict[str, Any]) -> B:
+    """A body read by the route itself (JSON bytes whatever its content type,
+    or a form's fields) as ``schema``; where it does not validate, the 422
+    FastAPI writes for a body it reads."""
+    try:
+        if isinstance(raw, bytes):
+            return schema.model_validate_json(raw)
+        return schema.model_validate(raw)
+    except ValidationError as e:
+        raise RequestValidationError(e.errors()) from e
 
 
 def visible_models(request: Request) -> list[str]:

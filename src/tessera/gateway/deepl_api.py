@@ -20,15 +20,14 @@ ignored: the models have none of them.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from tessera.errors import InvalidInputError, TaskMismatchError
-from tessera.gateway.common import caller_of, engine_of, run_task, visible_models
+from tessera.gateway.common import caller_of, engine_of, parsed, run_task, visible_models
 from tessera.gateway.openai_api import texts_of
 from tessera.repository import ModelSpec
 from tessera.tasks.types import Task, TranslateInput
@@ -86,16 +85,8 @@ async def _read(request: Request) -> DeepLRequest:
         data: Any = {key: form.get(key) for key in form if key != "text"}
         data["text"] = [str(t) for t in form.getlist("text")]
     else:
-        try:
-            data = json.loads(await request.body())
-        except ValueError as e:
-            raise InvalidInputError(f"the body is not JSON: {e}") from e
-    try:
-        body = DeepLRequest.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise InvalidInputError(f"{where}: {first['msg']}") from e
+        data = await request.body()
+    body = parsed(DeepLRequest, data)
     if body.glossary_id is not None:
         raise InvalidInputError("glossary_id: glossaries are not served")
     if body.tag_handling is not None:

@@ -17,7 +17,9 @@ LangChain's ``OllamaEmbeddings`` and ``ChatOllama``).
 Defaults are tessera's where Ollama's come from a model's Modelfile: a chat
 is greedy unless ``temperature`` is given, and at most 128 tokens unless
 ``num_predict`` is. A model name may carry Ollama's ``:latest`` tag. Keys go
-as a bearer token (``ollama.Client(headers=...)``). Errors read as Ollama's,
+as a bearer token (``ollama.Client(headers=...)``). A body is read as JSON
+whatever its content type, as Ollama reads it (``curl -d`` sends it as a
+form). Errors read as Ollama's,
 ``{"error": message}`` (``gateway/errors.py``). Pulling, pushing, creating,
 copying and deleting models are not served.
 """
@@ -39,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tessera import __version__
 from tessera.errors import InvalidInputError, TesseraError
-from tessera.gateway.common import engine_of, run_task, submit_task, visible_models
+from tessera.gateway.common import engine_of, parsed, run_task, submit_task, visible_models
 from tessera.gateway.errors import status_of
 from tessera.gateway.openai_api import chat_task, pieces_of, shortened, texts_of
 from tessera.tasks.image import decode_image
@@ -74,7 +76,8 @@ class OllamaEmbedRequest(BaseModel):
 
 
 @router.post("/embed")
-async def embed(body: OllamaEmbedRequest, request: Request) -> JSONResponse:
+async def embed(request: Request) -> JSONResponse:
+    body = parsed(OllamaEmbedRequest, await request.body())
     started = time.perf_counter_ns()
     model = _name(body.model)
     items = [TextInput(t) for t in texts_of(body.input)]
@@ -104,7 +107,8 @@ class OllamaEmbeddingsRequest(BaseModel):
 
 
 @router.post("/embeddings")
-async def embeddings(body: OllamaEmbeddingsRequest, request: Request) -> JSONResponse:
+async def embeddings(request: Request) -> JSONResponse:
+    body = parsed(OllamaEmbeddingsRequest, await request.body())
     (text,) = texts_of(body.prompt, "prompt")
     (vector,) = await run_task(request, _name(body.model), Task.EMBEDDING, [TextInput(text)])
     return JSONResponse({"embedding": np.asarray(vector, dtype=np.float32).tolist()})
@@ -205,14 +209,16 @@ def _message(message: OllamaMessage) -> ChatMessage:
 
 
 @router.post("/chat", response_model=None)
-async def chat(body: OllamaChatRequest, request: Request) -> Response:
+async def chat(request: Request) -> Response:
+    body = parsed(OllamaChatRequest, await request.body())
     tools = {"tools": json.dumps(body.tools), "tool_choice": "auto"} if body.tools else {}
     messages = tuple(_message(m) for m in body.messages)
     return await _answer(request, body, "message", messages=messages, **tools)
 
 
 @router.post("/generate", response_model=None)
-async def generate(body: OllamaGenerateRequest, request: Request) -> Response:
+async def generate(request: Request) -> Response:
+    body = parsed(OllamaGenerateRequest, await request.body())
     if body.raw:
         return await _answer(request, body, "response", messages=(), prompt=body.prompt)
     system = (ChatMessage("system", body.system),) if body.system else ()

@@ -29,7 +29,7 @@ cut or refused as the card's ``truncate`` says, whatever the request asks.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -38,12 +38,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tessera import __version__
 from tessera.errors import InvalidInputError, TaskMismatchError
-from tessera.gateway.common import caller_of, engine_of, run_task
+from tessera.gateway.common import caller_of, engine_of, parsed, run_task
 from tessera.gateway.openai_api import shortened, texts_of
 from tessera.tasks.types import ClassifyOutput, RerankInput, Task, TextInput
 
 router = APIRouter(prefix="/tei/{model}")
-B = TypeVar("B", bound=BaseModel)
 
 
 class TeiEmbedRequest(BaseModel):
@@ -139,19 +138,12 @@ async def by_task(model: str, request: Request) -> Response:
     task = engine_of(request).spec(model).task
     raw = await request.body()
     if task == Task.EMBEDDING:
-        return await embed(model, _read(TeiEmbedRequest, raw, task), request)
+        return await embed(model, parsed(TeiEmbedRequest, raw), request)
     if task == Task.RERANK:
-        return await rerank(model, _read(TeiRerankRequest, raw, task), request)
+        return await rerank(model, parsed(TeiRerankRequest, raw), request)
     if task == Task.CLASSIFY:
-        return await predict(model, _read(TeiPredictRequest, raw, task), request)
+        return await predict(model, parsed(TeiPredictRequest, raw), request)
     raise TaskMismatchError(f"model {model!r} serves {task.value!r}: not a TEI task")
-
-
-def _read(schema: type[B], raw: bytes, task: Task) -> B:
-    try:
-        return schema.model_validate_json(raw)
-    except ValueError as e:
-        raise InvalidInputError(f"the body does not read as TEI's for {task.value}: {e}") from e
 
 
 @router.get("/info")

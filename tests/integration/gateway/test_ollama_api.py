@@ -28,6 +28,11 @@ async def test_embed_gives_unit_vectors_and_the_older_route_one(
     np.testing.assert_allclose(r.json()["embeddings"], [head / np.linalg.norm(head)], rtol=1e-5)
     r = await client.post("/api/embeddings", json={"model": "embed", "prompt": "c"})
     np.testing.assert_allclose(r.json()["embedding"], fake_embedding("c"), rtol=1e-6)
+    # JSON whatever the content type says, as Ollama reads it (curl -d sends a form's).
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    raw = json.dumps({"model": "embed", "prompt": "c"})
+    r = await client.post("/api/embeddings", content=raw, headers=form)
+    np.testing.assert_allclose(r.json()["embedding"], fake_embedding("c"), rtol=1e-6)
 
 
 async def test_chat_whole_and_streamed(client: httpx.AsyncClient) -> None:

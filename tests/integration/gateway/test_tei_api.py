@@ -86,7 +86,7 @@ async def test_info_and_health(client: httpx.AsyncClient) -> None:
         ("POST", "/tei/embed/embed", {"inputs": [""]}, 422, "empty"),
         ("POST", "/tei/rerank/rerank", {"query": " ", "texts": ["a"]}, 422, "blank"),
         ("POST", "/tei/embed/rerank", {"query": "q", "texts": ["a"]}, 400, "embedding"),
-        ("POST", "/tei/embed", {"texts": ["a"]}, 422, "TEI's"),
+        ("POST", "/tei/embed", {"texts": ["a"]}, 422, "inputs"),
         ("POST", "/tei/chat", {"inputs": "a"}, 400, "not a TEI task"),
         ("GET", "/tei/chat/info", None, 400, "not a TEI task"),
         ("GET", "/tei/nope/health", None, 404, "nope"),
