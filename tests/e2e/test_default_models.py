@@ -318,7 +318,10 @@ def test_cohere_clients_rerank_and_embed(
 
 
 def test_huggingface_inference_client_over_tei(
-    server: Server, oai: openai.OpenAI, monkeypatch: pytest.MonkeyPatch
+    server: Server,
+    oai: openai.OpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     from huggingface_hub import InferenceClient, constants
 
@@ -327,12 +330,14 @@ def test_huggingface_inference_client_over_tei(
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     text = "The cat sat on the mat."
     embedder = InferenceClient(model=f"{server.base_url}/tei/all-minilm-l6-v2", token=server.key)
+    request.addfinalizer(embedder.close)
     vector = embedder.feature_extraction(text)
     assert vector.shape == (1, 384)
     reference = oai.embeddings.create(model="all-minilm-l6-v2", input=text).data[0].embedding
     assert cosine(list(vector[0]), reference) > 0.9999
     question = "I want to reset my password"
     classifier = InferenceClient(model=f"{server.base_url}/tei/intent-minilm", token=server.key)
+    request.addfinalizer(classifier.close)
     # TEI answers one text with a flat list of labels, best first, and the
     # client reads the first item of its answer: the best label, as from TEI.
     top = classifier.text_classification(question)
@@ -443,8 +448,11 @@ def test_translate_both_directions(server: Server) -> None:
     assert "cat" in r.json()["data"][0]["translation"].lower()
 
 
-def test_deepl_client_translates_both_directions(server: Server) -> None:
+def test_deepl_client_translates_both_directions(
+    server: Server, request: pytest.FixtureRequest
+) -> None:
     translator = deepl.Translator(server.key, server_url=server.base_url)
+    request.addfinalizer(translator.close)  # its pooled connections, not left to the collector
     to_pt = translator.translate_text(
         ["The cat is on the table.", "The book is in the car."], target_lang="PT-BR"
     )
@@ -460,8 +468,11 @@ def test_deepl_client_translates_both_directions(server: Server) -> None:
         translator.translate_text("Bonjour", target_lang="FR")
 
 
-def test_ollama_client_embeds_and_chats(server: Server, oai: openai.OpenAI) -> None:
+def test_ollama_client_embeds_and_chats(
+    server: Server, oai: openai.OpenAI, request: pytest.FixtureRequest
+) -> None:
     client = ollama.Client(host=server.base_url, headers=server.headers)
+    request.addfinalizer(client.close)
     text = "The cat sat on the mat."
     embedded = client.embed(model="all-minilm-l6-v2", input=[text])
     reference = oai.embeddings.create(model="all-minilm-l6-v2", input=text).data[0].embedding
