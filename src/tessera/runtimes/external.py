@@ -76,7 +76,7 @@ from tessera.footprint import Footprint
 from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.causal_lm import _validate
-from tessera.runtimes.openai_chat import EngineGone, EngineNotReady, complete, request_body
+from tessera.runtimes.openai_chat import EngineGone, EngineNotReady, complete
 from tessera.tasks.prompts import page_chat
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput, OcrInput, Task
 
@@ -665,16 +665,15 @@ class ExternalModel:
         return item
 
     def _complete(self, engine: EngineProcess, item: ChatInput, stop: StopFlag) -> ChatOutput:
-        native = self._kind.native_tools
-        body = request_body(self._spec.name, item, self._kind.chat_extras(), native_tools=native)
         return complete(
             engine.address,
             self._api_key,
-            body,
+            self._spec.name,
             item,
+            self._kind.chat_extras(),
             stop,
             self._idle_timeout_s,
-            native_tools=native,
+            native_tools=self._kind.native_tools,
         )
 
     def _control(self, engine: EngineProcess, method: str, path: str) -> bytes:

@@ -48,16 +48,17 @@ class EngineNotReady(InferenceError):
 def complete(
     address: str,
     api_key: str,
-    body: Mapping[str, Any],
+    model: str,
     item: ChatInput,
+    extras: Mapping[str, Any],
     stop: StopFlag,
     timeout_s: float,
     *,
     native_tools: bool,
 ) -> ChatOutput:
-    """One chat completion of ``body`` (``request_body``'s, with the same
-    ``native_tools``), streamed, until ``stop`` is set; raises ``EngineGone``
-    if the engine is."""
+    """One chat completion of ``item`` (its request: ``request_body``'s),
+    streamed, until ``stop`` is set; raises ``EngineGone`` if the engine is."""
+    body = request_body(model, item, extras, native_tools=native_tools)
     host, _, port = address.removeprefix("http://").partition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
     response: http.client.HTTPResponse | None = None
@@ -70,7 +71,7 @@ def complete(
         )
         response = connection.getresponse()
         if response.status != 200:
-            raise http_error(str(body.get("model")), response.status, response.read())
+            raise http_error(model, response.status, response.read())
         return _read_stream(response, item, stop, generic_tools=not native_tools)
     except (OSError, http.client.HTTPException) as e:  # reset, refused, timed out
         raise EngineGone(f"{type(e).__name__}: {e}") from e
