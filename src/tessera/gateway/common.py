@@ -96,6 +96,17 @@ async def run_task(request: Request, model: str, task: Task, items: list[Any]) -
     return await unless_disconnected(request, engine.wait(submission, request.state.audit.trace))
 
 
+async def started_task(
+    request: Request, model: str, task: Task, items: list[Any]
+) -> asyncio.Future[list[Any]]:
+    """Submit a request (a refusal raises here, to be an HTTP status) and
+    wait for its outputs in a task of its own, which runs on whether or not
+    its stream is read, so that its admission is released."""
+    submission = await submit_task(request, model, task, items)
+    engine = engine_of(request)
+    return asyncio.ensure_future(engine.wait(submission, request.state.audit.trace))
+
+
 def timeout_of(request: Request) -> float | None:
     """The caller's deadline from ``x-request-timeout`` (seconds), if any."""
     raw = request.headers.get("x-request-timeout")

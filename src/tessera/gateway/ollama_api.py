@@ -41,9 +41,23 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tessera import __version__
 from tessera.errors import InvalidInputError, TesseraError
-from tessera.gateway.common import engine_of, parsed, run_task, submit_task, visible_models
+from tessera.gateway.common import (
+    engine_of,
+    parsed,
+    run_task,
+    started_task,
+    visible_models,
+)
 from tessera.gateway.errors import status_of
-from tessera.gateway.openai_api import chat_task, pieces_of, shortened, texts_of
+from tessera.gateway.openai_api import (
+    Sampling,
+    chat_task,
+    embedding_matrix,
+    listeners,
+    pieces_of,
+    texts_of,
+    unit_rows,
+)
 from tessera.tasks.image import decode_image
 from tessera.tasks.types import (
     ChatInput,
@@ -83,11 +97,7 @@ async def embed(request: Request) -> JSONResponse:
     items = [TextInput(t) for t in texts_of(body.input)]
     limits = engine_of(request).spec(model).inputs
     vectors = await run_task(request, model, Task.EMBEDDING, items)
-    matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
-    if body.dimensions is not None:
-        matrix = shortened(matrix, body.dimensions)
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    matrix = matrix / np.maximum(norms, np.finfo(np.float32).tiny)
+    matrix = unit_rows(embedding_matrix(vectors, body.dimensions))
     return JSONResponse(
         {
             "model": body.model,
@@ -114,16 +124,11 @@ async def embeddings(request: Request) -> JSONResponse:
     return JSONResponse({"embedding": np.asarray(vector, dtype=np.float32).tolist()})
 
 
-class Options(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class Options(Sampling):
+    """Ollama's ``options``: the OpenAI API's sampling fields, and how many
+    tokens (``num_predict``; -1 and -2 are Ollama's "no limit")."""
 
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     num_predict: int | None = Field(default=None, ge=-2, le=4096)
-    stop: list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
 
 
 class OllamaCall(BaseModel):
@@ -152,16 +157,10 @@ class Generation(BaseModel):
     options: Options = Field(default_factory=Options)
 
     def item(self, **fields: Any) -> ChatInput:
-        options = self.options
-        limit = options.num_predict
+        limit = self.options.num_predict
         return ChatInput(
             max_tokens=128 if limit is None or limit < 0 else max(1, limit),
-            temperature=options.temperature,
-            top_p=options.top_p,
-            stop=tuple(options.stop or ()),
-            seed=options.seed,
-            presence_penalty=options.presence_penalty,
-            frequency_penalty=options.frequency_penalty,
+            **self.options.sampling(),
             response_format=self._response_format(),
             **fields,
         )
@@ -236,13 +235,8 @@ async def _answer(request: Request, body: Generation, field: str, **fields: Any)
         (output,) = await run_task(request, model, task, [body.item(**fields)])
         return JSONResponse(_last(body.model, field, output, started, whole=True))
     pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-    loop = asyncio.get_running_loop()
-
-    def on_text(text: str) -> None:
-        loop.call_soon_threadsafe(pieces.put_nowait, (0, text))
-
-    submission = await submit_task(request, model, task, [body.item(on_text=on_text, **fields)])
-    work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
+    (on_text,) = listeners(pieces, 1)
+    work = await started_task(request, model, task, [body.item(on_text=on_text, **fields)])
     lines = _lines(body.model, field, work, pieces, started)
     return StreamingResponse(lines, media_type="application/x-ndjson")
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
-from tessera.gateway.common import engine_of, run_task, submit_task, visible_models
+from tessera.gateway.common import engine_of, run_task, started_task, visible_models
 from tessera.gateway.errors import error_body, status_of
 from tessera.tasks.audio import AudioFormat, check_format, encoded
 from tessera.tasks.image import decode_base64, decode_image
@@ -116,19 +116,27 @@ def shortened(matrix: np.ndarray[Any, Any], dimensions: int) -> np.ndarray[Any, 
         )
     unit = np.abs(np.linalg.norm(matrix, axis=1) - 1.0) < 1e-3
     rows = matrix[:, :dimensions]
-    if dimensions < matrix.shape[1] and unit.all():
-        norms = np.linalg.norm(rows, axis=1, keepdims=True)
-        rows = rows / np.maximum(norms, np.finfo(np.float32).tiny)
+    return unit_rows(rows) if dimensions < matrix.shape[1] and unit.all() else rows
+
+
+def unit_rows(matrix: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Each row scaled to unit length (a zero row stays zero)."""
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    rows: np.ndarray[Any, Any] = matrix / np.maximum(norms, np.finfo(np.float32).tiny)
     return rows
+
+
+def embedding_matrix(vectors: list[Any], dimensions: int | None) -> np.ndarray[Any, Any]:
+    """A model's vectors as float32 rows, ``shortened`` to ``dimensions`` if given."""
+    matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
+    return matrix if dimensions is None else shortened(matrix, dimensions)
 
 
 def embeddings_body(
     body: EmbeddingRequest, items: list[TextInput], vectors: list[Any], limits: InputLimits
 ) -> dict[str, Any]:
     """The answer (its float vectors numpy rows, for orjson)."""
-    matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
-    if body.dimensions is not None:
-        matrix = shortened(matrix, body.dimensions)
+    matrix = embedding_matrix(vectors, body.dimensions)
     data: list[dict[str, Any]] = []
     for index, row in enumerate(matrix):
         embedding: Any = (
@@ -384,7 +392,7 @@ def chat_inputs(
             response_format=None if response_format is None else response_format.constraint(),
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         )
-        for on_text in _listeners(pieces, body.n)
+        for on_text in listeners(pieces, body.n)
     ]
 
 
@@ -420,7 +428,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
     return JSONResponse(completion_body(body.model, outputs, completion_id, created))
 
 
-def _listeners(
+def listeners(
     pieces: asyncio.Queue[tuple[int, str]] | None, count: int
 ) -> list[Callable[[str], None] | None]:
     """``count`` stream listeners, called from worker threads: each puts
@@ -560,11 +568,8 @@ async def _streamed(
     events: _StreamEvents,
 ) -> StreamingResponse:
     """A streamed answer of ``items``, whose listeners put their pieces on
-    ``pieces``. Submitted here so that a refusal is an HTTP status, not a
-    stream event; the wait runs as its own task so the admission is released
-    even if the stream is never read."""
-    submission = await submit_task(request, model, task, items)
-    work = asyncio.ensure_future(engine_of(request).wait(submission, request.state.audit.trace))
+    ``pieces`` (``started_task``: a refusal is an HTTP status, not a stream event)."""
+    work = await started_task(request, model, task, items)
     return StreamingResponse(
         _stream(work, pieces, events),
         media_type="text/event-stream",
@@ -673,7 +678,7 @@ def completion_inputs(
             **body.sampling(),
             on_text=listener,
         )
-        for prompt, listener in zip(prompts, _listeners(pieces, len(prompts)), strict=True)
+        for prompt, listener in zip(prompts, listeners(pieces, len(prompts)), strict=True)
     ]
 
 

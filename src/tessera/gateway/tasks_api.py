@@ -61,9 +61,19 @@ async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
 
 
 def rerank_items(body: RerankRequest) -> list[RerankInput]:
-    if not body.query.strip():
+    return rerank_inputs(body.query, _documents(body))
+
+
+def rerank_inputs(query: str, documents: list[str]) -> list[RerankInput]:
+    """A (query, document) item a document; 422 for a blank query."""
+    if not query.strip():
         raise InvalidInputError("query must not be blank")
-    return [RerankInput(body.query, text) for text in _documents(body)]
+    return [RerankInput(query, text) for text in documents]
+
+
+def best_first(scores: list[float]) -> list[int]:
+    """The documents' indices, the highest score first."""
+    return sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
 
 
 def _documents(body: RerankRequest) -> list[str]:
@@ -72,7 +82,7 @@ def _documents(body: RerankRequest) -> list[str]:
 
 def rerank_body(body: RerankRequest, scores: list[Any]) -> dict[str, Any]:
     texts = _documents(body)
-    ranked = sorted(range(len(texts)), key=lambda i: float(scores[i]), reverse=True)
+    ranked = best_first([float(s) for s in scores])
     results: list[dict[str, Any]] = []
     for index in ranked[: body.top_n or len(ranked)]:
         result: dict[str, Any] = {"index": index, "relevance_score": float(scores[index])}

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,8 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from tessera import __version__
 from tessera.errors import InvalidInputError, TaskMismatchError
 from tessera.gateway.common import caller_of, engine_of, parsed, run_task
-from tessera.gateway.openai_api import shortened, texts_of
-from tessera.tasks.types import ClassifyOutput, RerankInput, Task, TextInput
+from tessera.gateway.openai_api import embedding_matrix, texts_of, unit_rows
+from tessera.gateway.tasks_api import best_first, rerank_inputs
+from tessera.tasks.types import ClassifyOutput, Task, TextInput
 
 router = APIRouter(prefix="/tei/{model}")
 
@@ -79,26 +79,18 @@ async def embed(model: str, body: TeiEmbedRequest, request: Request) -> Response
         raise InvalidInputError("prompt_name: this model has no prompts")
     items = [TextInput(t) for t in texts_of(body.inputs, "inputs")]
     vectors = await run_task(request, model, Task.EMBEDDING, items)
-    matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
-    if body.dimensions is not None:
-        matrix = shortened(matrix, body.dimensions)
-    if body.normalize:
-        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        matrix = matrix / np.maximum(norms, np.finfo(np.float32).tiny)
-    return JSONResponse(matrix.tolist())
+    matrix = embedding_matrix(vectors, body.dimensions)
+    return JSONResponse((unit_rows(matrix) if body.normalize else matrix).tolist())
 
 
 @router.post("/rerank")
 async def rerank(model: str, body: TeiRerankRequest, request: Request) -> Response:
-    if not body.query.strip():
-        raise InvalidInputError("query must not be blank")
     if body.raw_scores:
         raise InvalidInputError("raw_scores: a model's raw scores are not served")
-    items = [RerankInput(body.query, text) for text in body.texts]
+    items = rerank_inputs(body.query, body.texts)
     scores = [float(s) for s in await run_task(request, model, Task.RERANK, items)]
-    ranked = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
     answer: list[dict[str, Any]] = []
-    for index in ranked:
+    for index in best_first(scores):
         rank: dict[str, Any] = {"index": index, "score": scores[index]}
         if body.return_text:
             rank["text"] = body.texts[index]
