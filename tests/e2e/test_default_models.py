@@ -7,6 +7,7 @@ import io
 import json
 import wave
 from collections.abc import Iterator
+from typing import Any
 
 import cohere
 import deepl
@@ -14,6 +15,7 @@ import httpx
 import numpy as np
 import ollama
 import openai
+import pydantic
 import pytest
 import soundfile
 import tritonclient.http as triton_http
@@ -146,6 +148,60 @@ def test_openai_client_tool_calls(oai: openai.OpenAI) -> None:
     assert call.type == "function"
     assert call.function.name == "get_weather"
     assert list(json.loads(call.function.arguments)) == ["city"]
+
+
+class City(pydantic.BaseModel):
+    city: str
+
+
+def test_openai_client_responses_whole_streamed_parsed_and_calling(oai: openai.OpenAI) -> None:
+    ask: dict[str, Any] = {
+        "model": "smollm2-135m",
+        "input": "Which city is the capital of France?",
+        "max_output_tokens": 16,
+        "temperature": 0,
+    }
+    response = oai.responses.create(**ask)
+    assert "Paris" in response.output_text
+    assert response.usage is not None
+    assert response.usage.output_tokens > 0
+    with oai.responses.stream(**ask) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == response.output_text
+    assert len(deltas) > 2
+    # Each token's log probability, asked for with include.
+    scored = oai.responses.create(
+        **{**ask, "max_output_tokens": 4},
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+    )
+    (message,) = scored.output
+    assert message.type == "message"
+    (part,) = message.content
+    assert part.type == "output_text"
+    assert part.logprobs
+    assert "".join(t.token for t in part.logprobs) == part.text
+    assert all(len(t.top_logprobs) == 2 for t in part.logprobs)
+    # JSON of a schema, read back by the client (text.format json_schema).
+    parsed = oai.responses.parse(
+        **{**ask, "max_output_tokens": 64, "input": f"{ask['input']} Answer in JSON."},
+        text_format=City,
+    )
+    assert parsed.output_parsed is not None
+    assert parsed.output_parsed.city == "Paris"
+    # A call (the Responses API's flat tool form), and the answer to its output.
+    function = WEATHER_TOOL["function"]
+    called = oai.responses.create(
+        **{**ask, "input": "What is the weather in Paris?", "max_output_tokens": 128},
+        tools=[{"type": "function", **function, "strict": True}],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    (call,) = called.output
+    assert call.type == "function_call"
+    assert call.name == "get_weather"
+    assert list(json.loads(call.arguments)) == ["city"]
 
 
 def test_openai_client_legacy_completions(oai: openai.OpenAI) -> None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +117,10 @@ def test_llamacpp_engine_streams_survives_sigkill_mid_request_and_stops_with_the
     assert "Traceback" not in server.log()
 
 
-def test_a_vllm_engines_tool_calls_reach_openais_client_plain_and_streamed(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
+@pytest.fixture(scope="module")
+def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server of one fake vLLM engine that calls tools (``fake-tools``)."""
+    tmp_path = tmp_path_factory.mktemp("tools")
     write_fake_vllm_model(tmp_path / "repo", "fake-tools")
     config = tmp_path / "config.yaml"
     repos = [str(tmp_path / "repo")]
@@ -127,42 +129,98 @@ def test_a_vllm_engines_tool_calls_reach_openais_client_plain_and_streamed(
     )
     process, server = start_server(tmp_path, "--no-auth", "--config", str(config))
     try:
-        chat = client(server, request).chat.completions
-        question: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
-        ask = {"model": "fake-tools", "messages": question, "tools": [WEATHER_TOOL]}
-        answer = chat.create(**ask, tool_choice="required").choices[0]
-        assert answer.finish_reason == "tool_calls"
-        assert answer.message.content is None
-        (call,) = answer.message.tool_calls or ()
-        assert call.id == "chatcmpl-tool-1"
-        assert call.type == "function"
-        assert call.function.name == "get_weather"
-        assert json.loads(call.function.arguments) == {"echo": "Weather in Paris?"}
-
-        chunks = list(chat.create(**ask, tool_choice="required", stream=True))
-        deltas = [c.choices[0].delta for c in chunks if c.choices]
-        assert [d.content for d in deltas if d.content] == []
-        (streamed,) = [call for d in deltas for call in d.tool_calls or ()]
-        assert (streamed.index, streamed.id) == (0, "chatcmpl-tool-1")
-        assert streamed.function is not None
-        assert streamed.function.arguments == call.function.arguments
-        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
-
-        # The call and the tool's answer go back; the engine reads the tool's turn.
-        called = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
-        result = {"role": "tool", "tool_call_id": call.id, "content": "Sunny"}
-        named = {"type": "function", "function": {"name": "get_weather"}}
-        again = chat.create(
-            **{**ask, "messages": [*question, called, result]}, tool_choice=named
-        ).choices[0]
-        assert [json.loads(c.function.arguments) for c in again.message.tool_calls or ()] == [
-            {"echo": "Sunny"}
-        ]
-        # With tool_choice auto this engine answers in text.
-        text = chat.create(**ask, max_tokens=2).choices[0]
-        assert (text.message.content, text.message.tool_calls) == ("w0 w1", None)
+        yield server
     finally:
         stop_server(process)
+    assert "Traceback" not in server.log()
+
+
+def test_a_vllm_engines_tool_calls_reach_openais_client_plain_and_streamed(
+    tools_server: Server, request: pytest.FixtureRequest
+) -> None:
+    chat = client(tools_server, request).chat.completions
+    question: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    ask = {"model": "fake-tools", "messages": question, "tools": [WEATHER_TOOL]}
+    answer = chat.create(**ask, tool_choice="required").choices[0]
+    assert answer.finish_reason == "tool_calls"
+    assert answer.message.content is None
+    (call,) = answer.message.tool_calls or ()
+    assert call.id == "chatcmpl-tool-1"
+    assert call.type == "function"
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"echo": "Weather in Paris?"}
+
+    chunks = list(chat.create(**ask, tool_choice="required", stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert [d.content for d in deltas if d.content] == []
+    (streamed,) = [call for d in deltas for call in d.tool_calls or ()]
+    assert (streamed.index, streamed.id) == (0, "chatcmpl-tool-1")
+    assert streamed.function is not None
+    assert streamed.function.arguments == call.function.arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+    # The call and the tool's answer go back; the engine reads the tool's turn.
+    called = {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
+    result = {"role": "tool", "tool_call_id": call.id, "content": "Sunny"}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    again = chat.create(
+        **{**ask, "messages": [*question, called, result]}, tool_choice=named
+    ).choices[0]
+    assert [json.loads(c.function.arguments) for c in again.message.tool_calls or ()] == [
+        {"echo": "Sunny"}
+    ]
+    # With tool_choice auto this engine answers in text.
+    text = chat.create(**ask, max_tokens=2).choices[0]
+    assert (text.message.content, text.message.tool_calls) == ("w0 w1", None)
+
+
+def test_a_vllm_engines_tool_calls_reach_the_responses_api_plain_and_streamed(
+    tools_server: Server, request: pytest.FixtureRequest
+) -> None:
+    responses = client(tools_server, request).responses
+    function = WEATHER_TOOL["function"]
+    ask: dict[str, Any] = {
+        "model": "fake-tools",
+        "input": "Weather in Paris?",
+        "tools": [{"type": "function", **function}],
+    }
+    called = responses.create(**ask, tool_choice="required")
+    (call,) = called.output
+    assert call.type == "function_call"
+    assert (call.call_id, call.name, call.status) == ("chatcmpl-tool-1", "get_weather", "completed")
+    assert json.loads(call.arguments) == {"echo": "Weather in Paris?"}
+    assert called.output_text == ""
+
+    with responses.stream(**ask, tool_choice="required") as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    (streamed,) = final.output
+    assert streamed.type == "function_call"
+    assert (streamed.call_id, streamed.arguments) == (call.call_id, call.arguments)
+
+    # The call and its output go back as items; the engine reads the tool's turn.
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
+    again = responses.create(
+        **{**ask, "input": [{"role": "user", "content": ask["input"]}, call, output]},
+        tool_choice={"type": "function", "name": "get_weather"},
+    )
+    assert [json.loads(c.arguments) for c in again.output if c.type == "function_call"] == [
+        {"echo": "Sunny"}
+    ]
+    # With tool_choice auto this engine answers in text; cut at max_output_tokens.
+    text = responses.create(**ask, max_output_tokens=2)
+    assert (text.output_text, text.status) == ("w0 w1", "incomplete")
+    assert text.incomplete_details is not None
+    assert text.incomplete_details.reason == "max_output_tokens"
 
 
 def test_fake_vllm_engines_sleep_when_evicted_wake_on_a_request_and_stop_with_the_server(

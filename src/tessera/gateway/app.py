@@ -23,6 +23,7 @@ from tessera.gateway import (
     kserve,
     ollama_api,
     openai_api,
+    responses_api,
     tasks_api,
     tei_api,
     tenants_admin,
@@ -137,6 +138,7 @@ def create_app(
     routers = (
         health,
         openai_api,
+        responses_api,
         tasks_api,
         tei_api,
         deepl_api,

@@ -311,31 +311,60 @@ class ChatRequest(Sampling):
 
     @model_validator(mode="after")
     def _tools_agree(self) -> ChatRequest:
-        names = [tool.function.name for tool in self.tools or ()]
-        if len(set(names)) < len(names):
-            raise ValueError("tools: each tool needs a name of its own")
-        choice = self.tool_choice
-        if choice not in (None, "none") and not names:
-            raise ValueError("tool_choice needs tools")
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not in tools")
         format_ = self.response_format
-        if self.tool_setup() and format_ is not None and format_.type != "text":
-            raise ValueError("response_format and tools do not go together here")
+        check_tools(
+            [tool.function.name for tool in self.tools or ()],
+            *self._choice(),
+            constrained=format_ is not None and format_.type != "text",
+            format_field="response_format",
+        )
         return self
+
+    def _choice(self) -> tuple[str | None, str | None]:
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return None, choice.function.name
+        return choice, None
 
     def tool_setup(self) -> dict[str, Any]:
         """The tools as ``ChatInput`` takes them; none where ``tool_choice`` is none."""
-        choice = self.tool_choice
-        if not self.tools or choice == "none":
-            return {}
-        return {
-            "tools": json.dumps([tool.model_dump(exclude_none=True) for tool in self.tools]),
-            "tool_choice": choice.function.name
-            if isinstance(choice, NamedToolChoice)
-            else choice or "auto",
-            "parallel_tool_calls": self.parallel_tool_calls,
-        }
+        tools = [tool.model_dump(exclude_none=True) for tool in self.tools or ()]
+        return tool_fields(tools, *self._choice(), self.parallel_tool_calls)
+
+
+def check_tools(
+    names: list[str],
+    mode: str | None,
+    named: str | None,
+    *,
+    constrained: bool,
+    format_field: str,
+) -> None:
+    """What chat and the Responses API ask of their tools (``names``): a name
+    each; a ``tool_choice`` (a ``mode``, or a tool ``named``) only with tools,
+    and a named one offered; no JSON constraint (``format_field``) beside them."""
+    if len(set(names)) < len(names):
+        raise ValueError("tools: each tool needs a name of its own")
+    if (named is not None or mode not in (None, "none")) and not names:
+        raise ValueError("tool_choice needs tools")
+    if named is not None and named not in names:
+        raise ValueError(f"tool_choice names {named!r}, which is not in tools")
+    if names and mode != "none" and constrained:
+        raise ValueError(f"{format_field} and tools do not go together here")
+
+
+def tool_fields(
+    tools: list[dict[str, Any]], mode: str | None, named: str | None, parallel: bool
+) -> dict[str, Any]:
+    """The tools (chat's form) as ``ChatInput`` takes them: ``tool_choice`` a
+    tool's name or a mode (``auto`` unless given); none where it is none."""
+    if not tools or mode == "none":
+        return {}
+    return {
+        "tools": json.dumps(tools),
+        "tool_choice": named or mode or "auto",
+        "parallel_tool_calls": parallel,
+    }
 
 
 def _message(message: ChatMessageIn) -> ChatMessage:
@@ -351,7 +380,7 @@ def _message(message: ChatMessageIn) -> ChatMessage:
         if kind == "text":
             texts.append(str(part.get("text", "")))
         elif kind == "image_url":
-            images.append(_image_of(part.get("image_url")))
+            images.append(image_of(part.get("image_url")))
         else:
             raise InvalidInputError(f"content part type {kind!r} is not supported")
     return ChatMessage(
@@ -365,7 +394,7 @@ def _message(message: ChatMessageIn) -> ChatMessage:
     )
 
 
-def _image_of(image_url: Any) -> Any:
+def image_of(image_url: Any) -> Any:
     url = image_url.get("url") if isinstance(image_url, dict) else image_url
     if not isinstance(url, str) or not url:
         raise InvalidInputError("an image_url part needs a url")
