@@ -310,6 +310,17 @@ class ChatRequest(Sampling):
         return self
 
     @model_validator(mode="after")
+    def _no_legacy_functions(self) -> ChatRequest:
+        """OpenAI's deprecated ``functions`` and ``function_call``: refused,
+        not ignored (``tools`` and ``tool_choice`` say the same)."""
+        extra = self.model_extra or {}
+        if extra.get("functions") is not None or extra.get("function_call") is not None:
+            raise ValueError(
+                "functions and function_call are not served: give them as tools and tool_choice"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tools_agree(self) -> ChatRequest:
         format_ = self.response_format
         check_tools(

@@ -316,6 +316,8 @@ CALLED = {
         ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "name"),
         ({"tools": [{"type": "retrieval"}]}, "type"),
         ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "do not go together"),
+        ({"functions": [TOOL["function"]]}, "give them as tools"),
+        ({"function_call": "auto"}, "give them as tools"),
     ],
 )
 async def test_tools_where_they_cannot_be_called_or_do_not_agree_say_why(
