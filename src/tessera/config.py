@@ -7,6 +7,8 @@ A config file may hold any of::
     port: 8000
     data_dir: ./data
     cache_dir: ./data/cache      # converted weights between loads; default: <data_dir>/cache
+    cache_max_age_days: 30       # at start, remove cache entries unused this long (null: keep)
+    cache_max_bytes: null        # at start, then the least recently used over this size
     memory_budget: 700MiB        # bytes or a size; default: the device's share
     host_memory_budget: 4GiB     # the host tier (evicted models ready to copy back):
                                  # default a quarter of the RAM; 0: none
@@ -179,6 +181,8 @@ _SERVER_KEYS = {
     "port",
     "data_dir",
     "cache_dir",
+    "cache_max_age_days",
+    "cache_max_bytes",
     "memory_budget",
     "host_memory_budget",
     "max_body_bytes",
@@ -227,6 +231,17 @@ def read_config_file(path: Path | None) -> dict[str, Any]:
     return raw
 
 
+def _days(value: Any, key: str) -> float:
+    """A number of days as seconds."""
+    try:
+        days = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be a number of days, got {value!r}") from None
+    if days < 0:
+        raise ConfigError(f"{key} must not be negative")
+    return days * 86400
+
+
 def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> ServerConfig:
     """Merge a config file's values with command-line overrides (None = unset)."""
     values = {**file_values, **{k: v for k, v in overrides.items() if v is not None}}
@@ -248,11 +263,15 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
     data_dir = Path(values.get("data_dir", "data"))
     # Absent: under data_dir; an explicit null in the file: no cache.
     cache_dir = values.get("cache_dir", data_dir / "cache")
+    cache_age = values.get("cache_max_age_days", 30)
+    cache_bytes = values.get("cache_max_bytes")
     engine = EngineConfig(
         memory_budget_bytes=parse_bytes(budget) if budget is not None else None,
         host_memory_budget_bytes=parse_bytes(host_budget) if host_budget is not None else None,
         preload=tuple(preload) if preload is not None else None,
         cache_dir=Path(cache_dir) if cache_dir is not None else None,
+        cache_max_age_s=None if cache_age is None else _days(cache_age, "cache_max_age_days"),
+        cache_max_bytes=None if cache_bytes is None else parse_bytes(cache_bytes),
         **engine_values,
     )
     return ServerConfig(

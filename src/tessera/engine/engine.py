@@ -59,6 +59,7 @@ from tessera.residency import (
     peak_units,
 )
 from tessera.runtimes.base import ModelLoader
+from tessera.runtimes.cache import prune
 from tessera.runtimes.memory import freeze_heap
 from tessera.runtimes.tokens import TokenCounter, token_counter
 from tessera.scheduling import BatchTimePredictor
@@ -112,8 +113,12 @@ class EngineConfig:
     # boundary; "lane", threads of their own beside the short ones' workers.
     long_work: str = "steps"
     # Where loaders keep converted weights (a GGUF model's) between loads and
-    # restarts; None: no cache.
+    # restarts; None: no cache. At start, entries unused for longer than
+    # cache_max_age_s are removed, then the least recently used over
+    # cache_max_bytes (runtimes/cache.py); None: no bound of that kind.
     cache_dir: Path | None = None
+    cache_max_age_s: float | None = 30 * 86400.0
+    cache_max_bytes: int | None = None
 
     @property
     def fills(self) -> bool:
@@ -284,6 +289,14 @@ class Engine(ModelLifecycle):
         names = self.preload_names()
         if progress is not None:
             progress.start(names)
+        cache_dir = self.config.cache_dir
+        if cache_dir is not None:  # before any load reads it
+            await asyncio.to_thread(
+                prune,
+                cache_dir,
+                max_age_s=self.config.cache_max_age_s,
+                max_bytes=self.config.cache_max_bytes,
+            )
 
         async def load(name: str) -> None:
             error: BaseException | None = None

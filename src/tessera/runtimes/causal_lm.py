@@ -71,6 +71,7 @@ from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
+from tessera.runtimes.cache import CAUSAL_LM, used
 from tessera.runtimes.hostcopy import HostSlot
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.step import holding, step_boundary
@@ -85,7 +86,6 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 # Converted GGUF models live in <cache_dir>/causal-lm/<key>/; an entry is
 # complete when this marker is in it (written last, renamed into place with it).
-_CACHE_SUBDIR = "causal-lm"
 _CACHE_MARKER = "tessera-complete.json"
 
 # torch's sampling RNG is process-global: a seeded run holds this lock from
@@ -160,8 +160,9 @@ def _load_weights(
     if gguf_file is None or cache_dir is None:
         return _from_pretrained(spec, folder, gguf_file)
     key, identity = _cache_key(folder / gguf_file, _dtype_option(spec))
-    entry = cache_dir / _CACHE_SUBDIR / key
+    entry = cache_dir / CAUSAL_LM / key
     if (entry / _CACHE_MARKER).is_file():
+        used(entry)
         try:
             return _from_pretrained(spec, entry, None, in_memory=True)
         except Exception as e:  # a damaged entry: fall back to the GGUF and rebuild it

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tessera.runtimes.cache import INT8_REWRITES, used
 from tessera.runtimes.digest import source_key
 
 if TYPE_CHECKING:
@@ -48,7 +49,6 @@ log = logging.getLogger(__name__)
 
 # Bumped when the rewrite changes, so that older cached graphs are not read.
 REWRITE_VERSION = 1
-_CACHE_SUBDIR = "onnx-int8"
 _MS_DOMAIN = "com.microsoft"
 # MatMulNBits' block length along K: the largest of these dividing K (fewer
 # scales to hold); K divisible by none of them is left as it was.
@@ -276,11 +276,13 @@ def served_graph(
     entry = None
     if cache_dir is not None:
         key = source_key(source, accuracy_level=accuracy_level, version=REWRITE_VERSION)
-        entry = cache_dir / _CACHE_SUBDIR / f"{key}.onnx"
+        entry = cache_dir / INT8_REWRITES / f"{key}.onnx"
         if entry.is_file():
+            used(entry)
             return ServedGraph(str(entry), "int8 rewrite (cached)")
         marker = entry.with_suffix(".none")
         if marker.is_file():  # an earlier load found nothing to rewrite
+            used(marker)
             return ServedGraph(str(source), "original graph")
     try:
         import onnx

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tessera.runtimes.cache import ORT_GRAPHS, used
 from tessera.runtimes.digest import source_key
 from tessera.runtimes.memory import trim_heap
 
@@ -38,7 +39,6 @@ log = logging.getLogger(__name__)
 
 # Bumped when what is written changes, so that older files are not read.
 GRAPH_VERSION = 1
-_CACHE_SUBDIR = "onnx-optimized"
 _CPU = "CPUExecutionProvider"
 
 
@@ -57,8 +57,9 @@ def optimized_graph(source: Path, cache_dir: Path | None, name: str = "") -> Pat
     import onnxruntime as ort
 
     key = source_key(source, onnxruntime=ort.__version__, version=GRAPH_VERSION)
-    entry = cache_dir / _CACHE_SUBDIR / f"{key}.onnx"
+    entry = cache_dir / ORT_GRAPHS / f"{key}.onnx"
     if entry.is_file():
+        used(entry)
         return entry
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)

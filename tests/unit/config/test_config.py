@@ -41,6 +41,19 @@ def test_the_host_tier_budget_is_a_size_zero_turns_it_off_and_absent_is_the_defa
         build_config({"host_memory_budget": "plenty"}, {})
 
 
+def test_the_cache_is_kept_a_month_unbounded_in_size_unless_said() -> None:
+    engine = build_config({}, {}).engine
+    assert (engine.cache_max_age_s, engine.cache_max_bytes) == (30 * 86400, None)
+    engine = build_config({"cache_max_age_days": 0.5, "cache_max_bytes": "2GiB"}, {}).engine
+    assert (engine.cache_max_age_s, engine.cache_max_bytes) == (43200, 2 * 1024**3)
+    engine = build_config({"cache_max_age_days": None}, {}).engine
+    assert engine.cache_max_age_s is None
+    with pytest.raises(ConfigError, match="not a size"):
+        build_config({"cache_max_bytes": "lots"}, {})
+    with pytest.raises(ConfigError, match="a number of days"):
+        build_config({"cache_max_age_days": "forever"}, {})
+
+
 def test_command_line_wins_and_none_means_unset() -> None:
     settings = build_config({"port": 1, "auth": True}, {"port": 2, "auth": False, "host": None})
     assert settings.port == 2
