@@ -256,6 +256,11 @@ def test_tritonclient_infer_embedding(server: Server, request: pytest.FixtureReq
     assert config["output"][0]["data_type"] == "TYPE_FP32"
     index = client.get_model_repository_index(headers=headers)
     assert "all-minilm-l6-v2" in {entry["name"] for entry in index}
+    # Triton's statistics: this test's request is among those counted.
+    (stats,) = client.get_inference_statistics("all-minilm-l6-v2", headers=headers)["model_stats"]
+    assert stats["inference_stats"]["success"]["count"] >= 1
+    assert stats["inference_count"] >= 2
+    assert stats["inference_stats"]["compute_infer"]["ns"] > 0
     with pytest.raises(InferenceServerException, match="not found"):
         client.get_model_config("no-such-model", headers=headers)
 

@@ -488,6 +488,7 @@ class Engine(ModelLifecycle):
             version=spec.version_label,
             current=spec.name in self._served and self._served[spec.name].current == name,
             engine_metrics=self._host.engine_metrics(name),
+            times=counters.times(),
         )
 
     # -- the request path ---------------------------------------------------
@@ -836,8 +837,7 @@ class Engine(ModelLifecycle):
             self._residency.observe_batch(spec.key, run.peak_bytes, part.peak_units)
         self._predictor(spec.key).observe(part.units, run.run_s)
         counters = self._counters[spec.key]
-        counters.num_batches += 1
-        counters.recent_batches.append((num_items, run.run_s))
+        counters.batch_ran(num_items, run.run_s)
         self._stats.on_batch(spec.key, num_items, run.run_s)
         start = 0
         for request in part.requests:
@@ -847,14 +847,18 @@ class Engine(ModelLifecycle):
                 queued_s = formed_at - request.arrival
                 result = RequestResult(run.outputs[start:end], queued_s, run.run_s, num_items)
                 request.future.set_result(result)
+                counters.request_answered(queued_s, run.run_s)
             start = end
 
     def _report_failure(self, spec: ModelSpec, part: BatchPart, error: BaseException) -> None:
-        self._counters[spec.key].num_failures += 1
+        counters = self._counters[spec.key]
+        counters.num_failures += 1
+        now = self.clock.now()
         for request in part.requests:
             request.charge.settle(0.0)  # a failed batch costs its callers nothing
             if not request.future.done():
                 request.future.set_exception(error)
+                counters.request_failed(now - request.arrival)
 
 
 class _RunFailed(Exception):

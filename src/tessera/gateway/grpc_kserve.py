@@ -15,10 +15,11 @@ tritonclient sends its ``headers``), its peer the request's client.
   The call's deadline is the request's ``x-request-timeout``: it waits in the
   engine no longer than its caller does.
 - ``ModelMetadata``, ``ModelConfig`` (Triton's ``ModelConfig`` message,
-  from the JSON form of ``/v2/models/{name}/config``), ``ModelReady``,
+  from the JSON form of ``/v2/models/{name}/config``), ``ModelStatistics``
+  (from ``/v2/models/stats`` and its per-model forms), ``ModelReady``,
   ``ServerMetadata``, ``ServerLive``, ``ServerReady``, ``RepositoryIndex``.
-- The rest (shared memory, loading through the repository, statistics,
-  tracing, streaming) answer ``UNIMPLEMENTED``, as a Triton without them does.
+- The rest (shared memory, loading through the repository, tracing,
+  streaming) answer ``UNIMPLEMENTED``, as a Triton without them does.
 - An HTTP error becomes its gRPC status (404 ``NOT_FOUND``, 401
   ``UNAUTHENTICATED``, 422 ``INVALID_ARGUMENT``, 429 ``RESOURCE_EXHAUSTED``,
   503 ``UNAVAILABLE``...) with the same message; a Retry-After rides in the
@@ -253,6 +254,16 @@ class KServeService:
             found, model_config_pb2.ModelConfig(), ignore_unknown_fields=True
         )
         return self.pb.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        from google.protobuf import json_format
+
+        path = "/v2/models/stats"
+        if request.name:
+            path = _model_path(request.name, request.version, "/stats")
+        found = (await self._ok(context, "GET", path)).json()
+        statistics = self.pb.ModelStatisticsResponse()
+        return json_format.ParseDict(found, statistics, ignore_unknown_fields=True)
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         body = json.dumps({"ready": request.ready}).encode()

@@ -4,6 +4,15 @@ binary tensor extension, as ``tritonclient[http]`` speaks them.
 ``infer`` is served for embedding models (a BYTES input of texts, an FP32
 ``[N, D]`` output) and classification models (a BYTES ``LABEL`` and an FP32
 ``SCORE`` output per text).
+
+Triton's statistics extension (``/v2/models/stats``, ``.../{name}/stats``,
+``tritonclient``'s ``get_inference_statistics``) reports each version's
+requests since start from its engine: answered (``success``), failed,
+their time queued, the run time of the batches they ran in
+(``compute_infer``), and per batch size its batches; tessera does not time
+the input and output conversions apart, so ``compute_input`` and
+``compute_output`` count the answered requests at 0 ns, and there is no
+response cache (``cache_hit``, ``cache_miss``: 0).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from tessera import __version__
 from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
 from tessera.gateway.common import engine_of, run_task, visible_models
 from tessera.gateway.errors import error_headers, reject_reason, status_of
+from tessera.metrics.stats import Durations, ModelStats
 from tessera.repository.spec import ModelSpec
 from tessera.tasks.types import ClassifyOutput, Task, TextInput
 
@@ -41,6 +51,68 @@ async def server_metadata() -> JSONResponse:
     return JSONResponse(
         {"name": "tessera", "version": __version__, "extensions": ["binary_tensor_data"]}
     )
+
+
+@router.get("/v2/models/stats", response_model=None)
+@router.get("/v2/models/{name}/stats", response_model=None)
+@router.get("/v2/models/{name}/versions/{version}/stats", response_model=None)
+async def model_statistics(
+    request: Request, name: str | None = None, version: str | None = None
+) -> Response:
+    """Every version of the models the caller may use, of ``name``, or of one
+    version of it (Triton's statistics extension: module notes)."""
+    allowed = set(visible_models(request))
+    if name is not None:
+        if name not in allowed:
+            return _kserve_error(ModelNotFoundError(name))
+        allowed = {name}
+    found = [
+        model
+        for model in engine_of(request).snapshot().models
+        if model.model in allowed and version in (None, model.version)
+    ]
+    if name is not None and not found:
+        return _kserve_error(ModelNotFoundError(_versioned(name, version)))
+    return JSONResponse({"model_stats": [_statistics(model) for model in found]})
+
+
+def _statistics(model: ModelStats) -> dict[str, Any]:
+    times = model.times
+    answered = times.answered.count
+
+    def span(durations: Durations) -> dict[str, int]:
+        return {"count": durations.count, "ns": round(durations.seconds * 1e9)}
+
+    def untimed(count: int) -> dict[str, int]:
+        return {"count": count, "ns": 0}
+
+    return {
+        "name": model.model,
+        "version": model.version,
+        "last_inference": round((times.last_batch_at or 0.0) * 1000),
+        "inference_count": sum(size * runs.count for size, runs in times.batches),
+        "execution_count": sum(runs.count for _, runs in times.batches),
+        "inference_stats": {
+            "success": span(times.answered),
+            "fail": span(times.failed),
+            "queue": span(times.queued),
+            "compute_input": untimed(answered),
+            "compute_infer": span(times.run),
+            "compute_output": untimed(answered),
+            "cache_hit": untimed(0),
+            "cache_miss": untimed(0),
+        },
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": untimed(runs.count),
+                "compute_infer": span(runs),
+                "compute_output": untimed(runs.count),
+            }
+            for size, runs in times.batches
+        ],
+        "memory_usage": [],
+    }
 
 
 def _io_metadata(spec: ModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -75,6 +75,33 @@ class FanoutSink:
 
 
 @dataclass(frozen=True, slots=True)
+class Durations:
+    """How many, and their seconds together."""
+
+    count: int = 0
+    seconds: float = 0.0
+
+    def plus(self, seconds: float) -> Durations:
+        return Durations(self.count + 1, self.seconds + seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimes:
+    """A model version's requests since start, as its engine saw them (what
+    Triton's statistics extension reports): those answered (queued and run),
+    those failed, their time queued and the time of the batches they ran in;
+    and, per batch size, its batches and their run time; when its last batch
+    ended (Unix time)."""
+
+    answered: Durations = Durations()
+    failed: Durations = Durations()
+    queued: Durations = Durations()
+    run: Durations = Durations()
+    batches: tuple[tuple[int, Durations], ...] = ()  # (batch size, its runs), by size
+    last_batch_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ModelStats:
     """One model as the engine sees it at one instant.
 
@@ -122,6 +149,7 @@ class ModelStats:
     # requests_waiting, kv_cache_usage_ratio, prompt_tokens, generation_tokens,
     # restarts, sleeping (see metrics/prometheus.py's ENGINE_FAMILIES).
     engine_metrics: Mapping[str, float] = field(default_factory=dict)
+    times: RequestTimes = RequestTimes()
 
 
 @dataclass(frozen=True, slots=True)

@@ -547,7 +547,7 @@ async def test_kserve_config_index_and_errors_in_kserve_shape(client: httpx.Asyn
     # a model, a route and a method it does not know, a body that does not validate.
     for method, path in (
         ("GET", "/v2/models/nope/config"),
-        ("GET", "/v2/models/embed/stats"),
+        ("GET", "/v2/models/nope/stats"),
         ("GET", "/v2/models/embed/infer"),
         ("POST", "/v2/repository/models/embed/load"),
     ):

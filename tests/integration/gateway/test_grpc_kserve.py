@@ -106,7 +106,7 @@ async def test_what_is_not_served_is_unimplemented(address: str) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as error:
-            await stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name="embed"))
+            await stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest())
     assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
