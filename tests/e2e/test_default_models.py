@@ -218,8 +218,32 @@ def test_openai_client_legacy_completions(oai: openai.OpenAI) -> None:
         model="smollm2-135m", prompt=prompt, max_tokens=6, temperature=0, stream=True
     )
     assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == text
-    with pytest.raises(openai.UnprocessableEntityError, match="not served"):
-        oai.completions.create(model="smollm2-135m", prompt=prompt, logprobs=1)
+    # Each token's logprob and its likeliest alternatives, in the legacy form.
+    scored = oai.completions.create(
+        model="smollm2-135m", prompt=prompt, max_tokens=6, temperature=0, logprobs=2
+    ).choices[0]
+    assert scored.text == text
+    assert scored.logprobs is not None
+    tokens = scored.logprobs.tokens or []
+    assert "".join(tokens) == text
+    assert scored.logprobs.text_offset == [len("".join(tokens[:i])) for i in range(len(tokens))]
+    assert all(lp <= 0 for lp in scored.logprobs.token_logprobs or [])
+    tops = scored.logprobs.top_logprobs or []
+    assert [len(top) for top in tops] == [2] * len(tokens)
+    assert all(token in top for token, top in zip(tokens, tops, strict=True))  # greedy
+    streamed = [
+        chunk.choices[0].logprobs
+        for chunk in oai.completions.create(
+            model="smollm2-135m",
+            prompt=prompt,
+            max_tokens=6,
+            temperature=0,
+            logprobs=2,
+            stream=True,
+        )
+        if chunk.choices and chunk.choices[0].logprobs
+    ]
+    assert [s.tokens for s in streamed] == [tokens]  # with the choice's last chunk
 
 
 def test_openai_client_models(oai: openai.OpenAI) -> None:

@@ -26,7 +26,9 @@ ready does. A streamed chat with ``tools`` and a ``tool_choice`` of
 (or of the first tool), as vLLM streams calls: its id, type and name in the
 first ``delta.tool_calls`` fragment, its arguments ``{"echo": the last
 message's text}`` in two, finish ``tool_calls``; a ``tool`` message without
-``tool_call_id`` is a 400, as vLLM's. With
+``tool_call_id`` is a 400, as vLLM's. Logprobs are -0.5 a token, its
+alternatives lower: a chat's as ``logprobs.content``, a completion's (an
+integer ``logprobs``, the token itself among them) in the legacy form. With
 ``--engine-core-child`` it starts a child process, as vLLM's API server starts
 its engine core, to show that stopping or killing it reaches its group.
 """
@@ -267,6 +269,14 @@ class Handler(BaseHTTPRequestHandler):
                     for k in range(int(body.get("top_logprobs") or 0))
                 ]
                 choice["logprobs"] = {"content": [{**token, "top_logprobs": alternatives}]}
+            elif body.get("logprobs") is not None and raw_prompt:  # the legacy form, as vLLM's
+                tops = {piece: -0.5} | {f"x{k}": -1.0 - k for k in range(body["logprobs"] - 1)}
+                choice["logprobs"] = {
+                    "tokens": [piece],
+                    "token_logprobs": [-0.5],
+                    "top_logprobs": [tops],
+                    "text_offset": [0],
+                }
             kind = "text_completion" if raw_prompt else "chat.completion.chunk"
             chunk: dict[str, Any] = {"object": kind, "choices": [choice]}
             if options.get("continuous_usage_stats"):

@@ -670,7 +670,10 @@ def _chat_events(body: ChatRequest, completion_id: str, created: int) -> _Stream
 
 
 class CompletionRequest(Sampling):
-    """OpenAI's legacy completions: ``n`` choices a prompt, no logprobs."""
+    """OpenAI's legacy completions: ``n`` choices a prompt; ``logprobs`` (0 to
+    5) gives each generated token's log probability and that many likeliest
+    alternatives, in the legacy form (``tokens``, ``token_logprobs``,
+    ``top_logprobs``, ``text_offset``)."""
 
     model: str
     prompt: str | Annotated[list[str], Field(min_length=1)]
@@ -680,7 +683,7 @@ class CompletionRequest(Sampling):
     echo: bool = False
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     best_of: int | None = Field(default=None, ge=1, le=1)
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=5)  # OpenAI's bounds
     suffix: str | None = None
 
     @field_validator("prompt", mode="before")
@@ -688,12 +691,18 @@ class CompletionRequest(Sampling):
     def _not_token_ids(cls, value: object) -> object:
         return _text_not_token_ids(value, "each model has a tokenizer of its own")
 
-    @field_validator("logprobs", "suffix")
+    @field_validator("suffix")
     @classmethod
     def _not_served(cls, value: object) -> object:
         if value is not None:
-            raise ValueError("is not served here (log probabilities, or text after the completion)")
+            raise ValueError("is not served here (text after the completion)")
         return value
+
+    @model_validator(mode="after")
+    def _no_prompt_logprobs(self) -> CompletionRequest:
+        if self.echo and self.logprobs is not None:
+            raise ValueError("logprobs with echo: the prompt's tokens' logprobs are not served")
+        return self
 
     def choice_prompts(self) -> list[str]:
         """Each choice's prompt, in the order of their indices: ``n`` of each
@@ -717,13 +726,38 @@ def completion_inputs(
             max_tokens=body.max_tokens,
             **body.sampling(),
             on_text=listener,
+            logprobs=body.logprobs,
         )
         for prompt, listener in zip(prompts, listeners(pieces, len(prompts)), strict=True)
     ]
 
 
-def _text_choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}
+def _text_choice(
+    index: int, text: str, finish_reason: str | None, output: ChatOutput | None = None
+) -> dict[str, Any]:
+    logprobs = None if output is None else _legacy_logprobs(output)
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def _legacy_logprobs(output: ChatOutput) -> dict[str, Any] | None:
+    """An output's token logprobs in the legacy completions' form (where it
+    has them): each token, its logprob, its alternatives as token: logprob,
+    and where it starts in the completion's text."""
+    if output.logprobs is None:
+        return None
+    offsets, at = [], 0
+    for token in output.logprobs:
+        offsets.append(at)
+        at += len(token["token"])
+    return {
+        "tokens": [token["token"] for token in output.logprobs],
+        "token_logprobs": [token["logprob"] for token in output.logprobs],
+        "top_logprobs": [
+            {top["token"]: top["logprob"] for top in token["top_logprobs"]}
+            for token in output.logprobs
+        ],
+        "text_offset": offsets,
+    }
 
 
 @router.post("/v1/completions", response_model=None)
@@ -750,7 +784,9 @@ def text_completion_body(
         "created": created,
         "model": body.model,
         "choices": [
-            _text_choice(i, (prompt if body.echo else "") + output.text, output.finish_reason)
+            _text_choice(
+                i, (prompt if body.echo else "") + output.text, output.finish_reason, output
+            )
             for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True))
         ],
         "usage": usage_of(*outputs),
@@ -759,7 +795,7 @@ def text_completion_body(
 
 def _completion_events(body: CompletionRequest, completion_id: str, created: int) -> _StreamEvents:
     """A legacy completion's events: each choice's prompt first, for ``echo``;
-    its text as it comes, its finish reason last; with
+    its text as it comes, its finish reason (and its tokens' logprobs) last; with
     ``stream_options.include_usage``, a last event of no choices with the usage."""
 
     def event(choices: list[dict[str, Any]], tokens: dict[str, int] | None = None) -> str:
@@ -769,7 +805,7 @@ def _completion_events(body: CompletionRequest, completion_id: str, created: int
     return _StreamEvents(
         opening=[event([_text_choice(i, prompt, None)]) for i, prompt in enumerate(echoed)],
         piece=lambda index, text: event([_text_choice(index, text, None)]),
-        end=lambda index, output: event([_text_choice(index, "", output.finish_reason)]),
+        end=lambda index, output: event([_text_choice(index, "", output.finish_reason, output)]),
         usage=(lambda tokens: event([], tokens)) if _wants_usage(body.stream_options) else None,
     )
 

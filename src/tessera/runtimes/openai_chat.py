@@ -113,9 +113,13 @@ def request_body(
     if item.tools is not None and not native_tools:
         schema = {"name": "tool_calls", "schema": generic_schema(item)}
         body["response_format"] = {"type": "json_schema", "json_schema": schema}
-    if item.logprobs is not None:  # each chunk then carries its tokens' logprobs
+    # Each chunk then carries its tokens' logprobs. llama.cpp gives none at
+    # all for 0 alternatives: ask one, and drop it. A completion's
+    # ``logprobs`` is the number of alternatives (OpenAI's legacy field).
+    if item.logprobs is not None and item.prompt is not None:
+        body["logprobs"] = max(1, item.logprobs)
+    elif item.logprobs is not None:
         body["logprobs"] = True
-        # llama.cpp gives none at all for 0 alternatives: ask one, and drop it.
         body["top_logprobs"] = max(1, item.logprobs)
     if item.seed is not None:
         body["seed"] = item.seed
@@ -270,9 +274,11 @@ def _add_call_fragments(calls: dict[int, dict[str, str]], fragments: Any) -> Non
 def _token_logprobs(found: Any, alternatives: int) -> list[dict[str, Any]]:
     """A chunk's ``logprobs.content`` items in OpenAI's fields (llama.cpp adds
     token ids, which OpenAI's answer has not), with ``alternatives`` of each
-    token's likeliest at most."""
+    token's likeliest at most; or a completion's in the legacy form (vLLM's)."""
     if not isinstance(found, dict):
         return []
+    if "tokens" in found:
+        return _legacy_token_logprobs(found, alternatives)
     fields = ("token", "logprob", "bytes")
     items = []
     for entry in found.get("content") or ():
@@ -280,4 +286,27 @@ def _token_logprobs(found: Any, alternatives: int) -> list[dict[str, Any]]:
         tops = list(entry.get("top_logprobs") or ())[:alternatives]
         item["top_logprobs"] = [{key: top.get(key) for key in fields} for top in tops]
         items.append(item)
+    return items
+
+
+def _legacy_token_logprobs(found: dict[str, Any], alternatives: int) -> list[dict[str, Any]]:
+    """The legacy form (``tokens``, ``token_logprobs``, ``top_logprobs`` as
+    token: logprob) in ``content``'s fields, the alternatives likeliest first."""
+    tops = found.get("top_logprobs") or []
+    items = []
+    for i, (token, logprob) in enumerate(
+        zip(found.get("tokens") or (), found.get("token_logprobs") or (), strict=False)
+    ):
+        ranked = sorted(dict(tops[i] or {}).items() if i < len(tops) else (), key=lambda t: -t[1])
+        items.append(
+            {
+                "token": token,
+                "logprob": logprob,
+                "bytes": list(token.encode()),
+                "top_logprobs": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode())}
+                    for t, lp in ranked[:alternatives]
+                ],
+            }
+        )
     return items

@@ -114,6 +114,20 @@ def test_logprobs_come_back_a_token_each(model: ExternalModel) -> None:
     assert [t["token"] for t in output.logprobs] == ["w0 ", "w1 ", "w2"]
     assert [len(t["top_logprobs"]) for t in output.logprobs] == [2, 2, 2]
     assert model.run([chat(2)])[0].logprobs is None
+    # A completion's come in the legacy form (vLLM's), read into the same fields.
+    prompt = ChatInput(messages=(), prompt="a b", max_tokens=2, logprobs=3)
+    (completed,) = model.run([prompt])
+
+    def scored(token: str, logprob: float) -> dict[str, object]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    assert completed.logprobs == tuple(
+        {
+            **scored(token, -0.5),
+            "top_logprobs": [scored(token, -0.5), scored("x0", -1.0), scored("x1", -2.0)],
+        }
+        for token in ("w0 ", "w1")
+    )
 
 
 def test_sleep_frees_the_weights_and_keeps_the_process_and_wake_brings_them_back(
