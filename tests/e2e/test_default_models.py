@@ -400,6 +400,20 @@ def test_cohere_clients_rerank_and_embed(
             input_type="search_document",
             embedding_types=["int8"],
         )
+    asked = ["I want to talk to a human agent", "What is your refund policy?"]
+    classified = v2.classify(model="intent-minilm", inputs=asked).classifications
+    own = httpx.post(
+        f"{server.base_url}/v1/classify",
+        json={"model": "intent-minilm", "input": asked, "top_k": 100},
+        headers=server.headers,
+        timeout=60,
+    ).json()["data"]
+    for mine, theirs in zip(own, classified, strict=True):
+        assert theirs.prediction == mine["label"]
+        assert theirs.confidence == pytest.approx(mine["score"])
+        assert {label: value.confidence for label, value in theirs.labels.items()} == {
+            ls["label"]: pytest.approx(ls["score"]) for ls in mine["labels"]
+        }
 
 
 def test_huggingface_inference_client_over_tei(

@@ -4,6 +4,9 @@ translate.
 
 Cohere's clients call ``/v1/rerank`` and ``/v1/embed`` (``cohere.Client``) or
 ``/v2/rerank`` and ``/v2/embed`` (``cohere.ClientV2``); both shapes are served.
+``/v1/classify`` answers Cohere's classify (``inputs``, a classifier model:
+its few-shot ``examples`` are not served) in Cohere's shape, and tessera's own
+(``input``, ``top_k``) in a list of labels.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tessera.errors import InvalidInputError, TaskMismatchError
 from tessera.gateway.common import engine_of, run_task
@@ -125,21 +128,40 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request) -> JSONRespon
 
 
 class ClassifyRequest(BaseModel):
+    """tessera's classify (``input``), or Cohere's (``inputs``)."""
+
     model_config = ConfigDict(extra="allow")
 
     model: str
-    input: str | list[str]
+    input: str | list[str] | None = None
     top_k: int = Field(default=5, ge=1, le=100)
+    inputs: list[str] | None = None
+    examples: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> ClassifyRequest:
+        if (self.input is None) == (self.inputs is None):
+            raise ValueError("give input (or Cohere's inputs), one of them")
+        if self.examples:
+            raise ValueError("examples (few-shot classification) are not served: name a classifier")
+        return self
+
+    def texts(self) -> list[str]:
+        if self.inputs is not None:
+            return texts_of(self.inputs, "inputs")
+        return texts_of(self.input or "")
 
 
 @router.post("/v1/classify")
 async def classify(body: ClassifyRequest, request: Request) -> JSONResponse:
-    items = [TextInput(t) for t in texts_of(body.input)]
+    items = [TextInput(t) for t in body.texts()]
     outputs: list[ClassifyOutput] = await run_task(request, body.model, Task.CLASSIFY, items)
     return JSONResponse(classify_body(body, outputs))
 
 
 def classify_body(body: ClassifyRequest, outputs: list[ClassifyOutput]) -> dict[str, Any]:
+    if body.inputs is not None:
+        return _cohere_classify_body(body.texts(), outputs)
     data = []
     for index, output in enumerate(outputs):
         top = output.labels[: body.top_k]
@@ -152,6 +174,31 @@ def classify_body(body: ClassifyRequest, outputs: list[ClassifyOutput]) -> dict[
             }
         )
     return {"object": "list", "model": body.model, "data": data}
+
+
+def _cohere_classify_body(texts: list[str], outputs: list[ClassifyOutput]) -> dict[str, Any]:
+    """Cohere's: each input's best label and its confidence, and every label's
+    (a single-label classifier's: they add up to 1)."""
+    classifications = []
+    for text, output in zip(texts, outputs, strict=True):
+        best = output.labels[0] if output.labels else None
+        classifications.append(
+            {
+                "id": str(uuid.uuid4()),
+                "input": text,
+                "prediction": best.label if best else None,
+                "predictions": [best.label] if best else [],
+                "confidence": best.score if best else None,
+                "confidences": [best.score] if best else [],
+                "labels": {ls.label: {"confidence": ls.score} for ls in output.labels},
+                "classification_type": "single-label",
+            }
+        )
+    return {
+        "id": str(uuid.uuid4()),
+        "classifications": classifications,
+        "meta": {"api_version": {"version": "1"}},
+    }
 
 
 class OcrOptions(BaseModel):

@@ -428,7 +428,7 @@ async def _rerank(session: _Session, message: _Message, payload: dict[str, Any])
 
 async def _classify(session: _Session, message: _Message, payload: dict[str, Any]) -> None:
     body = _parse(ClassifyRequest, payload)
-    items = [TextInput(t) for t in texts_of(body.input)]
+    items = [TextInput(t) for t in body.texts()]
     outputs = await session.run(message, body.model, Task.CLASSIFY, items, _timeout(payload))
     await session.result(message, classify_body(body, outputs))
 

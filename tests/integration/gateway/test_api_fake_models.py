@@ -109,6 +109,26 @@ async def test_rerank_classify_translate(client: httpx.AsyncClient) -> None:
     first = r.json()["data"][0]
     assert first["label"] == "label-2"
     assert first["labels"][0]["label"] == first["label"]
+    # Cohere's classify: inputs in, its classifications out.
+    r = await client.post("/v1/classify", json={"model": "intent", "inputs": ["hello"]})
+    assert r.status_code == 200, r.text
+    (cohere,) = r.json()["classifications"]
+    assert (cohere["input"], cohere["prediction"], cohere["predictions"]) == (
+        "hello",
+        "label-2",
+        ["label-2"],
+    )
+    assert cohere["labels"] == {"label-2": {"confidence": 0.9}, "other": {"confidence": 0.1}}
+    assert (cohere["confidence"], cohere["classification_type"]) == (0.9, "single-label")
+    for body, why in (
+        ({"model": "intent"}, "one of them"),
+        ({"model": "intent", "input": "a", "inputs": ["a"]}, "one of them"),
+        ({"model": "intent", "inputs": ["a"], "examples": [{"text": "a", "label": "b"}]}, "few"),
+        ({"model": "intent", "inputs": []}, "must not be empty"),
+    ):
+        r = await client.post("/v1/classify", json=body)
+        assert r.status_code == 422, r.text
+        assert why in r.json()["error"]["message"]
 
     r = await client.post("/v1/translate", json={"model": "mt", "input": ["abc", "xy"]})
     assert r.json()["data"] == [
