@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 import wave
 from collections.abc import Iterator
 from typing import Any
@@ -565,6 +566,14 @@ def test_deepl_client_translates_both_directions(
     assert {lang.code for lang in translator.get_target_languages()} == {"EN", "PT"}
     with pytest.raises(deepl.DeepLException, match="no model translates"):
         translator.translate_text("Bonjour", target_lang="FR")
+    # The key's tenant's units today (audit rows are written every half second):
+    # at least these translations' characters, under no daily limit.
+    translated = 24 + len("The book is in the car.") + len("O gato está na mesa.")
+    deadline = time.monotonic() + 10
+    while (usage := translator.get_usage()).character.count < translated:
+        assert time.monotonic() < deadline, usage
+        time.sleep(0.2)
+    assert usage.character.limit == 10**12
 
 
 def test_ollama_client_embeds_and_chats(
@@ -594,6 +603,7 @@ def test_ollama_client_embeds_and_chats(
     )
     assert "Paris" in continued.response
     assert "smollm2-135m" in {m.model for m in client.list().models}
+    assert {"completion", "tools"} <= set(client.show("smollm2-135m").capabilities or ())
     with pytest.raises(ollama.ResponseError) as missing:
         client.embed(model="no-such-model", input="x")
     assert missing.value.status_code == 404

@@ -190,7 +190,9 @@ def audit_request(
         or (path.startswith("/v2/") and not kserve_path(path))
         or (path.startswith("/tei/") and not path.endswith(("/info", "/health")))
         or path in ("/api/embed", "/api/embeddings", "/api/chat", "/api/generate")
-    ) and not (path in ("/v1/models", "/v2/languages") or path.startswith("/v1/models/"))
+    ) and not (
+        path in ("/v1/models", "/v2/languages", "/v2/usage") or path.startswith("/v1/models/")
+    )
     if not api and info.reason not in ("auth", "auth_throttled"):
         return
     principal: Principal | None = state.get("principal")

@@ -1,5 +1,6 @@
-"""DeepL's translation API (``POST /v2/translate``, ``GET /v2/languages``),
-for DeepL's own clients (``deepl.Translator(key, server_url=...)``).
+"""DeepL's translation API (``POST /v2/translate``, ``GET /v2/languages``,
+``GET /v2/usage``), for DeepL's own clients (``deepl.Translator(key,
+server_url=...)``).
 
 DeepL names languages, not models: a request's ``target_lang`` (and
 ``source_lang``, if given) pick the translate model among those the caller
@@ -15,11 +16,17 @@ DeepL-Auth-Key KEY``) or as a bearer token. Bodies are JSON or form-encoded
 ``billed_characters``) and so are errors (``{"message": ...}``,
 ``gateway/errors.py``). Glossaries and tag handling are refused (422); the
 other options (formality, context, sentence splitting) are taken and
-ignored: the models have none of them.
+ignored: the models have none of them. The usage is the caller's tenant's
+day (UTC, from the audit log, as its daily quota counts it): the work units
+charged to it today on every model (a translation's are its characters), and
+its daily quota (10^12 where it has none, as DeepL writes no limit).
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
@@ -27,10 +34,18 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tessera.errors import InvalidInputError, TaskMismatchError
-from tessera.gateway.common import caller_of, engine_of, parsed, run_task, visible_models
+from tessera.gateway.common import (
+    caller_of,
+    engine_of,
+    parsed,
+    principal_of,
+    run_task,
+    visible_models,
+)
 from tessera.gateway.openai_api import texts_of
 from tessera.repository import ModelSpec
 from tessera.tasks.types import Task, TranslateInput
+from tessera.tenants.audit import AuditLog, start_of_day_utc
 
 router = APIRouter()
 
@@ -140,6 +155,28 @@ async def translate(request: Request) -> JSONResponse:
                 }
                 for text, output in zip(texts, outputs, strict=True)
             ]
+        }
+    )
+
+
+NO_LIMIT = 10**12  # DeepL's character_limit for a key without one
+
+
+@router.get("/v2/usage")
+async def usage(request: Request) -> JSONResponse:
+    """The caller's tenant's units today and its daily quota (module notes)."""
+    principal = principal_of(request)
+    audit: AuditLog | None = getattr(request.app.state, "audit_log", None)
+    count, limit = 0.0, None
+    if principal is not None:
+        limit = principal.tenant.daily_units
+        if audit is not None:
+            today = start_of_day_utc(time.time())
+            count = await asyncio.to_thread(audit.units_since, principal.tenant.name, today)
+    return JSONResponse(
+        {
+            "character_count": math.ceil(count),
+            "character_limit": NO_LIMIT if limit is None else math.floor(limit),
         }
     )
 

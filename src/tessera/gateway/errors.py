@@ -99,7 +99,7 @@ def error_body_for(path: str, status: int, message: str, kind: str) -> dict[str,
         return {"error": message}
     if path.startswith("/tei/"):  # TEI's: its kinds are Overloaded, Backend, Validation...
         return {"error": message, "error_type": _tei_kind(status)}
-    if path in ("/v2/translate", "/v2/languages"):  # DeepL's
+    if path in ("/v2/translate", "/v2/languages", "/v2/usage"):  # DeepL's
         return {"message": message}
     if path.startswith("/api/"):  # Ollama's
         return {"error": message}

@@ -12,7 +12,9 @@ LangChain's ``OllamaEmbeddings`` and ``ChatOllama``).
   schema) and ``tools`` go where the OpenAI API's would (llama.cpp, vLLM),
   and images (base64) to a vision-language model;
 - ``GET /api/tags`` (the models the caller may use), ``GET /api/ps`` (those
-  resident now, their bytes), ``GET /api/version``.
+  resident now, their bytes), ``POST /api/show`` (a model's details and
+  ``capabilities``: ``completion``, ``tools`` and ``vision`` where its runtime
+  gives them, ``embedding``), ``GET /api/version``.
 
 Defaults are tessera's where Ollama's come from a model's Modelfile: a chat
 is greedy unless ``temperature`` is given, and at most 128 tokens unless
@@ -40,7 +42,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tessera import __version__
-from tessera.errors import InvalidInputError, TesseraError
+from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
 from tessera.gateway.common import (
     engine_of,
     parsed,
@@ -58,6 +60,7 @@ from tessera.gateway.openai_api import (
     texts_of,
     unit_rows,
 )
+from tessera.repository.spec import ModelSpec
 from tessera.tasks.image import decode_image
 from tessera.tasks.types import (
     ChatInput,
@@ -344,6 +347,52 @@ async def ps(request: Request) -> JSONResponse:
         if m.state == "ready" and not m.host_tier and m.name.partition("@")[0] in visible
     ]
     return JSONResponse({"models": resident})
+
+
+class OllamaShowRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    name: str | None = None  # the older field
+
+
+@router.post("/show")
+async def show(request: Request) -> JSONResponse:
+    """A model's details and what it can do, as Ollama's clients read them to
+    decide what to offer (tools, images); no Modelfile, template or parameters."""
+    body = parsed(OllamaShowRequest, await request.body())
+    asked = body.model or body.name
+    if not asked:
+        raise InvalidInputError("model is required")
+    name = _name(asked)
+    if name not in visible_models(request):
+        raise ModelNotFoundError(name)
+    spec = engine_of(request).spec(name)
+    return JSONResponse(
+        {
+            "modelfile": "",
+            "parameters": "",
+            "template": "",
+            "details": _details(spec.task.value),
+            "model_info": {"general.architecture": spec.adapter},
+            "capabilities": _capabilities(spec),
+            "modified_at": _now(),
+        }
+    )
+
+
+def _capabilities(spec: ModelSpec) -> list[str]:
+    """Ollama's words for what ``spec``'s model does: an embedding, or a chat
+    (``completion``) with tool calls where an engine of its own runs it
+    (llama.cpp, vLLM) and images where it reads them."""
+    if spec.task is Task.EMBEDDING:
+        return ["embedding"]
+    chats = spec.task is Task.GENERATE or spec.inputs.vision is not None
+    if not chats:
+        return []
+    tools = ["tools"] if spec.runtime == "external" and spec.task is Task.GENERATE else []
+    vision = ["vision"] if spec.inputs.vision is not None else []
+    return ["completion", *tools, *vision]
 
 
 @router.get("/version")

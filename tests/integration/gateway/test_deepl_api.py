@@ -49,6 +49,13 @@ async def test_the_target_language_picks_the_model(client: httpx.AsyncClient) ->
     assert r.json()["translations"][0]["detected_source_language"] == "DE"
 
 
+async def test_usage_without_keys_is_no_tenants_none_used_no_limit(
+    client: httpx.AsyncClient,
+) -> None:
+    r = await client.get("/v2/usage")
+    assert r.json() == {"character_count": 0, "character_limit": 10**12}
+
+
 @pytest.mark.parametrize(
     ("body", "says"),
     [

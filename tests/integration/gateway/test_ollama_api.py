@@ -76,6 +76,19 @@ async def test_tags_and_ps(client: httpx.AsyncClient) -> None:
     assert (await client.get("/api/version")).json()["version"]
 
 
+async def test_show_says_what_a_model_can_do(client: httpx.AsyncClient) -> None:
+    async def capabilities(**body: str) -> list[str]:
+        r = await client.post("/api/show", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["details"]["family"]
+        found: list[str] = r.json()["capabilities"]
+        return found
+
+    assert await capabilities(model="embed:latest") == ["embedding"]
+    assert await capabilities(name="chat") == ["completion"]  # in process: no tools
+    assert await capabilities(model="intent") == []
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "says"),
     [
@@ -110,6 +123,8 @@ async def test_tags_and_ps(client: httpx.AsyncClient) -> None:
             "temperature",
         ),
         ("/api/generate", {"model": "embed", "prompt": "x", "stream": False}, 400, "embed"),
+        ("/api/show", {"model": "nope"}, 404, "nope"),
+        ("/api/show", {}, 422, "model is required"),
     ],
 )
 async def test_errors_read_as_ollamas(
