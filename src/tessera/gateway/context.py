@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.clock import Clock, MonotonicClock
 from tessera.engine import RequestTrace
-from tessera.gateway.errors import error_body_for, kserve_path
+from tessera.gateway.errors import error_body_for, metered
 from tessera.logs import request_id as request_id_var
 from tessera.metrics import RequestEvent, StatsSink
 from tessera.tenants import AuditRecord, Principal
@@ -183,16 +183,7 @@ def audit_request(
 ) -> None:
     """One audit row and one ``RequestEvent`` for a request (a WebSocket
     message too), refused ones included; ``state`` holds its principal and id."""
-    # KServe's infer and metadata, the routes under /v2 that are not KServe's
-    # (Cohere's, DeepL's), and TEI's and Ollama's inference routes.
-    api = (
-        path.startswith(("/v1/", "/v2/models"))
-        or (path.startswith("/v2/") and not kserve_path(path))
-        or (path.startswith("/tei/") and not path.endswith(("/info", "/health")))
-        or path in ("/api/embed", "/api/embeddings", "/api/chat", "/api/generate")
-    ) and not (
-        path in ("/v1/models", "/v2/languages", "/v2/usage") or path.startswith("/v1/models/")
-    )
+    api = metered(path)
     if not api and info.reason not in ("auth", "auth_throttled"):
         return
     principal: Principal | None = state.get("principal")

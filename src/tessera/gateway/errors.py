@@ -1,7 +1,10 @@
 """Engine errors to HTTP statuses, as JSON; the only place that knows both.
 
-Every error body has the OpenAI shape ``{"error": {"message", "type", "code"}}``
-so the OpenAI, Cohere-style and Triton clients all show the message.
+An error body has the shape its API's clients read (``APIS``, one table of
+which API a path belongs to, and whether its requests are metered): the
+OpenAI shape ``{"error": {"message", "type", "code"}}`` for OpenAI's,
+Cohere's and tessera's own routes, KServe's and Ollama's ``{"error":
+MESSAGE}``, TEI's with its ``error_type``, DeepL's ``{"message": MESSAGE}``.
 
 Any other exception (a bug: no input should reach one) is a 500 with the
 exception's type only, and logs one line per request; its traceback is logged
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -93,23 +98,80 @@ def kserve_path(path: str) -> bool:
     )
 
 
+def _message_error(status: int, message: str, kind: str) -> dict[str, object]:
+    return {"error": message}
+
+
+def _tei_error(status: int, message: str, kind: str) -> dict[str, object]:
+    """TEI's: its kinds are Overloaded, Backend, Validation..."""
+    if status in (429, 503):
+        return {"error": message, "error_type": "Overloaded"}
+    return {"error": message, "error_type": "Backend" if status >= 500 else "Validation"}
+
+
+def _deepl_error(status: int, message: str, kind: str) -> dict[str, object]:
+    return {"message": message}
+
+
+@dataclass(frozen=True)
+class ApiPaths:
+    """The paths of one API: the shape its clients read errors in, and which
+    of its requests are metered (an audit row and a request event each; its
+    listings, probes and metadata are not, unless refused for their key)."""
+
+    owns: Callable[[str], bool]
+    metered: Callable[[str], bool]
+    error: Callable[[int, str, str], dict[str, object]]
+
+
+_DEEPL_PATHS = frozenset({"/v2/translate", "/v2/languages", "/v2/usage"})
+_OLLAMA_METERED = frozenset({"/api/embed", "/api/embeddings", "/api/chat", "/api/generate"})
+
+
+def _tei_path(path: str) -> bool:
+    return path.startswith("/tei/")
+
+
+def _tei_runs(path: str) -> bool:
+    return not path.endswith(("/info", "/health"))
+
+
+def _ollama_path(path: str) -> bool:
+    return path.startswith("/api/")
+
+
+def _v1_or_v2(path: str) -> bool:
+    return path.startswith(("/v1/", "/v2/"))
+
+
+def _not_a_listing(path: str) -> bool:
+    return path != "/v1/models" and not path.startswith("/v1/models/")
+
+
+# The first that owns a path is its API; the rest of the server (admin,
+# metrics, the live page) reads errors in the OpenAI shape and is not metered.
+APIS = (
+    ApiPaths(kserve_path, lambda path: path.startswith("/v2/models"), _message_error),  # KServe
+    ApiPaths(_tei_path, _tei_runs, _tei_error),
+    ApiPaths(_DEEPL_PATHS.__contains__, lambda path: path == "/v2/translate", _deepl_error),
+    ApiPaths(_ollama_path, _OLLAMA_METERED.__contains__, _message_error),
+    ApiPaths(_v1_or_v2, _not_a_listing, error_body),  # OpenAI's, Cohere's and tessera's own
+)
+_THE_REST = ApiPaths(lambda path: True, lambda path: False, error_body)
+
+
+def api_of(path: str) -> ApiPaths:
+    return next((api for api in APIS if api.owns(path)), _THE_REST)
+
+
 def error_body_for(path: str, status: int, message: str, kind: str) -> dict[str, object]:
     """An error's body in the shape of ``path``'s API."""
-    if kserve_path(path):
-        return {"error": message}
-    if path.startswith("/tei/"):  # TEI's: its kinds are Overloaded, Backend, Validation...
-        return {"error": message, "error_type": _tei_kind(status)}
-    if path in ("/v2/translate", "/v2/languages", "/v2/usage"):  # DeepL's
-        return {"message": message}
-    if path.startswith("/api/"):  # Ollama's
-        return {"error": message}
-    return error_body(status, message, kind)
+    return api_of(path).error(status, message, kind)
 
 
-def _tei_kind(status: int) -> str:
-    if status in (429, 503):
-        return "Overloaded"
-    return "Backend" if status >= 500 else "Validation"
+def metered(path: str) -> bool:
+    """Whether a request of ``path`` runs on a model, to be audited and counted."""
+    return api_of(path).metered(path)
 
 
 def status_of(error: TesseraError) -> tuple[int, str]:
