@@ -237,6 +237,7 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
         max_body_bytes=settings.max_body_bytes,
         tenant_store=store,
         audit_log=audit_log,
+        response_store=settings.response_store(),
         tiers=settings.tiers,
         preload_progress=PreloadReporter(),
         per_tenant_labels=settings.per_tenant_labels,

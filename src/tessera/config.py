@@ -37,6 +37,9 @@ A config file may hold any of::
       batch: {weight: 1}
     auth: true                   # API keys from the tenant store under data_dir
     audit_retention_days: 30
+    store_responses: false       # keep Responses API answers (their store: true) for
+                                 # previous_response_id and GET /v1/responses/{id}
+    responses_retention_hours: 24  # this long (in tenant_store's database, or data_dir)
     metrics_public: false        # true: /metrics needs no key (else an admin key)
     metrics_port: null           # a port: also serve /metrics there, without a key, on host
     grpc_port: null              # a port: also serve KServe v2 over gRPC there (tessera[grpc])
@@ -98,6 +101,7 @@ from tessera.units import parse_bytes
 
 if TYPE_CHECKING:
     from tessera.tenants import AuditLog, TenantStore
+    from tessera.tenants.responses import ResponseStore
 
 # The largest request body the gateway reads. Kept here, not in the gateway, so
 # that reading the config does not import FastAPI, SQLite and Prometheus.
@@ -123,6 +127,8 @@ class ServerConfig:
     tiers: dict[str, TierSpec] = field(default_factory=lambda: dict(DEFAULT_TIERS))
     auth: bool = True
     audit_retention_days: float | None = 30.0
+    store_responses: bool = False
+    responses_retention_hours: float = 24.0
     metrics_public: bool = False
     metrics_port: int | None = None
     grpc_port: int | None = None
@@ -159,6 +165,15 @@ class ServerConfig:
             self.data_dir, self.tenant_store, self.key_secret_file, self.audit_retention_days
         )
 
+    def response_store(self) -> ResponseStore | None:
+        """Where Responses API answers are kept, if ``store_responses``."""
+        if not self.store_responses:
+            return None
+        from tessera.tenants.responses import ResponseStore
+
+        retention_s = self.responses_retention_hours * 3600
+        return ResponseStore(self.data_dir, self.tenant_store, retention_s)
+
 
 _ENGINE_KEYS = {
     "device",
@@ -192,6 +207,8 @@ _SERVER_KEYS = {
     "tiers",
     "auth",
     "audit_retention_days",
+    "store_responses",
+    "responses_retention_hours",
     "metrics_public",
     "metrics_port",
     "grpc_port",
@@ -229,6 +246,16 @@ def read_config_file(path: Path | None) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path} must be a mapping")
     return raw
+
+
+def _hours(value: Any) -> float:
+    try:
+        hours = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"responses_retention_hours must be a number, got {value!r}") from None
+    if hours <= 0:
+        raise ConfigError("responses_retention_hours must be positive")
+    return hours
 
 
 def _days(value: Any, key: str) -> float:
@@ -285,6 +312,8 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         tiers=parse_tiers(values.get("tiers")),
         auth=bool(values.get("auth", True)),
         audit_retention_days=values.get("audit_retention_days", 30.0),
+        store_responses=bool(values.get("store_responses", False)),
+        responses_retention_hours=_hours(values.get("responses_retention_hours", 24.0)),
         metrics_public=bool(values.get("metrics_public", False)),
         metrics_port=int(values["metrics_port"]) if values.get("metrics_port") else None,
         grpc_port=int(values["grpc_port"]) if values.get("grpc_port") else None,

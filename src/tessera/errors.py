@@ -197,6 +197,14 @@ class TenantExistsError(TenantError):
         self.name = name
 
 
+class ResponseNotFoundError(TenantError):
+    """No kept response of that id for the caller (never kept, or past its retention)."""
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"response {response_id!r} not found")
+        self.response_id = response_id
+
+
 class ApiKeyNotFoundError(TenantError):
     """No API key with that prefix."""
 

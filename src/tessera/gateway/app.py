@@ -42,6 +42,7 @@ from tessera.tenants import AuditLog, TenantStore
 
 if TYPE_CHECKING:
     from tessera.cluster.client import RayEngines
+    from tessera.tenants.responses import ResponseStore
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def create_app(
     cluster: RayEngines | None = None,
     engine_app: Path | None = None,
     request_events: StatsSink | None = None,
+    response_store: ResponseStore | None = None,
 ) -> FastAPI:
     """An app serving ``engine``; preloading starts with the app and runs in the
     background, so liveness answers at once and readiness once it is done.
@@ -76,7 +78,8 @@ def create_app(
     A gateway process's app (``gateway/split.py``) passes ``engine_app``, the
     socket of the engine process's app, which answers ``/admin``, ``/metrics``
     and the live page, and ``request_events``, where its answered requests
-    are counted instead of here."""
+    are counted instead of here. A ``response_store`` keeps Responses API
+    answers (``tenants/responses.py``)."""
 
     async def watch_after(preload: asyncio.Task[None], watcher: RepositoryWatcher) -> None:
         await asyncio.wait({preload})  # over, whatever its outcome
@@ -121,6 +124,8 @@ def create_app(
                     await audit_log.close()
                 if tenant_store is not None:
                     tenant_store.close()
+                if response_store is not None:
+                    response_store.close()
 
     # tessera's metrics are Prometheus's (gateway/observability.py); FastAPI's own
     # OpenTelemetry looked for configured providers in the environment at every
@@ -132,6 +137,7 @@ def create_app(
     app.state.cluster = cluster
     app.state.tenant_store = tenant_store
     app.state.audit_log = audit_log
+    app.state.response_store = response_store
     app.state.tiers = tiers or dict(DEFAULT_TIERS)
     install_error_handlers(app)
     app.state.max_body_bytes = max_body_bytes  # the WebSocket's message bound too

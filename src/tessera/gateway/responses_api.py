@@ -17,10 +17,15 @@ Agents SDK): a chat by another name, served by the chat's runtimes.
   ``response.completed``, or ``response.incomplete`` where
   ``max_output_tokens`` cut it, ``response.failed`` where it failed).
 
-Nothing is stored: an answer says ``store: false``; ``previous_response_id``,
-``conversation`` and ``background`` are refused (send the whole conversation
-in ``input``), and ``GET /v1/responses/{id}`` is a 404. Tools other than
-functions (web search, files, code) are refused.
+Answers are kept only where the server keeps them (``store_responses``:
+``tenants/responses.py``): then an answer to a request with ``store`` (the
+API's default) says ``store: true``, a later request continues it by
+``previous_response_id`` (its conversation, output included, comes before
+the new ``input``; its ``instructions`` do not carry over, as OpenAI's), and
+``GET`` / ``DELETE /v1/responses/{id}`` find it. Elsewhere answers say
+``store: false`` and ``previous_response_id`` is a 422 (send the whole
+conversation in ``input``). ``conversation`` and ``background`` are refused,
+as are tools other than functions (web search, files, code).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -37,9 +43,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tessera.errors import InvalidInputError, TesseraError
-from tessera.gateway.common import engine_of, run_task, started_task
-from tessera.gateway.errors import error_body, status_of
+from tessera.errors import InvalidInputError, ResponseNotFoundError, TenantError, TesseraError
+from tessera.gateway.common import engine_of, principal_of, run_task, started_task
+from tessera.gateway.errors import status_of
 from tessera.gateway.openai_api import (
     MAX_TOOLS,
     FunctionIn,
@@ -54,7 +60,9 @@ from tessera.gateway.openai_api import (
     tool_fields,
 )
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput, ToolCall
+from tessera.tenants.responses import ResponseStore, StoredResponse
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 LOGPROBS = "message.output_text.logprobs"  # the ``include`` that asks for them
 
@@ -164,10 +172,10 @@ class ResponsesRequest(Sampling):
 
     @model_validator(mode="after")
     def _served(self) -> ResponsesRequest:
-        if self.previous_response_id is not None or self.conversation is not None:
+        if self.conversation is not None:
             raise ValueError(
-                "responses are not stored here: send the whole conversation in input"
-                " (previous_response_id and conversation are not served)"
+                "conversations are not served: send the whole conversation in input,"
+                " or continue a kept response by previous_response_id"
             )
         if self.background:
             raise ValueError("background responses are not served")
@@ -188,12 +196,23 @@ class ResponsesRequest(Sampling):
     def wants_logprobs(self) -> bool:
         return LOGPROBS in (self.include or ()) or self.top_logprobs is not None
 
-    def item(self, pieces: asyncio.Queue[tuple[int, str]] | None = None) -> ChatInput:
-        """The chat item; with ``pieces``, it streams its text there."""
+    def input_items(self) -> list[Item]:
+        """``input`` as items (a text is a user's message)."""
+        if not isinstance(self.input, str):
+            return list(self.input)
+        if not self.input.strip():
+            raise InvalidInputError("input must not be empty")
+        return [Item(type="message", role="user", content=self.input)]
+
+    def item(
+        self, conversation: list[Item], pieces: asyncio.Queue[tuple[int, str]] | None = None
+    ) -> ChatInput:
+        """The chat item of ``conversation`` (``input_items``, after the turns
+        it continues); with ``pieces``, it streams its text there."""
         tools = [tool.chat() for tool in self.tools or ()]
         (on_text,) = listeners(pieces, 1)
         return ChatInput(
-            messages=self._messages(),
+            messages=self._messages(conversation),
             max_tokens=self.max_output_tokens or 128,
             **self.sampling(),
             **tool_fields(tools, *self._choice(), self.parallel_tool_calls),
@@ -202,13 +221,9 @@ class ResponsesRequest(Sampling):
             logprobs=(self.top_logprobs or 0) if self.wants_logprobs() else None,
         )
 
-    def _messages(self) -> tuple[ChatMessage, ...]:
+    def _messages(self, conversation: list[Item]) -> tuple[ChatMessage, ...]:
         messages = [ChatMessage("system", self.instructions)] if self.instructions else []
-        if isinstance(self.input, str):
-            if not self.input.strip():
-                raise InvalidInputError("input must not be empty")
-            return (*messages, ChatMessage("user", self.input))
-        for item in self.input:
+        for item in conversation:
             if item.type == "function_call":
                 _call(messages, ToolCall(str(item.call_id), str(item.name), str(item.arguments)))
             elif item.type == "function_call_output":
@@ -219,17 +234,17 @@ class ResponsesRequest(Sampling):
                 messages.append(ChatMessage(str(item.role), text, images=images))
         return tuple(messages)
 
-    def echoed(self) -> dict[str, Any]:
-        """What an answer says of the request."""
+    def echoed(self, stored: bool) -> dict[str, Any]:
+        """What an answer says of the request (and whether it is kept)."""
         choice = self.tool_choice
         return {
             "instructions": self.instructions,
             "max_output_tokens": self.max_output_tokens,
             "model": self.model,
             "parallel_tool_calls": self.parallel_tool_calls,
-            "previous_response_id": None,
+            "previous_response_id": self.previous_response_id,
             "reasoning": {"effort": None, "summary": None},
-            "store": False,
+            "store": stored,
             "temperature": self.temperature,
             "text": {"format": self.text.format.model_dump(by_alias=True, exclude_none=True)},
             "tool_choice": choice.model_dump()
@@ -278,9 +293,13 @@ def _new_id(prefix: str) -> str:
 
 @dataclasses.dataclass
 class _Answer:
-    """One response's ids, and its output items as its output makes them."""
+    """One response's ids, and its output items as its output makes them;
+    where it is kept (``store``), and the conversation it answers."""
 
     body: ResponsesRequest
+    conversation: list[Item]
+    store: ResponseStore | None
+    tenant: str
     id: str = dataclasses.field(default_factory=lambda: _new_id("resp"))
     message_id: str = dataclasses.field(default_factory=lambda: _new_id("msg"))
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
@@ -315,7 +334,7 @@ class _Answer:
             "incomplete_details": incomplete,
             "output": output,
             "usage": usage,
-            **self.body.echoed(),
+            **self.body.echoed(self.store is not None),
         }
 
     def message(self, answer: ChatOutput | None, text: str) -> dict[str, Any]:
@@ -352,6 +371,20 @@ class _Answer:
     def status(self, answer: ChatOutput) -> str:
         return "incomplete" if answer.finish_reason == "length" else "completed"
 
+    async def keep(self, response: dict[str, Any]) -> None:
+        """Keep the answer with its conversation (its output as input items
+        after it), where it is kept; a store that fails is logged, and the
+        answer goes out all the same."""
+        if self.store is None:
+            return
+        turns = [item.model_dump(mode="json", exclude_none=True) for item in self.conversation]
+        try:
+            await asyncio.to_thread(
+                self.store.put, self.tenant, response, [*turns, *response["output"]]
+            )
+        except TenantError as e:
+            log.error("response %s was not kept: %s", self.id, e)
+
 
 def _call_item(call: ToolCall, arguments: str, status: str) -> dict[str, Any]:
     return {
@@ -364,16 +397,51 @@ def _call_item(call: ToolCall, arguments: str, status: str) -> dict[str, Any]:
     }
 
 
+def _store(request: Request) -> ResponseStore | None:
+    store: ResponseStore | None = getattr(request.app.state, "response_store", None)
+    return store
+
+
+def _tenant(request: Request) -> str:
+    """Whose kept responses these are ("" with auth off)."""
+    principal = principal_of(request)
+    return "" if principal is None else principal.tenant.name
+
+
+async def _found(request: Request, response_id: str) -> StoredResponse:
+    store = _store(request)
+    found = None
+    if store is not None:
+        found = await asyncio.to_thread(store.get, _tenant(request), response_id)
+    if found is None:
+        raise ResponseNotFoundError(response_id)
+    return found
+
+
 @router.post("/v1/responses", response_model=None)
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     task = chat_task(engine_of(request), body.model)
-    answer = _Answer(body)
+    store = _store(request)
+    earlier: list[Item] = []
+    if body.previous_response_id is not None:
+        if store is None:
+            raise InvalidInputError(
+                "previous_response_id: this server keeps no responses (store_responses"
+                " is off); send the whole conversation in input"
+            )
+        found = await _found(request, body.previous_response_id)
+        earlier = [Item.model_validate(item) for item in found.conversation]
+    conversation = [*earlier, *body.input_items()]
+    kept = store if body.store else None
+    answer = _Answer(body, conversation, kept, _tenant(request))
     if not body.stream:
-        (output,) = await run_task(request, body.model, task, [body.item()])
+        (output,) = await run_task(request, body.model, task, [body.item(conversation)])
         items = answer.output(output, message=False)
-        return JSONResponse(answer.response(answer.status(output), items, output))
+        response = answer.response(answer.status(output), items, output)
+        await answer.keep(response)
+        return JSONResponse(response)
     pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-    work = await started_task(request, body.model, task, [body.item(pieces)])
+    work = await started_task(request, body.model, task, [body.item(conversation, pieces)])
     return StreamingResponse(
         _events(answer, work, pieces),
         media_type="text/event-stream",
@@ -382,9 +450,20 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
-async def get_response(response_id: str) -> JSONResponse:
-    message = f"response {response_id!r} is not stored: responses are not stored here"
-    return JSONResponse(error_body(404, message, "not_found_error"), status_code=404)
+async def get_response(response_id: str, request: Request) -> JSONResponse:
+    """A kept response (``store_responses``), as it was answered."""
+    return JSONResponse((await _found(request, response_id)).response)
+
+
+@router.delete("/v1/responses/{response_id}", response_model=None)
+async def delete_response(response_id: str, request: Request) -> JSONResponse:
+    store = _store(request)
+    deleted = False
+    if store is not None:
+        deleted = await asyncio.to_thread(store.delete, _tenant(request), response_id)
+    if not deleted:
+        raise ResponseNotFoundError(response_id)
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
 class _Sequence:
@@ -457,7 +536,9 @@ async def _events(
             )
             yield event("response.output_item.done", output_index=index, item=item)
         status = answer.status(output)
-        yield event(f"response.{status}", response=answer.response(status, items, output))
+        response = answer.response(status, items, output)
+        await answer.keep(response)
+        yield event(f"response.{status}", response=response)
     finally:
         if not work.done():
             work.cancel()

@@ -65,6 +65,7 @@ def main(argv: list[str]) -> int:
         max_body_bytes=settings.max_body_bytes,
         tenant_store=store,
         audit_log=audit_log,
+        response_store=settings.response_store(),
         tiers=settings.tiers,
         metrics_public=settings.metrics_public,
         engine_app=app_socket,

@@ -5,6 +5,7 @@ events' order), what is refused and why; input items as chat turns."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ from tessera.engine import Engine
 from tessera.gateway import create_app
 from tessera.gateway.responses_api import ResponsesRequest
 from tessera.tasks.types import ChatMessage, ToolCall
+from tessera.tenants.responses import ResponseStore
 
 
 @pytest.fixture
@@ -100,7 +102,7 @@ def test_earlier_calls_and_their_outputs_are_turns_of_the_chat() -> None:
         },
     ]
     body = ResponsesRequest.model_validate({"model": "chat", "input": items, "instructions": "i"})
-    assert body.item().messages == (
+    assert body.item(body.input_items()).messages == (
         ChatMessage("system", "i"),
         ChatMessage("user", "weather in Paris?"),
         ChatMessage(
@@ -126,8 +128,7 @@ async def test_a_chat_model_refuses_what_it_cannot_do(oai: openai.AsyncOpenAI) -
 @pytest.mark.parametrize(
     ("fields", "why"),
     [
-        ({"previous_response_id": "resp_1"}, "not stored"),
-        ({"conversation": "conv_1"}, "not stored"),
+        ({"conversation": "conv_1"}, "conversations are not served"),
         ({"background": True}, "background"),
         ({"input": []}, "at least 1 item"),
         ({"input": ""}, "must not be empty"),
@@ -161,7 +162,65 @@ async def test_an_image_must_come_as_a_data_url(oai: openai.AsyncOpenAI) -> None
         )
 
 
-async def test_no_response_is_kept_to_be_fetched(oai: openai.AsyncOpenAI) -> None:
+async def test_unless_the_server_keeps_them_no_response_is_kept(
+    oai: openai.AsyncOpenAI,
+) -> None:
     response = await oai.responses.create(model="chat", input="x")
-    with pytest.raises(openai.NotFoundError, match="not stored"):
+    assert response.store is False
+    with pytest.raises(openai.NotFoundError, match="not found"):
         await oai.responses.retrieve(response.id)
+    with pytest.raises(openai.UnprocessableEntityError, match="store_responses is off"):
+        await oai.responses.create(model="chat", input="y", previous_response_id=response.id)
+
+
+@pytest.fixture
+async def keeping(engine: Engine, tmp_path: Path) -> AsyncIterator[openai.AsyncOpenAI]:
+    """A client of an app that keeps responses (``store_responses``)."""
+    store = ResponseStore(tmp_path / "data", None, 3600.0)
+    transport = httpx.ASGITransport(app=create_app(engine, response_store=store))
+    async with (
+        httpx.AsyncClient(transport=transport, base_url="http://tessera") as http,
+        openai.AsyncOpenAI(
+            base_url="http://tessera/v1", api_key="none", http_client=http, max_retries=0
+        ) as client,
+    ):
+        yield client
+    store.close()
+
+
+async def test_a_kept_response_is_continued_fetched_and_deleted(
+    keeping: openai.AsyncOpenAI,
+) -> None:
+    first = await keeping.responses.create(model="chat", input="one two", instructions="i")
+    assert first.store is True
+    # The fake answers the last turn and counts a token a turn: the first
+    # request's user turn and answer, then this one's (its instructions not carried).
+    second = await keeping.responses.create(
+        model="chat", input="three", previous_response_id=first.id
+    )
+    assert second.output_text == "three "
+    assert second.previous_response_id == first.id
+    assert second.usage is not None
+    assert second.usage.input_tokens == 3
+    # Streamed answers are kept too, and continue the chain.
+    async with keeping.responses.stream(
+        model="chat", input=[{"role": "user", "content": "four"}], previous_response_id=second.id
+    ) as stream:
+        third = await stream.get_final_response()
+    assert third.usage is not None
+    assert third.usage.input_tokens == 5
+
+    fetched = await keeping.responses.retrieve(second.id)
+    assert (fetched.id, fetched.output_text) == (second.id, second.output_text)
+    await keeping.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        await keeping.responses.retrieve(second.id)
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        await keeping.responses.create(model="chat", input="x", previous_response_id=second.id)
+    with pytest.raises(openai.NotFoundError):
+        await keeping.responses.delete(second.id)
+    # store: false keeps nothing.
+    unkept = await keeping.responses.create(model="chat", input="x", store=False)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        await keeping.responses.retrieve(unkept.id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -52,6 +53,18 @@ def test_the_cache_is_kept_a_month_unbounded_in_size_unless_said() -> None:
         build_config({"cache_max_bytes": "lots"}, {})
     with pytest.raises(ConfigError, match="a number of days"):
         build_config({"cache_max_age_days": "forever"}, {})
+
+
+def test_responses_are_kept_only_when_asked_a_day_by_default(tmp_path: Path) -> None:
+    assert build_config({}, {}).response_store() is None
+    settings = build_config({"store_responses": True, "data_dir": str(tmp_path)}, {})
+    store = settings.response_store()
+    assert store is not None
+    assert store.retention_s == 24 * 3600
+    store.close()
+    for bad in (0, "soon"):
+        with pytest.raises(ConfigError, match="responses_retention_hours"):
+            build_config({"responses_retention_hours": bad}, {})
 
 
 def test_command_line_wins_and_none_means_unset() -> None:
