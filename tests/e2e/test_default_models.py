@@ -604,6 +604,7 @@ def test_ollama_client_embeds_and_chats(
     assert "Paris" in continued.response
     assert "smollm2-135m" in {m.model for m in client.list().models}
     assert {"completion", "tools"} <= set(client.show("smollm2-135m").capabilities or ())
+    assert client.pull("smollm2-135m").status == "success"  # served here: nothing to fetch
     with pytest.raises(ollama.ResponseError) as missing:
         client.embed(model="no-such-model", input="x")
     assert missing.value.status_code == 404

@@ -14,7 +14,10 @@ LangChain's ``OllamaEmbeddings`` and ``ChatOllama``).
 - ``GET /api/tags`` (the models the caller may use), ``GET /api/ps`` (those
   resident now, their bytes), ``POST /api/show`` (a model's details and
   ``capabilities``: ``completion``, ``tools`` and ``vision`` where its runtime
-  gives them, ``embedding``), ``GET /api/version``.
+  gives them, ``embedding``), ``GET /api/version``;
+- ``POST /api/pull`` of a model served here answers success at once (whole,
+  or Ollama's progress lines: ``pulling manifest``, ``success``), as clients
+  pull before they use a model; any other is a 404: nothing is downloaded.
 
 Defaults are tessera's where Ollama's come from a model's Modelfile: a chat
 is greedy unless ``temperature`` is given, and at most 128 tokens unless
@@ -22,8 +25,8 @@ is greedy unless ``temperature`` is given, and at most 128 tokens unless
 as a bearer token (``ollama.Client(headers=...)``). A body is read as JSON
 whatever its content type, as Ollama reads it (``curl -d`` sends it as a
 form). Errors read as Ollama's,
-``{"error": message}`` (``gateway/errors.py``). Pulling, pushing, creating,
-copying and deleting models are not served.
+``{"error": message}`` (``gateway/errors.py``). Pushing, creating, copying
+and deleting models are not served.
 """
 
 from __future__ import annotations
@@ -349,25 +352,32 @@ async def ps(request: Request) -> JSONResponse:
     return JSONResponse({"models": resident})
 
 
-class OllamaShowRequest(BaseModel):
+class OllamaModelRequest(BaseModel):
+    """A request that names a model (show, pull)."""
+
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     name: str | None = None  # the older field
+    stream: bool = True
+
+    def served(self, request: Request) -> str:
+        """The model named, if the caller may use it (else a 404)."""
+        asked = self.model or self.name
+        if not asked:
+            raise InvalidInputError("model is required")
+        name = _name(asked)
+        if name not in visible_models(request):
+            raise ModelNotFoundError(name)
+        return name
 
 
 @router.post("/show")
 async def show(request: Request) -> JSONResponse:
     """A model's details and what it can do, as Ollama's clients read them to
     decide what to offer (tools, images); no Modelfile, template or parameters."""
-    body = parsed(OllamaShowRequest, await request.body())
-    asked = body.model or body.name
-    if not asked:
-        raise InvalidInputError("model is required")
-    name = _name(asked)
-    if name not in visible_models(request):
-        raise ModelNotFoundError(name)
-    spec = engine_of(request).spec(name)
+    body = parsed(OllamaModelRequest, await request.body())
+    spec = engine_of(request).spec(body.served(request))
     return JSONResponse(
         {
             "modelfile": "",
@@ -393,6 +403,17 @@ def _capabilities(spec: ModelSpec) -> list[str]:
     tools = ["tools"] if spec.runtime == "external" and spec.task is Task.GENERATE else []
     vision = ["vision"] if spec.inputs.vision is not None else []
     return ["completion", *tools, *vision]
+
+
+@router.post("/pull", response_model=None)
+async def pull(request: Request) -> Response:
+    """A model served here is there already: success, whole or as progress lines."""
+    body = parsed(OllamaModelRequest, await request.body())
+    body.served(request)
+    if not body.stream:
+        return JSONResponse({"status": "success"})
+    lines = "".join(json.dumps({"status": s}) + "\n" for s in ("pulling manifest", "success"))
+    return Response(lines, media_type="application/x-ndjson")
 
 
 @router.get("/version")

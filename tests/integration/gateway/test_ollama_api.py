@@ -89,6 +89,14 @@ async def test_show_says_what_a_model_can_do(client: httpx.AsyncClient) -> None:
     assert await capabilities(model="intent") == []
 
 
+async def test_pulling_a_model_served_here_succeeds_at_once(client: httpx.AsyncClient) -> None:
+    r = await client.post("/api/pull", json={"model": "embed:latest", "stream": False})
+    assert r.json() == {"status": "success"}
+    async with client.stream("POST", "/api/pull", json={"model": "chat"}) as s:
+        lines = [json.loads(line) async for line in s.aiter_lines() if line]
+    assert [line["status"] for line in lines] == ["pulling manifest", "success"]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "says"),
     [
@@ -125,6 +133,7 @@ async def test_show_says_what_a_model_can_do(client: httpx.AsyncClient) -> None:
         ("/api/generate", {"model": "embed", "prompt": "x", "stream": False}, 400, "embed"),
         ("/api/show", {"model": "nope"}, 404, "nope"),
         ("/api/show", {}, 422, "model is required"),
+        ("/api/pull", {"model": "llama3:8b"}, 404, "llama3:8b"),
     ],
 )
 async def test_errors_read_as_ollamas(
