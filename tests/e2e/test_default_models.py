@@ -281,6 +281,15 @@ def test_tritonclient_infer_embedding(server: Server, request: pytest.FixtureReq
     assert config["output"][0]["data_type"] == "TYPE_FP32"
     index = client.get_model_repository_index(headers=headers)
     assert "all-minilm-l6-v2" in {entry["name"] for entry in index}
+    # Translation and reranking over the same protocol.
+    translated = client.infer("bergamot-en-pt", [tensor], headers=headers).as_numpy("TRANSLATION")
+    assert translated is not None
+    assert "mundo" in translated[0].decode().lower()
+    query = triton_http.InferInput("QUERY", [1], "BYTES")
+    query.set_data_from_numpy(np.array([b"Good morning to you"], dtype=object))
+    scores = client.infer("minilm-rerank", [query, tensor], headers=headers).as_numpy("SCORE")
+    assert scores is not None
+    assert scores[1] > scores[0]  # "good morning" is the document that answers
     # Triton's statistics: this test's request is among those counted.
     (stats,) = client.get_inference_statistics("all-minilm-l6-v2", headers=headers)["model_stats"]
     assert stats["inference_stats"]["success"]["count"] >= 1

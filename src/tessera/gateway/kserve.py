@@ -2,8 +2,11 @@
 binary tensor extension, as ``tritonclient[http]`` speaks them.
 
 ``infer`` is served for embedding models (a BYTES input of texts, an FP32
-``[N, D]`` output) and classification models (a BYTES ``LABEL`` and an FP32
-``SCORE`` output per text).
+``[N, D]`` output), classification models (a BYTES ``LABEL`` and an FP32
+``SCORE`` output per text), translation models (a BYTES ``TRANSLATION`` per
+text) and rerankers (a BYTES ``QUERY`` of one element and a BYTES ``TEXT``
+of documents in, an FP32 ``SCORE`` per document out). A model of one input
+takes it under any name, as before; a reranker's are named.
 
 Triton's statistics extension (``/v2/models/stats``, ``.../{name}/stats``,
 ``tritonclient``'s ``get_inference_statistics``) reports each version's
@@ -34,7 +37,7 @@ from tessera.gateway.common import engine_of, run_task, visible_models
 from tessera.gateway.errors import error_headers, reject_reason, status_of
 from tessera.metrics.stats import Durations, ModelStats
 from tessera.repository.spec import ModelSpec
-from tessera.tasks.types import ClassifyOutput, Task, TextInput
+from tessera.tasks.types import ClassifyOutput, RerankInput, Task, TextInput, TranslateInput
 
 router = APIRouter()
 
@@ -117,13 +120,16 @@ def _statistics(model: ModelStats) -> dict[str, Any]:
 
 def _io_metadata(spec: ModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     inputs = [{"name": "TEXT", "datatype": "BYTES", "shape": [-1]}]
+    score = {"name": "SCORE", "datatype": "FP32", "shape": [-1]}
     if spec.task is Task.EMBEDDING:
         return inputs, [{"name": "EMBEDDING", "datatype": "FP32", "shape": [-1, -1]}]
     if spec.task is Task.CLASSIFY:
-        return inputs, [
-            {"name": "LABEL", "datatype": "BYTES", "shape": [-1]},
-            {"name": "SCORE", "datatype": "FP32", "shape": [-1]},
-        ]
+        return inputs, [{"name": "LABEL", "datatype": "BYTES", "shape": [-1]}, score]
+    if spec.task is Task.TRANSLATE:
+        return inputs, [{"name": "TRANSLATION", "datatype": "BYTES", "shape": [-1]}]
+    if spec.task is Task.RERANK:
+        query = {"name": "QUERY", "datatype": "BYTES", "shape": [1]}
+        return [query, *inputs], [score]
     return [], []
 
 
@@ -243,15 +249,35 @@ def _decode_bytes_tensor(raw: bytes) -> list[str]:
 MAX_TENSOR_RANK = 8
 
 
+# The most input tensors one request may carry (a reranker takes two).
+MAX_INPUTS = 4
+
+
 @dataclass(frozen=True, slots=True)
 class InferRequest:
-    """A KServe v2 infer body, validated: its texts and how to answer."""
+    """A KServe v2 infer body, validated: each BYTES input's texts, by name
+    (the first for a model of one input), and how to answer."""
 
-    texts: list[str]
+    inputs: dict[str, list[str]]
     request_id: str | None
     outputs: frozenset[str]  # outputs named in the request (none: all of them)
     binary_outputs: frozenset[str]  # outputs asked for as binary tensor data
     binary_by_default: bool  # ``parameters.binary_data_output``
+
+    @property
+    def texts(self) -> list[str]:
+        """The texts of a request of one input (whatever its name)."""
+        if len(self.inputs) != 1:
+            raise InvalidInputError(
+                f"this model takes one input, a BYTES tensor of texts; got {len(self.inputs)}"
+            )
+        (texts,) = self.inputs.values()
+        return texts
+
+    def named(self, name: str) -> list[str]:
+        if name not in self.inputs:
+            raise InvalidInputError(f"input {name!r} is missing; given {sorted(self.inputs)}")
+        return self.inputs[name]
 
 
 def _is_int(value: object) -> bool:
@@ -318,8 +344,9 @@ def _load_header(body: bytes, header_length: str | None) -> tuple[object, bytes]
         raise InvalidInputError("request header is not valid JSON") from e
 
 
-def _texts_of(tensor: dict[str, Any], binary: bytes) -> list[str]:
-    """The texts of a BYTES input tensor, checked against its shape."""
+def _texts_of(tensor: dict[str, Any], binary: bytes) -> tuple[str, list[str], int]:
+    """A BYTES input tensor's name and texts, checked against its shape, and
+    how many bytes of ``binary`` (what follows, for the next input) it used."""
     name = tensor.get("name")
     if not isinstance(name, str):
         raise InvalidInputError("input name must be a string")
@@ -337,6 +364,7 @@ def _texts_of(tensor: dict[str, Any], binary: bytes) -> list[str]:
             raise InvalidInputError(f"input {name!r} has both data and binary_data_size")
         texts = _decode_bytes_tensor(binary[:size])
     else:
+        size = 0
         if "data" not in tensor:
             raise InvalidInputError(f"input {name!r} has neither data nor binary_data_size")
         texts = _flatten_strings(tensor["data"])
@@ -345,7 +373,7 @@ def _texts_of(tensor: dict[str, Any], binary: bytes) -> list[str]:
             f"input {name!r} has shape {shape} ({math.prod(shape)} elements)"
             f" but {len(texts)} strings"
         )
-    return texts
+    return name, texts, size
 
 
 def _outputs(outputs: object) -> tuple[frozenset[str], frozenset[str]]:
@@ -371,14 +399,26 @@ def _outputs(outputs: object) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def _parse_request(body: bytes, header_length: str | None) -> InferRequest:
-    """The JSON header and the texts of the (single) BYTES input, every field
-    checked: a malformed body is ``InvalidInputError``, never anything else."""
+    """The JSON header and the texts of each BYTES input (their binary data
+    one after another, in the inputs' order), every field checked: a
+    malformed body is ``InvalidInputError``, never anything else."""
     header, binary = _load_header(body, header_length)
     if not isinstance(header, dict):
         raise InvalidInputError("request header must be a JSON object")
-    inputs = header.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise InvalidInputError("infer takes exactly one input: a BYTES tensor of texts")
+    tensors = header.get("inputs")
+    if (
+        not isinstance(tensors, list)
+        or not 1 <= len(tensors) <= MAX_INPUTS
+        or not all(isinstance(t, dict) for t in tensors)
+    ):
+        raise InvalidInputError(f"infer takes 1 to {MAX_INPUTS} inputs, BYTES tensors of texts")
+    inputs: dict[str, list[str]] = {}
+    for tensor in tensors:
+        name, texts, used = _texts_of(tensor, binary)
+        if name in inputs:
+            raise InvalidInputError(f"input {name!r} is given twice")
+        inputs[name] = texts
+        binary = binary[used:]
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInputError("id must be a string")
@@ -387,7 +427,7 @@ def _parse_request(body: bytes, header_length: str | None) -> InferRequest:
         raise InvalidInputError("binary_data_output must be true or false")
     outputs, binary_outputs = _outputs(header.get("outputs"))
     return InferRequest(
-        texts=_texts_of(inputs[0], binary),
+        inputs=inputs,
         request_id=request_id,
         outputs=outputs,
         binary_outputs=binary_outputs,
@@ -414,6 +454,41 @@ def _encode_output(
     return out, b""
 
 
+def _items(spec: ModelSpec, parsed: InferRequest) -> list[Any]:
+    """The model's items of a request's inputs."""
+    if spec.task is Task.RERANK:
+        queries, documents = parsed.named("QUERY"), parsed.named("TEXT")
+        if len(queries) != 1:
+            raise InvalidInputError(f"QUERY holds one query, not {len(queries)}")
+        if not documents:
+            raise InvalidInputError("TEXT must hold at least one document")
+        return [RerankInput(queries[0], document) for document in documents]
+    texts = parsed.texts
+    if not texts:
+        raise InvalidInputError("input must not be empty")
+    if spec.task is Task.TRANSLATE:
+        return [TranslateInput(t) for t in texts]
+    if spec.task not in (Task.EMBEDDING, Task.CLASSIFY):
+        raise InvalidInputError(
+            f"infer serves embedding, classify, translate and rerank models, not {spec.task}"
+        )
+    return [TextInput(t) for t in texts]
+
+
+def _arrays(task: Task, outputs: list[Any]) -> list[tuple[str, np.ndarray[Any, Any], str]]:
+    """The output tensors of a task's outputs: (name, array, datatype)."""
+    if task is Task.EMBEDDING:
+        return [("EMBEDDING", np.stack([np.asarray(v, np.float32) for v in outputs]), "FP32")]
+    if task is Task.TRANSLATE:
+        return [("TRANSLATION", np.array(outputs, dtype=object), "BYTES")]
+    if task is Task.RERANK:
+        return [("SCORE", np.asarray(outputs, dtype=np.float32), "FP32")]
+    results: list[ClassifyOutput] = outputs
+    labels = np.array([r.labels[0].label for r in results], dtype=object)
+    scores = np.array([r.labels[0].score for r in results], dtype=np.float32)
+    return [("LABEL", labels, "BYTES"), ("SCORE", scores, "FP32")]
+
+
 @router.post("/v2/models/{name}/infer", response_model=None)
 @router.post("/v2/models/{name}/versions/{version}/infer", response_model=None)
 async def infer(name: str, request: Request, version: str | None = None) -> Response:
@@ -422,12 +497,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     try:
         spec = engine.spec(served_as)
         parsed = _parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
-        texts = parsed.texts
-        if not texts:
-            raise InvalidInputError("input must not be empty")
-        items = [TextInput(t) for t in texts]
-        if spec.task not in (Task.EMBEDDING, Task.CLASSIFY):
-            raise InvalidInputError(f"infer serves embedding and classify models, not {spec.task}")
+        items = _items(spec, parsed)
         known = {output["name"] for output in _io_metadata(spec)[1]}
         if not parsed.outputs <= known:
             raise InvalidInputError(
@@ -438,14 +508,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     except TesseraError as e:
         request.state.audit.reason = reject_reason(e) or type(e).__name__
         return _kserve_error(e)
-    arrays: list[tuple[str, np.ndarray[Any, Any], str]]
-    if spec.task is Task.EMBEDDING:
-        arrays = [("EMBEDDING", np.stack([np.asarray(v, np.float32) for v in outputs_raw]), "FP32")]
-    else:
-        results: list[ClassifyOutput] = outputs_raw
-        labels = np.array([r.labels[0].label for r in results], dtype=object)
-        scores = np.array([r.labels[0].score for r in results], dtype=np.float32)
-        arrays = [("LABEL", labels, "BYTES"), ("SCORE", scores, "FP32")]
+    arrays = _arrays(spec.task, outputs_raw)
     if parsed.outputs:  # only those asked for, as Triton answers
         arrays = [entry for entry in arrays if entry[0] in parsed.outputs]
     outputs, blobs = [], []

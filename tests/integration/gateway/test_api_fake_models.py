@@ -556,6 +556,35 @@ async def test_kserve_health_metadata_and_json_infer(client: httpx.AsyncClient) 
     assert [o["name"] for o in r.json()["outputs"]] == ["LABEL", "SCORE"]
 
 
+async def test_kserve_translate_and_rerank(client: httpx.AsyncClient) -> None:
+    texts = {"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": ["abc", "xy"]}
+    r = await client.post("/v2/models/mt/infer", json={"inputs": [texts]})
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"] == [
+        {"name": "TRANSLATION", "datatype": "BYTES", "shape": [2], "data": ["cba", "yx"]}
+    ]
+    query = {"name": "QUERY", "datatype": "BYTES", "shape": [1], "data": ["abc"]}
+    r = await client.post("/v2/models/rerank/infer", json={"inputs": [query, texts]})
+    assert r.status_code == 200, r.text
+    (scores,) = r.json()["outputs"]
+    assert (scores["name"], scores["shape"]) == ("SCORE", [2])
+    expected = [float(fake_embedding("abc") @ fake_embedding(d)) for d in ("abc", "xy")]
+    np.testing.assert_allclose(scores["data"], expected, rtol=1e-5)
+    meta = (await client.get("/v2/models/rerank")).json()
+    assert [i["name"] for i in meta["inputs"]] == ["QUERY", "TEXT"]
+    for inputs, says in (
+        ([texts], "'QUERY' is missing"),
+        ([{**query, "shape": [2], "data": ["a", "b"]}, texts], "one query"),
+        ([query, {**texts, "shape": [0], "data": []}], "at least one document"),
+    ):
+        r = await client.post("/v2/models/rerank/infer", json={"inputs": inputs})
+        assert r.status_code == 422, r.text
+        assert says in r.json()["error"]
+    r = await client.post("/v2/models/embed/infer", json={"inputs": [query, texts]})
+    assert r.status_code == 422
+    assert "takes one input" in r.json()["error"]
+
+
 async def test_kserve_config_index_and_errors_in_kserve_shape(client: httpx.AsyncClient) -> None:
     config = (await client.get("/v2/models/embed/config")).json()
     assert (config["name"], config["max_batch_size"]) == ("embed", 0)

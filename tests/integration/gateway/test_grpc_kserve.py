@@ -58,6 +58,12 @@ async def test_infer_answers_embeddings_and_labels_as_the_models_do(address: str
             "intent", [texts_input(["hello"])], outputs=[triton.InferRequestedOutput("SCORE")]
         )
         assert [o.name for o in only.get_response().outputs] == ["SCORE"]
+        # A reranker's two inputs, each in its raw contents.
+        query = triton.InferInput("QUERY", [1], "BYTES")
+        query.set_data_from_numpy(np.array([b"abc"], dtype=object))
+        ranked = await client.infer("rerank", [query, texts_input(["abc", "xy"])])
+        expected = [float(fake_embedding("abc") @ fake_embedding(d)) for d in ("abc", "xy")]
+        np.testing.assert_allclose(ranked.as_numpy("SCORE"), expected, rtol=1e-5)
 
 
 async def test_texts_in_bytes_contents_are_read_as_in_raw_contents(address: str) -> None:

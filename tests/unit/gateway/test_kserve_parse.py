@@ -93,6 +93,33 @@ def test_a_valid_binary_tensor_parses() -> None:
     assert parsed.binary_outputs == frozenset({"EMBEDDING"})
 
 
+def test_inputs_read_their_binary_data_in_turn() -> None:
+    def tensor(name: str, texts: list[bytes]) -> tuple[dict[str, object], bytes]:
+        blob = b"".join(struct.pack("<I", len(t)) + t for t in texts)
+        shape = [len(texts)]
+        return {
+            "name": name,
+            "datatype": "BYTES",
+            "shape": shape,
+            "parameters": {"binary_data_size": len(blob)},
+        }, blob
+
+    query, query_blob = tensor("QUERY", [b"q"])
+    documents, documents_blob = tensor("TEXT", [b"a", b"bc"])
+    inline = {"name": "EXTRA", "datatype": "BYTES", "shape": [1], "data": ["x"]}
+    head = json.dumps({"inputs": [query, inline, documents]}).encode()
+    parsed = _parse_request(head + query_blob + documents_blob, str(len(head)))
+    assert parsed.inputs == {"QUERY": ["q"], "EXTRA": ["x"], "TEXT": ["a", "bc"]}
+    assert parsed.named("TEXT") == ["a", "bc"]
+    with pytest.raises(InvalidInputError, match="takes one input"):
+        _ = parsed.texts
+    with pytest.raises(InvalidInputError, match="'OTHER' is missing"):
+        parsed.named("OTHER")
+    twice = json.dumps({"inputs": [inline, inline]}).encode()
+    with pytest.raises(InvalidInputError, match="given twice"):
+        _parse_request(twice, None)
+
+
 def test_nesting_is_bounded_without_recursion() -> None:
     data: object = "x"
     for _ in range(MAX_TENSOR_RANK):
