@@ -22,7 +22,9 @@ Answers are kept only where the server keeps them (``store_responses``:
 API's default) says ``store: true``, a later request continues it by
 ``previous_response_id`` (its conversation, output included, comes before
 the new ``input``; its ``instructions`` do not carry over, as OpenAI's), and
-``GET`` / ``DELETE /v1/responses/{id}`` find it. Elsewhere answers say
+``GET`` / ``DELETE /v1/responses/{id}`` and ``GET
+/v1/responses/{id}/input_items`` (its conversation before its output, by
+pages) find it. Elsewhere answers say
 ``store: false`` and ``previous_response_id`` is a 422 (send the whole
 conversation in ``input``). ``conversation`` and ``background`` are refused,
 as are tools other than functions (web search, files, code).
@@ -39,7 +41,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -377,13 +379,29 @@ class _Answer:
         answer goes out all the same."""
         if self.store is None:
             return
-        turns = [item.model_dump(mode="json", exclude_none=True) for item in self.conversation]
+        turns = [
+            _listed(item.model_dump(mode="json", exclude_none=True)) for item in self.conversation
+        ]
         try:
             await asyncio.to_thread(
                 self.store.put, self.tenant, response, [*turns, *response["output"]]
             )
         except TenantError as e:
             log.error("response %s was not kept: %s", self.id, e)
+
+
+_ITEM_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def _listed(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as kept and listed: an id of its own (kept from an
+    earlier turn), a message's text as a part."""
+    kept = dict(item)
+    if kept["type"] == "message" and isinstance(kept.get("content"), str):
+        part = "output_text" if kept.get("role") == "assistant" else "input_text"
+        kept["content"] = [{"type": part, "text": kept["content"]}]
+    kept.setdefault("id", _new_id(_ITEM_ID_PREFIXES[kept["type"]]))
+    return kept
 
 
 def _call_item(call: ToolCall, arguments: str, status: str) -> dict[str, Any]:
@@ -453,6 +471,38 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
 async def get_response(response_id: str, request: Request) -> JSONResponse:
     """A kept response (``store_responses``), as it was answered."""
     return JSONResponse((await _found(request, response_id)).response)
+
+
+@router.get("/v1/responses/{response_id}/input_items", response_model=None)
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+) -> JSONResponse:
+    """A kept response's input items (its conversation before its output),
+    newest first unless ``order`` is ``asc``, ``limit`` a page, the next
+    page ``after`` the last item's id."""
+    found = await _found(request, response_id)
+    items = found.conversation[: len(found.conversation) - len(found.response["output"])]
+    if order == "desc":
+        items = items[::-1]
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise InvalidInputError(f"after: response {response_id!r} has no input item {after!r}")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0].get("id") if page else None,
+            "last_id": page[-1].get("id") if page else None,
+            "has_more": len(items) > limit,
+        }
+    )
 
 
 @router.delete("/v1/responses/{response_id}", response_model=None)

@@ -209,6 +209,20 @@ async def test_a_kept_response_is_continued_fetched_and_deleted(
         third = await stream.get_final_response()
     assert third.usage is not None
     assert third.usage.input_tokens == 5
+    # Its input items: the conversation before its output, newest first, by pages.
+    listed = [item async for item in keeping.responses.input_items.list(third.id, limit=2)]
+    assert [(item.type, getattr(item, "role", None)) for item in listed] == [
+        ("message", "user"),
+        ("message", "assistant"),
+        ("message", "user"),
+        ("message", "assistant"),
+        ("message", "user"),
+    ]
+    assert len({item.id for item in listed}) == 5
+    oldest = (await keeping.responses.input_items.list(third.id, order="asc", limit=1)).data[0]
+    assert oldest.type == "message"
+    assert [part.text for part in oldest.content] == ["one two"]  # type: ignore[union-attr]
+    assert oldest.id == listed[-1].id  # the same ids on every listing
 
     fetched = await keeping.responses.retrieve(second.id)
     assert (fetched.id, fetched.output_text) == (second.id, second.output_text)
