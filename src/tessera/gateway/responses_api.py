@@ -353,7 +353,7 @@ class _Answer:
         return {
             "type": "message",
             "id": self.message_id,
-            "status": "incomplete" if answer.finish_reason == "length" else "completed",
+            "status": self.status(answer),
             "role": "assistant",
             "content": [self.part(answer, text)],
         }
@@ -368,7 +368,7 @@ class _Answer:
         items = []
         if message or answer.text or not answer.tool_calls:
             items.append(self.message(answer, answer.text))
-        return items + [_call_item(call, call.arguments, "completed") for call in answer.tool_calls]
+        return items + [_call_item(call) for call in answer.tool_calls]
 
     def status(self, answer: ChatOutput) -> str:
         return "incomplete" if answer.finish_reason == "length" else "completed"
@@ -404,14 +404,14 @@ def _listed(item: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def _call_item(call: ToolCall, arguments: str, status: str) -> dict[str, Any]:
+def _call_item(call: ToolCall) -> dict[str, Any]:
     return {
         "type": "function_call",
         "id": f"fc_{call.id.removeprefix('call_')}",
         "call_id": call.id,
         "name": call.name,
-        "arguments": arguments,
-        "status": status,
+        "arguments": call.arguments,
+        "status": "completed",
     }
 
 

@@ -4,6 +4,7 @@ events' order), what is refused and why; input items as chat turns."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from fastapi import FastAPI
 
 from tessera.engine import Engine
 from tessera.gateway import create_app
@@ -19,15 +21,22 @@ from tessera.tasks.types import ChatMessage, ToolCall
 from tessera.tenants.responses import ResponseStore
 
 
-@pytest.fixture
-async def oai(engine: Engine) -> AsyncIterator[openai.AsyncOpenAI]:
-    transport = httpx.ASGITransport(app=create_app(engine))
+@contextlib.asynccontextmanager
+async def openai_client(app: FastAPI) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The openai client of ``app``, in process."""
+    transport = httpx.ASGITransport(app=app)
     async with (
         httpx.AsyncClient(transport=transport, base_url="http://tessera") as http,
         openai.AsyncOpenAI(
             base_url="http://tessera/v1", api_key="none", http_client=http, max_retries=0
         ) as client,
     ):
+        yield client
+
+
+@pytest.fixture
+async def oai(engine: Engine) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai_client(create_app(engine)) as client:
         yield client
 
 
@@ -177,13 +186,7 @@ async def test_unless_the_server_keeps_them_no_response_is_kept(
 async def keeping(engine: Engine, tmp_path: Path) -> AsyncIterator[openai.AsyncOpenAI]:
     """A client of an app that keeps responses (``store_responses``)."""
     store = ResponseStore(tmp_path / "data", None, 3600.0)
-    transport = httpx.ASGITransport(app=create_app(engine, response_store=store))
-    async with (
-        httpx.AsyncClient(transport=transport, base_url="http://tessera") as http,
-        openai.AsyncOpenAI(
-            base_url="http://tessera/v1", api_key="none", http_client=http, max_retries=0
-        ) as client,
-    ):
+    async with openai_client(create_app(engine, response_store=store)) as client:
         yield client
     store.close()
 
