@@ -299,6 +299,37 @@ def test_tritonclient_infer_embedding(server: Server, request: pytest.FixtureReq
         client.get_model_config("no-such-model", headers=headers)
 
 
+def test_triton_llm_tensors_and_the_generate_extension(
+    server: Server, oai: openai.OpenAI, request: pytest.FixtureRequest
+) -> None:
+    prompt = "The capital of France is"
+    expected = (
+        oai.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=6, temperature=0)
+        .choices[0]
+        .text
+    )
+    client = triton_http.InferenceServerClient(url=f"127.0.0.1:{server.port}")
+    request.addfinalizer(client.close)
+    text = triton_http.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=object))
+    tokens = triton_http.InferInput("max_tokens", [1, 1], "INT32")
+    tokens.set_data_from_numpy(np.array([[6]], dtype=np.int32))  # binary data, tritonclient's way
+    result = client.infer(
+        "smollm2-135m", [text, tokens], parameters={"temperature": 0}, headers=server.headers
+    )
+    assert result.as_numpy("text_output").tolist() == [[expected.encode()]]
+    body = {"text_input": prompt, "parameters": {"max_tokens": 6, "return_finish_reason": True}}
+    url = f"{server.base_url}/v2/models/smollm2-135m/generate"
+    whole = httpx.post(url, json=body, headers=server.headers).json()
+    assert (whole["text_output"], whole["finish_reason"]) == (expected, "length")
+    body["parameters"]["stream"] = True
+    with httpx.stream("POST", f"{url}_stream", json=body, headers=server.headers) as stream:
+        events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data:")]
+    assert len(events) > 2  # a piece an event, then the finish reason
+    assert "".join(event["text_output"] for event in events) == expected
+    assert events[-1]["finish_reason"] == "length"
+
+
 def test_tritonclient_over_grpc(server: Server, request: pytest.FixtureRequest) -> None:
     import tritonclient.grpc as triton_grpc
 

@@ -10,8 +10,10 @@ metadata become the request's headers (``authorization: Bearer KEY``, as
 tritonclient sends its ``headers``), its peer the request's client.
 
 - ``ModelInfer``: inputs in ``raw_input_contents`` (tritonclient's way:
-  BYTES elements each after a 4-byte little-endian length) or in
-  ``contents.bytes_contents``; outputs come back in ``raw_output_contents``.
+  BYTES elements each after a 4-byte little-endian length, numbers
+  little-endian) or in ``contents`` (``bytes_contents``, ``int_contents``...);
+  the request's ``parameters`` are the HTTP request's; outputs come back in
+  ``raw_output_contents``.
   The call's deadline is the request's ``x-request-timeout``: it waits in the
   engine no longer than its caller does.
 - ``ModelMetadata``, ``ModelConfig`` (Triton's ``ModelConfig`` message,
@@ -307,6 +309,24 @@ class KServeService:
         )
 
 
+# ``InferTensorContents``' fields of numbers (a tensor fills the one of its datatype).
+_NUMBER_CONTENTS = (
+    "bool_contents",
+    "int_contents",
+    "int64_contents",
+    "uint_contents",
+    "uint64_contents",
+    "fp32_contents",
+    "fp64_contents",
+)
+
+
+def _parameter(value: Any) -> Any:
+    """An ``InferParameter``'s value (bool, int, str or float), None if unset."""
+    kind = value.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(value, kind)
+
+
 def _infer_body(request: Any) -> tuple[dict[str, Any], bytes]:
     """A ``ModelInferRequest`` as the HTTP infer's JSON header and binary data,
     every output asked for as binary data (``raw_output_contents``)."""
@@ -326,10 +346,21 @@ def _infer_body(request: Any) -> tuple[dict[str, Any], bytes]:
             tensor["data"] = [
                 b.decode("utf-8", errors="replace") for b in given.contents.bytes_contents
             ]
-        else:  # numbers, or nothing: the HTTP side says what it takes
-            tensor["data"] = []
+        else:  # numbers, or nothing: the HTTP side checks them against the datatype
+            tensor["data"] = next(
+                (
+                    list(values)
+                    for field in _NUMBER_CONTENTS
+                    if (values := getattr(given.contents, field))
+                ),
+                [],
+            )
         tensors.append(tensor)
-    header: dict[str, Any] = {"inputs": tensors, "parameters": {"binary_data_output": True}}
+    parameters = {name: _parameter(value) for name, value in request.parameters.items()}
+    header: dict[str, Any] = {
+        "inputs": tensors,
+        "parameters": {**parameters, "binary_data_output": True},
+    }
     if request.id:
         header["id"] = request.id
     if request.outputs:

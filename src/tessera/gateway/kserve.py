@@ -4,9 +4,18 @@ binary tensor extension, as ``tritonclient[http]`` speaks them.
 ``infer`` is served for embedding models (a BYTES input of texts, an FP32
 ``[N, D]`` output), classification models (a BYTES ``LABEL`` and an FP32
 ``SCORE`` output per text), translation models (a BYTES ``TRANSLATION`` per
-text) and rerankers (a BYTES ``QUERY`` of one element and a BYTES ``TEXT``
-of documents in, an FP32 ``SCORE`` per document out). A model of one input
-takes it under any name, as before; a reranker's are named.
+text), rerankers (a BYTES ``QUERY`` of one element and a BYTES ``TEXT``
+of documents in, an FP32 ``SCORE`` per document out) and generate models
+(Triton's LLM backends' tensors: a BYTES ``text_input`` of prompts, their
+parameters as scalar tensors, ``sampling_parameters`` or the request's
+``parameters``, a BYTES ``text_output`` in ``text_input``'s shape; see
+``triton_llm``). A model of one input takes it under any name, as before; a
+reranker's and a generation's are named. Input tensors are any of KServe's
+datatypes but BF16, in JSON or binary data; a model reads those it takes.
+
+Triton's generate extension (``.../generate``, ``.../generate_stream``): a
+JSON body of ``text_input`` and parameters, a JSON answer of ``text_output``,
+or server-sent events of them (a piece each where ``stream`` is true).
 
 Triton's statistics extension (``/v2/models/stats``, ``.../{name}/stats``,
 ``tritonclient``'s ``get_inference_statistics``) reports each version's
@@ -20,28 +29,79 @@ response cache (``cache_hit``, ``cache_miss``: 0).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
 import struct
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tessera import __version__
 from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
-from tessera.gateway.common import engine_of, run_task, visible_models
+from tessera.gateway.common import engine_of, run_task, started_task, visible_models
 from tessera.gateway.errors import error_headers, reject_reason, status_of
+from tessera.gateway.openai_api import pieces_of
+from tessera.gateway.triton_llm import (
+    EXTRA_OUTPUTS,
+    PROMPT,
+    SAMPLING_PARAMETERS,
+    TEXT,
+    GenerateParameters,
+    asked_extras,
+    extras_of,
+    generate_items,
+    parameters_of,
+    text_of,
+)
 from tessera.metrics.stats import Durations, ModelStats
 from tessera.repository.spec import ModelSpec
-from tessera.tasks.types import ClassifyOutput, RerankInput, Task, TextInput, TranslateInput
+from tessera.tasks.types import (
+    ChatOutput,
+    ClassifyOutput,
+    RerankInput,
+    Task,
+    TextInput,
+    TranslateInput,
+)
 
 router = APIRouter()
 
 HEADER_LENGTH = "inference-header-content-length"
+
+# KServe's numeric datatypes as numpy reads their binary data (little-endian).
+_NUMERIC = {
+    "BOOL": "?",
+    **{f"INT{bits}": f"<i{bits // 8}" for bits in (8, 16, 32, 64)},
+    **{f"UINT{bits}": f"<u{bits // 8}" for bits in (8, 16, 32, 64)},
+    "FP16": "<f2",
+    "FP32": "<f4",
+    "FP64": "<f8",
+}
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# The JSON values each kind of datatype takes, and what they are called (INT
+# and UINT by their first letters).
+_JSON_VALUES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "BYTES": (lambda value: isinstance(value, str), "strings"),
+    "BOOL": (lambda value: isinstance(value, bool), "true or false"),
+    "IN": (lambda value: _is_int(value), "integers"),
+    "UI": (_is_count, "integers from 0"),
+    "FP": (_is_number, "numbers"),
+}
 
 
 def _kserve_error(error: TesseraError) -> JSONResponse:
@@ -52,7 +112,11 @@ def _kserve_error(error: TesseraError) -> JSONResponse:
 @router.get("/v2")
 async def server_metadata() -> JSONResponse:
     return JSONResponse(
-        {"name": "tessera", "version": __version__, "extensions": ["binary_tensor_data"]}
+        {
+            "name": "tessera",
+            "version": __version__,
+            "extensions": ["binary_tensor_data", "model_configuration", "statistics", "generate"],
+        }
     )
 
 
@@ -130,16 +194,48 @@ def _io_metadata(spec: ModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
     if spec.task is Task.RERANK:
         query = {"name": "QUERY", "datatype": "BYTES", "shape": [1]}
         return [query, *inputs], [score]
+    if spec.task is Task.GENERATE:
+        prompt = {"name": PROMPT, "datatype": "BYTES", "shape": [-1]}
+        extras = [
+            {"name": extra.name, "datatype": extra.datatype, "shape": [-1]}
+            for extra in EXTRA_OUTPUTS
+        ]
+        return [prompt, *_GENERATE_INPUTS], [{**prompt, "name": TEXT}, *extras]
     return [], []
 
 
+def _optional(name: str, datatype: str, shape: int = 1) -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": [shape], "optional": True}
+
+
+# A generation's parameters that may come as input tensors (any other name
+# ``triton_llm`` takes may too; these are TensorRT-LLM's and the vLLM backend's).
+_GENERATE_INPUTS = (
+    _optional("max_tokens", "INT32"),
+    _optional("temperature", "FP32"),
+    _optional("top_p", "FP32"),
+    _optional("stop_words", "BYTES", -1),
+    _optional("random_seed", "UINT64"),
+    _optional("stream", "BOOL"),
+    _optional("exclude_input_in_output", "BOOL"),
+    _optional(SAMPLING_PARAMETERS, "BYTES"),
+)
+
 # KServe datatypes as Triton's model configuration names them.
-_CONFIG_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32"}
+_CONFIG_TYPES = {
+    "BYTES": "TYPE_STRING",
+    **{datatype: f"TYPE_{datatype}" for datatype in _NUMERIC},
+}
 
 
 def _config_io(tensors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
-        {"name": t["name"], "data_type": _CONFIG_TYPES[t["datatype"]], "dims": t["shape"]}
+        {
+            "name": t["name"],
+            "data_type": _CONFIG_TYPES[t["datatype"]],
+            "dims": t["shape"],
+            **({"optional": True} if t.get("optional") else {}),
+        }
         for t in tensors
     ]
 
@@ -249,35 +345,55 @@ def _decode_bytes_tensor(raw: bytes) -> list[str]:
 MAX_TENSOR_RANK = 8
 
 
-# The most input tensors one request may carry (a reranker takes two).
-MAX_INPUTS = 4
+# The most input tensors one request may carry (a reranker takes two; a
+# generation a prompt and its parameters, TensorRT-LLM's a tensor each).
+MAX_INPUTS = 24
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """An input tensor: its datatype, shape, and values (flat, row-major):
+    str for BYTES, bool for BOOL, int or float for numbers."""
+
+    datatype: str
+    shape: tuple[int, ...]
+    values: list[Any]
 
 
 @dataclass(frozen=True, slots=True)
 class InferRequest:
-    """A KServe v2 infer body, validated: each BYTES input's texts, by name
-    (the first for a model of one input), and how to answer."""
+    """A KServe v2 infer body, validated: its input tensors by name, its
+    parameters, and how to answer."""
 
-    inputs: dict[str, list[str]]
+    inputs: dict[str, Tensor]
     request_id: str | None
     outputs: frozenset[str]  # outputs named in the request (none: all of them)
     binary_outputs: frozenset[str]  # outputs asked for as binary tensor data
     binary_by_default: bool  # ``parameters.binary_data_output``
+    parameters: dict[str, Any] = field(default_factory=dict)  # the request's own
 
     @property
     def texts(self) -> list[str]:
-        """The texts of a request of one input (whatever its name)."""
+        """The texts of a request of one BYTES input (whatever its name)."""
         if len(self.inputs) != 1:
             raise InvalidInputError(
                 f"this model takes one input, a BYTES tensor of texts; got {len(self.inputs)}"
             )
-        (texts,) = self.inputs.values()
-        return texts
+        ((name, tensor),) = self.inputs.items()
+        return _texts(name, tensor)
 
     def named(self, name: str) -> list[str]:
+        """The texts of BYTES input ``name``."""
         if name not in self.inputs:
             raise InvalidInputError(f"input {name!r} is missing; given {sorted(self.inputs)}")
-        return self.inputs[name]
+        return _texts(name, self.inputs[name])
+
+
+def _texts(name: str, tensor: Tensor) -> list[str]:
+    if tensor.datatype != "BYTES":
+        raise InvalidInputError(f"input {name!r} must be BYTES (texts), not {tensor.datatype}")
+    texts: list[str] = tensor.values
+    return texts
 
 
 def _is_int(value: object) -> bool:
@@ -293,10 +409,11 @@ def _mapping(value: object, where: str) -> dict[str, Any]:
     return value
 
 
-def _flatten_strings(data: object) -> list[str]:
-    """The strings of a BYTES tensor's ``data``, nested at most MAX_TENSOR_RANK
-    deep, without recursion; anything but a string is refused."""
-    texts: list[str] = []
+def _flatten(data: object, datatype: str) -> list[Any]:
+    """The values of a tensor's ``data``, nested at most MAX_TENSOR_RANK deep,
+    without recursion; a value that is not of ``datatype`` is refused."""
+    fits, kind = _JSON_VALUES[datatype if datatype in ("BYTES", "BOOL") else datatype[:2]]
+    values: list[Any] = []
     stack: list[tuple[object, int]] = [(data, 0)]
     while stack:
         value, depth = stack.pop()
@@ -304,13 +421,27 @@ def _flatten_strings(data: object) -> list[str]:
             if depth >= MAX_TENSOR_RANK:
                 raise InvalidInputError(f"data is nested deeper than {MAX_TENSOR_RANK} levels")
             stack.extend((item, depth + 1) for item in reversed(value))
-        elif isinstance(value, str):
-            texts.append(value)
+        elif fits(value):
+            values.append(value)
         else:
             raise InvalidInputError(
-                f"a BYTES tensor holds strings; data has {type(value).__name__} {value!r:.40}"
+                f"a {datatype} tensor holds {kind}; data has {type(value).__name__} {value!r:.40}"
             )
-    return texts
+    return values
+
+
+def _decode_binary(name: str, datatype: str, raw: bytes) -> list[Any]:
+    """A tensor's values from its binary data."""
+    if datatype == "BYTES":
+        return _decode_bytes_tensor(raw)
+    dtype = np.dtype(_NUMERIC[datatype])
+    if len(raw) % dtype.itemsize:
+        raise InvalidInputError(
+            f"input {name!r}: {len(raw)} bytes are not whole {datatype} values"
+            f" ({dtype.itemsize} bytes each)"
+        )
+    values: list[Any] = np.frombuffer(raw, dtype).tolist()
+    return values
 
 
 def _shape(tensor: dict[str, Any]) -> list[int]:
@@ -344,14 +475,19 @@ def _load_header(body: bytes, header_length: str | None) -> tuple[object, bytes]
         raise InvalidInputError("request header is not valid JSON") from e
 
 
-def _texts_of(tensor: dict[str, Any], binary: bytes) -> tuple[str, list[str], int]:
-    """A BYTES input tensor's name and texts, checked against its shape, and
-    how many bytes of ``binary`` (what follows, for the next input) it used."""
+def _tensor_of(tensor: dict[str, Any], binary: bytes) -> tuple[str, Tensor, int]:
+    """An input tensor's name and values, checked against its shape and
+    datatype, and how many bytes of ``binary`` (what follows, for the next
+    input) it used."""
     name = tensor.get("name")
     if not isinstance(name, str):
         raise InvalidInputError("input name must be a string")
-    if tensor.get("datatype") != "BYTES":
-        raise InvalidInputError(f"input {name!r} must be BYTES, not {tensor.get('datatype')!r:.20}")
+    datatype = tensor.get("datatype")
+    if not isinstance(datatype, str) or (datatype != "BYTES" and datatype not in _NUMERIC):
+        raise InvalidInputError(
+            f"input {name!r} has datatype {datatype!r:.20}; KServe's are BYTES, BOOL,"
+            " INT8 to INT64, UINT8 to UINT64, FP16, FP32 and FP64"
+        )
     shape = _shape(tensor)
     size = _mapping(tensor.get("parameters"), f"input {name!r} parameters").get("binary_data_size")
     if size is not None:
@@ -362,18 +498,18 @@ def _texts_of(tensor: dict[str, Any], binary: bytes) -> tuple[str, list[str], in
             )
         if "data" in tensor:
             raise InvalidInputError(f"input {name!r} has both data and binary_data_size")
-        texts = _decode_bytes_tensor(binary[:size])
+        values = _decode_binary(name, datatype, binary[:size])
     else:
         size = 0
         if "data" not in tensor:
             raise InvalidInputError(f"input {name!r} has neither data nor binary_data_size")
-        texts = _flatten_strings(tensor["data"])
-    if math.prod(shape) != len(texts):
+        values = _flatten(tensor["data"], datatype)
+    if math.prod(shape) != len(values):
         raise InvalidInputError(
             f"input {name!r} has shape {shape} ({math.prod(shape)} elements)"
-            f" but {len(texts)} strings"
+            f" but {len(values)} {'strings' if datatype == 'BYTES' else 'values'}"
         )
-    return name, texts, size
+    return name, Tensor(datatype, tuple(shape), values), size
 
 
 def _outputs(outputs: object) -> tuple[frozenset[str], frozenset[str]]:
@@ -399,8 +535,8 @@ def _outputs(outputs: object) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def _parse_request(body: bytes, header_length: str | None) -> InferRequest:
-    """The JSON header and the texts of each BYTES input (their binary data
-    one after another, in the inputs' order), every field checked: a
+    """The JSON header and the values of each input (their binary data one
+    after another, in the inputs' order), every field checked: a
     malformed body is ``InvalidInputError``, never anything else."""
     header, binary = _load_header(body, header_length)
     if not isinstance(header, dict):
@@ -411,18 +547,19 @@ def _parse_request(body: bytes, header_length: str | None) -> InferRequest:
         or not 1 <= len(tensors) <= MAX_INPUTS
         or not all(isinstance(t, dict) for t in tensors)
     ):
-        raise InvalidInputError(f"infer takes 1 to {MAX_INPUTS} inputs, BYTES tensors of texts")
-    inputs: dict[str, list[str]] = {}
+        raise InvalidInputError(f"infer takes 1 to {MAX_INPUTS} input tensors")
+    inputs: dict[str, Tensor] = {}
     for tensor in tensors:
-        name, texts, used = _texts_of(tensor, binary)
+        name, values, used = _tensor_of(tensor, binary)
         if name in inputs:
             raise InvalidInputError(f"input {name!r} is given twice")
-        inputs[name] = texts
+        inputs[name] = values
         binary = binary[used:]
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInputError("id must be a string")
-    by_default = _mapping(header.get("parameters"), "parameters").get("binary_data_output", False)
+    parameters = _mapping(header.get("parameters"), "parameters")
+    by_default = parameters.get("binary_data_output", False)
     if not isinstance(by_default, bool):
         raise InvalidInputError("binary_data_output must be true or false")
     outputs, binary_outputs = _outputs(header.get("outputs"))
@@ -432,6 +569,7 @@ def _parse_request(body: bytes, header_length: str | None) -> InferRequest:
         outputs=outputs,
         binary_outputs=binary_outputs,
         binary_by_default=by_default,
+        parameters=parameters,
     )
 
 
@@ -445,7 +583,7 @@ def _encode_output(
         )
         data: list[Any] = [str(x) for x in array.ravel()]
     else:
-        raw = array.astype("<f4").tobytes()
+        raw = array.astype(_NUMERIC[datatype]).tobytes()
         data = array.ravel().tolist()
     if name in request.binary_outputs or request.binary_by_default:
         out["parameters"] = {"binary_data_size": len(raw)}
@@ -454,39 +592,114 @@ def _encode_output(
     return out, b""
 
 
-def _items(spec: ModelSpec, parsed: InferRequest) -> list[Any]:
-    """The model's items of a request's inputs."""
+Arrays = list[tuple[str, np.ndarray[Any, Any], str]]  # output tensors: name, values, datatype
+
+
+def _work(spec: ModelSpec, parsed: InferRequest) -> tuple[list[Any], Callable[[list[Any]], Arrays]]:
+    """The model's items of a request's inputs, and how their outputs become
+    output tensors."""
+    if spec.task is Task.GENERATE:
+        return _generation(parsed)
     if spec.task is Task.RERANK:
         queries, documents = parsed.named("QUERY"), parsed.named("TEXT")
         if len(queries) != 1:
             raise InvalidInputError(f"QUERY holds one query, not {len(queries)}")
         if not documents:
             raise InvalidInputError("TEXT must hold at least one document")
-        return [RerankInput(queries[0], document) for document in documents]
+        return [RerankInput(queries[0], document) for document in documents], _scores
     texts = parsed.texts
     if not texts:
         raise InvalidInputError("input must not be empty")
     if spec.task is Task.TRANSLATE:
-        return [TranslateInput(t) for t in texts]
-    if spec.task not in (Task.EMBEDDING, Task.CLASSIFY):
-        raise InvalidInputError(
-            f"infer serves embedding, classify, translate and rerank models, not {spec.task}"
-        )
-    return [TextInput(t) for t in texts]
+        return [TranslateInput(t) for t in texts], _translations
+    if spec.task is Task.EMBEDDING:
+        return [TextInput(t) for t in texts], _embeddings
+    if spec.task is Task.CLASSIFY:
+        return [TextInput(t) for t in texts], _labels
+    raise InvalidInputError(
+        f"infer serves embedding, classify, translate, rerank and generate models, not {spec.task}"
+    )
 
 
-def _arrays(task: Task, outputs: list[Any]) -> list[tuple[str, np.ndarray[Any, Any], str]]:
-    """The output tensors of a task's outputs: (name, array, datatype)."""
-    if task is Task.EMBEDDING:
-        return [("EMBEDDING", np.stack([np.asarray(v, np.float32) for v in outputs]), "FP32")]
-    if task is Task.TRANSLATE:
-        return [("TRANSLATION", np.array(outputs, dtype=object), "BYTES")]
-    if task is Task.RERANK:
-        return [("SCORE", np.asarray(outputs, dtype=np.float32), "FP32")]
-    results: list[ClassifyOutput] = outputs
-    labels = np.array([r.labels[0].label for r in results], dtype=object)
-    scores = np.array([r.labels[0].score for r in results], dtype=np.float32)
+def _embeddings(outputs: list[Any]) -> Arrays:
+    return [("EMBEDDING", np.stack([np.asarray(v, np.float32) for v in outputs]), "FP32")]
+
+
+def _translations(outputs: list[Any]) -> Arrays:
+    return [("TRANSLATION", np.array(outputs, dtype=object), "BYTES")]
+
+
+def _scores(outputs: list[Any]) -> Arrays:
+    return [("SCORE", np.asarray(outputs, dtype=np.float32), "FP32")]
+
+
+def _labels(outputs: list[ClassifyOutput]) -> Arrays:
+    labels = np.array([r.labels[0].label for r in outputs], dtype=object)
+    scores = np.array([r.labels[0].score for r in outputs], dtype=np.float32)
     return [("LABEL", labels, "BYTES"), ("SCORE", scores, "FP32")]
+
+
+# Triton's own request parameters, which are not a generation's.
+_RESERVED_PARAMETERS = frozenset(
+    {
+        "binary_data_output",
+        "priority",
+        "timeout",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "headers",
+        "triton_enable_empty_final_response",
+    }
+)
+_WORD_LISTS = frozenset({"stop", "stop_words", "bad_words"})  # every element, not one
+
+
+def _generation(parsed: InferRequest) -> tuple[list[Any], Callable[[list[Any]], Arrays]]:
+    """A prompt's item per ``text_input`` element, its parameters gathered as
+    ``triton_llm`` says; ``text_output`` (and the extras asked for) in
+    ``text_input``'s shape."""
+    prompts = parsed.named(PROMPT)
+    shape = parsed.inputs[PROMPT].shape
+    given = {k: v for k, v in parsed.parameters.items() if k not in _RESERVED_PARAMETERS}
+    if SAMPLING_PARAMETERS in parsed.inputs:
+        (raw,) = parsed.named(SAMPLING_PARAMETERS) or [""]
+        try:
+            sampling = json.loads(raw)
+        except ValueError:
+            sampling = None
+        if not isinstance(sampling, dict):
+            raise InvalidInputError(f"{SAMPLING_PARAMETERS} must hold one JSON object")
+        given.update(sampling)
+    for name, tensor in parsed.inputs.items():
+        if name in (PROMPT, SAMPLING_PARAMETERS):
+            continue
+        if name in _WORD_LISTS:
+            given[name] = parsed.named(name)
+        elif len(tensor.values) != 1:
+            raise InvalidInputError(f"input {name!r} holds one value, not {len(tensor.values)}")
+        else:
+            given[name] = tensor.values[0]
+    given.update(asked_extras(parsed.outputs))
+    parameters = parameters_of(given)
+    if parameters.stream:
+        raise InvalidInputError(
+            "infer answers once: stream with POST .../generate_stream (Triton's generate extension)"
+        )
+    items = generate_items(prompts, parameters)
+
+    def arrays(outputs: list[ChatOutput]) -> Arrays:
+        texts = [text_of(parameters, p, o) for p, o in zip(prompts, outputs, strict=True)]
+        tensors = [(TEXT, np.array(texts, dtype=object).reshape(shape), "BYTES")]
+        for extra in extras_of(parameters):
+            values = [extra.value(output) for output in outputs]
+            dtype = object if extra.datatype == "BYTES" else _NUMERIC[extra.datatype]
+            tensors.append(
+                (extra.name, np.array(values, dtype=dtype).reshape(shape), extra.datatype)
+            )
+        return tensors
+
+    return items, arrays
 
 
 @router.post("/v2/models/{name}/infer", response_model=None)
@@ -497,7 +710,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     try:
         spec = engine.spec(served_as)
         parsed = _parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
-        items = _items(spec, parsed)
+        items, arrays_of = _work(spec, parsed)
         known = {output["name"] for output in _io_metadata(spec)[1]}
         if not parsed.outputs <= known:
             raise InvalidInputError(
@@ -508,7 +721,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     except TesseraError as e:
         request.state.audit.reason = reject_reason(e) or type(e).__name__
         return _kserve_error(e)
-    arrays = _arrays(spec.task, outputs_raw)
+    arrays = arrays_of(outputs_raw)
     if parsed.outputs:  # only those asked for, as Triton answers
         arrays = [entry for entry in arrays if entry[0] in parsed.outputs]
     outputs, blobs = [], []
@@ -532,3 +745,115 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
         media_type="application/octet-stream",
         headers={"Inference-Header-Content-Length": str(len(head))},
     )
+
+
+@router.post("/v2/models/{name}/generate", response_model=None)
+@router.post("/v2/models/{name}/versions/{version}/generate", response_model=None)
+async def generate(name: str, request: Request, version: str | None = None) -> Response:
+    """Triton's generate extension: one JSON answer (``triton_llm`` notes)."""
+    return await _generate(name, request, version, streamed=False)
+
+
+@router.post("/v2/models/{name}/generate_stream", response_model=None)
+@router.post("/v2/models/{name}/versions/{version}/generate_stream", response_model=None)
+async def generate_stream(name: str, request: Request, version: str | None = None) -> Response:
+    """Triton's generate extension as server-sent events: the text as it
+    comes where ``stream`` is true, else whole in one event."""
+    return await _generate(name, request, version, streamed=True)
+
+
+def _generate_request(body: bytes) -> tuple[str, GenerateParameters]:
+    """A generate body's prompt and parameters (``parameters`` and any other
+    field but ``text_input``)."""
+    try:
+        given = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise InvalidInputError("the body is not valid JSON") from e
+    if not isinstance(given, dict):
+        raise InvalidInputError("the body must be a JSON object")
+    prompt = given.pop(PROMPT, None)
+    if not isinstance(prompt, str):
+        raise InvalidInputError(f"{PROMPT} must be a string, the prompt")
+    parameters = _mapping(given.pop("parameters", None), "parameters")
+    return prompt, parameters_of({**given, **parameters})
+
+
+async def _generate(name: str, request: Request, version: str | None, streamed: bool) -> Response:
+    served_as = _versioned(name, version)
+    try:
+        prompt, parameters = _generate_request(await request.body())
+        if parameters.stream and not streamed:
+            raise InvalidInputError("generate answers once: stream with .../generate_stream")
+        if parameters.stream:
+            pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+            items = generate_items([prompt], parameters, pieces)
+            work = await started_task(request, served_as, Task.GENERATE, items)
+            events = _generated_events(name, request, prompt, parameters, work, pieces)
+            return _event_stream(events)
+        outputs = await run_task(
+            request, served_as, Task.GENERATE, generate_items([prompt], parameters)
+        )
+    except TesseraError as e:
+        request.state.audit.reason = reject_reason(e) or type(e).__name__
+        return _kserve_error(e)
+    body = _generated(
+        name, request, text_of(parameters, prompt, outputs[0]), parameters, outputs[0]
+    )
+    if streamed:
+        return _event_stream(_one(body))
+    return JSONResponse(body)
+
+
+def _generated(
+    name: str,
+    request: Request,
+    text: str,
+    parameters: GenerateParameters,
+    output: ChatOutput | None = None,
+) -> dict[str, Any]:
+    """A generate response: ``text``, and (with the output) the extras asked for."""
+    body = {"model_name": name, "model_version": request.state.model_version, TEXT: text}
+    if output is not None:
+        body.update((extra.name, extra.value(output)) for extra in extras_of(parameters))
+    return body
+
+
+def _event_stream(bodies: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
+        async for body in bodies:
+            yield f"data: {json.dumps(body)}\n\n"
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
+
+
+async def _one(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    yield body
+
+
+async def _generated_events(
+    name: str,
+    request: Request,
+    prompt: str,
+    parameters: GenerateParameters,
+    work: asyncio.Future[list[Any]],
+    pieces: asyncio.Queue[tuple[int, str]],
+) -> AsyncIterator[dict[str, Any]]:
+    """The prompt first where it is not excluded, each piece as it comes, then
+    the extras asked for (with no text); an error as ``{"error": ...}``."""
+    try:
+        if not parameters.exclude_input_in_output:
+            yield _generated(name, request, prompt, parameters)
+        async for _index, piece in pieces_of(work, pieces):
+            yield _generated(name, request, piece, parameters)
+        try:
+            (output,) = work.result()
+        except TesseraError as e:
+            yield {"error": str(e)}
+            return
+        if extras_of(parameters):
+            yield _generated(name, request, "", parameters, output)
+    finally:
+        if not work.done():
+            work.cancel()

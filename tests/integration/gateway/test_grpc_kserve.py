@@ -77,11 +77,46 @@ async def test_texts_in_bytes_contents_are_read_as_in_raw_contents(address: str)
     np.testing.assert_allclose(vectors, [fake_embedding("a b"), fake_embedding("c")], rtol=1e-6)
 
 
+async def test_a_generation_takes_numbers_and_parameters_raw_and_in_contents(
+    address: str,
+) -> None:
+    prompt = triton.InferInput("text_input", [1, 1], "BYTES")
+    prompt.set_data_from_numpy(np.array([[b"one two three"]], dtype=object))
+    tokens = triton.InferInput("max_tokens", [1, 1], "INT32")
+    tokens.set_data_from_numpy(np.array([[2]], dtype=np.int32))
+    async with triton.InferenceServerClient(address) as client:
+        result = await client.infer(
+            "chat",
+            [prompt, tokens],
+            parameters={"temperature": 0.5, "return_num_input_tokens": True},
+        )
+    assert result.as_numpy("text_output").tolist() == [[b"one two three "]]
+    assert result.as_numpy("num_input_tokens").tolist() == [[1]]
+    # Numbers in ``contents``, as clients other than tritonclient send them.
+    request = service_pb2.ModelInferRequest(model_name="chat")
+    text = request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    text.contents.bytes_contents.append(b"a b")
+    seed = request.inputs.add(name="random_seed", datatype="UINT64", shape=[1])
+    seed.contents.uint64_contents.append(7)
+    flag = request.inputs.add(name="exclude_input_in_output", datatype="BOOL", shape=[1])
+    flag.contents.bool_contents.append(False)
+    request.parameters["max_tokens"].int64_param = 5
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response = await stub.ModelInfer(request)
+        assert response.raw_output_contents[0] == b"\x07\x00\x00\x00a ba b "
+        request.parameters["top_k"].int64_param = 9
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await stub.ModelInfer(request)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "top-k sampling is not served" in str(error.value.details())
+
+
 @pytest.mark.parametrize(
     ("model", "status"),
     [
         ("nope", "StatusCode.NOT_FOUND"),
-        ("chat", "StatusCode.INVALID_ARGUMENT"),  # infer serves embeddings and labels
+        ("tts", "StatusCode.INVALID_ARGUMENT"),  # infer serves no speech
         ("broken", "StatusCode.UNAVAILABLE"),
     ],
 )

@@ -58,7 +58,9 @@ def nested(depth: int) -> object:
         (json.dumps(bytes_input(["a"], "1")).encode(), "shape"),
         (json.dumps(bytes_input([1, None], [2])).encode(), "strings"),
         (json.dumps(bytes_input([["a"], [2.5]], [2, 1])).encode(), "strings"),
-        (json.dumps(bytes_input(["a"], [1], datatype="FP32")).encode(), "BYTES"),
+        (json.dumps(bytes_input(["a"], [1], datatype="FP32")).encode(), "holds numbers"),
+        (json.dumps(bytes_input([1.5], [1], datatype="FP32")).encode(), "must be BYTES"),
+        (json.dumps(bytes_input(["a"], [1], datatype="BF16")).encode(), "datatype"),
         (json.dumps({**bytes_input(["a"]), "id": {"x": 1}}).encode(), "id"),
         (
             json.dumps({"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1]}]}).encode(),

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import struct
 from typing import Any
 
 import hypothesis
 import hypothesis.strategies as st
+import numpy as np
 import pytest
 
 from tessera.errors import InvalidInputError
-from tessera.gateway.kserve import MAX_TENSOR_RANK, _parse_request
+from tessera.gateway.kserve import MAX_TENSOR_RANK, Tensor, _parse_request
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6)
 JSON = st.recursive(
@@ -25,7 +27,7 @@ TENSOR = st.fixed_dictionaries(
     {},
     optional={
         "name": st.just("TEXT") | JSON,
-        "datatype": st.just("BYTES") | JSON,
+        "datatype": st.sampled_from(["BYTES", "BOOL", "INT32", "UINT64", "FP32"]) | JSON,
         "shape": st.lists(st.integers(-1, 3), max_size=3) | JSON,
         "data": st.lists(st.text(max_size=3), max_size=4) | JSON,
         "parameters": st.fixed_dictionaries({"binary_data_size": st.integers(-2, 20) | JSON})
@@ -58,7 +60,8 @@ def test_any_body_parses_or_is_invalid_input(
     except InvalidInputError as e:
         message = str(e)
     else:
-        assert all(isinstance(t, str) for t in parsed.texts)
+        for tensor in parsed.inputs.values():
+            assert len(tensor.values) == math.prod(tensor.shape)
         return
     assert message  # every refusal says why
 
@@ -109,7 +112,11 @@ def test_inputs_read_their_binary_data_in_turn() -> None:
     inline = {"name": "EXTRA", "datatype": "BYTES", "shape": [1], "data": ["x"]}
     head = json.dumps({"inputs": [query, inline, documents]}).encode()
     parsed = _parse_request(head + query_blob + documents_blob, str(len(head)))
-    assert parsed.inputs == {"QUERY": ["q"], "EXTRA": ["x"], "TEXT": ["a", "bc"]}
+    assert {name: t.values for name, t in parsed.inputs.items()} == {
+        "QUERY": ["q"],
+        "EXTRA": ["x"],
+        "TEXT": ["a", "bc"],
+    }
     assert parsed.named("TEXT") == ["a", "bc"]
     with pytest.raises(InvalidInputError, match="takes one input"):
         _ = parsed.texts
@@ -129,3 +136,56 @@ def test_nesting_is_bounded_without_recursion() -> None:
     body["inputs"][0]["data"] = [data]  # type: ignore[index]
     with pytest.raises(InvalidInputError, match="nested deeper"):
         _parse_request(json.dumps(body).encode(), None)
+
+
+def test_numbers_and_bools_read_from_json_and_binary_data() -> None:
+    tokens = np.array([[7]], dtype="<i4").tobytes()
+    seed = np.array([2**63 + 1], dtype="<u8").tobytes()
+    tensors = [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": [["hi"]]},
+        {
+            "name": "max_tokens",
+            "datatype": "INT32",
+            "shape": [1, 1],
+            "parameters": {"binary_data_size": len(tokens)},
+        },
+        {"name": "stream", "datatype": "BOOL", "shape": [1], "data": [False]},
+        {"name": "temperature", "datatype": "FP32", "shape": [1], "data": [1]},
+        {
+            "name": "random_seed",
+            "datatype": "UINT64",
+            "shape": [1],
+            "parameters": {"binary_data_size": len(seed)},
+        },
+    ]
+    head = json.dumps({"inputs": tensors, "parameters": {"top_p": 0.5}}).encode()
+    parsed = _parse_request(head + tokens + seed, str(len(head)))
+    assert {name: t.values for name, t in parsed.inputs.items()} == {
+        "text_input": ["hi"],
+        "max_tokens": [7],
+        "stream": [False],
+        "temperature": [1],
+        "random_seed": [2**63 + 1],
+    }
+    assert parsed.inputs["max_tokens"] == Tensor("INT32", (1, 1), [7])
+    assert parsed.parameters == {"top_p": 0.5}
+    with pytest.raises(InvalidInputError, match="must be BYTES"):
+        parsed.named("max_tokens")
+
+
+@pytest.mark.parametrize(
+    ("tensor", "says"),
+    [
+        ({"datatype": "BOOL", "data": [1]}, "BOOL tensor holds true or false; data has int"),
+        ({"datatype": "INT32", "data": [True]}, "holds integers; data has bool"),
+        ({"datatype": "UINT8", "data": [-1]}, "holds integers from 0; data has int -1"),
+        ({"datatype": "FP32", "data": ["1"]}, "holds numbers; data has str"),
+        ({"datatype": "BF16", "data": [1.0]}, "KServe's are BYTES, BOOL"),
+        ({"datatype": "INT64", "parameters": {"binary_data_size": 5}}, "not whole INT64 values"),
+    ],
+)
+def test_values_not_of_their_datatype_say_why(tensor: dict[str, Any], says: str) -> None:
+    body = {"inputs": [{"name": "x", "shape": [1], **tensor}]}
+    head = json.dumps(body).encode()
+    with pytest.raises(InvalidInputError, match=says):
+        _parse_request(head + b"\0" * 5, str(len(head)))
