@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import queue
 import time
 import wave
 from collections.abc import Iterator
@@ -328,6 +329,36 @@ def test_triton_llm_tensors_and_the_generate_extension(
     assert len(events) > 2  # a piece an event, then the finish reason
     assert "".join(event["text_output"] for event in events) == expected
     assert events[-1]["finish_reason"] == "length"
+    # Streamed over gRPC, as Triton's decoupled LLM backends answer tritonclient.
+    import tritonclient.grpc as triton_grpc
+
+    streaming = triton_grpc.InferenceServerClient(url=f"127.0.0.1:{server.grpc_port}")
+    request.addfinalizer(streaming.close)
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    streaming.start_stream(
+        callback=lambda result, error: got.put((result, error)),
+        headers={"authorization": f"Bearer {server.key}"},
+    )
+    inputs = []
+    for name, datatype, value in (
+        ("text_input", "BYTES", np.array([prompt.encode()], dtype=object)),
+        ("max_tokens", "INT32", np.array([6], dtype=np.int32)),
+        ("stream", "BOOL", np.array([True])),
+    ):
+        tensor = triton_grpc.InferInput(name, [1], datatype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    streaming.async_stream_infer("smollm2-135m", inputs, enable_empty_final_response=True)
+    pieces: list[bytes] = []
+    while True:
+        result, error = got.get(timeout=60)
+        assert error is None, error
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+        pieces.extend(result.as_numpy("text_output").tolist())
+    streaming.stop_stream()
+    assert len(pieces) > 1
+    assert b"".join(pieces).decode() == expected
 
 
 def test_tritonclient_over_grpc(server: Server, request: pytest.FixtureRequest) -> None:

@@ -20,8 +20,17 @@ tritonclient sends its ``headers``), its peer the request's client.
   from the JSON form of ``/v2/models/{name}/config``), ``ModelStatistics``
   (from ``/v2/models/stats`` and its per-model forms), ``ModelReady``,
   ``ServerMetadata``, ``ServerLive``, ``ServerReady``, ``RepositoryIndex``.
-- The rest (shared memory, loading through the repository, tracing,
-  streaming) answer ``UNIMPLEMENTED``, as a Triton without them does.
+- ``ModelStreamInfer`` (tritonclient's ``start_stream`` /
+  ``async_stream_infer`` and the aio ``stream_infer``): each request of the
+  stream is answered as it comes, side by side with the others, through
+  the HTTP infer asked for server-sent events (``Accept:
+  text/event-stream``): a streamed generation (``stream`` true) a response a
+  piece, ``triton_final_response`` false on each, then a final one where its
+  extras or ``enable_empty_final_response`` ask for it; any other request one
+  response, final. A request's error is that response's ``error_message``,
+  and the stream goes on.
+- The rest (shared memory, loading through the repository, tracing) answer
+  ``UNIMPLEMENTED``, as a Triton without them does.
 - An HTTP error becomes its gRPC status (404 ``NOT_FOUND``, 401
   ``UNAUTHENTICATED``, 422 ``INVALID_ARGUMENT``, 429 ``RESOURCE_EXHAUSTED``,
   503 ``UNAVAILABLE``...) with the same message; a Retry-After rides in the
@@ -38,12 +47,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import MutableMapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from tessera.errors import ConfigError
+from tessera.gateway.kserve import EVENT_STREAM, HEADER_LENGTH, binary_data
 
 if TYPE_CHECKING:
     import grpc
@@ -51,7 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HEADER_LENGTH = "inference-header-content-length"
 TIMEOUT_HEADER = "x-request-timeout"
 _INSTALL_HINT = "grpc_port needs the grpc extra: pip install 'tessera[grpc]'"
 # HTTP statuses as gRPC's codes (by name: grpc is imported only when serving).
@@ -82,20 +91,16 @@ class _Answer:
     def json(self) -> Any:
         return json.loads(self.body)
 
+    @property
+    def streamed(self) -> bool:
+        """Whether it comes as server-sent events."""
+        return self.headers.get("content-type", "").startswith(EVENT_STREAM)
 
-async def call_app(
-    app: FastAPI,
-    method: str,
-    path: str,
-    headers: Sequence[tuple[str, str]],
-    body: bytes = b"",
-    client: tuple[str, int] = ("127.0.0.1", 0),
-    gone: asyncio.Event | None = None,
-) -> _Answer:
-    """One HTTP request through ``app`` (its middleware and routes), in process.
-    The app hears of a disconnect when ``gone`` is set (the call was cancelled),
-    never otherwise: its routes watch for one to stop work nobody waits for."""
-    scope: dict[str, Any] = {
+
+def _scope(
+    method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes, client: tuple[str, int]
+) -> dict[str, Any]:
+    return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
@@ -110,8 +115,11 @@ async def call_app(
         "client": client,
         "server": ("grpc", 0),
     }
+
+
+def _receiver(body: bytes, gone: asyncio.Event | None) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """The request's ``receive``: its body, then a disconnect once ``gone`` is set."""
     sent = False
-    status, answer_headers, chunks = 500, {}, []
 
     async def receive() -> dict[str, Any]:
         nonlocal sent
@@ -121,21 +129,59 @@ async def call_app(
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    async def send(message: MutableMapping[str, Any]) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = int(message["status"])
-            for name, value in message.get("headers", []):
-                answer_headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-        elif message["type"] == "http.response.body":
-            chunks.append(bytes(message.get("body", b"")))
+    return receive
 
-    await app(scope, receive, send)
-    return _Answer(status, answer_headers, b"".join(chunks))
+
+async def whole(chunks: AsyncIterator[_Answer]) -> _Answer:
+    """An answer of ``stream_app``, its chunks joined."""
+    answer, body = _Answer(500, {}, b""), []
+    async for answer in chunks:
+        body.append(answer.body)
+    return _Answer(answer.status, answer.headers, b"".join(body))
+
+
+async def stream_app(
+    app: FastAPI,
+    method: str,
+    path: str,
+    headers: Sequence[tuple[str, str]],
+    body: bytes = b"",
+    client: tuple[str, int] = ("127.0.0.1", 0),
+    gone: asyncio.Event | None = None,
+) -> AsyncIterator[_Answer]:
+    """One HTTP request through ``app`` (its middleware and routes), in
+    process, its answer's body as the app sends it: an answer a chunk, each
+    with the status and headers. The app hears of a disconnect when ``gone``
+    is set (the call was cancelled), never otherwise: its routes watch for one
+    to stop work nobody waits for."""
+    messages: asyncio.Queue[MutableMapping[str, Any] | None] = asyncio.Queue()
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        messages.put_nowait(message)
+
+    async def run() -> None:
+        try:
+            await app(_scope(method, path, headers, body, client), _receiver(body, gone), send)
+        finally:
+            messages.put_nowait(None)
+
+    running = asyncio.ensure_future(run())
+    status, answer_headers = 500, {}
+    try:
+        while (message := await messages.get()) is not None:
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                for name, value in message.get("headers", []):
+                    answer_headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+            elif message["type"] == "http.response.body":
+                yield _Answer(status, answer_headers, bytes(message.get("body", b"")))
+        await running  # its exception, if it raised one
+    finally:
+        running.cancel()
 
 
 # Headers the translation writes itself: a caller's metadata of these names is dropped.
-_OWN_HEADERS = frozenset({"content-length", "host", "transfer-encoding", HEADER_LENGTH})
+_OWN_HEADERS = frozenset({"accept", "content-length", "host", "transfer-encoding", HEADER_LENGTH})
 
 
 def _headers(context: grpc.aio.ServicerContext[Any, Any]) -> list[tuple[str, str]]:
@@ -192,7 +238,9 @@ class KServeService:
         more_headers: Sequence[tuple[str, str]] = (),
     ) -> _Answer:
         headers = [*_headers(context), *more_headers]
-        return await call_app(self.app, method, path, headers, body, _peer(context), _gone(context))
+        return await whole(
+            stream_app(self.app, method, path, headers, body, _peer(context), _gone(context))
+        )
 
     async def _ok(
         self,
@@ -284,29 +332,127 @@ class KServeService:
         )
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        header, blob = _infer_body(request)
-        head = json.dumps(header).encode()
-        path = _model_path(request.model_name, request.model_version, "/infer")
+        head, blob, path = _infer_call(request)
         length = [(HEADER_LENGTH, str(len(head)))]
-        answer = await self._ok(context, "POST", path, head + blob, length)
-        split = int(answer.headers.get(HEADER_LENGTH, len(answer.body)))
-        found = json.loads(answer.body[:split])
-        tensor = self.pb.ModelInferResponse.InferOutputTensor
-        outputs, raw, offset = [], [], split
-        for output in found["outputs"]:
-            size = int(output["parameters"]["binary_data_size"])
-            outputs.append(
-                tensor(name=output["name"], datatype=output["datatype"], shape=output["shape"])
+        return _infer_response(self.pb, await self._ok(context, "POST", path, head + blob, length))
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> Any:
+        """Each request's responses as they come, requests answered side by
+        side: a streamed generation's a piece each (infer's server-sent
+        events), any other one response; an error in ``error_message``, the
+        stream going on."""
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        done = object()
+
+        async def read() -> None:
+            running: set[asyncio.Future[None]] = set()
+            try:
+                async for request in requests:
+                    task = asyncio.ensure_future(self._stream_answers(request, context, answers))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                await asyncio.gather(*running)
+            finally:
+                for pending in running:
+                    pending.cancel()
+                answers.put_nowait(done)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (answer := await answers.get()) is not done:
+                yield answer
+            await reader  # its exception, if reading the requests failed
+        finally:
+            reader.cancel()
+
+    async def _stream_answers(
+        self, request: Any, context: Any, answers: asyncio.Queue[Any]
+    ) -> None:
+        head, blob, path = _infer_call(request)
+        headers = [*_headers(context), (HEADER_LENGTH, str(len(head))), ("accept", EVENT_STREAM)]
+        answer, body, events = _Answer(500, {}, b""), b"", b""
+        async for answer in stream_app(
+            self.app, "POST", path, headers, head + blob, _peer(context), _gone(context)
+        ):
+            if not answer.streamed:
+                body += answer.body
+                continue
+            events += answer.body
+            while b"\n\n" in events:
+                event, _, events = events.partition(b"\n\n")
+                answers.put_nowait(self._event_response(request, event))
+        if answer.streamed:
+            return
+        answer = _Answer(answer.status, answer.headers, body)
+        stream = self.pb.ModelStreamInferResponse
+        if answer.status >= 400:
+            answers.put_nowait(
+                stream(error_message=_message_of(answer), infer_response=_about(self.pb, request))
             )
-            raw.append(answer.body[offset : offset + size])
-            offset += size
-        return self.pb.ModelInferResponse(
+            return
+        response = _infer_response(self.pb, answer)
+        response.parameters["triton_final_response"].bool_param = True
+        answers.put_nowait(stream(infer_response=response))
+
+    def _event_response(self, request: Any, event: bytes) -> Any:
+        """A ``ModelStreamInferResponse`` of one server-sent event of infer."""
+        found = json.loads(event.removeprefix(b"data: "))
+        stream = self.pb.ModelStreamInferResponse
+        if "error" in found:
+            return stream(
+                error_message=str(found["error"]), infer_response=_about(self.pb, request)
+            )
+        tensor = self.pb.ModelInferResponse.InferOutputTensor
+        response = self.pb.ModelInferResponse(
             model_name=found["model_name"],
             model_version=str(found.get("model_version") or ""),
             id=found.get("id", ""),
-            outputs=outputs,
-            raw_output_contents=raw,
+            outputs=[
+                tensor(name=o["name"], datatype=o["datatype"], shape=o["shape"])
+                for o in found["outputs"]
+            ],
+            raw_output_contents=[binary_data(o["datatype"], o["data"]) for o in found["outputs"]],
         )
+        for name, value in found.get("parameters", {}).items():
+            response.parameters[name].bool_param = bool(value)
+        return stream(infer_response=response)
+
+
+def _infer_call(request: Any) -> tuple[bytes, bytes, str]:
+    """A ``ModelInferRequest`` as the HTTP infer's JSON header, its binary
+    data, and its path."""
+    header, blob = _infer_body(request)
+    path = _model_path(request.model_name, request.model_version, "/infer")
+    return json.dumps(header).encode(), blob, path
+
+
+def _about(pb: Any, request: Any) -> Any:
+    """An empty response naming ``request``'s model and id, beside an error."""
+    return pb.ModelInferResponse(
+        model_name=request.model_name, model_version=request.model_version, id=request.id
+    )
+
+
+def _infer_response(pb: Any, answer: _Answer) -> Any:
+    """The HTTP infer's answer (its outputs in binary data) as a ``ModelInferResponse``."""
+    split = int(answer.headers.get(HEADER_LENGTH, len(answer.body)))
+    found = json.loads(answer.body[:split])
+    tensor = pb.ModelInferResponse.InferOutputTensor
+    outputs, raw, offset = [], [], split
+    for output in found["outputs"]:
+        size = int(output["parameters"]["binary_data_size"])
+        outputs.append(
+            tensor(name=output["name"], datatype=output["datatype"], shape=output["shape"])
+        )
+        raw.append(answer.body[offset : offset + size])
+        offset += size
+    return pb.ModelInferResponse(
+        model_name=found["model_name"],
+        model_version=str(found.get("model_version") or ""),
+        id=found.get("id", ""),
+        outputs=outputs,
+        raw_output_contents=raw,
+    )
 
 
 # ``InferTensorContents``' fields of numbers (a tensor fills the one of its datatype).
@@ -374,16 +520,21 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], answer: _Answer) -
     """End the call with ``answer``'s error as its gRPC status."""
     import grpc
 
+    code = getattr(grpc.StatusCode, _CODES.get(answer.status, "INTERNAL"))
+    retry_after = answer.headers.get("retry-after")
+    if retry_after is not None:
+        context.set_trailing_metadata((("retry-after", retry_after),))
+    await context.abort(code, _message_of(answer))
+
+
+def _message_of(answer: _Answer) -> str:
+    """An error answer's message, whichever API's shape it is in."""
     try:
         error = answer.json().get("error")
         message = error.get("message") if isinstance(error, dict) else error
     except (ValueError, AttributeError):
         message = None
-    code = getattr(grpc.StatusCode, _CODES.get(answer.status, "INTERNAL"))
-    retry_after = answer.headers.get("retry-after")
-    if retry_after is not None:
-        context.set_trailing_metadata((("retry-after", retry_after),))
-    await context.abort(code, str(message or f"HTTP {answer.status}"))
+    return str(message or f"HTTP {answer.status}")
 
 
 async def start_grpc(app: FastAPI, host: str, port: int) -> grpc.aio.Server:

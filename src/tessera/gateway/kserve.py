@@ -17,6 +17,14 @@ Triton's generate extension (``.../generate``, ``.../generate_stream``): a
 JSON body of ``text_input`` and parameters, a JSON answer of ``text_output``,
 or server-sent events of them (a piece each where ``stream`` is true).
 
+A generation with ``stream`` true over infer is answered as server-sent
+events to a caller that accepts them (``Accept: text/event-stream``; gRPC's
+``ModelStreamInfer`` asks so), one prompt only: an infer response a piece,
+each with ``parameters.triton_final_response`` false, then a final one with
+the extras asked for (or none, where the request's parameter
+``triton_enable_empty_final_response`` asks for it). Otherwise it is a 422
+that says where to stream, as Triton's HTTP infer answers a decoupled model.
+
 Triton's statistics extension (``/v2/models/stats``, ``.../{name}/stats``,
 ``tritonclient``'s ``get_inference_statistics``) reports each version's
 requests since start from its engine: answered (``success``), failed,
@@ -46,7 +54,6 @@ from tessera import __version__
 from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
 from tessera.gateway.common import engine_of, run_task, started_task, visible_models
 from tessera.gateway.errors import error_headers, reject_reason, status_of
-from tessera.gateway.openai_api import pieces_of
 from tessera.gateway.triton_llm import (
     EXTRA_OUTPUTS,
     PROMPT,
@@ -56,6 +63,7 @@ from tessera.gateway.triton_llm import (
     asked_extras,
     extras_of,
     generate_items,
+    generation_pieces,
     parameters_of,
     text_of,
 )
@@ -573,22 +581,26 @@ def _parse_request(body: bytes, header_length: str | None) -> InferRequest:
     )
 
 
+def binary_data(datatype: str, values: Any) -> bytes:
+    """Values of ``datatype`` (an array, or a flat list) as binary tensor data:
+    BYTES elements each after its 4-byte little-endian length, numbers
+    little-endian."""
+    if datatype == "BYTES":
+        return b"".join(
+            struct.pack("<I", len(b)) + b for b in (str(x).encode() for x in np.ravel(values))
+        )
+    return np.asarray(values).astype(_NUMERIC[datatype]).tobytes()
+
+
 def _encode_output(
     request: InferRequest, name: str, array: np.ndarray[Any, Any], datatype: str
 ) -> tuple[dict[str, Any], bytes]:
     out: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-    if datatype == "BYTES":
-        raw = b"".join(
-            struct.pack("<I", len(b)) + b for b in (str(x).encode() for x in array.ravel())
-        )
-        data: list[Any] = [str(x) for x in array.ravel()]
-    else:
-        raw = array.astype(_NUMERIC[datatype]).tobytes()
-        data = array.ravel().tolist()
     if name in request.binary_outputs or request.binary_by_default:
+        raw = binary_data(datatype, array)
         out["parameters"] = {"binary_data_size": len(raw)}
         return out, raw
-    out["data"] = data
+    out["data"] = [str(x) for x in array.ravel()] if datatype == "BYTES" else array.ravel().tolist()
     return out, b""
 
 
@@ -598,8 +610,6 @@ Arrays = list[tuple[str, np.ndarray[Any, Any], str]]  # output tensors: name, va
 def _work(spec: ModelSpec, parsed: InferRequest) -> tuple[list[Any], Callable[[list[Any]], Arrays]]:
     """The model's items of a request's inputs, and how their outputs become
     output tensors."""
-    if spec.task is Task.GENERATE:
-        return _generation(parsed)
     if spec.task is Task.RERANK:
         queries, documents = parsed.named("QUERY"), parsed.named("TEXT")
         if len(queries) != 1:
@@ -655,17 +665,15 @@ _RESERVED_PARAMETERS = frozenset(
 _WORD_LISTS = frozenset({"stop", "stop_words", "bad_words"})  # every element, not one
 
 
-def _generation(parsed: InferRequest) -> tuple[list[Any], Callable[[list[Any]], Arrays]]:
-    """A prompt's item per ``text_input`` element, its parameters gathered as
-    ``triton_llm`` says; ``text_output`` (and the extras asked for) in
-    ``text_input``'s shape."""
+def _generation_request(parsed: InferRequest) -> tuple[list[str], GenerateParameters]:
+    """The prompts of ``text_input`` and their parameters, gathered as
+    ``triton_llm`` says."""
     prompts = parsed.named(PROMPT)
-    shape = parsed.inputs[PROMPT].shape
     given = {k: v for k, v in parsed.parameters.items() if k not in _RESERVED_PARAMETERS}
     if SAMPLING_PARAMETERS in parsed.inputs:
-        (raw,) = parsed.named(SAMPLING_PARAMETERS) or [""]
+        raw = parsed.named(SAMPLING_PARAMETERS)
         try:
-            sampling = json.loads(raw)
+            sampling = json.loads(raw[0]) if len(raw) == 1 else None
         except ValueError:
             sampling = None
         if not isinstance(sampling, dict):
@@ -681,11 +689,15 @@ def _generation(parsed: InferRequest) -> tuple[list[Any], Callable[[list[Any]], 
         else:
             given[name] = tensor.values[0]
     given.update(asked_extras(parsed.outputs))
-    parameters = parameters_of(given)
-    if parameters.stream:
-        raise InvalidInputError(
-            "infer answers once: stream with POST .../generate_stream (Triton's generate extension)"
-        )
+    return prompts, parameters_of(given)
+
+
+def _generation(
+    parsed: InferRequest, prompts: list[str], parameters: GenerateParameters
+) -> tuple[list[Any], Callable[[list[Any]], Arrays]]:
+    """A prompt's item per ``text_input`` element; ``text_output`` (and the
+    extras asked for) in ``text_input``'s shape."""
+    shape = parsed.inputs[PROMPT].shape
     items = generate_items(prompts, parameters)
 
     def arrays(outputs: list[ChatOutput]) -> Arrays:
@@ -710,13 +722,19 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     try:
         spec = engine.spec(served_as)
         parsed = _parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
-        items, arrays_of = _work(spec, parsed)
         known = {output["name"] for output in _io_metadata(spec)[1]}
         if not parsed.outputs <= known:
             raise InvalidInputError(
                 f"model {name!r} has no output {sorted(parsed.outputs - known)};"
                 f" its outputs are {sorted(known)}"
             )
+        if spec.task is Task.GENERATE:
+            prompts, parameters = _generation_request(parsed)
+            if parameters.stream:
+                return await _infer_events(request, name, served_as, parsed, prompts, parameters)
+            items, arrays_of = _generation(parsed, prompts, parameters)
+        else:
+            items, arrays_of = _work(spec, parsed)
         outputs_raw = await run_task(request, served_as, spec.task, items)
     except TesseraError as e:
         request.state.audit.reason = reject_reason(e) or type(e).__name__
@@ -824,7 +842,7 @@ def _event_stream(bodies: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
             yield f"data: {json.dumps(body)}\n\n"
 
     return StreamingResponse(
-        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        events(), media_type=EVENT_STREAM, headers={"Cache-Control": "no-cache"}
     )
 
 
@@ -840,20 +858,72 @@ async def _generated_events(
     work: asyncio.Future[list[Any]],
     pieces: asyncio.Queue[tuple[int, str]],
 ) -> AsyncIterator[dict[str, Any]]:
-    """The prompt first where it is not excluded, each piece as it comes, then
-    the extras asked for (with no text); an error as ``{"error": ...}``."""
+    """Each text ``generation_pieces`` gives, then the extras asked for (with
+    no text); an error as ``{"error": ...}``."""
     try:
-        if not parameters.exclude_input_in_output:
-            yield _generated(name, request, prompt, parameters)
-        async for _index, piece in pieces_of(work, pieces):
-            yield _generated(name, request, piece, parameters)
+        async for got in generation_pieces(prompt, parameters, work, pieces):
+            if isinstance(got, str):
+                yield _generated(name, request, got, parameters)
+            elif extras_of(parameters):
+                yield _generated(name, request, "", parameters, got)
+    except TesseraError as e:
+        yield {"error": str(e)}
+
+
+EVENT_STREAM = "text/event-stream"
+
+
+async def _infer_events(
+    request: Request,
+    name: str,
+    served_as: str,
+    parsed: InferRequest,
+    prompts: list[str],
+    parameters: GenerateParameters,
+) -> Response:
+    """A streamed generation over infer, for a caller that accepts server-sent
+    events (gRPC's ``ModelStreamInfer`` is one): an infer response an event,
+    each with ``triton_final_response`` among its parameters (module notes)."""
+    if EVENT_STREAM not in request.headers.get("accept", ""):
+        raise InvalidInputError(
+            "infer answers once: stream with .../generate_stream, gRPC's ModelStreamInfer,"
+            f" or infer with Accept: {EVENT_STREAM}"
+        )
+    if len(prompts) != 1:
+        raise InvalidInputError(f"a streamed generation takes one prompt, not {len(prompts)}")
+    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    items = generate_items(prompts, parameters, pieces)
+    work = await started_task(request, served_as, Task.GENERATE, items)
+    shape = list(parsed.inputs[PROMPT].shape)
+    empty_final = parsed.parameters.get("triton_enable_empty_final_response") is True
+
+    def response(outputs: list[dict[str, Any]], final: bool) -> dict[str, Any]:
+        body = {
+            "model_name": name,
+            "model_version": request.state.model_version,
+            "outputs": outputs,
+            "parameters": {"triton_final_response": final},
+        }
+        if parsed.request_id is not None:
+            body["id"] = parsed.request_id
+        return body
+
+    def tensor(name: str, datatype: str, value: Any) -> dict[str, Any]:
+        return {"name": name, "datatype": datatype, "shape": shape, "data": [value]}
+
+    async def events() -> AsyncIterator[dict[str, Any]]:
         try:
-            (output,) = work.result()
+            async for got in generation_pieces(prompts[0], parameters, work, pieces):
+                if isinstance(got, str):
+                    yield response([tensor(TEXT, "BYTES", got)], final=False)
+                    continue
+                extras = [
+                    tensor(extra.name, extra.datatype, extra.value(got))
+                    for extra in extras_of(parameters)
+                ]
+                if extras or empty_final:
+                    yield response(extras, final=True)
         except TesseraError as e:
             yield {"error": str(e)}
-            return
-        if extras_of(parameters):
-            yield _generated(name, request, "", parameters, output)
-    finally:
-        if not work.done():
-            work.cancel()
+
+    return _event_stream(events())

@@ -27,14 +27,14 @@ the prompt first; tessera's is not to, as TensorRT-LLM's ensemble).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tessera.errors import InvalidInputError
-from tessera.gateway.openai_api import Sampling, listeners
+from tessera.gateway.openai_api import Sampling, listeners, pieces_of
 from tessera.tasks.types import ChatInput, ChatOutput
 
 PROMPT, TEXT = "text_input", "text_output"
@@ -163,6 +163,27 @@ def asked_extras(outputs: Iterable[str]) -> dict[str, bool]:
 def extras_of(parameters: GenerateParameters) -> list[Extra]:
     """The outputs ``parameters`` ask for beside the text."""
     return [extra for flag, extra in _EXTRAS if getattr(parameters, flag)]
+
+
+async def generation_pieces(
+    prompt: str,
+    parameters: GenerateParameters,
+    work: asyncio.Future[list[Any]],
+    pieces: asyncio.Queue[tuple[int, str]],
+) -> AsyncIterator[str | ChatOutput]:
+    """A streamed generation of one prompt: the prompt first where it is not
+    excluded, each piece as it comes, then its output (or the error it
+    failed with, raised); the work is cancelled if the reader stops first."""
+    try:
+        if not parameters.exclude_input_in_output:
+            yield prompt
+        async for _index, piece in pieces_of(work, pieces):
+            yield piece
+        (output,) = work.result()
+        yield output
+    finally:
+        if not work.done():
+            work.cancel()
 
 
 def text_of(parameters: GenerateParameters, prompt: str, output: ChatOutput) -> str:

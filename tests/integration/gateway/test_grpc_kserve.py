@@ -3,6 +3,8 @@ models: tritonclient's aio client, and the raw stub for what it never sends."""
 
 from __future__ import annotations
 
+import asyncio
+import queue
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -110,6 +112,85 @@ async def test_a_generation_takes_numbers_and_parameters_raw_and_in_contents(
             await stub.ModelInfer(request)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "top-k sampling is not served" in str(error.value.details())
+
+
+def generation_inputs(prompt: str, stream: bool) -> list[object]:
+    text = triton.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=object))
+    flag = triton.InferInput("stream", [1], "BOOL")
+    flag.set_data_from_numpy(np.array([stream]))
+    return [text, flag]
+
+
+async def test_a_stream_answers_each_request_as_it_comes(address: str) -> None:
+    async def requests() -> AsyncIterator[dict[str, object]]:
+        yield {
+            "model_name": "chat",
+            "inputs": generation_inputs("one two three", True),
+            "request_id": "g",
+        }
+        yield {
+            "model_name": "chat",
+            "inputs": generation_inputs("four five", False),
+            "request_id": "w",
+        }
+        yield {"model_name": "embed", "inputs": [texts_input(["x"])], "request_id": "e"}
+        empty = triton.InferInput("TEXT", [1], "BYTES")  # declared, never filled
+        yield {"model_name": "embed", "inputs": [empty], "request_id": "bad"}
+        yield {"model_name": "nope", "inputs": [texts_input(["x"])], "request_id": "lost"}
+
+    answers: dict[str, list[object]] = {}
+    errors: list[str] = []
+    async with triton.InferenceServerClient(address) as client:
+        async for result, error in client.stream_infer(requests()):
+            if error is not None:
+                errors.append(str(error.message()))
+                continue
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            name = "text_output" if response.model_name == "chat" else "EMBEDDING"
+            answers.setdefault(response.id, []).append((result.as_numpy(name).tolist(), final))
+    # The streamed generation a piece a response, none of them final (no empty
+    # final response was asked for); the rest one final response each.
+    assert answers["g"] == [([b"one "], False), ([b"two "], False), ([b"three "], False)]
+    assert answers["w"] == [([b"four five "], True)]
+    assert answers["e"] == [([fake_embedding("x").tolist()], True)]
+    assert sorted(errors) == [
+        "input 'TEXT' has shape [1] (1 elements) but 0 strings",
+        "model 'nope' not found",
+    ]
+
+
+async def test_an_empty_final_response_ends_a_streamed_generation_where_asked(
+    address: str,
+) -> None:
+    import tritonclient.grpc as triton_sync
+
+    def generate() -> list[tuple[list[bytes], bool]]:
+        got: queue.Queue[tuple[object, object]] = queue.Queue()
+        client = triton_sync.InferenceServerClient(address)
+        try:
+            client.start_stream(callback=lambda result, error: got.put((result, error)))
+            client.async_stream_infer(
+                "chat", generation_inputs("a b", True), enable_empty_final_response=True
+            )
+            responses = []
+            while not responses or not responses[-1][1]:
+                result, error = got.get(timeout=30)
+                assert error is None, error
+                response = result.get_response()  # type: ignore[attr-defined]
+                final = response.parameters["triton_final_response"].bool_param
+                responses.append(([o.name for o in response.outputs], final))
+            client.stop_stream()
+            return responses
+        finally:
+            client.close()
+
+    assert await asyncio.to_thread(generate) == [
+        (["text_output"], False),
+        (["text_output"], False),
+        ([], True),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -139,10 +139,45 @@ async def test_infer_generates_text_output_in_text_inputs_shape(client: httpx.As
     assert r.json()["outputs"][1] == tensor("finish_reason", "BYTES", [1], ["stop"])
 
 
+async def test_infer_streams_a_generation_to_a_caller_that_accepts_events(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {
+        "id": "r7",
+        "inputs": [
+            tensor("text_input", "BYTES", [1, 1], [["a b"]]),
+            tensor("stream", "BOOL", [1], [True]),
+            tensor("return_finish_reason", "BOOL", [1], [True]),
+        ],
+    }
+    accept = {"accept": "text/event-stream"}
+    async with client.stream("POST", "/v2/models/chat/infer", json=body, headers=accept) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        sent = events([line async for line in r.aiter_lines()])
+    assert [(e["id"], e["outputs"], e["parameters"]) for e in sent] == [
+        ("r7", [tensor("text_output", "BYTES", [1, 1], ["a "])], {"triton_final_response": False}),
+        ("r7", [tensor("text_output", "BYTES", [1, 1], ["b "])], {"triton_final_response": False}),
+        (
+            "r7",
+            [tensor("finish_reason", "BYTES", [1, 1], ["stop"])],
+            {"triton_final_response": True},
+        ),
+    ]
+    # Not streamed where it cannot be: two prompts, or a caller without the header.
+    two = {"inputs": [tensor("text_input", "BYTES", [2], ["a", "b"]), *body["inputs"][1:]]}
+    r = await client.post("/v2/models/chat/infer", json=two, headers=accept)
+    assert (r.status_code, r.json()["error"]) == (
+        422,
+        "a streamed generation takes one prompt, not 2",
+    )
+    r = await client.post("/v2/models/chat/infer", json=body)
+    assert r.status_code == 422
+    assert "infer answers once" in r.json()["error"]
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
-        (tensor("stream", "BOOL", [1], [True]), "infer answers once"),
         (tensor("max_tokens", "INT32", [2], [1, 2]), "'max_tokens' holds one value, not 2"),
         (tensor("sampling_parameters", "BYTES", [1], ["[1]"]), "one JSON object"),
         (tensor("sampling_parameters", "BYTES", [1], ["{"]), "one JSON object"),
