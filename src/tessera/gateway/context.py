@@ -3,8 +3,9 @@
 - ``x-request-id`` is taken from the request or made, and returned.
 - When the app has a tenant store, every route but the health probes needs
   an API key (``Authorization: Bearer KEY``, DeepL's ``DeepL-Auth-Key KEY``,
-  or ``x-api-key``): none, unknown or revoked → 401; ``/admin`` and
-  ``/metrics`` need an admin key → 403 (``/metrics`` is public where
+  or ``x-api-key``): none, unknown or revoked → 401; ``/admin``, Triton's
+  repository loads and unloads and ``/metrics`` need an admin key → 403
+  (``/metrics`` is public where
   ``app.state.metrics_public`` is set). Keys are checked against the store on
   each request, so revocations apply at once.
 - Failed authentication is throttled per client address (``AuthThrottle``):
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -51,6 +53,19 @@ def public_paths(app_state: Any) -> frozenset[str]:
     if getattr(app_state, "metrics_public", False):
         return PUBLIC_PATHS | {METRICS_PATH}
     return PUBLIC_PATHS
+
+
+# Triton's repository loads and unloads: the admin API's, in KServe's form.
+_TRITON_REPOSITORY = re.compile(r"/v2/repository/models/[^/]+/(load|unload)")
+
+
+def admin_only(path: str) -> bool:
+    """Whether ``path`` needs an admin key."""
+    return (
+        path.startswith("/admin")
+        or path == METRICS_PATH
+        or bool(_TRITON_REPOSITORY.fullmatch(path))
+    )
 
 
 def is_dashboard(path: str) -> bool:
@@ -168,7 +183,7 @@ class RequestContextMiddleware:
                 )
             return _Refusal(401, "invalid or revoked API key", "auth")
         state["principal"] = principal
-        if (path.startswith("/admin") or path == METRICS_PATH) and not principal.admin:
+        if admin_only(path) and not principal.admin:
             return _Refusal(403, "this route needs an admin key", "auth")
         return None
 

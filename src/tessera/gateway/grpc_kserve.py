@@ -29,7 +29,9 @@ tritonclient sends its ``headers``), its peer the request's client.
   extras or ``enable_empty_final_response`` ask for it; any other request one
   response, final. A request's error is that response's ``error_message``,
   and the stream goes on.
-- The rest (shared memory, loading through the repository, tracing) answer
+- ``RepositoryModelLoad`` / ``RepositoryModelUnload`` (an admin key): the
+  HTTP repository routes' (``kserve.py``).
+- The rest (shared memory, tracing, the repository's other calls) answer
   ``UNIMPLEMENTED``, as a Triton without them does.
 - An HTTP error becomes its gRPC status (404 ``NOT_FOUND``, 401
   ``UNAUTHENTICATED``, 422 ``INVALID_ARGUMENT``, 429 ``RESOURCE_EXHAUSTED``,
@@ -45,6 +47,7 @@ the process split each gateway process listens on the port (grpcio sets
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
@@ -331,6 +334,28 @@ class KServeService:
             ]
         )
 
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        await self._repository(context, request, "load")
+        return self.pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        await self._repository(context, request, "unload")
+        return self.pb.RepositoryModelUnloadResponse()
+
+    async def _repository(self, context: Any, request: Any, action: str) -> None:
+        """A load or unload through the HTTP route (its parameters as its body's)."""
+        if request.repository_name:
+            import grpc
+
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "repositories are not named here: every model card's is one",
+            )
+        parameters = {name: _parameter(value) for name, value in request.parameters.items()}
+        body = json.dumps({"parameters": parameters}).encode()
+        path = f"/v2/repository/models/{quote(request.model_name, safe='')}/{action}"
+        await self._ok(context, "POST", path, body)
+
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         head, blob, path = _infer_call(request)
         length = [(HEADER_LENGTH, str(len(head)))]
@@ -468,9 +493,11 @@ _NUMBER_CONTENTS = (
 
 
 def _parameter(value: Any) -> Any:
-    """An ``InferParameter``'s value (bool, int, str or float), None if unset."""
+    """An ``InferParameter``'s or a ``ModelRepositoryParameter``'s value (bool,
+    int, str or float; bytes as base64), None if unset."""
     kind = value.WhichOneof("parameter_choice")
-    return None if kind is None else getattr(value, kind)
+    found = None if kind is None else getattr(value, kind)
+    return base64.b64encode(found).decode() if isinstance(found, bytes) else found
 
 
 def _infer_body(request: Any) -> tuple[dict[str, Any], bytes]:

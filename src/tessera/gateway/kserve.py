@@ -334,6 +334,61 @@ async def repository_index(request: Request) -> Response:
     )
 
 
+@router.post("/v2/repository/models/{name}/load", response_model=None)
+async def repository_load(name: str, request: Request) -> Response:
+    """Triton's model repository extension, load (``tritonclient``'s
+    ``load_model``; an admin key): ``name``'s current version made resident
+    now, where it would load on its first request anyway. A ``config`` or
+    model files are refused: models come from their cards (``POST
+    /admin/models``)."""
+    try:
+        parameters = _repository_parameters(await request.body())
+        if parameters:
+            raise InvalidInputError(
+                f"load takes no parameters here (given {sorted(parameters)}): a model's"
+                " config and files come from its card (POST /admin/models)"
+            )
+        if name not in visible_models(request):
+            raise ModelNotFoundError(name)
+        await engine_of(request).load(name)
+    except TesseraError as e:
+        return _kserve_error(e)
+    return JSONResponse({})
+
+
+@router.post("/v2/repository/models/{name}/unload", response_model=None)
+async def repository_unload(name: str, request: Request) -> Response:
+    """Triton's model repository extension, unload (``unload_model``; an admin
+    key): ``name`` evicted now. It stays served, and loads again on its next
+    request, as every model here does; ``unload_dependents`` asks nothing more
+    (no model here depends on another)."""
+    try:
+        parameters = _repository_parameters(await request.body())
+        if set(parameters) - {"unload_dependents"}:
+            raise InvalidInputError(
+                f"unload takes unload_dependents alone, given {sorted(parameters)}"
+            )
+        if name not in visible_models(request):
+            raise ModelNotFoundError(name)
+        await engine_of(request).unload(name)
+    except TesseraError as e:
+        return _kserve_error(e)
+    return JSONResponse({})
+
+
+def _repository_parameters(body: bytes) -> dict[str, Any]:
+    """A load or unload body's ``parameters`` (an empty body has none)."""
+    if not body.strip():
+        return {}
+    try:
+        given = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise InvalidInputError("the body is not valid JSON") from e
+    if not isinstance(given, dict) or set(given) - {"parameters"}:
+        raise InvalidInputError('the body is {"parameters": {...}} or empty')
+    return _mapping(given.get("parameters"), "parameters")
+
+
 def _decode_bytes_tensor(raw: bytes) -> list[str]:
     texts, offset = [], 0
     while offset < len(raw):

@@ -193,6 +193,32 @@ async def test_an_empty_final_response_ends_a_streamed_generation_where_asked(
     ]
 
 
+async def test_tritonclient_loads_and_unloads_over_grpc(address: str) -> None:
+    async with triton.InferenceServerClient(address) as client:
+
+        async def state() -> str:
+            index = (await client.get_model_repository_index()).models
+            return next(model.state for model in index if model.name == "mt")
+
+        assert await state() == "UNAVAILABLE"
+        await client.load_model("mt")
+        assert await state() == "READY"
+        await client.unload_model("mt", unload_dependents=True)
+        assert await state() == "UNAVAILABLE"
+        with pytest.raises(InferenceServerException) as refused:
+            await client.load_model("mt", config='{"max_batch_size": 8}')
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+        with pytest.raises(InferenceServerException) as missing:
+            await client.unload_model("nope")
+        assert missing.value.status() == "StatusCode.NOT_FOUND"
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.RepositoryModelLoadRequest(repository_name="other", model_name="mt")
+        with pytest.raises(grpc.aio.AioRpcError) as named:
+            await stub.RepositoryModelLoad(request)
+    assert named.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 @pytest.mark.parametrize(
     ("model", "status"),
     [
