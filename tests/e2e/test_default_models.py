@@ -553,14 +553,19 @@ def _png(array: np.ndarray) -> bytes:  # type: ignore[type-arg]
     return buffer.getvalue()
 
 
-def test_ocr_page_json_and_line_multipart(server: Server) -> None:
-    page = sample_page()
-    r = httpx.post(
+def _ocr_json(server: Server, page: np.ndarray[Any, Any]) -> httpx.Response:
+    """``page`` read by the OCR route, sent as base64 in JSON."""
+    return httpx.post(
         f"{server.base_url}/v1/ocr",
         json={"model": "pp-ocrv6", "image": base64.b64encode(_png(page)).decode()},
         timeout=120,
         headers=server.headers,
     )
+
+
+def test_ocr_page_json_and_line_multipart(server: Server) -> None:
+    page = sample_page()
+    r = _ocr_json(server, page)
     assert r.status_code == 200, r.text
     body = r.json()
     assert "Total" in body["text"]
@@ -576,6 +581,34 @@ def test_ocr_page_json_and_line_multipart(server: Server) -> None:
     )
     assert r.status_code == 200, r.text
     assert "Total" in r.json()["text"]
+
+
+def test_tritonclient_reads_pages_and_speaks(
+    server: Server, request: pytest.FixtureRequest
+) -> None:
+    client = triton_http.InferenceServerClient(url=f"127.0.0.1:{server.port}")
+    request.addfinalizer(client.close)
+    page = sample_page()
+    over_http = _ocr_json(server, page).json()
+    # An image file, and the same page as RGB pixels: the OCR route's answer both ways.
+    image = triton_http.InferInput("IMAGE", [1], "BYTES")
+    image.set_data_from_numpy(np.array([_png(page)], dtype=object))
+    pixels = triton_http.InferInput("IMAGE", [*page.shape], "UINT8")
+    pixels.set_data_from_numpy(np.ascontiguousarray(page[:, :, ::-1]))
+    for tensor in (image, pixels):
+        result = client.infer("pp-ocrv6", [tensor], headers=server.headers, timeout=120)
+        assert result.as_numpy("TEXT").tolist() == [over_http["text"].encode()]
+        boxes = result.as_numpy("LINE_BOX")
+        assert boxes.shape == (len(over_http["lines"]), 4, 2)
+        np.testing.assert_allclose(boxes[0], over_http["lines"][0]["box"], atol=1e-3)
+    text = triton_http.InferInput("TEXT", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"Hello from tessera."], dtype=object))
+    spoken = client.infer("piper-joe", [text], headers=server.headers)
+    assert spoken.as_numpy("SAMPLE_RATE").tolist() == [22050]
+    samples = spoken.as_numpy("AUDIO")
+    assert samples.dtype == np.int16
+    assert 0.5 < len(samples) / 22050 < 10
+    assert np.abs(samples).max() > 1000  # speech, not silence
 
 
 def test_speech_wav_and_mp3(oai: openai.OpenAI) -> None:

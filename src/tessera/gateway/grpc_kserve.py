@@ -512,13 +512,12 @@ def _infer_body(request: Any) -> tuple[dict[str, Any], bytes]:
             "datatype": given.datatype,
             "shape": list(given.shape),
         }
-        if index < len(raw):
-            tensor["parameters"] = {"binary_data_size": len(raw[index])}
-            blobs.append(raw[index])
-        elif given.contents.bytes_contents:
-            tensor["data"] = [
-                b.decode("utf-8", errors="replace") for b in given.contents.bytes_contents
-            ]
+        data = raw[index] if index < len(raw) else None
+        if data is None and given.contents.bytes_contents:  # as binary data: bytes, not text
+            data = binary_data("BYTES", list(given.contents.bytes_contents))
+        if data is not None:
+            tensor["parameters"] = {"binary_data_size": len(data)}
+            blobs.append(data)
         else:  # numbers, or nothing: the HTTP side checks them against the datatype
             tensor["data"] = next(
                 (

@@ -1,7 +1,7 @@
 """KServe v2 / Open Inference Protocol: health, metadata and infer, JSON and the
 binary tensor extension, as ``tritonclient[http]`` speaks them.
 
-``infer`` is served for embedding models (a BYTES input of texts, an FP32
+``infer`` is served for every task: embedding models (a BYTES input of texts, an FP32
 ``[N, D]`` output), classification models (a BYTES ``LABEL`` and an FP32
 ``SCORE`` output per text), translation models (a BYTES ``TRANSLATION`` per
 text), rerankers (a BYTES ``QUERY`` of one element and a BYTES ``TEXT``
@@ -10,7 +10,14 @@ of documents in, an FP32 ``SCORE`` per document out) and generate models
 parameters as scalar tensors, ``sampling_parameters`` or the request's
 ``parameters``, a BYTES ``text_output`` in ``text_input``'s shape; see
 ``triton_llm``). A model of one input takes it under any name, as before; a
-reranker's and a generation's are named. Input tensors are any of KServe's
+reranker's and a generation's are named. OCR models read ``IMAGE``: image
+files in a BYTES tensor (binary data, or base64 in JSON) or UINT8 pixels
+([H, W, C] or [N, H, W, C], RGB or gray), and answer each page's ``TEXT`` and
+its lines one after another (``LINE_TEXT``, ``LINE_SCORE``, ``LINE_BOX`` of
+four corners, ``LINE_IMAGE``: whose); the OCR route's fields (``mode``, a
+vision-language model's ``prompt``...) come as the request's parameters.
+Speech models read one ``TEXT`` (``speed`` a parameter) and answer ``AUDIO``
+(INT16 samples) and ``SAMPLE_RATE``. Input tensors are any of KServe's
 datatypes but BF16, in JSON or binary data; a model reads those it takes.
 
 Triton's generate extension (``.../generate``, ``.../generate_stream``): a
@@ -51,9 +58,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tessera import __version__
-from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
+from tessera.errors import (
+    InvalidInputError,
+    ModelNotFoundError,
+    PayloadTooLargeError,
+    TesseraError,
+)
 from tessera.gateway.common import engine_of, run_task, started_task, visible_models
 from tessera.gateway.errors import error_headers, reject_reason, status_of
+from tessera.gateway.tasks_api import OcrOptions, ocr_item
 from tessera.gateway.triton_llm import (
     EXTRA_OUTPUTS,
     PROMPT,
@@ -69,10 +82,15 @@ from tessera.gateway.triton_llm import (
 )
 from tessera.metrics.stats import Durations, ModelStats
 from tessera.repository.spec import ModelSpec
+from tessera.tasks.image import MAX_IMAGE_PIXELS, decode_base64, decode_image
 from tessera.tasks.types import (
     ChatOutput,
     ClassifyOutput,
+    OcrLine,
+    OcrOutput,
     RerankInput,
+    SpeechInput,
+    SpeechOutput,
     Task,
     TextInput,
     TranslateInput,
@@ -209,7 +227,29 @@ def _io_metadata(spec: ModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
             for extra in EXTRA_OUTPUTS
         ]
         return [prompt, *_GENERATE_INPUTS], [{**prompt, "name": TEXT}, *extras]
+    if spec.task is Task.OCR:
+        image = {"name": "IMAGE", "datatype": "BYTES", "shape": [-1]}
+        return [image], _OCR_OUTPUTS
+    if spec.task is Task.TTS:
+        return [{"name": "TEXT", "datatype": "BYTES", "shape": [1]}], _TTS_OUTPUTS
     return [], []
+
+
+def _tensor_metadata(name: str, datatype: str, *shape: int) -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": list(shape)}
+
+
+_OCR_OUTPUTS = [
+    _tensor_metadata("TEXT", "BYTES", -1),
+    _tensor_metadata("LINE_TEXT", "BYTES", -1),
+    _tensor_metadata("LINE_SCORE", "FP32", -1),
+    _tensor_metadata("LINE_BOX", "FP32", -1, 4, 2),
+    _tensor_metadata("LINE_IMAGE", "INT32", -1),
+]
+_TTS_OUTPUTS = [
+    _tensor_metadata("AUDIO", "INT16", -1),
+    _tensor_metadata("SAMPLE_RATE", "INT32", 1),
+]
 
 
 def _optional(name: str, datatype: str, shape: int = 1) -> dict[str, Any]:
@@ -389,8 +429,10 @@ def _repository_parameters(body: bytes) -> dict[str, Any]:
     return _mapping(given.get("parameters"), "parameters")
 
 
-def _decode_bytes_tensor(raw: bytes) -> list[str]:
-    texts, offset = [], 0
+def _decode_bytes_tensor(raw: bytes) -> list[bytes]:
+    """The elements of a BYTES tensor's binary data, each after its 4-byte
+    little-endian length."""
+    elements, offset = [], 0
     while offset < len(raw):
         if offset + 4 > len(raw):
             raise InvalidInputError("truncated BYTES tensor")
@@ -398,9 +440,9 @@ def _decode_bytes_tensor(raw: bytes) -> list[str]:
         offset += 4
         if offset + length > len(raw):
             raise InvalidInputError("truncated BYTES element")
-        texts.append(raw[offset : offset + length].decode("utf-8", errors="replace"))
+        elements.append(raw[offset : offset + length])
         offset += length
-    return texts
+    return elements
 
 
 # Nesting of a tensor's ``data`` (a list per dimension); deeper is refused
@@ -413,14 +455,32 @@ MAX_TENSOR_RANK = 8
 MAX_INPUTS = 24
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Tensor:
-    """An input tensor: its datatype, shape, and values (flat, row-major):
-    str for BYTES, bool for BOOL, int or float for numbers."""
+    """An input tensor: its datatype, shape, and values (flat, row-major): for
+    BYTES a list of str (JSON data) or bytes (binary data), else an array of
+    the datatype's numpy dtype."""
 
     datatype: str
     shape: tuple[int, ...]
-    values: list[Any]
+    values: list[str] | list[bytes] | np.ndarray[Any, Any]
+
+    def tolist(self) -> list[Any]:
+        """Its values as Python's: str (BYTES as UTF-8 text), bool, int or float."""
+        if isinstance(self.values, np.ndarray):
+            numbers: list[Any] = self.values.tolist()
+            return numbers
+        return [v if isinstance(v, str) else v.decode("utf-8", "replace") for v in self.values]
+
+    def blobs(self) -> list[bytes]:
+        """A BYTES tensor's elements as bytes: binary data as sent, JSON strings
+        as base64 (or ``data:`` URLs), the only way JSON carries bytes."""
+        assert isinstance(self.values, list)
+        return [v if isinstance(v, bytes) else decode_base64(v) for v in self.values]
+
+    def array(self) -> np.ndarray[Any, Any]:
+        """Its numbers in its shape."""
+        return np.asarray(self.values).reshape(self.shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,8 +515,7 @@ class InferRequest:
 def _texts(name: str, tensor: Tensor) -> list[str]:
     if tensor.datatype != "BYTES":
         raise InvalidInputError(f"input {name!r} must be BYTES (texts), not {tensor.datatype}")
-    texts: list[str] = tensor.values
-    return texts
+    return tensor.tolist()
 
 
 def _is_int(value: object) -> bool:
@@ -493,7 +552,7 @@ def _flatten(data: object, datatype: str) -> list[Any]:
     return values
 
 
-def _decode_binary(name: str, datatype: str, raw: bytes) -> list[Any]:
+def _decode_binary(name: str, datatype: str, raw: bytes) -> list[bytes] | np.ndarray[Any, Any]:
     """A tensor's values from its binary data."""
     if datatype == "BYTES":
         return _decode_bytes_tensor(raw)
@@ -503,8 +562,15 @@ def _decode_binary(name: str, datatype: str, raw: bytes) -> list[Any]:
             f"input {name!r}: {len(raw)} bytes are not whole {datatype} values"
             f" ({dtype.itemsize} bytes each)"
         )
-    values: list[Any] = np.frombuffer(raw, dtype).tolist()
-    return values
+    return np.frombuffer(raw, dtype)
+
+
+def _numbers(name: str, datatype: str, values: list[Any]) -> np.ndarray[Any, Any]:
+    """A tensor's JSON numbers as an array of its datatype, each in its range."""
+    try:
+        return np.asarray(values, dtype=_NUMERIC[datatype])
+    except OverflowError as e:
+        raise InvalidInputError(f"input {name!r}: a value is out of {datatype}'s range") from e
 
 
 def _shape(tensor: dict[str, Any]) -> list[int]:
@@ -567,6 +633,8 @@ def _tensor_of(tensor: dict[str, Any], binary: bytes) -> tuple[str, Tensor, int]
         if "data" not in tensor:
             raise InvalidInputError(f"input {name!r} has neither data nor binary_data_size")
         values = _flatten(tensor["data"], datatype)
+        if datatype != "BYTES":
+            values = _numbers(name, datatype, values)
     if math.prod(shape) != len(values):
         raise InvalidInputError(
             f"input {name!r} has shape {shape} ({math.prod(shape)} elements)"
@@ -638,12 +706,12 @@ def _parse_request(body: bytes, header_length: str | None) -> InferRequest:
 
 def binary_data(datatype: str, values: Any) -> bytes:
     """Values of ``datatype`` (an array, or a flat list) as binary tensor data:
-    BYTES elements each after its 4-byte little-endian length, numbers
-    little-endian."""
+    BYTES elements (bytes, or text as UTF-8) each after its 4-byte
+    little-endian length, numbers little-endian."""
     if datatype == "BYTES":
-        return b"".join(
-            struct.pack("<I", len(b)) + b for b in (str(x).encode() for x in np.ravel(values))
-        )
+        flat = values if isinstance(values, list) else np.asarray(values, dtype=object).ravel()
+        elements = (x if isinstance(x, bytes) else str(x).encode() for x in flat)
+        return b"".join(struct.pack("<I", len(b)) + b for b in elements)
     return np.asarray(values).astype(_NUMERIC[datatype]).tobytes()
 
 
@@ -660,11 +728,15 @@ def _encode_output(
 
 
 Arrays = list[tuple[str, np.ndarray[Any, Any], str]]  # output tensors: name, values, datatype
+# A request's items, and how their outputs become output tensors.
+Work = tuple[list[Any], Callable[[list[Any]], Arrays]]
 
 
-def _work(spec: ModelSpec, parsed: InferRequest) -> tuple[list[Any], Callable[[list[Any]], Arrays]]:
+def _work(spec: ModelSpec, parsed: InferRequest) -> Work:
     """The model's items of a request's inputs, and how their outputs become
     output tensors."""
+    if spec.task is Task.OCR:
+        return _pages(spec, parsed)
     if spec.task is Task.RERANK:
         queries, documents = parsed.named("QUERY"), parsed.named("TEXT")
         if len(queries) != 1:
@@ -681,9 +753,128 @@ def _work(spec: ModelSpec, parsed: InferRequest) -> tuple[list[Any], Callable[[l
         return [TextInput(t) for t in texts], _embeddings
     if spec.task is Task.CLASSIFY:
         return [TextInput(t) for t in texts], _labels
-    raise InvalidInputError(
-        f"infer serves embedding, classify, translate, rerank and generate models, not {spec.task}"
-    )
+    if spec.task is Task.TTS:
+        return _speech(parsed, texts)
+    raise InvalidInputError(f"infer does not serve {spec.task} models")
+
+
+def _own_parameters(parsed: InferRequest) -> dict[str, Any]:
+    """The request's parameters but Triton's own: the model's to read."""
+    return {k: v for k, v in parsed.parameters.items() if k not in _RESERVED_PARAMETERS}
+
+
+def _pages(
+    spec: ModelSpec, parsed: InferRequest
+) -> tuple[list[Any], Callable[[list[Any]], Arrays]]:
+    """A page an image of ``IMAGE`` (or a model's one input, whatever its
+    name): encoded image files in a BYTES tensor (binary data, or base64 in
+    JSON), or pixels in a UINT8 one, [H, W, C] or [N, H, W, C] (RGB, or gray
+    with C 1). A vision-language model's prompt fields and ``mode`` come as
+    the request's parameters, as the OCR route's form fields."""
+    if "IMAGE" in parsed.inputs:
+        tensor = parsed.inputs["IMAGE"]
+    elif len(parsed.inputs) == 1:
+        (tensor,) = parsed.inputs.values()
+    else:
+        raise InvalidInputError(f"input 'IMAGE' is missing; given {sorted(parsed.inputs)}")
+    given = _own_parameters(parsed)
+    mode = given.pop("mode", "page")
+    if mode not in ("page", "line"):
+        raise InvalidInputError(f"mode is page or line, not {mode!r:.20}")
+    if isinstance(given.get("fields"), str):
+        try:
+            given["fields"] = json.loads(given["fields"])
+        except (ValueError, RecursionError) as e:
+            raise InvalidInputError("parameter 'fields' must be JSON") from e
+    try:
+        ask = OcrOptions.model_validate(given)
+    except ValueError as e:
+        raise InvalidInputError(f"invalid parameters: {e}") from e
+    if ask.model_extra:
+        raise InvalidInputError(f"an OCR model takes no parameter {sorted(ask.model_extra)}")
+    images = _images(tensor)
+    if not images:
+        raise InvalidInputError("IMAGE must hold at least one image")
+    return [ocr_item(spec, image, mode, ask) for image in images], _read
+
+
+def _images(tensor: Tensor) -> list[np.ndarray[Any, Any]]:
+    """The pages of an image tensor, each H x W x 3 BGR (as ``decode_image``)."""
+    if tensor.datatype == "BYTES":
+        return [decode_image(blob) for blob in tensor.blobs()]
+    if tensor.datatype != "UINT8" or len(tensor.shape) not in (3, 4):
+        raise InvalidInputError(
+            "IMAGE is BYTES (image files) or UINT8 pixels [H, W, C] or [N, H, W, C],"
+            f" not {tensor.datatype} {list(tensor.shape)}"
+        )
+    pixels = tensor.array()
+    pages = pixels[None] if pixels.ndim == 3 else pixels
+    _count, height, width, channels = pages.shape
+    if channels not in (1, 3) or not height or not width:
+        raise InvalidInputError(f"IMAGE's pages are H x W x 1 or 3, not {list(pages.shape[1:])}")
+    if height * width > MAX_IMAGE_PIXELS:
+        raise PayloadTooLargeError(
+            f"image of {width} x {height} pixels is over the limit of {MAX_IMAGE_PIXELS:,} pixels"
+        )
+    return [
+        np.ascontiguousarray(np.repeat(page, 3 // channels, axis=2)[:, :, ::-1]) for page in pages
+    ]
+
+
+def _quad(box: tuple[tuple[float, float], ...]) -> list[tuple[float, float]]:
+    """A line's box as four corners: its own, or its bounds where it has other."""
+    if len(box) == 4:
+        return list(box)
+    xs, ys = [p[0] for p in box] or [0.0], [p[1] for p in box] or [0.0]
+    return [(min(xs), min(ys)), (max(xs), min(ys)), (max(xs), max(ys)), (min(xs), max(ys))]
+
+
+def _read(outputs: list[OcrOutput | ChatOutput]) -> Arrays:
+    """Each page's ``TEXT``, and its lines one after another (``LINE_IMAGE``
+    says whose): ``LINE_TEXT``, ``LINE_SCORE``, ``LINE_BOX`` (four corners,
+    pixels). A vision-language model's answer is its text, with no lines."""
+    texts: list[str] = []
+    lines: list[tuple[int, OcrLine]] = []
+    for index, output in enumerate(outputs):
+        if isinstance(output, ChatOutput):
+            texts.append(output.text)
+            continue
+        texts.append("\n".join(line.text for line in output.lines))
+        lines.extend((index, line) for line in output.lines)
+    boxes = np.array([_quad(line.box) for _, line in lines], dtype=np.float32).reshape(-1, 4, 2)
+    return [
+        ("TEXT", np.array(texts, dtype=object), "BYTES"),
+        ("LINE_TEXT", np.array([line.text for _, line in lines], dtype=object), "BYTES"),
+        ("LINE_SCORE", np.array([line.score for _, line in lines], dtype=np.float32), "FP32"),
+        ("LINE_BOX", boxes, "FP32"),
+        ("LINE_IMAGE", np.array([index for index, _ in lines], dtype=np.int32), "INT32"),
+    ]
+
+
+def _speech(
+    parsed: InferRequest, texts: list[str]
+) -> tuple[list[Any], Callable[[list[Any]], Arrays]]:
+    """One text's speech: ``AUDIO`` (16-bit samples) and its ``SAMPLE_RATE``;
+    ``speed`` (1.0) as a parameter."""
+    if len(texts) != 1:
+        raise InvalidInputError(f"a speech model reads one text a request, not {len(texts)}")
+    given = _own_parameters(parsed)
+    speed = given.pop("speed", 1.0)
+    if given:
+        raise InvalidInputError(f"a speech model takes speed alone, not {sorted(given)}")
+    if not _is_number(speed) or not 0.25 <= speed <= 4.0:
+        raise InvalidInputError(f"speed is a number from 0.25 to 4, not {speed!r:.20}")
+    if not texts[0].strip():
+        raise InvalidInputError("the text must not be blank")
+    return [SpeechInput(texts[0], float(speed))], _audio
+
+
+def _audio(outputs: list[SpeechOutput]) -> Arrays:
+    (speech,) = outputs
+    return [
+        ("AUDIO", np.asarray(speech.samples, dtype=np.int16), "INT16"),
+        ("SAMPLE_RATE", np.array([speech.sample_rate], dtype=np.int32), "INT32"),
+    ]
 
 
 def _embeddings(outputs: list[Any]) -> Arrays:
@@ -742,14 +933,12 @@ def _generation_request(parsed: InferRequest) -> tuple[list[str], GenerateParame
         elif len(tensor.values) != 1:
             raise InvalidInputError(f"input {name!r} holds one value, not {len(tensor.values)}")
         else:
-            given[name] = tensor.values[0]
+            given[name] = tensor.tolist()[0]
     given.update(asked_extras(parsed.outputs))
     return prompts, parameters_of(given)
 
 
-def _generation(
-    parsed: InferRequest, prompts: list[str], parameters: GenerateParameters
-) -> tuple[list[Any], Callable[[list[Any]], Arrays]]:
+def _generation(parsed: InferRequest, prompts: list[str], parameters: GenerateParameters) -> Work:
     """A prompt's item per ``text_input`` element; ``text_output`` (and the
     extras asked for) in ``text_input``'s shape."""
     shape = parsed.inputs[PROMPT].shape

@@ -600,7 +600,7 @@ async def test_kserve_config_index_and_errors_in_kserve_shape(client: httpx.Asyn
         ("GET", "/v2/models/nope/config"),
         ("GET", "/v2/models/nope/stats"),
         ("GET", "/v2/models/embed/infer"),
-        ("POST", "/v2/repository/models/embed/load"),
+        ("POST", "/v2/repository/models/embed/delete"),
     ):
         r = await client.request(method, path)
         assert r.status_code in (404, 405), (path, r.text)

@@ -79,6 +79,23 @@ async def test_texts_in_bytes_contents_are_read_as_in_raw_contents(address: str)
     np.testing.assert_allclose(vectors, [fake_embedding("a b"), fake_embedding("c")], rtol=1e-6)
 
 
+async def test_image_files_in_bytes_contents_stay_bytes(address: str) -> None:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (9, 5)).save(buffer, format="PNG")  # its bytes hold NULs and non-UTF-8
+    request = service_pb2.ModelInferRequest(model_name="ocr")
+    tensor = request.inputs.add(name="IMAGE", datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.append(buffer.getvalue())
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response = await stub.ModelInfer(request)
+    assert [o.name for o in response.outputs][:2] == ["TEXT", "LINE_TEXT"]
+    assert response.raw_output_contents[0] == b"\x03\x00\x00\x009x5"
+
+
 async def test_a_generation_takes_numbers_and_parameters_raw_and_in_contents(
     address: str,
 ) -> None:
@@ -220,21 +237,21 @@ async def test_tritonclient_loads_and_unloads_over_grpc(address: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "status"),
+    ("model", "status", "says"),
     [
-        ("nope", "StatusCode.NOT_FOUND"),
-        ("tts", "StatusCode.INVALID_ARGUMENT"),  # infer serves no speech
-        ("broken", "StatusCode.UNAVAILABLE"),
+        ("nope", "StatusCode.NOT_FOUND", "'nope' not found"),
+        ("chat", "StatusCode.INVALID_ARGUMENT", "'text_input' is missing"),
+        ("broken", "StatusCode.UNAVAILABLE", "broken"),
     ],
 )
 async def test_errors_take_their_grpc_status_and_message(
-    address: str, model: str, status: str
+    address: str, model: str, status: str, says: str
 ) -> None:
     async with triton.InferenceServerClient(address) as client:
         with pytest.raises(InferenceServerException) as error:
             await client.infer(model, [texts_input(["x"])])
     assert error.value.status() == status
-    assert model in str(error.value.message()) or "infer serves" in str(error.value.message())
+    assert says in str(error.value.message())
 
 
 async def test_metadata_config_readiness_and_the_index(address: str) -> None:

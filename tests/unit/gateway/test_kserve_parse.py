@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tessera.errors import InvalidInputError
-from tessera.gateway.kserve import MAX_TENSOR_RANK, Tensor, _parse_request
+from tessera.gateway.kserve import MAX_TENSOR_RANK, _parse_request
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6)
 JSON = st.recursive(
@@ -112,7 +112,7 @@ def test_inputs_read_their_binary_data_in_turn() -> None:
     inline = {"name": "EXTRA", "datatype": "BYTES", "shape": [1], "data": ["x"]}
     head = json.dumps({"inputs": [query, inline, documents]}).encode()
     parsed = _parse_request(head + query_blob + documents_blob, str(len(head)))
-    assert {name: t.values for name, t in parsed.inputs.items()} == {
+    assert {name: t.tolist() for name, t in parsed.inputs.items()} == {
         "QUERY": ["q"],
         "EXTRA": ["x"],
         "TEXT": ["a", "bc"],
@@ -160,14 +160,15 @@ def test_numbers_and_bools_read_from_json_and_binary_data() -> None:
     ]
     head = json.dumps({"inputs": tensors, "parameters": {"top_p": 0.5}}).encode()
     parsed = _parse_request(head + tokens + seed, str(len(head)))
-    assert {name: t.values for name, t in parsed.inputs.items()} == {
+    assert {name: t.tolist() for name, t in parsed.inputs.items()} == {
         "text_input": ["hi"],
         "max_tokens": [7],
         "stream": [False],
         "temperature": [1],
         "random_seed": [2**63 + 1],
     }
-    assert parsed.inputs["max_tokens"] == Tensor("INT32", (1, 1), [7])
+    tokens = parsed.inputs["max_tokens"]
+    assert (tokens.datatype, tokens.shape, tokens.array().dtype) == ("INT32", (1, 1), np.int32)
     assert parsed.parameters == {"top_p": 0.5}
     with pytest.raises(InvalidInputError, match="must be BYTES"):
         parsed.named("max_tokens")
@@ -182,6 +183,7 @@ def test_numbers_and_bools_read_from_json_and_binary_data() -> None:
         ({"datatype": "FP32", "data": ["1"]}, "holds numbers; data has str"),
         ({"datatype": "BF16", "data": [1.0]}, "KServe's are BYTES, BOOL"),
         ({"datatype": "INT64", "parameters": {"binary_data_size": 5}}, "not whole INT64 values"),
+        ({"datatype": "UINT8", "data": [256]}, "out of UINT8's range"),
     ],
 )
 def test_values_not_of_their_datatype_say_why(tensor: dict[str, Any], says: str) -> None:
