@@ -95,16 +95,19 @@ def test_openai_client_logprobs_plain_and_streamed(oai: openai.OpenAI) -> None:
     assert choice.logprobs.content
     assert "".join(t.token for t in choice.logprobs.content) == choice.message.content
     assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in choice.logprobs.content)
-    stream = oai.chat.completions.create(
-        model="smollm2-135m", messages=messages, stream=True, **asked
-    )
+    stream_chunks = [
+        chunk.choices[0]
+        for chunk in oai.chat.completions.create(
+            model="smollm2-135m", messages=messages, stream=True, **asked
+        )
+        if chunk.choices
+    ]
     streamed = [
-        token
-        for chunk in stream
-        if chunk.choices and chunk.choices[0].logprobs
-        for token in chunk.choices[0].logprobs.content or []
+        token for chunk in stream_chunks if chunk.logprobs for token in chunk.logprobs.content or []
     ]
     assert [t.token for t in streamed] == [t.token for t in choice.logprobs.content]
+    with_logprobs = [chunk for chunk in stream_chunks if chunk.logprobs]
+    assert len(with_logprobs) > 1  # each with its piece, not all with the last chunk
     # logprobs alone, no alternatives asked for: each token's own.
     alone = oai.chat.completions.create(
         model="smollm2-135m", messages=messages, max_tokens=3, temperature=0, logprobs=True
@@ -245,7 +248,9 @@ def test_openai_client_legacy_completions(oai: openai.OpenAI) -> None:
         )
         if chunk.choices and chunk.choices[0].logprobs
     ]
-    assert [s.tokens for s in streamed] == [tokens]  # with the choice's last chunk
+    assert len(streamed) > 1  # with their pieces, not all with the last chunk
+    assert [token for s in streamed for token in s.tokens or []] == tokens
+    assert [at for s in streamed for at in s.text_offset or []] == scored.logprobs.text_offset
 
 
 def test_openai_client_models(oai: openai.OpenAI) -> None:

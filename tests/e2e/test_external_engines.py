@@ -174,6 +174,77 @@ def test_a_vllm_engines_tool_calls_reach_openais_client_plain_and_streamed(
     assert (text.message.content, text.message.tool_calls) == ("w0 w1", None)
 
 
+def streamed_logprobs_come_with_their_pieces(
+    server: Server, request: pytest.FixtureRequest
+) -> None:
+    """Chat, legacy completions and the Responses API, streamed from a fake
+    vLLM engine, each piece with its own tokens' logprobs."""
+    oai = client(server, request)
+    asked: dict[str, Any] = {"model": "fake-tools", "max_tokens": 3, "stream": True}
+    hello = [{"role": "user", "content": "Hi"}]
+    chat = [
+        chunk.choices[0]
+        for chunk in oai.chat.completions.create(
+            messages=hello, logprobs=True, top_logprobs=1, **asked
+        )
+        if chunk.choices
+    ]
+    told = [
+        (c.delta.content, [t.token for t in c.logprobs.content or []] if c.logprobs else None)
+        for c in chat
+        if c.delta.content
+    ]
+    assert told == [("w0 ", ["w0 "]), ("w1 ", ["w1 "]), ("w2", ["w2"])]
+    assert chat[-1].finish_reason == "length"
+    assert chat[-1].logprobs is None  # every one went with its piece
+    legacy = [
+        chunk.choices[0]
+        for chunk in oai.completions.create(prompt="a b", logprobs=2, **asked)
+        if chunk.choices and chunk.choices[0].text
+    ]
+    assert [(c.text, c.logprobs.tokens, c.logprobs.text_offset) for c in legacy if c.logprobs] == [
+        ("w0 ", ["w0 "], [0]),
+        ("w1 ", ["w1 "], [3]),
+        ("w2", ["w2"], [6]),
+    ]
+    deltas = [
+        event
+        for event in oai.responses.create(
+            model="fake-tools",
+            input="Hi",
+            max_output_tokens=3,
+            include=["message.output_text.logprobs"],
+            stream=True,
+        )
+        if event.type == "response.output_text.delta"
+    ]
+    assert [(d.delta, [t.token for t in d.logprobs]) for d in deltas] == [
+        ("w0 ", ["w0 "]),
+        ("w1 ", ["w1 "]),
+        ("w2", ["w2"]),
+    ]
+
+
+def test_streamed_logprobs_come_with_their_pieces_in_process_and_across_gateways(
+    tools_server: Server, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    streamed_logprobs_come_with_their_pieces(tools_server, request)
+    write_fake_vllm_model(tmp_path / "repo", "fake-tools")
+    config = tmp_path / "config.yaml"
+    repos = [str(tmp_path / "repo")]
+    config.write_text(
+        yaml.safe_dump(
+            {"include_default_models": False, "model_repositories": repos, "gateways": 2}
+        )
+    )
+    process, split = start_server(tmp_path, "--no-auth", "--config", str(config))
+    try:
+        streamed_logprobs_come_with_their_pieces(split, request)
+    finally:
+        stop_server(process)
+    assert "Traceback" not in split.log()
+
+
 def test_a_vllm_engines_tool_calls_reach_the_responses_api_plain_and_streamed(
     tools_server: Server, request: pytest.FixtureRequest
 ) -> None:

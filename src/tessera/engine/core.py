@@ -9,17 +9,20 @@ came (``submit``). Per connection, the messages (``engine/ipc.py`` frames):
 
 - gateway to engine: ``("submit", id, model, task, items, timeout_s, caller,
   request_id, streamed)`` queues a request (``streamed``: the items whose
-  ``on_text`` the gateway keeps; the pieces come back as ``piece``
-  messages); ``("cancel", id)``: its caller left; ``("call", id, method,
-  args)``: an admin call (load, unload, add_model, remove_model);
+  ``on_text`` and ``on_logprobs`` the gateway keeps; the pieces come back as
+  ``piece`` messages, the logprobs of a piece that has them, where asked
+  for, as a ``logprobs`` message just before it); ``("cancel", id)``: its
+  caller left; ``("call", id, method, args)``: an admin call (load, unload,
+  add_model, remove_model);
   ``("events", events)``: the gateway's answered requests, for the metrics
   the engine process serves.
 - engine to gateway: ``("queued", id, model_key, version, units, timeout_s)`` or
   ``("error", id, error)`` at once; then ``("done", id, outputs, queued_s,
   run_s, batch_size, units)`` (``units``: its charge, or None when it is
   settled later, as ``("settled", id, units)``) or ``("error", id,
-  error)`` (and ``settled``); ``("piece", id, item, text)`` while
-  a streamed chat generates; ``("reply", id, ok, value)`` for a call;
+  error)`` (and ``settled``); ``("piece", id, item, text)`` (after
+  ``("logprobs", id, item, tokens)``, where they are asked for) while a
+  streamed chat generates; ``("reply", id, ok, value)`` for a call;
   ``("state", phase, served, snapshot)`` every ``state_interval_s`` and
   after each call: what the gateways read models, probes and ``/v2`` from.
 """
@@ -164,8 +167,11 @@ class EngineCore:
         request_id_var.set(request_id)  # this task's own context: its log lines
         loop = asyncio.get_running_loop()
         for index in streamed:
-            piece = functools.partial(_send_piece, loop, gateway, call_id, index)
+            piece = functools.partial(_send, loop, gateway, "piece", call_id, index)
             items[index] = dataclasses.replace(items[index], on_text=piece)
+            if getattr(items[index], "logprobs", None) is not None:
+                tokens = functools.partial(_send, loop, gateway, "logprobs", call_id, index)
+                items[index] = dataclasses.replace(items[index], on_logprobs=tokens)
         try:
             submission = self.engine.submit(name, task, items, timeout_s=timeout_s, caller=caller)
         except TesseraError as e:
@@ -210,8 +216,14 @@ class EngineCore:
         gateway.send(reply)
 
 
-def _send_piece(
-    loop: asyncio.AbstractEventLoop, gateway: _Gateway, call_id: int, index: int, text: str
+def _send(
+    loop: asyncio.AbstractEventLoop,
+    gateway: _Gateway,
+    kind: str,
+    call_id: int,
+    index: int,
+    what: object,
 ) -> None:
-    """A streamed piece of item ``index``, from the worker thread that generates it."""
-    loop.call_soon_threadsafe(gateway.send, ("piece", call_id, index, text))
+    """A streamed piece (or its logprobs) of item ``index``, from the worker
+    thread that generates it."""
+    loop.call_soon_threadsafe(gateway.send, (kind, call_id, index, what))

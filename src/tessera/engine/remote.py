@@ -53,6 +53,7 @@ EVENTS_INTERVAL_S = 0.1
 class _InFlight:
     queued: asyncio.Future[tuple[Any, ...]]
     streams: dict[int, Callable[[str], None]]
+    logprobs: dict[int, Callable[[Any], None]]  # each streamed piece's tokens', before it
     request: QueuedRequest | None = None
     results: list[Any] = field(default_factory=list)
 
@@ -162,13 +163,18 @@ class RemoteEngine:
         call_id = next(self._ids)
         sent = self._tokenized(name, task, list(items))
         streams: dict[int, Callable[[str], None]] = {}
+        logprobs: dict[int, Callable[[Any], None]] = {}
         for index, item in enumerate(sent):
             on_text = getattr(item, "on_text", None)
             if on_text is not None:
                 streams[index] = on_text
                 sent[index] = replace(item, on_text=None)
+            on_logprobs = getattr(item, "on_logprobs", None)
+            if on_logprobs is not None:
+                logprobs[index] = on_logprobs
+                sent[index] = replace(sent[index], on_logprobs=None)
         loop = asyncio.get_running_loop()
-        flight = _InFlight(loop.create_future(), streams)
+        flight = _InFlight(loop.create_future(), streams, logprobs)
         self._in_flight[call_id] = flight
         self._idle.clear()
         message = ("submit", call_id, name, task, sent, timeout_s, caller)
@@ -295,6 +301,10 @@ class RemoteEngine:
             on_text = flight.streams.get(message[2])
             if on_text is not None:
                 on_text(message[3])
+        elif kind == "logprobs":
+            on_logprobs = flight.logprobs.get(message[2])
+            if on_logprobs is not None:
+                on_logprobs(message[3])
         elif kind == "done":
             _, _, outputs, queued_s, run_s, batch_size, units = message
             if units is not None:

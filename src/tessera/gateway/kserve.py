@@ -66,6 +66,7 @@ from tessera.errors import (
 )
 from tessera.gateway.common import engine_of, run_task, started_task, visible_models
 from tessera.gateway.errors import error_headers, reject_reason, status_of
+from tessera.gateway.openai_api import Pieces
 from tessera.gateway.tasks_api import OcrOptions, ocr_item
 from tessera.gateway.triton_llm import (
     EXTRA_OUTPUTS,
@@ -1047,7 +1048,7 @@ async def _generate(name: str, request: Request, version: str | None, streamed: 
         if parameters.stream and not streamed:
             raise InvalidInputError("generate answers once: stream with .../generate_stream")
         if parameters.stream:
-            pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+            pieces: Pieces = asyncio.Queue()
             items = generate_items([prompt], parameters, pieces)
             work = await started_task(request, served_as, Task.GENERATE, items)
             events = _generated_events(name, request, prompt, parameters, work, pieces)
@@ -1100,7 +1101,7 @@ async def _generated_events(
     prompt: str,
     parameters: GenerateParameters,
     work: asyncio.Future[list[Any]],
-    pieces: asyncio.Queue[tuple[int, str]],
+    pieces: Pieces,
 ) -> AsyncIterator[dict[str, Any]]:
     """Each text ``generation_pieces`` gives, then the extras asked for (with
     no text); an error as ``{"error": ...}``."""
@@ -1135,7 +1136,7 @@ async def _infer_events(
         )
     if len(prompts) != 1:
         raise InvalidInputError(f"a streamed generation takes one prompt, not {len(prompts)}")
-    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    pieces: Pieces = asyncio.Queue()
     items = generate_items(prompts, parameters, pieces)
     work = await started_task(request, served_as, Task.GENERATE, items)
     shape = list(parsed.inputs[PROMPT].shape)

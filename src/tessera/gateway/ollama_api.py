@@ -55,6 +55,7 @@ from tessera.gateway.common import (
 )
 from tessera.gateway.errors import status_of
 from tessera.gateway.openai_api import (
+    Pieces,
     Sampling,
     chat_task,
     embedding_matrix,
@@ -240,9 +241,9 @@ async def _answer(request: Request, body: Generation, field: str, **fields: Any)
     if not body.stream:
         (output,) = await run_task(request, model, task, [body.item(**fields)])
         return JSONResponse(_last(body.model, field, output, started, whole=True))
-    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
-    (on_text,) = listeners(pieces, 1)
-    work = await started_task(request, model, task, [body.item(on_text=on_text, **fields)])
+    pieces: Pieces = asyncio.Queue()
+    (stream,) = listeners(pieces, 1)
+    work = await started_task(request, model, task, [body.item(**stream, **fields)])
     lines = _lines(body.model, field, work, pieces, started)
     return StreamingResponse(lines, media_type="application/x-ndjson")
 
@@ -251,11 +252,12 @@ async def _lines(
     model: str,
     field: str,
     work: asyncio.Future[list[Any]],
-    pieces: asyncio.Queue[tuple[int, str]],
+    pieces: Pieces,
     started: int,
 ) -> AsyncIterator[str]:
     try:
-        async for _, text in pieces_of(work, pieces):
+        async for told in pieces_of(work, pieces):
+            text = told.text
             piece = {"role": "assistant", "content": text} if field == "message" else text
             yield json.dumps({"model": model, "created_at": _now(), field: piece, "done": False})
             yield "\n"

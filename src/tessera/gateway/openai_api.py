@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypedDict, TypeVar
 
 import numpy as np
 import orjson
@@ -416,9 +417,7 @@ def image_of(image_url: Any) -> Any:
     return decode_image(decode_base64(url))
 
 
-def chat_inputs(
-    body: ChatRequest, pieces: asyncio.Queue[tuple[int, str]] | None = None
-) -> list[ChatInput]:
+def chat_inputs(body: ChatRequest, pieces: Pieces | None = None) -> list[ChatInput]:
     """An item a choice (``n``); with ``pieces``, each streams its text there."""
     response_format = body.response_format
     messages = tuple(_message(m) for m in body.messages)
@@ -428,11 +427,11 @@ def chat_inputs(
             max_tokens=body.max_completion_tokens or body.max_tokens or 128,
             **body.sampling(),
             **body.tool_setup(),
-            on_text=on_text,
+            **stream,
             response_format=None if response_format is None else response_format.constraint(),
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         )
-        for on_text in listeners(pieces, body.n)
+        for stream in listeners(pieces, body.n)
     ]
 
 
@@ -460,7 +459,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
     created = int(time.time())
     task = chat_task(engine_of(request), body.model)
     if body.stream:
-        pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+        pieces: Pieces = asyncio.Queue()
         items = chat_inputs(body, pieces)
         events = _chat_events(body, completion_id, created)
         return await _streamed(request, body.model, task, items, pieces, events)
@@ -468,20 +467,47 @@ async def chat_completions(body: ChatRequest, request: Request) -> Response:
     return JSONResponse(completion_body(body.model, outputs, completion_id, created))
 
 
-def listeners(
-    pieces: asyncio.Queue[tuple[int, str]] | None, count: int
-) -> list[Callable[[str], None] | None]:
-    """``count`` stream listeners, called from worker threads: each puts
-    (its index, a piece) on ``pieces`` in the running loop; none without ``pieces``."""
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A streamed piece of choice ``index``'s text, and its tokens' logprobs
+    (where they are asked for and the runtime gives them as it goes)."""
+
+    index: int
+    text: str
+    logprobs: tuple[dict[str, Any], ...] = ()
+
+
+Pieces = asyncio.Queue[Piece]
+
+
+class StreamFields(TypedDict, total=False):
+    """A ``ChatInput``'s stream listeners."""
+
+    on_text: Callable[[str], None]
+    on_logprobs: Callable[[tuple[dict[str, Any], ...]], None]
+
+
+def listeners(pieces: Pieces | None, count: int) -> list[StreamFields]:
+    """``count`` items' stream listeners (none without ``pieces``), called
+    from worker threads, or in order on the loop in a gateway process: each
+    piece goes on ``pieces`` in the running loop, with the logprobs its item
+    was told just before it."""
     if pieces is None:
-        return [None] * count
+        return [{} for _ in range(count)]
     loop = asyncio.get_running_loop()
 
-    def listener(index: int) -> Callable[[str], None]:
-        def on_text(text: str) -> None:
-            loop.call_soon_threadsafe(pieces.put_nowait, (index, text))
+    def listener(index: int) -> StreamFields:
+        told: list[dict[str, Any]] = []  # the next piece's tokens' logprobs
 
-        return on_text
+        def on_logprobs(tokens: tuple[dict[str, Any], ...]) -> None:
+            told.extend(tokens)
+
+        def on_text(text: str) -> None:
+            piece = Piece(index, text, tuple(told))
+            told.clear()
+            loop.call_soon_threadsafe(pieces.put_nowait, piece)
+
+        return {"on_text": on_text, "on_logprobs": on_logprobs}
 
     return [listener(i) for i in range(count)]
 
@@ -590,8 +616,9 @@ class _StreamEvents:
     """How one API writes its stream's server-sent events."""
 
     opening: list[str]  # before any piece
-    piece: Callable[[int, str], str]  # a choice's index and its new text
-    end: Callable[[int, ChatOutput], str]  # a choice's index and its output
+    piece: Callable[[Piece], str]  # a choice's new text (and its tokens' logprobs)
+    # A choice's index and its output, with the logprobs not streamed yet (if any).
+    end: Callable[[int, ChatOutput], str]
     usage: Callable[[dict[str, int]], str] | None  # the usage, where asked for
 
 
@@ -604,7 +631,7 @@ async def _streamed(
     model: str,
     task: Task,
     items: list[ChatInput],
-    pieces: asyncio.Queue[tuple[int, str]],
+    pieces: Pieces,
     events: _StreamEvents,
 ) -> StreamingResponse:
     """A streamed answer of ``items``, whose listeners put their pieces on
@@ -618,22 +645,25 @@ async def _streamed(
 
 
 async def _stream(
-    work: asyncio.Future[list[Any]], pieces: asyncio.Queue[tuple[int, str]], events: _StreamEvents
+    work: asyncio.Future[list[Any]], pieces: Pieces, events: _StreamEvents
 ) -> AsyncIterator[str]:
-    """The opening events, each piece as it comes, each choice's end, the
-    usage where asked for, then ``[DONE]``; an error as an event of its own."""
+    """The opening events, each piece as it comes (with its tokens' logprobs),
+    each choice's end (with those not streamed), the usage where asked for,
+    then ``[DONE]``; an error as an event of its own."""
+    told: dict[int, int] = {}  # a choice's tokens whose logprobs are streamed
     try:
         for event in events.opening:
             yield event
-        async for index, text in pieces_of(work, pieces):
-            yield events.piece(index, text)
+        async for piece in pieces_of(work, pieces):
+            told[piece.index] = told.get(piece.index, 0) + len(piece.logprobs)
+            yield events.piece(piece)
         try:
             outputs = work.result()
         except TesseraError as e:
             yield _error_event(e)
             return
         for index, output in enumerate(outputs):
-            yield events.end(index, output)
+            yield events.end(index, _not_told(output, told.get(index, 0)))
         if events.usage is not None:
             yield events.usage(usage_of(*outputs))
         yield "data: [DONE]\n\n"
@@ -642,9 +672,19 @@ async def _stream(
             work.cancel()
 
 
+def _not_told(output: ChatOutput, told: int) -> ChatOutput:
+    """``output`` with the logprobs of its tokens after the first ``told``:
+    None where every one was streamed."""
+    if output.logprobs is None or not told:
+        return output
+    rest = output.logprobs[told:]
+    return dataclasses.replace(output, logprobs=rest or None)
+
+
 def _chat_events(body: ChatRequest, completion_id: str, created: int) -> _StreamEvents:
-    """A chat's chunks: a role chunk a choice first, its content as it comes,
-    its finish reason (and its tokens' logprobs) last; with
+    """A chat's chunks: a role chunk a choice first, its content as it comes
+    (with its tokens' logprobs, where they come with it), its finish reason
+    (and the logprobs not sent yet) last; with
     ``stream_options.include_usage``, a last chunk of no choices with the
     usage, as OpenAI sends it."""
 
@@ -663,7 +703,11 @@ def _chat_events(body: ChatRequest, completion_id: str, created: int) -> _Stream
     role = {"role": "assistant", "content": ""}
     return _StreamEvents(
         opening=[chunk(role, index=index) for index in range(body.n)],
-        piece=lambda index, text: chunk({"content": text}, index=index),
+        piece=lambda piece: chunk(
+            {"content": piece.text},
+            index=piece.index,
+            logprobs={"content": list(piece.logprobs)} if piece.logprobs else None,
+        ),
         end=end,
         usage=(lambda tokens: chunk(None, tokens)) if _wants_usage(body.stream_options) else None,
     )
@@ -714,9 +758,7 @@ class CompletionRequest(Sampling):
         return [prompt for prompt in prompts for _ in range(self.n)]
 
 
-def completion_inputs(
-    body: CompletionRequest, pieces: asyncio.Queue[tuple[int, str]] | None = None
-) -> list[ChatInput]:
+def completion_inputs(body: CompletionRequest, pieces: Pieces | None = None) -> list[ChatInput]:
     """A raw-prompt item a choice; with ``pieces``, each streams its text there."""
     prompts = body.choice_prompts()
     return [
@@ -725,36 +767,39 @@ def completion_inputs(
             prompt=prompt,
             max_tokens=body.max_tokens,
             **body.sampling(),
-            on_text=listener,
+            **stream,
             logprobs=body.logprobs,
         )
-        for prompt, listener in zip(prompts, listeners(pieces, len(prompts)), strict=True)
+        for prompt, stream in zip(prompts, listeners(pieces, len(prompts)), strict=True)
     ]
 
 
 def _text_choice(
-    index: int, text: str, finish_reason: str | None, output: ChatOutput | None = None
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    logprobs: Sequence[dict[str, Any]] | None = None,
+    at: int = 0,
 ) -> dict[str, Any]:
-    logprobs = None if output is None else _legacy_logprobs(output)
-    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
+    """A legacy completion's choice (its ``logprobs`` from ``ChatOutput``'s,
+    the first token's at ``at`` in the completion's text)."""
+    legacy = None if logprobs is None else _legacy_logprobs(logprobs, at)
+    return {"text": text, "index": index, "logprobs": legacy, "finish_reason": finish_reason}
 
 
-def _legacy_logprobs(output: ChatOutput) -> dict[str, Any] | None:
-    """An output's token logprobs in the legacy completions' form (where it
-    has them): each token, its logprob, its alternatives as token: logprob,
-    and where it starts in the completion's text."""
-    if output.logprobs is None:
-        return None
-    offsets, at = [], 0
-    for token in output.logprobs:
+def _legacy_logprobs(tokens: Sequence[dict[str, Any]], at: int = 0) -> dict[str, Any]:
+    """Token logprobs in the legacy completions' form: each token, its
+    logprob, its alternatives as token: logprob, and where it starts in the
+    completion's text (the first at ``at``)."""
+    offsets = []
+    for token in tokens:
         offsets.append(at)
         at += len(token["token"])
     return {
-        "tokens": [token["token"] for token in output.logprobs],
-        "token_logprobs": [token["logprob"] for token in output.logprobs],
+        "tokens": [token["token"] for token in tokens],
+        "token_logprobs": [token["logprob"] for token in tokens],
         "top_logprobs": [
-            {top["token"]: top["logprob"] for top in token["top_logprobs"]}
-            for token in output.logprobs
+            {top["token"]: top["logprob"] for top in token["top_logprobs"]} for token in tokens
         ],
         "text_offset": offsets,
     }
@@ -765,7 +810,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     if body.stream:
-        pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+        pieces: Pieces = asyncio.Queue()
         items = completion_inputs(body, pieces)
         events = _completion_events(body, completion_id, created)
         return await _streamed(request, body.model, Task.GENERATE, items, pieces, events)
@@ -785,7 +830,10 @@ def text_completion_body(
         "model": body.model,
         "choices": [
             _text_choice(
-                i, (prompt if body.echo else "") + output.text, output.finish_reason, output
+                i,
+                (prompt if body.echo else "") + output.text,
+                output.finish_reason,
+                output.logprobs,
             )
             for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True))
         ],
@@ -795,17 +843,30 @@ def text_completion_body(
 
 def _completion_events(body: CompletionRequest, completion_id: str, created: int) -> _StreamEvents:
     """A legacy completion's events: each choice's prompt first, for ``echo``;
-    its text as it comes, its finish reason (and its tokens' logprobs) last; with
+    its text as it comes (with its tokens' logprobs, where they come with it),
+    its finish reason (and the logprobs not sent yet) last; with
     ``stream_options.include_usage``, a last event of no choices with the usage."""
 
     def event(choices: list[dict[str, Any]], tokens: dict[str, int] | None = None) -> str:
         return _event("text_completion", completion_id, created, body.model, choices, tokens)
 
+    at: dict[int, int] = {}  # where a choice's next token starts in its text
+
+    def piece(piece: Piece) -> str:
+        start = at.get(piece.index, 0)
+        at[piece.index] = start + sum(len(token["token"]) for token in piece.logprobs)
+        logprobs = piece.logprobs or None
+        return event([_text_choice(piece.index, piece.text, None, logprobs, start)])
+
+    def end(index: int, output: ChatOutput) -> str:
+        choice = _text_choice(index, "", output.finish_reason, output.logprobs, at.get(index, 0))
+        return event([choice])
+
     echoed = body.choice_prompts() if body.echo else []
     return _StreamEvents(
         opening=[event([_text_choice(i, prompt, None)]) for i, prompt in enumerate(echoed)],
-        piece=lambda index, text: event([_text_choice(index, text, None)]),
-        end=lambda index, output: event([_text_choice(index, "", output.finish_reason, output)]),
+        piece=piece,
+        end=end,
         usage=(lambda tokens: event([], tokens)) if _wants_usage(body.stream_options) else None,
     )
 

@@ -52,6 +52,7 @@ from tessera.gateway.openai_api import (
     MAX_TOOLS,
     FunctionIn,
     NamedFunction,
+    Pieces,
     ResponseFormat,
     Sampling,
     chat_task,
@@ -206,19 +207,17 @@ class ResponsesRequest(Sampling):
             raise InvalidInputError("input must not be empty")
         return [Item(type="message", role="user", content=self.input)]
 
-    def item(
-        self, conversation: list[Item], pieces: asyncio.Queue[tuple[int, str]] | None = None
-    ) -> ChatInput:
+    def item(self, conversation: list[Item], pieces: Pieces | None = None) -> ChatInput:
         """The chat item of ``conversation`` (``input_items``, after the turns
         it continues); with ``pieces``, it streams its text there."""
         tools = [tool.chat() for tool in self.tools or ()]
-        (on_text,) = listeners(pieces, 1)
+        (stream,) = listeners(pieces, 1)
         return ChatInput(
             messages=self._messages(conversation),
             max_tokens=self.max_output_tokens or 128,
             **self.sampling(),
             **tool_fields(tools, *self._choice(), self.parallel_tool_calls),
-            on_text=on_text,
+            **stream,
             response_format=self.text.format.constraint(),
             logprobs=(self.top_logprobs or 0) if self.wants_logprobs() else None,
         )
@@ -458,7 +457,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         response = answer.response(answer.status(output), items, output)
         await answer.keep(response)
         return JSONResponse(response)
-    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    pieces: Pieces = asyncio.Queue()
     work = await started_task(request, body.model, task, [body.item(conversation, pieces)])
     return StreamingResponse(
         _events(answer, work, pieces),
@@ -529,7 +528,7 @@ class _Sequence:
 
 
 async def _events(
-    answer: _Answer, work: asyncio.Future[list[Any]], pieces: asyncio.Queue[tuple[int, str]]
+    answer: _Answer, work: asyncio.Future[list[Any]], pieces: Pieces
 ) -> AsyncIterator[str]:
     """The response in progress, its message's text as it comes (the message
     opened at its first piece), then the rest of its items whole, and the
@@ -547,11 +546,12 @@ async def _events(
         for kind in ("response.created", "response.in_progress"):
             yield event(kind, response=answer.response("in_progress", []))
         streamed = ""
-        async for _, piece in pieces_of(work, pieces):
+        async for piece in pieces_of(work, pieces):
             for opened in opening() if not streamed else ():
                 yield opened
-            streamed += piece
-            yield event("response.output_text.delta", **at, delta=piece, logprobs=[])
+            streamed += piece.text
+            told = list(piece.logprobs)
+            yield event("response.output_text.delta", **at, delta=piece.text, logprobs=told)
         try:
             (output,) = work.result()
         except TesseraError as e:

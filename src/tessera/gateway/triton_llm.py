@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tessera.errors import InvalidInputError
-from tessera.gateway.openai_api import Sampling, listeners, pieces_of
+from tessera.gateway.openai_api import Pieces, Sampling, listeners, pieces_of
 from tessera.tasks.types import ChatInput, ChatOutput
 
 PROMPT, TEXT = "text_input", "text_output"
@@ -115,7 +115,7 @@ def parameters_of(given: dict[str, Any]) -> GenerateParameters:
 def generate_items(
     prompts: list[str],
     parameters: GenerateParameters,
-    pieces: asyncio.Queue[tuple[int, str]] | None = None,
+    pieces: Pieces | None = None,
 ) -> list[ChatInput]:
     """A raw-prompt item a prompt; with ``pieces``, each streams its text there."""
     for index, prompt in enumerate(prompts):
@@ -127,9 +127,9 @@ def generate_items(
             prompt=prompt,
             max_tokens=parameters.max_tokens,
             **parameters.sampling(),
-            on_text=listener,
+            **stream,
         )
-        for prompt, listener in zip(prompts, listeners(pieces, len(prompts)), strict=True)
+        for prompt, stream in zip(prompts, listeners(pieces, len(prompts)), strict=True)
     ]
 
 
@@ -169,7 +169,7 @@ async def generation_pieces(
     prompt: str,
     parameters: GenerateParameters,
     work: asyncio.Future[list[Any]],
-    pieces: asyncio.Queue[tuple[int, str]],
+    pieces: Pieces,
 ) -> AsyncIterator[str | ChatOutput]:
     """A streamed generation of one prompt: the prompt first where it is not
     excluded, each piece as it comes, then its output (or the error it
@@ -177,8 +177,8 @@ async def generation_pieces(
     try:
         if not parameters.exclude_input_in_output:
             yield prompt
-        async for _index, piece in pieces_of(work, pieces):
-            yield piece
+        async for piece in pieces_of(work, pieces):
+            yield piece.text
         (output,) = work.result()
         yield output
     finally:

@@ -10,7 +10,7 @@ carries the id it answers:
 - ``{"id", "type": "result", "data"}``: the HTTP API's body (speech: the
   audio base64 in ``data.audio``; OCR: ``data.pages``, one body a page);
 - ``{"id", "type": "delta", "content"}``: a chat's text as it is generated
-  (with ``"stream": true``);
+  (with ``"stream": true``; ``logprobs``: its tokens', where asked for);
 - ``{"id", "type": "page", "index", "data"}``: an OCR page's body as soon
   as that page is read (pages run as requests of their own);
 - ``{"id", "type": "error", "error": {"message", "type", "code"}}``: the
@@ -75,6 +75,7 @@ from tessera.gateway.openai_api import (
     ChatRequest,
     CompletionRequest,
     EmbeddingRequest,
+    Pieces,
     SpeechRequest,
     chat_inputs,
     chat_task,
@@ -460,12 +461,14 @@ async def _deltas(
     session: _Session,
     message: _Message,
     work: asyncio.Future[list[Any]],
-    pieces: asyncio.Queue[tuple[int, str]],
+    pieces: Pieces,
 ) -> list[Any]:
     """Each streamed piece as a ``delta`` message, then ``work``'s outputs."""
     try:
-        async for index, piece in pieces_of(work, pieces):
-            delta = {"id": message.id, "type": "delta", "index": index, "content": piece}
+        async for piece in pieces_of(work, pieces):
+            delta = {"id": message.id, "type": "delta", "index": piece.index, "content": piece.text}
+            if piece.logprobs:
+                delta["logprobs"] = list(piece.logprobs)
             await session.send(delta)
         return work.result()
     finally:
@@ -476,7 +479,7 @@ async def _deltas(
 async def _chat(session: _Session, message: _Message, payload: dict[str, Any]) -> None:
     body = _parse(ChatRequest, payload)
     completion_id, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    pieces: Pieces = asyncio.Queue()
     task = chat_task(session.engine, body.model)
     items = chat_inputs(body, pieces if body.stream else None)
     work = asyncio.ensure_future(session.run(message, body.model, task, items, _timeout(payload)))
@@ -488,7 +491,7 @@ async def _completion(session: _Session, message: _Message, payload: dict[str, A
     """A legacy completion: the prompt continued as it is; deltas as a chat's."""
     body = _parse(CompletionRequest, payload)
     completion_id, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-    pieces: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+    pieces: Pieces = asyncio.Queue()
     items = completion_inputs(body, pieces if body.stream else None)
     work = asyncio.ensure_future(
         session.run(message, body.model, Task.GENERATE, items, _timeout(payload))

@@ -19,7 +19,7 @@ import http.client
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tessera.errors import InferenceError, InvalidInputError
 from tessera.request import StopFlag
@@ -34,6 +34,7 @@ from tessera.runtimes.tool_calls import (
 from tessera.tasks.image import png_data_url
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput, ToolCall
 
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
@@ -218,12 +219,17 @@ def _read_stream(
             delta = choice.get("delta") or {}
             piece = choice.get("text") or delta.get("content") or ""
             finish = choice.get("finish_reason") or finish
-            logprobs.extend(_token_logprobs(choice.get("logprobs"), item.logprobs or 0))
+            tokens = _token_logprobs(choice.get("logprobs"), item.logprobs or 0)
+            logprobs.extend(tokens)
             _add_call_fragments(calls, delta.get("tool_calls"))
             if not piece:
                 continue
             pieces.append(piece)
-            if on_text is not None and not _tell(on_text, piece):
+            if on_text is None:
+                continue
+            if tokens and item.on_logprobs is not None and item.logprobs is not None:
+                _tell(item.on_logprobs, tuple(tokens))
+            if not _tell(on_text, piece):
                 on_text = None
     if finish is None or usage is None:
         raise EngineGone("the stream ended before its last chunk")
@@ -248,12 +254,12 @@ def _read_stream(
     )
 
 
-def _tell(on_text: Callable[[str], None], piece: str) -> bool:
-    """Give a listener a piece; False if it raised (it is told no more)."""
+def _tell(listener: Callable[[T], None], piece: T) -> bool:
+    """Give a listener a piece (or its logprobs); False if it raised (it is told no more)."""
     try:
-        on_text(piece)
+        listener(piece)
     except Exception:  # a failing listener must not fail the other items
-        logger.exception("on_text raised; streaming to it stops")
+        logger.exception("a stream listener raised; streaming to it stops")
         return False
     return True
 

@@ -186,6 +186,10 @@ class ChatInput:
 
     ``on_text`` (if set) is called from the worker thread with each new piece
     of generated text, for streaming; it must be thread-safe and must not block.
+    Where ``logprobs`` are asked for and the runtime gives them as it goes,
+    ``on_logprobs`` (if set) is called the same way, just before ``on_text``,
+    with the piece's tokens' logprobs (as ``ChatOutput.logprobs`` has them);
+    any not told so come in the output alone.
     """
 
     messages: tuple[ChatMessage, ...]
@@ -195,6 +199,9 @@ class ChatInput:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     on_text: Callable[[str], None] | None = field(default=None, compare=False)
+    on_logprobs: Callable[[tuple[dict[str, Any], ...]], None] | None = field(
+        default=None, compare=False
+    )
     prompt: str | None = None
     response_format: str | None = None
     logprobs: int | None = None

@@ -114,6 +114,22 @@ def test_logprobs_come_back_a_token_each(model: ExternalModel) -> None:
     assert [t["token"] for t in output.logprobs] == ["w0 ", "w1 ", "w2"]
     assert [len(t["top_logprobs"]) for t in output.logprobs] == [2, 2, 2]
     assert model.run([chat(2)])[0].logprobs is None
+    # Streamed, each piece's tokens' logprobs are told just before the piece.
+    told: list[tuple[str, object]] = []
+    streamed = dataclasses.replace(
+        chat(3, on_text=lambda piece: told.append(("text", piece))),
+        logprobs=1,
+        on_logprobs=lambda tokens: told.append(("logprobs", [t["token"] for t in tokens])),
+    )
+    (output,) = model.run([streamed])
+    assert told == [
+        ("logprobs", ["w0 "]),
+        ("text", "w0 "),
+        ("logprobs", ["w1 "]),
+        ("text", "w1 "),
+        ("logprobs", ["w2"]),
+        ("text", "w2"),
+    ]
     # A completion's come in the legacy form (vLLM's), read into the same fields.
     prompt = ChatInput(messages=(), prompt="a b", max_tokens=2, logprobs=3)
     (completed,) = model.run([prompt])
