@@ -142,7 +142,13 @@ async def server_metadata() -> JSONResponse:
         {
             "name": "tessera",
             "version": __version__,
-            "extensions": ["binary_tensor_data", "model_configuration", "statistics", "generate"],
+            "extensions": [
+                "binary_tensor_data",
+                "model_configuration",
+                "model_repository",
+                "statistics",
+                "generate",
+            ],
         }
     )
 

@@ -22,6 +22,7 @@ async def states(client: httpx.AsyncClient) -> dict[str, str]:
 async def test_load_makes_a_model_resident_and_unload_evicts_it(
     client: httpx.AsyncClient,
 ) -> None:
+    assert "model_repository" in (await client.get("/v2")).json()["extensions"]
     assert (await states(client))["mt"] == "UNAVAILABLE"
     r = await client.post("/v2/repository/models/mt/load", content=b"{}")
     assert (r.status_code, r.json()) == (200, {})
