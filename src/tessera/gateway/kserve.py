@@ -49,7 +49,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,29 +216,24 @@ def _statistics(model: ModelStats) -> dict[str, Any]:
 
 
 def _io_metadata(spec: ModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    inputs = [{"name": "TEXT", "datatype": "BYTES", "shape": [-1]}]
-    score = {"name": "SCORE", "datatype": "FP32", "shape": [-1]}
+    inputs = [_tensor_metadata("TEXT", "BYTES", -1)]
+    score = _tensor_metadata("SCORE", "FP32", -1)
     if spec.task is Task.EMBEDDING:
-        return inputs, [{"name": "EMBEDDING", "datatype": "FP32", "shape": [-1, -1]}]
+        return inputs, [_tensor_metadata("EMBEDDING", "FP32", -1, -1)]
     if spec.task is Task.CLASSIFY:
-        return inputs, [{"name": "LABEL", "datatype": "BYTES", "shape": [-1]}, score]
+        return inputs, [_tensor_metadata("LABEL", "BYTES", -1), score]
     if spec.task is Task.TRANSLATE:
-        return inputs, [{"name": "TRANSLATION", "datatype": "BYTES", "shape": [-1]}]
+        return inputs, [_tensor_metadata("TRANSLATION", "BYTES", -1)]
     if spec.task is Task.RERANK:
-        query = {"name": "QUERY", "datatype": "BYTES", "shape": [1]}
-        return [query, *inputs], [score]
+        return [_tensor_metadata("QUERY", "BYTES", 1), *inputs], [score]
     if spec.task is Task.GENERATE:
-        prompt = {"name": PROMPT, "datatype": "BYTES", "shape": [-1]}
-        extras = [
-            {"name": extra.name, "datatype": extra.datatype, "shape": [-1]}
-            for extra in EXTRA_OUTPUTS
-        ]
-        return [prompt, *_GENERATE_INPUTS], [{**prompt, "name": TEXT}, *extras]
+        extras = [_tensor_metadata(extra.name, extra.datatype, -1) for extra in EXTRA_OUTPUTS]
+        prompt, text = _tensor_metadata(PROMPT, "BYTES", -1), _tensor_metadata(TEXT, "BYTES", -1)
+        return [prompt, *_GENERATE_INPUTS], [text, *extras]
     if spec.task is Task.OCR:
-        image = {"name": "IMAGE", "datatype": "BYTES", "shape": [-1]}
-        return [image], _OCR_OUTPUTS
+        return [_tensor_metadata("IMAGE", "BYTES", -1)], _OCR_OUTPUTS
     if spec.task is Task.TTS:
-        return [{"name": "TEXT", "datatype": "BYTES", "shape": [1]}], _TTS_OUTPUTS
+        return [_tensor_metadata("TEXT", "BYTES", 1)], _TTS_OUTPUTS
     return [], []
 
 
@@ -260,7 +255,7 @@ _TTS_OUTPUTS = [
 
 
 def _optional(name: str, datatype: str, shape: int = 1) -> dict[str, Any]:
-    return {"name": name, "datatype": datatype, "shape": [shape], "optional": True}
+    return {**_tensor_metadata(name, datatype, shape), "optional": True}
 
 
 # A generation's parameters that may come as input tensors (any other name
@@ -388,19 +383,7 @@ async def repository_load(name: str, request: Request) -> Response:
     now, where it would load on its first request anyway. A ``config`` or
     model files are refused: models come from their cards (``POST
     /admin/models``)."""
-    try:
-        parameters = _repository_parameters(await request.body())
-        if parameters:
-            raise InvalidInputError(
-                f"load takes no parameters here (given {sorted(parameters)}): a model's"
-                " config and files come from its card (POST /admin/models)"
-            )
-        if name not in visible_models(request):
-            raise ModelNotFoundError(name)
-        await engine_of(request).load(name)
-    except TesseraError as e:
-        return _kserve_error(e)
-    return JSONResponse({})
+    return await _repository_call(name, request, "load", frozenset(), engine_of(request).load)
 
 
 @router.post("/v2/repository/models/{name}/unload", response_model=None)
@@ -409,15 +392,30 @@ async def repository_unload(name: str, request: Request) -> Response:
     key): ``name`` evicted now. It stays served, and loads again on its next
     request, as every model here does; ``unload_dependents`` asks nothing more
     (no model here depends on another)."""
+    allowed = frozenset({"unload_dependents"})
+    return await _repository_call(name, request, "unload", allowed, engine_of(request).unload)
+
+
+async def _repository_call(
+    name: str,
+    request: Request,
+    verb: str,
+    allowed: frozenset[str],
+    action: Callable[[str], Awaitable[object]],
+) -> Response:
+    """``action`` (``verb``) on a model the caller may use, its body's
+    parameters among ``allowed``."""
     try:
         parameters = _repository_parameters(await request.body())
-        if set(parameters) - {"unload_dependents"}:
+        if set(parameters) - allowed:
+            takes = " and ".join(sorted(allowed)) + " alone" if allowed else "no parameters"
             raise InvalidInputError(
-                f"unload takes unload_dependents alone, given {sorted(parameters)}"
+                f"{verb} takes {takes} here, given {sorted(parameters)}:"
+                " a model's config and files come from its card (POST /admin/models)"
             )
         if name not in visible_models(request):
             raise ModelNotFoundError(name)
-        await engine_of(request).unload(name)
+        await action(name)
     except TesseraError as e:
         return _kserve_error(e)
     return JSONResponse({})
@@ -922,7 +920,7 @@ def _generation_request(parsed: InferRequest) -> tuple[list[str], GenerateParame
     """The prompts of ``text_input`` and their parameters, gathered as
     ``triton_llm`` says."""
     prompts = parsed.named(PROMPT)
-    given = {k: v for k, v in parsed.parameters.items() if k not in _RESERVED_PARAMETERS}
+    given = _own_parameters(parsed)
     if SAMPLING_PARAMETERS in parsed.inputs:
         raw = parsed.named(SAMPLING_PARAMETERS)
         try:
