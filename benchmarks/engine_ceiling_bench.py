@@ -1,8 +1,8 @@
 """The engine's own ceiling: requests a second with a model that costs nothing.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_ceiling_bench.py \
-        [--concurrency 256] [--models 1] [--holds H] [--seconds 5] [--rounds 3] \
-        [--out benchmarks/results]
+        [--concurrency 256] [--models 1] [--holds H] [--zipf S] [--seconds 5] \
+        [--rounds 3] [--out benchmarks/results]
 
 What the server costs per request before any model runs, in two forms, in
 turn for ``--rounds`` rounds: ``engine``, an ``Engine`` in this process over
@@ -21,7 +21,9 @@ With ``--holds H`` as well, the budget holds H of them (each 1 MiB, the
 budget H + 0.5 MiB) and an evicted one waits in the host tier: nearly every
 batch is a swap-in and an eviction, costing nothing but the engine's own
 bookkeeping (``engine-ceiling-swaps`` reports), as for 100 models under a
-budget that holds 20.
+budget that holds 20. With ``--zipf S`` the callers pick each request's
+model by Zipf(S) popularity (seeded) instead of round robin: the issue's
+Zipf(1.1) bar, under swaps against all resident.
 Writes ``OUT/engine-ceiling[-models]-DATE[-N].{md,json}``.
 """
 
@@ -31,6 +33,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -41,6 +44,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from harness.driver import zipf_weights
 from harness.report import write_report
 from tessera.engine import Engine, EngineConfig, ServingEngine
 from tessera.repository import ModelRepository
@@ -83,10 +87,15 @@ def model_names(models: int) -> list[str]:
     return ["echo"] if models == 1 else [f"echo-{i}" for i in range(models)]
 
 
-async def drive(engine: ServingEngine, models: int, concurrency: int, seconds: float) -> float:
+async def drive(
+    engine: ServingEngine, models: int, concurrency: int, seconds: float, zipf: float | None = None
+) -> float:
     """Requests a second from ``concurrency`` callers for ``seconds``, each
-    request for the next of ``models`` models."""
+    request for the next of ``models`` models, or (``zipf``) one drawn by
+    Zipf popularity."""
     names = model_names(models)
+    if zipf is not None:
+        names = random.Random(7).choices(names, zipf_weights(len(names), zipf), k=1 << 16)
     stop = time.perf_counter() + seconds
     done = 0
     sent = 0
@@ -106,10 +115,12 @@ async def drive(engine: ServingEngine, models: int, concurrency: int, seconds: f
     return done / (time.perf_counter() - began)
 
 
-async def engine_only(models: int, holds: int | None, concurrency: int, seconds: float) -> float:
+async def engine_only(
+    models: int, holds: int | None, concurrency: int, seconds: float, zipf: float | None
+) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         async with fake_engine(Path(tmp), models, holds) as engine:
-            return await drive(engine, models, concurrency, seconds)
+            return await drive(engine, models, concurrency, seconds, zipf)
 
 
 async def serve_core(socket_path: Path, models: int, holds: int | None) -> None:
@@ -124,7 +135,9 @@ async def serve_core(socket_path: Path, models: int, holds: int | None) -> None:
             await asyncio.Event().wait()
 
 
-async def through_core(models: int, holds: int | None, concurrency: int, seconds: float) -> float:
+async def through_core(
+    models: int, holds: int | None, concurrency: int, seconds: float, zipf: float | None
+) -> float:
     from tessera.engine.remote import RemoteEngine
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,7 +152,7 @@ async def through_core(models: int, holds: int | None, concurrency: int, seconds
             remote = RemoteEngine(socket_path)
             await remote.connect(timeout_s=30)
             try:
-                return await drive(remote, models, concurrency, seconds)
+                return await drive(remote, models, concurrency, seconds, zipf)
             finally:
                 await remote.close()
         finally:
@@ -152,6 +165,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--models", type=int, default=1)
     parser.add_argument("--holds", type=int, default=None)
+    parser.add_argument("--zipf", type=float, default=None)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -163,7 +177,9 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     for round_ in range(1, args.rounds + 1):
         for form, run in (("engine", engine_only), ("core", through_core)):
-            rate = asyncio.run(run(args.models, args.holds, args.concurrency, args.seconds))
+            rate = asyncio.run(
+                run(args.models, args.holds, args.concurrency, args.seconds, args.zipf)
+            )
             runs.append({"round": round_, "form": form, "req_per_s": rate})
             print(f"round {round_}, {form}: {rate:.0f} req/s", flush=True)
     medians = {
@@ -173,7 +189,8 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     many = args.models > 1
     what = (
-        f"{args.models} `fake` embedding models that cost nothing, taken round robin"
+        f"{args.models} `fake` embedding models that cost nothing, taken "
+        + ("round robin" if args.zipf is None else f"by Zipf({args.zipf:g}) popularity")
         if many
         else "A `fake` embedding model that costs nothing"
     )
@@ -187,6 +204,8 @@ def main() -> None:
         rerun += f" --models {args.models} --concurrency {args.concurrency}"
     if args.holds is not None:
         rerun += f" --holds {args.holds}"
+    if args.zipf is not None:
+        rerun += f" --zipf {args.zipf:g}"
     title = " under swaps" if args.holds is not None else " over many models" if many else ""
     lines = [
         f"# The engine's ceiling{title}, {date}",
@@ -202,10 +221,18 @@ def main() -> None:
         f" from another process {medians['core']:.0f} req/s.",
         "",
     ]
-    figures = {"models": args.models, "holds": args.holds, "runs": runs, "medians": medians}
+    figures = {
+        "models": args.models,
+        "holds": args.holds,
+        "zipf": args.zipf,
+        "runs": runs,
+        "medians": medians,
+    }
     name = "engine-ceiling-models" if many else "engine-ceiling"
     if args.holds is not None:
         name = "engine-ceiling-swaps"
+    if args.zipf is not None:
+        name += "-zipf"
     write_report(args.out, date, name, figures, "\n".join(lines))
 
 

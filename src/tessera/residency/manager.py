@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import logging
 import math
@@ -91,7 +92,7 @@ LOAD_FAILED = "its load failed (the cause is in the server log)"
 # batch has pinned it.
 FRESH_PROTECTION_S = 5.0
 # The share of its latency target a caller short of room waits for busy models
-# that cost less to evict before it evicts idle ones (``_patient``).
+# that cost less to evict before it evicts idle ones (``_room_for``).
 PATIENCE_SHARE = 0.5
 # A budget filled at start under pressure (the weights of every model do not
 # fit) is filled to this share: the rest is room for the first batches, which
@@ -101,6 +102,10 @@ FILL_SHARE = 0.9
 # model's gathering wait (``release`` with ``next_batch_s``): the next batch forms as
 # soon as the last one's callers are answered, within milliseconds.
 HOLD_SLACK_S = 0.05
+# Under pressure, the line's head evicts for itself and for up to this many
+# loads next in line (``_ahead_bytes``): each eviction waits for a copy and a
+# thread's answer while the line waits behind it.
+EVICT_AHEAD = 3
 
 
 def _wake(waiters: set[asyncio.Future[None]]) -> set[asyncio.Future[None]]:
@@ -670,14 +675,14 @@ class ResidencyManager:
         if lined and not self._in_turn(waiter, spec.key):
             await self._wait_change(deadline, spec.key)
             return None
-        short = self._short_of(activation_bytes)
-        if self._patient(short, spec.key, patient_until):
-            self._leave_line(waiter)  # the line is not held up while it waits for them
-            await self._wait_change(deadline, spec.key, patient_until)
-        elif not await self._evict_for(
-            short, spec.key, f"a batch of {spec.key} ({activation_bytes} bytes of activations)"
-        ):
-            await self._wait_change(deadline, spec.key)
+        await self._make_way(
+            self._short_of(activation_bytes),
+            spec.key,
+            deadline,
+            patient_until,
+            f"a batch of {spec.key} ({activation_bytes} bytes of activations)",
+            leaving=waiter,
+        )
         return None
 
     def _hold(self, reservation: Reservation, next_batch_s: float) -> bool:
@@ -749,42 +754,86 @@ class ResidencyManager:
             _wake(self._line_waiters.pop(head, set()))
         return ticket
 
-    def _patient(self, short_bytes: int, name: str, patient_until: float) -> bool:
-        """Whether a caller short of ``short_bytes`` for ``name`` should wait
-        rather than evict now: before ``patient_until``, while models that are
-        busy now (running a batch, loading, fresh) would free the room at a
-        lower expected cost than the idle ones the policy would take. An OCR
-        page that needs a little more than the room beside every model waits
-        a second for the chat model's batch to end, and evicts the chat model
-        (a reload is a tenth of its target) rather than both translation
-        models (a reload is their whole target)."""
-        if short_bytes <= 0 or self._clock.now() >= patient_until:
-            return False
+    async def _make_way(
+        self,
+        short_bytes: int,
+        name: str,
+        deadline: float,
+        patient_until: float,
+        reason: str,
+        leaving: object | None = None,
+        ahead_bytes: int = 0,
+    ) -> None:
+        """Evict idle models to free ``short_bytes`` for ``name`` (``reason``,
+        said in the log), ``ahead_bytes`` more where idle ones hold them (for
+        the loads next in line, ``_ahead_bytes``), or wait for a change: until
+        ``patient_until`` where busy models would free the room at a lower cost
+        (``_room_for``; out of line meanwhile, where ``leaving`` is the
+        caller's place), or as long as nothing needs evicting or the policy
+        finds too few."""
+        victims, patient = self._room_for(short_bytes, name, patient_until, ahead_bytes)
+        if patient:
+            if leaving is not None:
+                self._leave_line(leaving)  # the line is not held up while it waits for them
+            await self._wait_change(deadline, name, patient_until)
+        elif not await self._evict(victims, short_bytes, reason):
+            await self._wait_change(deadline, name)
+
+    def _room_for(
+        self, short_bytes: int, name: str, patient_until: float, ahead_bytes: int = 0
+    ) -> tuple[list[str] | None, bool]:
+        """For a caller short of ``short_bytes`` for ``name``: the idle models
+        the policy would evict (None: nothing needs evicting, or too few), to
+        free ``ahead_bytes`` more where they can, and whether to wait for busy
+        ones instead. A caller waits, before
+        ``patient_until``, while models that are busy now (running a batch,
+        loading, fresh) would free the room at a lower expected cost than the
+        idle ones the policy would take. An OCR page that needs a little more
+        than the room beside every model waits a second for the chat model's
+        batch to end, and evicts the chat model (a reload is a tenth of its
+        target) rather than both translation models (a reload is their whole
+        target). One sort for both answers: with a hundred models swapping, a
+        sort to decide on patience and another to choose the victims were a
+        quarter of the engine's time."""
+        if short_bytes <= 0:
+            return None, False
         protect = {name} | self._kept
-        idle = {e.name for e in self.table.evictable(protect | self._fresh_now())}
+        fresh = self._fresh_now()
+        freed_by = self.table.freed_by
+        if self._clock.now() >= patient_until:
+            candidates = self.table.evictable(protect | fresh)
+            victims = self._policy.choose(candidates, short_bytes, freed_by)
+            if victims and ahead_bytes > 0:
+                more = self._policy.choose(candidates, short_bytes + ahead_bytes, freed_by)
+                victims = more or victims
+            return victims, False
+        entries = self.table.entries
         soon = [
             e
-            for e in self.table.entries.values()
+            for e in entries.values()
             if e.state in (ModelState.READY, ModelState.LOADING) and e.name not in protect
         ]
-        ordered = self._policy.order(soon)  # the idle ones are among them: one sort for both
-        victims = take([e for e in ordered if e.name in idle], short_bytes, self.table.freed_by)
+        ordered = self._policy.order(soon)  # the idle ones among them too: one sort for both
+        idle = [
+            e
+            for e in ordered
+            if e.state is ModelState.READY and e.pins == 0 and e.name not in fresh
+        ]
+        victims = take(idle, short_bytes, freed_by)
         if not victims:
-            return False
-        later = take(ordered, short_bytes, self.table.freed_by)
-        if later is None:
-            return False
-        now = self._clock.now()
+            return victims, False
+        later = take(ordered, short_bytes, freed_by)
+        if later is not None and later != victims:
+            now = self._clock.now()
 
-        def cost(names: list[str]) -> float:
-            return sum(expected_cost(self.table.entries[n], now) for n in names)
+            def cost(names: list[str]) -> float:
+                return sum(expected_cost(entries[n], now) for n in names)
 
-        return cost(later) < cost(victims)
-
-    async def _evict_for(self, short_bytes: int, name: str, reason: str) -> bool:
-        """Evict idle models to free ``short_bytes`` for ``name``; False (the
-        caller waits) when nothing needs evicting or the policy finds too few."""
-        return short_bytes > 0 and await self._make_room(short_bytes, {name}, reason)
+            if cost(later) < cost(victims):
+                return victims, True
+        if ahead_bytes > 0:
+            victims = take(idle, short_bytes + ahead_bytes, freed_by) or victims
+        return victims, False
 
     def _short_of(self, wanted_bytes: int) -> int:
         """Bytes that only evictions can free for ``wanted_bytes``. While every
@@ -797,6 +846,22 @@ class ResidencyManager:
         if self.every_model_fits():
             short -= self.table.activation_bytes_held()
         return short
+
+    def _ahead_bytes(self, waiter: object) -> int:
+        """What the next ``EVICT_AHEAD`` loads in line behind ``waiter`` wait
+        for. The line's head evicts for them too: evictions one load at a time
+        kept the line waiting for each one's copy and its thread's answer in
+        turn (docs/benchmarks.md, "Under swaps"). None while every model fits:
+        the line's loads then wait for batches, not for evictions."""
+        if self.every_model_fits():
+            return 0
+        mine = self._waiting.get(waiter, math.inf)
+        behind = [
+            (ticket, self._needs.get(w, 0))
+            for w, ticket in self._waiting.items()
+            if ticket > mine and isinstance(w, tuple) and w[0] == "load"
+        ]
+        return sum(need for _, need in heapq.nsmallest(EVICT_AHEAD, behind))
 
     def _behind(self, waiter: object) -> bool:
         """Whether another waiter has waited for room longer than ``waiter``."""
@@ -817,6 +882,11 @@ class ResidencyManager:
             return True
         candidates = self.table.evictable(protect | self._fresh_now() | self._kept)
         victims = self._policy.choose(candidates, need_bytes, self.table.freed_by)
+        return await self._evict(victims, need_bytes, reason)
+
+    async def _evict(self, victims: list[str] | None, need_bytes: int, reason: str) -> bool:
+        """Evict ``victims`` (chosen to free ``need_bytes`` for ``reason``, said
+        in the log); False where there are none."""
         if not victims:
             return False
         log.info(
@@ -895,17 +965,18 @@ class ResidencyManager:
                 self._patience.setdefault(waiter, patient_until)
                 extra = self.table.extra_bytes(spec.key, expected)
                 self._needs[waiter] = extra + activation_bytes
-                short = self._short_of(extra + activation_bytes)
                 if self._behind(waiter):
                     await self._wait_change(deadline, spec.key, line=waiter)
-                elif self._patient(short, spec.key, patient_until):
-                    await self._wait_change(deadline, spec.key, patient_until)
-                elif not await self._evict_for(
-                    short,
-                    spec.key,
-                    f"loading {spec.key} ({extra} bytes, {activation_bytes} for its first batch)",
-                ):
-                    await self._wait_change(deadline, spec.key)
+                else:
+                    await self._make_way(
+                        self._short_of(extra + activation_bytes),
+                        spec.key,
+                        deadline,
+                        patient_until,
+                        f"loading {spec.key} ({extra} bytes,"
+                        f" {activation_bytes} for its first batch)",
+                        ahead_bytes=self._ahead_bytes(waiter),
+                    )
                 if self.state(spec.key) not in (ModelState.UNLOADED, ModelState.FAILED):
                     return  # another caller started this load meanwhile
         finally:

@@ -22,6 +22,7 @@ from tessera.errors import (
     OverloadedError,
     RequestTooLargeError,
 )
+from tessera.repository.spec import ModelSpec
 from tessera.residency import (
     Lease,
     ModelState,
@@ -29,6 +30,7 @@ from tessera.residency import (
     make_eviction_policy,
 )
 from tessera.residency.fake import FakeModelHost
+from tessera.runtimes.base import LoadedModel
 
 # A moment of fake time: sleeping it lets every other task run until blocked.
 SETTLE_S = 0.01
@@ -337,6 +339,68 @@ async def test_loads_get_room_in_the_order_they_began_to_wait() -> None:
     manager.release(lease_a)
     await asyncio.gather(large, small)
     assert list(host.loads)[-2:] == ["large", "small"]
+    assert manager.table.used_bytes() <= 1000
+
+
+class _Recording(FakeModelHost):
+    """Loads and unloads in the order they began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    async def load(self, spec: ModelSpec) -> LoadedModel:
+        self.events.append(f"load {spec.key}")
+        return await super().load(spec)
+
+    async def unload(self, spec: ModelSpec, model: LoadedModel, *, eviction: bool = False) -> None:
+        self.events.append(f"unload {spec.key}")
+        await super().unload(spec, model, eviction=eviction)
+
+
+async def test_the_head_of_a_line_of_loads_evicts_for_the_loads_behind_it_too() -> None:
+    # Under pressure every load in a line evicted for itself alone, and the line
+    # waited for each eviction in turn (each a copy and a thread's answer).
+    clock = FakeClock()
+    host = _Recording()
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru"), clock, wait_s=5.0)
+    leases = []
+    for name in ("a", "b", "c", "d"):
+        leases.append(await manager.acquire(make_spec(name, 240), 0))
+        clock.advance(1)
+    loads = []
+    for name in ("e", "f", "g", "h", "i"):  # in line while every model is busy
+        loads.append(asyncio.ensure_future(manager.acquire(make_spec(name, 240), 0)))
+        await clock.sleep(SETTLE_S)
+    for lease in leases:
+        manager.release(lease)
+    for load in loads:
+        manager.release(await load)
+    # e's eviction frees room for f, g and h too (i is a fourth behind it).
+    evictions = ["unload a", "unload b", "unload c", "unload d"]
+    assert host.events[4:12] == [*evictions, "load e", "load f", "load g", "load h"]
+    assert host.events[-1] == "load i"
+    assert manager.table.used_bytes() <= 1000
+
+
+async def test_loads_ahead_in_line_take_no_more_than_idle_models_hold() -> None:
+    # What the loads behind it want is evicted only where idle models hold it:
+    # the head still evicts for itself.
+    clock = FakeClock()
+    host = _Recording()
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru"), clock, wait_s=5.0)
+    busy = await manager.acquire(make_spec("a", 500), 0)
+    idle = await manager.acquire(make_spec("b", 400), 0)
+    waiting = [
+        asyncio.ensure_future(manager.acquire(make_spec(name, 400), 0)) for name in ("c", "d")
+    ]
+    await clock.sleep(SETTLE_S)
+    manager.release(idle)
+    first = await waiting[0]
+    assert host.events[2:] == ["unload b", "load c"]  # d's 400 more are not idle: a is busy
+    manager.release(first)
+    manager.release(busy)
+    manager.release(await waiting[1])
     assert manager.table.used_bytes() <= 1000
 
 
