@@ -106,6 +106,8 @@ HOLD_SLACK_S = 0.05
 # loads next in line (``_ahead_bytes``): each eviction waits for a copy and a
 # thread's answer while the line waits behind it.
 EVICT_AHEAD = 3
+# Models that will be idle soon, or are: running a batch, loading, or ready.
+_SOON = frozenset({ModelState.READY, ModelState.LOADING})
 
 
 def _wake(waiters: set[asyncio.Future[None]]) -> set[asyncio.Future[None]]:
@@ -808,17 +810,10 @@ class ResidencyManager:
                 victims = more or victims
             return victims, False
         entries = self.table.entries
-        soon = [
-            e
-            for e in entries.values()
-            if e.state in (ModelState.READY, ModelState.LOADING) and e.name not in protect
-        ]
+        soon = [e for e in entries.values() if e.state in _SOON and e.name not in protect]
         ordered = self._policy.order(soon)  # the idle ones among them too: one sort for both
-        idle = [
-            e
-            for e in ordered
-            if e.state is ModelState.READY and e.pins == 0 and e.name not in fresh
-        ]
+        ready = ModelState.READY  # read once: an enum member's lookup costs a call
+        idle = [e for e in ordered if e.state is ready and e.pins == 0 and e.name not in fresh]
         victims = take(idle, short_bytes, freed_by)
         if not victims:
             return victims, False
@@ -965,17 +960,18 @@ class ResidencyManager:
                 self._patience.setdefault(waiter, patient_until)
                 extra = self.table.extra_bytes(spec.key, expected)
                 self._needs[waiter] = extra + activation_bytes
+                short = self._short_of(extra + activation_bytes)
                 if self._behind(waiter):
                     await self._wait_change(deadline, spec.key, line=waiter)
                 else:
                     await self._make_way(
-                        self._short_of(extra + activation_bytes),
+                        short,
                         spec.key,
                         deadline,
                         patient_until,
                         f"loading {spec.key} ({extra} bytes,"
                         f" {activation_bytes} for its first batch)",
-                        ahead_bytes=self._ahead_bytes(waiter),
+                        ahead_bytes=self._ahead_bytes(waiter) if short > 0 else 0,
                     )
                 if self.state(spec.key) not in (ModelState.UNLOADED, ModelState.FAILED):
                     return  # another caller started this load meanwhile

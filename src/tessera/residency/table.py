@@ -292,10 +292,11 @@ class ResidencyTable:
     def evictable(self, protect: Iterable[str] = ()) -> list[ModelEntry]:
         """Ready, unpinned models other than ``protect``: candidates for eviction."""
         keep = set(protect)
+        ready = ModelState.READY  # read once: an enum member's lookup costs a call
         return [
             e
             for e in self.entries.values()
-            if e.state is ModelState.READY and e.pins == 0 and e.name not in keep
+            if e.state is ready and e.pins == 0 and e.name not in keep
         ]
 
     def fits_alone(self, footprint: Footprint, activation_bytes: int) -> bool:
