@@ -774,6 +774,8 @@ class ResidencyManager:
         caller's place), or as long as nothing needs evicting or the policy
         finds too few."""
         victims, patient = self._room_for(short_bytes, name, patient_until, ahead_bytes)
+        if ahead_bytes > 0:
+            reason += f", and up to {ahead_bytes} bytes for the loads next in line"
         if patient:
             if leaving is not None:
                 self._leave_line(leaving)  # the line is not held up while it waits for them
