@@ -24,7 +24,10 @@ came (``submit``). Per connection, the messages (``engine/ipc.py`` frames):
   ``("logprobs", id, item, tokens)``, where they are asked for) while a
   streamed chat generates; ``("reply", id, ok, value)`` for a call;
   ``("state", phase, served, snapshot)`` every ``state_interval_s`` and
-  after each call: what the gateways read models, probes and ``/v2`` from.
+  after each call: what the gateways read models, probes and ``/v2`` from
+  (``served`` None: as in the last state; the interval's states carry the
+  served models only when they changed: a hundred models' specs were a
+  quarter of each state's cost, every quarter of a second).
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class EngineCore:
         self._server: asyncio.Server | None = None
         self._pusher: asyncio.Task[None] | None = None
         self._calls: set[asyncio.Task[None]] = set()
+        # The served models of the last state every gateway was sent.
+        self._served_pushed: dict[str, Any] | None = None
 
     async def start(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -110,10 +115,17 @@ class EngineCore:
         while True:
             await asyncio.sleep(self._state_interval_s)
             if self._gateways:
-                state = encode(self._state())
-                for gateway in self._gateways:
-                    if not gateway.writer.is_closing():
-                        gateway.writer.write(state)
+                engine = self.engine
+                served: dict[str, Any] | None = engine.served_models()
+                # Equal at the cost of identities: the specs are the same
+                # objects until a model is added, versioned or removed.
+                if served == self._served_pushed:
+                    served = None
+                else:
+                    self._served_pushed = served
+                state = encode(("state", engine.phase, served, engine.snapshot()))
+                for gateway in self._gateways:  # after a new gateway's first, whole state
+                    gateway.send_frame(state)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         gateway = _Gateway(writer)

@@ -45,11 +45,16 @@ class FrameWriter:
 
     def send(self, message: tuple[Any, ...]) -> None:
         """Queue ``message`` (on the event loop's thread)."""
+        self.send_frame(encode(message))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Queue a frame ``encode`` made (one encoding for many peers), after
+        the messages queued before it."""
         if self.writer.is_closing():
             return
         if not self._frames:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._frames.append(encode(message))
+        self._frames.append(frame)
 
     def _flush(self) -> None:
         frames, self._frames = self._frames, []

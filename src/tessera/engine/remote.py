@@ -275,7 +275,9 @@ class RemoteEngine:
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "state":
-            _, self._phase, self._served, self._snapshot = message
+            _, self._phase, served, self._snapshot = message
+            if served is not None:  # None: the same as last time
+                self._served = served
             self._state_seen.set()
             return
         if kind == "reply":

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from builders import fake_engine
+from builders import fake_engine, write_fake_repository
 from tessera.admission import TenantLimits
 from tessera.clock import FakeClock
 from tessera.engine import Caller, Engine, RequestTrace
@@ -107,6 +107,34 @@ async def test_models_state_and_phase_come_from_the_engine(tmp_path: Path) -> No
         assert stats.state == "ready"
         assert remote.snapshot().model("slow").state == "ready"  # type: ignore[union-attr]
         assert await remote.unload("slow") is True
+
+
+async def test_states_carry_the_served_models_only_when_they_changed(tmp_path: Path) -> None:
+    # Every state carried every model's spec four times a second, unchanged;
+    # now the interval's states carry them when a model is added (or
+    # versioned, or removed) and None otherwise, and a gateway keeps its own.
+    async with split(tmp_path, count=2) as (engine, _, (first, second)):
+        served: list[object] = []
+        on_message = second._on_message
+
+        def record(message: tuple[Any, ...]) -> None:
+            if message[0] == "state":
+                served.append(message[2])
+            on_message(message)
+
+        second._on_message = record  # type: ignore[method-assign]
+        await until(lambda: len(served) >= 3)
+        assert served[-1] is None
+        assert second.model_names() == ["chat", "echo", "slow"]
+        folder = write_fake_repository(tmp_path / "more", {"extra": {"task": "embedding"}})
+        await engine.add_model(folder / "extra")  # in the engine: no call's state follows
+        await until(lambda: "extra" in second.model_names())
+        assert any(s is not None for s in served)
+        assert first.spec("extra") == engine.spec("extra")
+        assert await run(second, "extra", [TextInput("x")])
+        count = len(served)
+        await until(lambda: len(served) >= count + 2)
+        assert served[-1] is None
 
 
 async def test_refusals_arrive_as_the_same_errors(tmp_path: Path) -> None:
