@@ -107,6 +107,22 @@ class ModelBatcher:
                 self._loop(), name=f"batcher:{self.name}", context=contextvars.Context()
             )
 
+    def next_batch_units(self) -> float | None:
+        """The work units of the batch the queue would give now (its requests
+        in the queue's order, within the batch's limits: an estimate where a
+        fair queue takes tenants in turn); None when nothing waits."""
+        if not len(self._queue):
+            return None
+        max_items, max_units = self.batching.max_batch_size, self.batching.max_batch_units
+        items, units = 0, 0.0
+        for request in self._queue:  # as the queues' pop_batch takes them
+            fits = items + len(request.items) <= max_items and units + request.units <= max_units
+            if items and not fits:
+                break
+            items += len(request.items)
+            units += request.units
+        return units
+
     def predicted_wait_s(self, request: QueuedRequest) -> float | None:
         """Seconds before ``request``'s batch would start if it were queued now:
         what is left of the batches running now (at most their predicted run)

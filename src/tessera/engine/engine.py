@@ -725,15 +725,27 @@ class Engine(ModelLifecycle):
             self._report_failure(spec, whole, InferenceError(f"model {spec.key!r} failed"))
             return
         for i, part in enumerate(parts):
-            await self._run(spec, batch.formed_at, part, more=i < len(parts) - 1)
+            following = parts[i + 1] if i + 1 < len(parts) else None
+            await self._run(spec, batch.formed_at, part, following=following)
 
-    def _queued(self, spec: ModelSpec) -> bool:
-        """Whether requests of ``spec`` wait for a batch."""
-        batcher = self._batchers.get(spec.key)
-        return batcher is not None and batcher.depth > 0
+    def _next_batch_s(self, spec: ModelSpec, following: BatchPart | None) -> float | None:
+        """The predicted seconds of ``spec``'s next batch: ``following`` (the
+        next part of this batch), else the batch its queue would form now;
+        None where there is none, or its batch times are not known yet."""
+        if following is not None:
+            units: float | None = following.units
+        else:
+            batcher = self._batchers.get(spec.key)
+            units = batcher.next_batch_units() if batcher is not None else None
+        return None if units is None else self._predictor(spec.key).predict(units)
 
     async def _run(
-        self, spec: ModelSpec, formed_at: float, part: BatchPart, *, more: bool = False
+        self,
+        spec: ModelSpec,
+        formed_at: float,
+        part: BatchPart,
+        *,
+        following: BatchPart | None = None,
     ) -> None:
         """Run a part; if the model raised on it, find whose input it was.
 
@@ -744,7 +756,7 @@ class Engine(ModelLifecycle):
         When both halves fail the fault is the model's, not one input's:
         both fail without more retries, so a broken model costs three runs
         per batch, not one per request."""
-        error = await self._attempt(spec, formed_at, part, more=more)
+        error = await self._attempt(spec, formed_at, part, following=following)
         if error is None:
             return
         if len(part.requests) > 1 and _input_may_be_at_fault(error):
@@ -775,21 +787,27 @@ class Engine(ModelLifecycle):
                 self._fail_part(spec, half, error)
 
     async def _attempt(
-        self, spec: ModelSpec, formed_at: float, part: BatchPart, *, more: bool = False
+        self,
+        spec: ModelSpec,
+        formed_at: float,
+        part: BatchPart,
+        *,
+        following: BatchPart | None = None,
     ) -> BaseException | None:
         """Lease the model and run ``part`` on it; report a success and return
-        None, or return what failed (nothing is answered then). ``more``: other
-        parts of its batch follow. When they do, or requests are queued, the
-        lease may keep its room for them (``ResidencyManager.release``), for
-        as long as this part is predicted to take."""
+        None, or return what failed (nothing is answered then). ``following``:
+        the next part of its batch. When there is one, or requests are
+        queued, the lease may keep its room for that next batch
+        (``ResidencyManager.release``), for as long as it is predicted to take
+        (``_next_batch_s``; it had been taken as this part's time: a short
+        part before a long one said the room was wanted briefly)."""
         items = [item for request in part.requests for item in request.items]
         try:
             expected_s = self._predictor(spec.key).predict(part.units)
             async with self._residency.lease(
                 spec,
                 part.activation_bytes,
-                # The next batch's time, taken as this one's.
-                lambda: expected_s if more or self._queued(spec) else None,
+                functools.partial(self._next_batch_s, spec, following),
             ) as lease:
                 run_items = with_stops(lease.model.run, part.requests)
                 run = await self._executor.run(

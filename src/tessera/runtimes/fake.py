@@ -14,6 +14,7 @@ Its descriptor's ``options`` set what it reports and does::
                              # for a model with isolation: process)
       max_batch_chars: 1000  # raise MemoryError on a batch of longer texts together (optional)
       run_s: 0.0             # seconds each batch sleeps (integration tests only)
+      unit_s: 0.0            # and seconds more for each of its work units
       word_s: 0.0            # seconds per word a chat answer takes; an item whose
                              # stop flag is set (its caller left) stops at the next word,
                              # and each word after the first is a step (step_boundary)
@@ -168,6 +169,7 @@ class FakeModel:
         else:
             scratch = _touch(per_unit * math.ceil(sum(units)))
         run_s = float(self.spec.options.get("run_s", 0.0))
+        run_s += float(self.spec.options.get("unit_s", 0.0)) * sum(units)
         if run_s:  # a failure below comes at the end of the run, as a real one may
             time.sleep(run_s)
         if self.spec.options.get("fail_run"):

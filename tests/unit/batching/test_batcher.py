@@ -116,6 +116,24 @@ async def test_batches_respect_max_batch_size_and_units() -> None:
     await batcher.close()
 
 
+async def test_the_next_batchs_units_are_those_the_queue_would_give() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()  # the first batch runs until the gate opens
+    batcher = make_batcher(clock, recorder, max_batch_size=4, max_batch_units=100)
+    assert batcher.next_batch_units() is None
+    first = make_request(clock, [0])
+    batcher.submit(first)
+    await clock.sleep(0.02)  # it runs, alone
+    queued = [make_request(clock, [i, i]) for i in range(3)]  # 2 items and 2 units each
+    for request in queued:
+        batcher.submit(request)
+    assert batcher.next_batch_units() == 4.0  # two requests fit a batch of 4 items
+    recorder.gate.set()
+    await asyncio.gather(first.future, *(r.future for r in queued))
+    assert batcher.next_batch_units() is None
+    await batcher.close()
+
+
 async def test_partial_batch_waits_max_wait_then_runs() -> None:
     clock, recorder = FakeClock(), Recorder()
     batcher = make_batcher(clock, recorder, max_wait_ms=50.0)
