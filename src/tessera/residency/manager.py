@@ -789,16 +789,15 @@ class ResidencyManager:
         """For a caller short of ``short_bytes`` for ``name``: the idle models
         the policy would evict (None: nothing needs evicting, or too few), to
         free ``ahead_bytes`` more where they can, and whether to wait for busy
-        ones instead. A caller waits, before
-        ``patient_until``, while models that are busy now (running a batch,
-        loading, fresh) would free the room at a lower expected cost than the
-        idle ones the policy would take. An OCR page that needs a little more
-        than the room beside every model waits a second for the chat model's
-        batch to end, and evicts the chat model (a reload is a tenth of its
-        target) rather than both translation models (a reload is their whole
-        target). One sort for both answers: with a hundred models swapping, a
-        sort to decide on patience and another to choose the victims were a
-        quarter of the engine's time."""
+        ones instead. A caller waits, before ``patient_until``, while models
+        that are busy now (running a batch, loading, fresh) would free the room
+        at a lower expected cost than the idle ones the policy would take. An
+        OCR page that needs a little more than the room beside every model
+        waits a second for the chat model's batch to end, and evicts the chat
+        model (a reload is a tenth of its target) rather than both translation
+        models (a reload is their whole target). One sort for both answers:
+        with a hundred models swapping, a sort to decide on patience and
+        another to choose the victims were a quarter of the engine's time."""
         if short_bytes <= 0:
             return None, False
         protect = {name} | self._kept
