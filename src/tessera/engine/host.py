@@ -41,6 +41,7 @@ from tessera.runtimes.base import (
     OffloadingModel,
     SharedComponents,
     SleepingModel,
+    offloads,
 )
 from tessera.runtimes.hostcopy import PINNED_POOL
 from tessera.runtimes.isolated import IsolatedLoader
@@ -266,7 +267,7 @@ class EngineHost:
     async def offload(self, spec: ModelSpec, model: LoadedModel) -> Footprint | None:
         """Move an evicted model's weights to the host tier and keep it; None
         where it cannot go (nothing moved: the caller unloads it)."""
-        if not isinstance(model, OffloadingModel) or self._closing:
+        if not offloads(model) or self._closing:
             return None
         self._live.pop(spec.key, None)
         loop = asyncio.get_running_loop()

@@ -12,7 +12,7 @@ from collections import Counter
 from tessera.clock import Clock
 from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
-from tessera.runtimes.base import LoadedModel, OffloadingModel
+from tessera.runtimes.base import LoadedModel, offloads
 from tessera.runtimes.fake import make_fake_model
 
 
@@ -55,7 +55,7 @@ class FakeModelHost:
 
     async def offload(self, spec: ModelSpec, model: LoadedModel) -> Footprint | None:
         await asyncio.sleep(0)
-        if not isinstance(model, OffloadingModel):
+        if not offloads(model):
             return None
         held = model.offload()
         if held is not None:
@@ -66,7 +66,7 @@ class FakeModelHost:
     async def restore(self, spec: ModelSpec) -> LoadedModel | None:
         model = self.kept.pop(spec.key)
         await self._take(float(spec.options.get("restore_s", 0.0)))
-        assert isinstance(model, OffloadingModel)  # only those are kept
+        assert offloads(model)  # only those are kept
         try:
             model.restore()
         except RuntimeError:  # option fail_restore

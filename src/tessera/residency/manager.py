@@ -79,7 +79,7 @@ from tessera.residency.table import (
     ResidencyTable,
 )
 from tessera.residency.tier import HostTier
-from tessera.runtimes.base import LoadedModel, OffloadingModel
+from tessera.runtimes.base import LoadedModel, offloads
 
 log = logging.getLogger(__name__)
 
@@ -1059,7 +1059,7 @@ class ResidencyManager:
         """Keep an evicted model in the host tier if the tier's policy finds it
         room (dropping less valuable copies first); False: not kept, unload it."""
         tier = self.host_tier
-        if tier is None or not isinstance(model, OffloadingModel):
+        if tier is None or not offloads(model):
             return False
         name = spec.key
         async with self._tier_lock:

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar, runtime_checkable
 
 from tessera.footprint import Footprint
 from tessera.runtimes.memory import Measured, measure_rss
@@ -90,6 +90,13 @@ class OffloadingModel(LoadedModel, Protocol):
         """Bring the weights back to the device, ready to run; raises if it
         cannot (the caller then unloads it and loads it from its files)."""
         ...
+
+
+def offloads(model: LoadedModel) -> TypeGuard[OffloadingModel]:
+    """Whether ``model`` can wait in the host tier (``OffloadingModel``): its
+    two methods looked up, where ``isinstance`` with the protocol walks every
+    member of it and ``LoadedModel`` (9 µs on Python 3.11, twice a swap)."""
+    return callable(getattr(model, "offload", None)) and callable(getattr(model, "restore", None))
 
 
 @runtime_checkable
