@@ -115,6 +115,12 @@ class QueuedRequest:
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
 
+    def fits(self, num_items: int, units: float, max_items: int, max_units: float) -> bool:
+        """Whether it joins a batch of ``num_items`` items and ``units`` work
+        units within those limits (a queue's ``pop_batch`` takes the first
+        request of a batch even when it does not)."""
+        return num_items + len(self.items) <= max_items and units + self.units <= max_units
+
 
 @dataclass(frozen=True, slots=True)
 class Batch:

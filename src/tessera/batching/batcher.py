@@ -116,8 +116,7 @@ class ModelBatcher:
         max_items, max_units = self.batching.max_batch_size, self.batching.max_batch_units
         items, units = 0, 0.0
         for request in self._queue:  # as the queues' pop_batch takes them
-            fits = items + len(request.items) <= max_items and units + request.units <= max_units
-            if items and not fits:
+            if items and not request.fits(items, units, max_items, max_units):
                 break
             items += len(request.items)
             units += request.units

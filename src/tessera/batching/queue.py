@@ -61,8 +61,7 @@ class FifoQueue:
         num_items, units = 0, 0.0
         while self._items:
             head = self._items[0]
-            fits = num_items + len(head.items) <= max_items and units + head.units <= max_units
-            if batch and not fits:
+            if batch and not head.fits(num_items, units, max_items, max_units):
                 break
             batch.append(self._items.popleft())
             num_items += len(head.items)

@@ -107,23 +107,26 @@ class EngineCore:
         if self._server is not None:
             await self._server.wait_closed()
 
-    def _state(self) -> tuple[Any, ...]:
+    def _state(self, *, changed_only: bool = False) -> tuple[Any, ...]:
+        """A state message; ``changed_only`` (the interval's, to every
+        gateway): the served models only if they changed since the last such
+        one, else None."""
         engine = self.engine
-        return ("state", engine.phase, engine.served_models(), engine.snapshot())
+        served: dict[str, Any] | None = engine.served_models()
+        if changed_only:
+            # Equal at the cost of identities: the specs are the same objects
+            # until a model is added, versioned or removed.
+            if served == self._served_pushed:
+                served = None
+            else:
+                self._served_pushed = served
+        return ("state", engine.phase, served, engine.snapshot())
 
     async def _push_state(self) -> None:
         while True:
             await asyncio.sleep(self._state_interval_s)
             if self._gateways:
-                engine = self.engine
-                served: dict[str, Any] | None = engine.served_models()
-                # Equal at the cost of identities: the specs are the same
-                # objects until a model is added, versioned or removed.
-                if served == self._served_pushed:
-                    served = None
-                else:
-                    self._served_pushed = served
-                state = encode(("state", engine.phase, served, engine.snapshot()))
+                state = encode(self._state(changed_only=True))
                 for gateway in self._gateways:  # after a new gateway's first, whole state
                     gateway.send_frame(state)
 

@@ -803,22 +803,19 @@ class ResidencyManager:
         protect = {name} | self._kept
         fresh = self._fresh_now()
         freed_by = self.table.freed_by
-        if self._clock.now() >= patient_until:
-            candidates = self.table.evictable(protect | fresh)
-            victims = self._policy.choose(candidates, short_bytes, freed_by)
-            if victims and ahead_bytes > 0:
-                more = self._policy.choose(candidates, short_bytes + ahead_bytes, freed_by)
-                victims = more or victims
-            return victims, False
         entries = self.table.entries
-        soon = [e for e in entries.values() if e.state in _SOON and e.name not in protect]
-        ordered = self._policy.order(soon)  # the idle ones among them too: one sort for both
-        ready = ModelState.READY  # read once: an enum member's lookup costs a call
-        idle = [e for e in ordered if e.state is ready and e.pins == 0 and e.name not in fresh]
+        ordered: list[ModelEntry] | None = None  # busy and idle ones, while patient
+        if self._clock.now() < patient_until:
+            soon = [e for e in entries.values() if e.state in _SOON and e.name not in protect]
+            ordered = self._policy.order(soon)  # the idle ones among them too: one sort for both
+            ready = ModelState.READY  # read once: an enum member's lookup costs a call
+            idle = [e for e in ordered if e.state is ready and e.pins == 0 and e.name not in fresh]
+        else:
+            idle = self._policy.order(self.table.evictable(protect | fresh))
         victims = take(idle, short_bytes, freed_by)
         if not victims:
             return victims, False
-        later = take(ordered, short_bytes, freed_by)
+        later = take(ordered, short_bytes, freed_by) if ordered is not None else None
         if later is not None and later != victims:
             now = self._clock.now()
 

@@ -84,8 +84,7 @@ class FairQueue:
         while self._len:
             tenant = self._next_tenant()
             head = self._queues[tenant][0]
-            fits = num_items + len(head.items) <= max_items and units + head.units <= max_units
-            if batch and not fits:
+            if batch and not head.fits(num_items, units, max_items, max_units):
                 break
             head_budget = _remaining(head, now)
             if head_budget is not None:
