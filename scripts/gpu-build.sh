@@ -23,6 +23,8 @@ WHEELS=(fastapi starlette pydantic pydantic-core annotated-types annotated-doc t
   rich typer anyio pytest-asyncio)
 # The peer of the check (LitServe, as make bench-peers installs it) and what it adds.
 PEER_PINS=(litserve==0.2.19 pyzmq==27.3.0)
+# The sampler of the servers' stacks (GPU_CHECK_PROFILE).
+PROFILE_PINS=(py-spy==0.4.3)
 
 cd "$(git rev-parse --show-toplevel)"
 mkdir -p "$G"
@@ -33,7 +35,7 @@ pins=()
 for name in "${WHEELS[@]}"; do
   pins+=("$name==$(version_of "$name")")
 done
-pins+=("${PEER_PINS[@]}")
+pins+=("${PEER_PINS[@]}" "${PROFILE_PINS[@]}")
 rm -rf "$G/whl" && mkdir -p "$G/whl"
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux2014_x86_64)

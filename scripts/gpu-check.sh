@@ -20,6 +20,11 @@
 #   GPU_CHECK_PEER_PYTHON   the python that runs the peer, LitServe (cuda: the check's, with
 #                           the carried wheels; cpu: make bench-peers' LitServe venv where
 #                           there is one); a python without litserve skips the peer
+#   GPU_CHECK_STEPS         the steps to run, by name, comma-separated (all); the others are
+#                           recorded as skipped: a second run in a lease's last minutes
+#   GPU_CHECK_PROFILE       a folder: py-spy samples the servers of the many-model loads there,
+#                           one raw file a load (benchmarks/gpu_check.py, sampled)
+#   GPU_CHECK_LOG_LEVEL     the servers' log level (warning), their logs in servers.log
 #   GPU_CHECK_WORK          scratch folder (a new temporary one)
 #   OUT                     where the reports go (GPU_CHECK_WORK/out)
 set -u
@@ -62,6 +67,11 @@ log() { echo "[gpu-check +$(($(date +%s) - START))s] $*"; }
 step() {  # step NAME TIMEOUT CMD...: CMD under the timeout, cut to the budget left; recorded
   local name=$1 limit=$2 left rc began ms
   shift 2
+  if [ -n "${GPU_CHECK_STEPS:-}" ] && [[ ",$GPU_CHECK_STEPS," != *",$name,"* ]]; then
+    log "SKIP $name: not in GPU_CHECK_STEPS"
+    echo "{\"step\": \"$name\", \"rc\": null, \"skipped\": \"not asked\"}" >> "$P/steps.jsonl"
+    return 1
+  fi
   left=$((BUDGET - ($(date +%s) - START)))
   if ((left < 5)); then
     log "SKIP $name: the budget is spent"
@@ -93,7 +103,7 @@ main() {
     step install 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
       "$G"/whl/*.whl
   fi
-  export PYTHONPATH="$SITE:$PWD/src:$PWD/benchmarks"
+  export PYTHONPATH="$SITE:$PWD/src:$PWD/benchmarks" PATH="$SITE/bin:$PATH"
   if [ "$SKIP_INSTALL" != 1 ]; then
     step standin 60 "$PY" -m gpu_check standin-install --standin "$G/standin" --site "$SITE" \
       --out "$P/standin.json"

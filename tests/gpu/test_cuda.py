@@ -1,8 +1,8 @@
 """Where a CUDA device is present: the device, the budget, and a model on it.
 
 Skipped without CUDA (CI has none); run on a machine with a GPU with
-``pytest -m gpu tests/gpu``. Not yet run on a GPU: no device was lent when
-these were written.
+``pytest -m gpu tests/gpu`` (scripts/gpu-check.sh runs them). First run on an
+H200 on 2026-12-04.
 """
 
 from __future__ import annotations
@@ -58,7 +58,12 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
 
     from tessera.repository import default_repository_path, read_spec
     from tessera.runtimes.base import SharedComponents
-    from tessera.runtimes.graphs import BATCH_BUCKETS, CHECK_TEXTS, LENGTH_BUCKETS
+    from tessera.runtimes.graphs import (
+        BATCH_BUCKETS,
+        CAPTURE_ON_USE,
+        CHECK_TEXTS,
+        LENGTH_BUCKETS,
+    )
     from tessera.runtimes.hf import SentenceEncoder
 
     def cosines(got: np.ndarray, want: np.ndarray) -> float:
@@ -99,8 +104,13 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
         assert encoder.graphs.in_host_tier
         assert encoder.graphs.graphs.num_runners == 0
         encoder.restore()
-        got = encoder.encode(texts)  # captured again as needed
-        assert cosines(got, want) >= 0.999
+        # Captured again on a bucket's second use, into a new pool: the first
+        # GPU run (2026-12-04) reused the old pool's handle and every capture
+        # after a return from the host tier failed, each bucket then eager.
+        for _ in range(CAPTURE_ON_USE):
+            got = encoder.encode(texts)
+            assert cosines(got, want) >= 0.999
+        assert encoder.graphs.graphs.num_runners == 1
     finally:
         for each in (encoder, other, reference, other_reference):
             each.close()  # twice for one closed above: a no-op

@@ -19,9 +19,10 @@ which transformers passes through as it is: built inside, the mask's
 "is there padding" test reads the device, which a graph capture forbids.
 Padding with a masked position changes no real position's vector (tested on
 the CPU against the plain forward). On CUDA a bucket's runner is a graph
-captured from static inputs (``cuda_graph_runner``), all in one memory
-pool, replayed one at a time (a lock). A bucket whose capture fails runs
-eager from then on. On the CPU there are no graphs and no padding.
+captured from static inputs (``CudaGraphRunners``), all in one memory
+pool (a new one after a reset), replayed one at a time (a lock); every
+capture on a device is recorded on one stream. A bucket whose capture fails
+runs eager until the next reset. On the CPU there are no graphs and no padding.
 
 Graphs per architecture, not per model (``SharedGraphs``). A graph reads
 the weights at the addresses it was captured with, so graphs of a model's
@@ -271,33 +272,77 @@ def eager_runner(model: Any, output: str, example: Inputs) -> Runner:
     return functools.partial(run_eager, model, output)
 
 
-def cuda_graph_runner(model: Any, output: str, example: Inputs, pool: Any = None) -> Runner:
-    """A bucket as a CUDA graph over static copies of ``example``: a run copies
-    its inputs in and replays; the result is the graph's own output tensor,
-    valid until the next replay."""
+class CudaGraphRunners:
+    """Builds buckets' runners as CUDA graphs over static copies of an
+    example: a run copies its inputs in and replays; the result is the
+    graph's own output tensor, valid until the next replay.
+
+    All of one ``GraphForward``'s graphs go in one memory pool, and ``renew``
+    starts a new one once they are all dropped: the allocator forgets a pool
+    whose graphs are gone, and a capture into its handle then fails an
+    internal assert ("use_count > 0"; seen on the H200 for every capture after
+    a return from the host tier). Every capture on a device warms up and
+    records on one stream (``capture_stream``) under one lock: cuBLAS keeps a
+    workspace for each stream it has run on (32 MiB on a Hopper card), and a
+    stream a bucket kept 18 of them (the first H200 run: a MiniLM's 18
+    buckets held 700 MB, its weights 45 MB). The capture is
+    begun and ended by hand: ``torch.cuda.graph`` synchronises the whole
+    device and empties the allocator's cache at each one, which stalls every
+    other model's batch and returns the blocks the host tier keeps. Graphs
+    that share the capture stream's workspace never run at once: every replay
+    goes to the workers' one stream, the device's default.
+    """
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+
+    def __call__(self, model: Any, output: str, example: Inputs) -> Runner:
+        import torch
+
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        static = {key: value.clone() for key, value in example.items()}
+        device = static[next(iter(static))].device
+        with _CAPTURE_LOCK:
+            side = capture_stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(side), torch.inference_mode():
+                for _ in range(2):  # kernels chosen and workspaces allocated before capture
+                    model(**static)
+                graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+                try:
+                    out = primary(model(**static), output)
+                finally:
+                    graph.capture_end()
+            torch.cuda.current_stream(device).wait_stream(side)
+
+        def run(inputs: Inputs) -> torch.Tensor:
+            for key, value in inputs.items():
+                static[key].copy_(value)
+            graph.replay()
+            return out
+
+        return run
+
+    def renew(self) -> None:
+        """A new pool for the next captures (the graphs of the last are gone)."""
+        self._pool = None
+
+
+_CAPTURE_LOCK = threading.Lock()
+_capture_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one stream every capture on ``device`` warms up and records on."""
     import torch
 
-    static = {key: value.clone() for key, value in example.items()}
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # untyped upstream
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.inference_mode():
-        for _ in range(2):  # kernels chosen and workspaces allocated before capture
-            model(**static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with (
-        torch.inference_mode(),
-        torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"),
-    ):
-        out = primary(model(**static), output)
-
-    def run(inputs: Inputs) -> torch.Tensor:
-        for key, value in inputs.items():
-            static[key].copy_(value)
-        graph.replay()
-        return out
-
-    return run
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _capture_streams.get(index)
+    if stream is None:
+        stream = _capture_streams[index] = torch.cuda.Stream(index)  # type: ignore[no-untyped-call]  # untyped upstream
+    return stream
 
 
 class GraphForward:
@@ -402,6 +447,8 @@ class GraphForward:
         with self._lock:
             self._runners.clear()
             self._uses.clear()
+            if isinstance(self.make_runner, CudaGraphRunners):
+                self.make_runner.renew()
 
 
 def graphs_run_on(device: str) -> bool:
@@ -411,9 +458,7 @@ def graphs_run_on(device: str) -> bool:
 
 def default_runner() -> MakeRunner:
     """A bucket's runner: a CUDA graph, all of one ``GraphForward``'s in one pool."""
-    import torch
-
-    return functools.partial(cuda_graph_runner, pool=torch.cuda.graph_pool_handle())
+    return CudaGraphRunners()
 
 
 def graph_forward(
