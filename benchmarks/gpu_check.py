@@ -684,6 +684,15 @@ class LoadPlan:
     zipf: float = 1.1
 
 
+def client_offset(plan: LoadPlan, client: int, models: int) -> int:
+    """Where ``client``'s list of the models starts: round robin spreads the
+    clients' first models evenly; a Zipf load's clients share one ranking, so
+    the load is one Zipf over the models. (Rotated for Zipf too until
+    2026-12-04: four clients were four Zipfs with other hot models, a flatter
+    mix that a cache of 20 of 100 models misses 61% of, against 36%.)"""
+    return client * models // plan.processes if plan.mode == "rr" else 0
+
+
 def drive(
     url: str, names: list[str], plan: LoadPlan, work: Path, label: str, api: str = "tessera"
 ) -> Part:
@@ -696,7 +705,7 @@ def drive(
     commands = [
         [sys.executable, "-m", "gpu_check", "load", "--url", url,
          "--models-file", str(models_file), "--mode", plan.mode, "--zipf", str(plan.zipf),
-         "--offset", str(i * len(names) // plan.processes), "--seed", str(i),
+         "--offset", str(client_offset(plan, i, len(names))), "--seed", str(i),
          "--concurrency", str(each), "--requests", str(plan.requests // plan.processes),
          "--duration", str(plan.duration_s), "--api", api, "--out", str(f)]
         for i, f in enumerate(files)

@@ -32,10 +32,13 @@ from tessera.runtimes.graphs import (
     Inputs,
     Runner,
     SharedGraphs,
+    by_dtype,
+    copy_weights,
     device_options,
     eager_runner,
     encoder_variant,
     reduce_precision,
+    weight_tensors,
 )
 from tessera.runtimes.hf import SentenceEncoder, encoder_key
 from tessera.runtimes.memory import torch_module_bytes
@@ -190,6 +193,21 @@ def test_one_architectures_graphs_run_each_model_with_its_own_weights(
     wide = encoder.tokenize(["word " * 100], 256)  # outside the buckets: its own forward
     assert torch.allclose(shared(other, wide), forward(other, wide), atol=1e-5)
     assert shared.num_copies == 3
+
+
+def test_weights_are_copied_in_one_group_a_dtype(encoder: SentenceEncoder) -> None:
+    # MiniLM's weights and its int64 buffers (position and token type ids):
+    # two groups, each one fused copy (a list of mixed dtypes is a copy a tensor on CUDA).
+    template = copy.deepcopy(encoder.model)
+    other = other_weights(encoder)
+    into, source = by_dtype(weight_tensors(template)), by_dtype(weight_tensors(other))
+    assert len(into) == len(source) >= 2
+    assert [{t.dtype for t in group} for group in into] == [{g[0].dtype} for g in into]
+    assert sum(map(len, into)) == len(weight_tensors(template))
+    assert not torch.equal(into[0][0], source[0][0])
+    copy_weights(into, source)
+    for mine, theirs in zip(weight_tensors(template), weight_tensors(other), strict=True):
+        assert torch.equal(mine, theirs)
 
 
 def test_an_architectures_graphs_are_one_shared_component(encoder: SentenceEncoder) -> None:
