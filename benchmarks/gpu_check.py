@@ -635,7 +635,8 @@ def cmd_one_model(a: argparse.Namespace) -> None:
         save(part)
         for c in a.levels:
             processes = min(a.clients, c)
-            part["levels"][str(c)] = bench(url, c, processes, a.seconds, work / f"bench-c{c}")
+            with sampled(server, f"one-g{a.gateways}-c{c}", a.seconds):
+                part["levels"][str(c)] = bench(url, c, processes, a.seconds, work / f"bench-c{c}")
             save(part)
         part["after"] = snapshot(url)
     save(part)

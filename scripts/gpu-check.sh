@@ -22,8 +22,9 @@
 #                           there is one); a python without litserve skips the peer
 #   GPU_CHECK_STEPS         the steps to run, by name, comma-separated (all); the others are
 #                           recorded as skipped: a second run in a lease's last minutes
-#   GPU_CHECK_PROFILE       a folder: py-spy samples the servers of the many-model loads there,
-#                           one raw file a load (benchmarks/gpu_check.py, sampled)
+#   GPU_CHECK_PROFILE=1     py-spy samples the servers during each load of one_model (but c=1)
+#                           and of the many-model steps, one raw file a load, all packed in
+#                           $OUT/profiles.tar.gz (the run tool brings back 8 files at most)
 #   GPU_CHECK_LOG_LEVEL     the servers' log level (warning), their logs in servers.log
 #   GPU_CHECK_WORK          scratch folder (a new temporary one)
 #   OUT                     where the reports go (GPU_CHECK_WORK/out)
@@ -45,6 +46,12 @@ SKIP_INSTALL=${GPU_CHECK_SKIP_INSTALL:-$DEFAULT_SKIP}
 W=${GPU_CHECK_WORK:-$(mktemp -d -t gpu-check.XXXXXX)}
 OUT=${OUT:-$W/out}
 P=$W/parts
+if [ "${GPU_CHECK_PROFILE:-}" = 1 ]; then
+  export GPU_CHECK_PROFILE=$W/profiles
+  mkdir -p "$GPU_CHECK_PROFILE"
+else
+  unset GPU_CHECK_PROFILE
+fi
 SITE=$W/site
 G=.gpu
 if [ "$QUICK" = 1 ]; then
@@ -134,6 +141,9 @@ finish() {
   for f in "$W"/server-*.log; do
     [ -f "$f" ] && { echo "==== $(basename "$f")"; tail -c 1000000 "$f"; }
   done > "$OUT/servers.log"
+  if [ -n "${GPU_CHECK_PROFILE:-}" ] && [ -n "$(ls -A "$GPU_CHECK_PROFILE")" ]; then
+    tar czf "$OUT/profiles.tar.gz" -C "$GPU_CHECK_PROFILE" .
+  fi
   timeout "$REPORT_S" "$PY" -m gpu_check report --parts "$P" --device "$DEV" \
     --out-json "$OUT/gpu-check.json" --out-md "$OUT/gpu-check.md"
   local rc=$?
