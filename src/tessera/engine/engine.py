@@ -393,6 +393,7 @@ class Engine(ModelLifecycle):
             gate.set()
         for batcher in self._batchers.values():
             await batcher.close()
+        self._host.begin_close()
         await self._residency.close()
         self._executor.shutdown()
         self._host.shutdown()

@@ -122,8 +122,9 @@ class EngineHost:
         self._first_load_lock = threading.Lock()
         self._adapters_seen: set[str] = set()
         self._torch_configured = False
-        # Set at shutdown: a load still running then (its caller cancelled, as
-        # preload is when the server stops) unloads what it loaded at its end.
+        # Set as the engine closes (``begin_close``): a load still running then
+        # (its caller cancelled, as preload is when the server stops) unloads
+        # what it loaded at its end.
         self._closing = False
         # Loaded models by key, and evicted ones that sleep (their process kept).
         self._live: dict[str, LoadedModel] = {}
@@ -366,8 +367,9 @@ class EngineHost:
 
     def _unload_sync(self, model: LoadedModel) -> None:
         model.unload()
-        collect_all()
-        self._empty_device_cache()
+        if not self._closing:  # at a close, once for all (``shutdown``)
+            collect_all()
+            self._empty_device_cache()
 
     def _empty_device_cache(self) -> None:
         if self.device.kind == "cuda":
@@ -375,8 +377,17 @@ class EngineHost:
 
             torch.cuda.empty_cache()
 
-    def shutdown(self) -> None:
+    def begin_close(self) -> None:
+        """The server is stopping: from now on an evicted model neither waits in
+        the host tier nor sleeps, a load that ends unloads what it loaded, and
+        an unload leaves the full collection and the device cache's emptying to
+        ``shutdown``, once for all. Each unload had its own: about 0.4 s each,
+        so a server with a hundred models on the H200 took half a minute to
+        stop (2026-12-04)."""
         self._closing = True
+
+    def shutdown(self) -> None:
+        self.begin_close()
         self._copy_pool.shutdown(wait=True, cancel_futures=True)
         self._load_pool.shutdown(wait=True, cancel_futures=True)
         with self._asleep_lock:
@@ -385,6 +396,8 @@ class EngineHost:
         for model in held:
             self._unload_sync(model)
         PINNED_POOL.clear()
+        collect_all()
+        self._empty_device_cache()
 
 
 def _unmeasured(fn: Callable[[], Any]) -> Measured:
