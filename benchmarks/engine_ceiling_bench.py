@@ -51,14 +51,20 @@ from tessera.repository import ModelRepository
 from tessera.tasks.types import Task, TextInput
 
 BATCHING = {"max_batch_size": 64, "max_wait_ms": 2}
+# Milliseconds a swap's copy out to the host tier and back take (--swap-ms), or none.
+Swap = tuple[float, float] | None
 
 
 @asynccontextmanager
-async def fake_engine(root: Path, models: int, holds: int | None = None) -> AsyncIterator[Engine]:
+async def fake_engine(
+    root: Path, models: int, holds: int | None = None, swap_ms: Swap = None
+) -> AsyncIterator[Engine]:
     options: dict[str, object] = {"own_bytes": 1000}
     budget = 64 * 2**20
     if holds is not None:
         options = {"own_bytes": 2**20, "host_tier": True}
+        if swap_ms is not None:
+            options.update(offload_s=swap_ms[0] / 1000, restore_s=swap_ms[1] / 1000)
         budget = int((holds + 0.5) * 2**20)
     for name in model_names(models):
         folder = root / "repo" / name
@@ -116,19 +122,26 @@ async def drive(
 
 
 async def engine_only(
-    models: int, holds: int | None, concurrency: int, seconds: float, zipf: float | None
+    models: int,
+    holds: int | None,
+    concurrency: int,
+    seconds: float,
+    zipf: float | None,
+    swap_ms: Swap = None,
 ) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp), models, holds) as engine:
+        async with fake_engine(Path(tmp), models, holds, swap_ms) as engine:
             return await drive(engine, models, concurrency, seconds, zipf)
 
 
-async def serve_core(socket_path: Path, models: int, holds: int | None) -> None:
+async def serve_core(
+    socket_path: Path, models: int, holds: int | None, swap_ms: Swap = None
+) -> None:
     """The engine process: serve until killed."""
     from tessera.engine.core import EngineCore
 
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp), models, holds) as engine:
+        async with fake_engine(Path(tmp), models, holds, swap_ms) as engine:
             core = EngineCore(engine)
             await core.start(socket_path)
             print("ready", flush=True)
@@ -136,7 +149,12 @@ async def serve_core(socket_path: Path, models: int, holds: int | None) -> None:
 
 
 async def through_core(
-    models: int, holds: int | None, concurrency: int, seconds: float, zipf: float | None
+    models: int,
+    holds: int | None,
+    concurrency: int,
+    seconds: float,
+    zipf: float | None,
+    swap_ms: Swap = None,
 ) -> float:
     from tessera.engine.remote import RemoteEngine
 
@@ -145,6 +163,8 @@ async def through_core(
         command = [sys.executable, __file__, "--serve", str(socket_path), "--models", str(models)]
         if holds is not None:
             command += ["--holds", str(holds)]
+        if swap_ms is not None:
+            command += ["--swap-ms", f"{swap_ms[0]},{swap_ms[1]}"]
         server = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
         try:
             assert server.stdout is not None
@@ -169,16 +189,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--swap-ms",
+        type=lambda v: tuple(float(x) for x in v.split(",")),
+        help="with --holds: OUT,BACK ms each swap's copies take (the H200's: 2.15,1.71)",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        asyncio.run(serve_core(args.serve, args.models, args.holds))
+        asyncio.run(serve_core(args.serve, args.models, args.holds, args.swap_ms))
         return
     runs: list[dict[str, Any]] = []
     for round_ in range(1, args.rounds + 1):
         for form, run in (("engine", engine_only), ("core", through_core)):
             rate = asyncio.run(
-                run(args.models, args.holds, args.concurrency, args.seconds, args.zipf)
+                run(
+                    args.models, args.holds, args.concurrency, args.seconds, args.zipf, args.swap_ms
+                )
             )
             runs.append({"round": round_, "form": form, "req_per_s": rate})
             print(f"round {round_}, {form}: {rate:.0f} req/s", flush=True)

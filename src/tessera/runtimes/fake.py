@@ -26,6 +26,8 @@ Its descriptor's ``options`` set what it reports and does::
       host_tier: false       # true: waits in the host tier when evicted (OffloadingModel)
       host_bytes: 1000       # the host bytes it then reports (default: own_bytes)
       fail_restore: false    # raise when brought back from the host tier
+      offload_s: 0.0         # seconds a move to the host tier sleeps, and a return
+      restore_s: 0.0         # from it (a device's copies, in the copy thread; benches)
 
 ``run`` answers each item with an output of its task's type derived from the
 item alone (an embedding seeded by the text, a translation that is the text
@@ -226,6 +228,7 @@ class FakeOffloadingModel(FakeModel):
                 for key in parked:
                     self._ctx.shared.unpark(key)
                 return None
+        time.sleep(float(self.spec.options.get("offload_s", 0.0)))
         self.offloaded = True
         own = int(self.spec.options.get("host_bytes", self.spec.options.get("own_bytes", 0)))
         return Footprint(own, dict(self._shared), method="fake host copy")
@@ -233,6 +236,7 @@ class FakeOffloadingModel(FakeModel):
     def restore(self) -> None:
         if self.spec.options.get("fail_restore"):
             raise RuntimeError("fake restore failure")
+        time.sleep(float(self.spec.options.get("restore_s", 0.0)))
         if self._ctx is not None:
             for key in self._shared:
                 self._ctx.shared.unpark(key)
