@@ -226,6 +226,11 @@ def main() -> None:
             f", under a budget that holds {args.holds} (1 MiB each, the budget"
             f" {args.holds + 0.5:g} MiB; evicted ones wait in the host tier)"
         )
+    if args.holds is not None and args.swap_ms is not None:
+        what += (
+            f"; each move to the host tier takes {args.swap_ms[0]:g} ms and each return"
+            f" {args.swap_ms[1]:g} ms (the fake's sleeps in the copy thread, a device's copies)"
+        )
     rerun = "benchmarks/engine_ceiling_bench.py"
     if many:
         rerun += f" --models {args.models} --concurrency {args.concurrency}"
@@ -233,6 +238,8 @@ def main() -> None:
         rerun += f" --holds {args.holds}"
     if args.zipf is not None:
         rerun += f" --zipf {args.zipf:g}"
+    if args.holds is not None and args.swap_ms is not None:
+        rerun += f" --swap-ms {args.swap_ms[0]:g},{args.swap_ms[1]:g}"
     title = " under swaps" if args.holds is not None else " over many models" if many else ""
     lines = [
         f"# The engine's ceiling{title}, {date}",
@@ -252,12 +259,13 @@ def main() -> None:
         "models": args.models,
         "holds": args.holds,
         "zipf": args.zipf,
+        "swap_ms": args.swap_ms,
         "runs": runs,
         "medians": medians,
     }
     name = "engine-ceiling-models" if many else "engine-ceiling"
     if args.holds is not None:
-        name = "engine-ceiling-swaps"
+        name = "engine-ceiling-swaps" if args.swap_ms is None else "engine-ceiling-copies"
     if args.zipf is not None:
         name += "-zipf"
     write_report(args.out, date, name, figures, "\n".join(lines))
