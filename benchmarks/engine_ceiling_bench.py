@@ -41,6 +41,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,17 +122,22 @@ async def drive(
     return done / (time.perf_counter() - began)
 
 
-async def engine_only(
-    models: int,
-    holds: int | None,
-    concurrency: int,
-    seconds: float,
-    zipf: float | None,
-    swap_ms: Swap = None,
-) -> float:
+@dataclass(frozen=True)
+class Run:
+    """One run's load: its models, the budget, the callers, how long, how models are picked."""
+
+    models: int
+    holds: int | None
+    concurrency: int
+    seconds: float
+    zipf: float | None
+    swap_ms: Swap = None
+
+
+async def engine_only(run: Run) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp), models, holds, swap_ms) as engine:
-            return await drive(engine, models, concurrency, seconds, zipf)
+        async with fake_engine(Path(tmp), run.models, run.holds, run.swap_ms) as engine:
+            return await drive(engine, run.models, run.concurrency, run.seconds, run.zipf)
 
 
 async def serve_core(
@@ -148,23 +154,17 @@ async def serve_core(
             await asyncio.Event().wait()
 
 
-async def through_core(
-    models: int,
-    holds: int | None,
-    concurrency: int,
-    seconds: float,
-    zipf: float | None,
-    swap_ms: Swap = None,
-) -> float:
+async def through_core(run: Run) -> float:
     from tessera.engine.remote import RemoteEngine
 
     with tempfile.TemporaryDirectory() as tmp:
         socket_path = Path(tmp) / "engine.sock"
-        command = [sys.executable, __file__, "--serve", str(socket_path), "--models", str(models)]
-        if holds is not None:
-            command += ["--holds", str(holds)]
-        if swap_ms is not None:
-            command += ["--swap-ms", f"{swap_ms[0]},{swap_ms[1]}"]
+        command = [sys.executable, __file__, "--serve", str(socket_path)]
+        command += ["--models", str(run.models)]
+        if run.holds is not None:
+            command += ["--holds", str(run.holds)]
+        if run.swap_ms is not None:
+            command += ["--swap-ms", f"{run.swap_ms[0]},{run.swap_ms[1]}"]
         server = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
         try:
             assert server.stdout is not None
@@ -172,7 +172,7 @@ async def through_core(
             remote = RemoteEngine(socket_path)
             await remote.connect(timeout_s=30)
             try:
-                return await drive(remote, models, concurrency, seconds, zipf)
+                return await drive(remote, run.models, run.concurrency, run.seconds, run.zipf)
             finally:
                 await remote.close()
         finally:
@@ -200,13 +200,10 @@ def main() -> None:
         asyncio.run(serve_core(args.serve, args.models, args.holds, args.swap_ms))
         return
     runs: list[dict[str, Any]] = []
+    load = Run(args.models, args.holds, args.concurrency, args.seconds, args.zipf, args.swap_ms)
     for round_ in range(1, args.rounds + 1):
-        for form, run in (("engine", engine_only), ("core", through_core)):
-            rate = asyncio.run(
-                run(
-                    args.models, args.holds, args.concurrency, args.seconds, args.zipf, args.swap_ms
-                )
-            )
+        for form, measure in (("engine", engine_only), ("core", through_core)):
+            rate = asyncio.run(measure(load))
             runs.append({"round": round_, "form": form, "req_per_s": rate})
             print(f"round {round_}, {form}: {rate:.0f} req/s", flush=True)
     medians = {
