@@ -527,6 +527,7 @@ class Engine(ModelLifecycle):
                 queue=make_queue(self.config.scheduling, predictor, self.config.fair_quantum_s),
                 max_concurrent_batches=self._executor.num_workers,
                 predictor=predictor,
+                gather_idle=self._device.kind != "cuda",
             )
         return batcher
 

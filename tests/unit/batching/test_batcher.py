@@ -218,9 +218,13 @@ async def test_next_batch_forms_only_when_a_slot_frees() -> None:
     await batcher.close()
 
 
-def make_two_slot_batcher(clock: FakeClock, recorder: Recorder) -> ModelBatcher:
+def make_two_slot_batcher(
+    clock: FakeClock, recorder: Recorder, *, gather_idle: bool = True
+) -> ModelBatcher:
     spec = BatchingSpec(max_batch_size=8, max_wait_ms=10.0)
-    return ModelBatcher("m", spec, recorder, clock, max_concurrent_batches=2)
+    return ModelBatcher(
+        "m", spec, recorder, clock, max_concurrent_batches=2, gather_idle=gather_idle
+    )
 
 
 async def test_while_a_batch_runs_the_next_gathers_to_its_size() -> None:
@@ -270,6 +274,26 @@ async def test_with_nothing_running_a_partial_batch_closes_after_max_wait() -> N
     batcher.submit(lone)
     await lone.future
     assert recorder.formed_at == [pytest.approx(0.01)]
+    await batcher.close()
+
+
+async def test_on_a_gpu_an_idle_models_partial_batch_closes_at_once_and_the_next_gathers() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_two_slot_batcher(clock, recorder, gather_idle=False)
+    lone = make_request(clock, ["lone"])
+    batcher.submit(lone)
+    await clock.sleep(0.001)
+    assert recorder.formed_at == [0.0]  # nothing of the model ran: no wait for company
+    later = [make_request(clock, [f"l{i}"]) for i in range(3)]
+    for request in later:
+        batcher.submit(request)
+    await clock.sleep(0.005)  # one runs: the next gathers, as on a CPU
+    assert len(recorder.batches) == 1
+    await clock.sleep(0.01)  # past max_wait, as large as the running one: it closes
+    assert [len(b) for b in recorder.batches] == [1, 3]
+    recorder.gate.set()
+    await asyncio.gather(lone.future, *(r.future for r in later))
     await batcher.close()
 
 
