@@ -106,8 +106,11 @@ HOLD_SLACK_S = 0.05
 # loads next in line (``_ahead_bytes``): each eviction waits for a copy and a
 # thread's answer while the line waits behind it.
 EVICT_AHEAD = 3
-# Models that will be idle soon, or are: running a batch, loading, or ready.
-_SOON = frozenset({ModelState.READY, ModelState.LOADING})
+# Models that will be idle soon, or are: running a batch, or ready. Not one
+# loading: it loads for callers waiting for it, and a caller that waited for
+# it to load, run and go idle to evict it held the line for a whole swap (with
+# a hundred models swapping, copies out and back never overlapped).
+_SOON = frozenset({ModelState.READY})
 
 
 def _wake(waiters: set[asyncio.Future[None]]) -> set[asyncio.Future[None]]:
@@ -790,7 +793,7 @@ class ResidencyManager:
         the policy would evict (None: nothing needs evicting, or too few), to
         free ``ahead_bytes`` more where they can, and whether to wait for busy
         ones instead. A caller waits, before ``patient_until``, while models
-        that are busy now (running a batch, loading, fresh) would free the room
+        that are busy now (running a batch, fresh; not loading) would free the room
         at a lower expected cost than the idle ones the policy would take. An
         OCR page that needs a little more than the room beside every model
         waits a second for the chat model's batch to end, and evicts the chat

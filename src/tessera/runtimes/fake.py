@@ -27,7 +27,9 @@ Its descriptor's ``options`` set what it reports and does::
       host_bytes: 1000       # the host bytes it then reports (default: own_bytes)
       fail_restore: false    # raise when brought back from the host tier
       offload_s: 0.0         # seconds a move to the host tier sleeps, and a return
-      restore_s: 0.0         # from it (a device's copies, in the copy thread; benches)
+      restore_s: 0.0         # from it (a device's copies, in the copy thread; benches):
+                             # one at a time each way, the two ways at once, as on
+                             # CUDA's copy stream each way
 
 ``run`` answers each item with an output of its task's type derived from the
 item alone (an embedding seeded by the text, a translation that is the text
@@ -214,6 +216,11 @@ class FakeModel:
                 self._ctx.shared.release(key, parked=self.offloaded)
 
 
+# A device's copy streams, one each way (offload_s, restore_s).
+_COPY_OUT = threading.Lock()
+_COPY_BACK = threading.Lock()
+
+
 class FakeOffloadingModel(FakeModel):
     """A fake model that can wait in the host tier (option ``host_tier``)."""
 
@@ -228,7 +235,8 @@ class FakeOffloadingModel(FakeModel):
                 for key in parked:
                     self._ctx.shared.unpark(key)
                 return None
-        time.sleep(float(self.spec.options.get("offload_s", 0.0)))
+        with _COPY_OUT:
+            time.sleep(float(self.spec.options.get("offload_s", 0.0)))
         self.offloaded = True
         own = int(self.spec.options.get("host_bytes", self.spec.options.get("own_bytes", 0)))
         return Footprint(own, dict(self._shared), method="fake host copy")
@@ -236,7 +244,8 @@ class FakeOffloadingModel(FakeModel):
     def restore(self) -> None:
         if self.spec.options.get("fail_restore"):
             raise RuntimeError("fake restore failure")
-        time.sleep(float(self.spec.options.get("restore_s", 0.0)))
+        with _COPY_BACK:
+            time.sleep(float(self.spec.options.get("restore_s", 0.0)))
         if self._ctx is not None:
             for key in self._shared:
                 self._ctx.shared.unpark(key)

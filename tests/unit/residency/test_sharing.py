@@ -16,7 +16,7 @@ from builders import make_spec
 from tessera.clock import FakeClock
 from tessera.repository import ModelSpec
 from tessera.request import QueuedRequest, RequestResult
-from tessera.residency import ResidencyManager, make_eviction_policy
+from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.fake import FakeModelHost
 
 SETTLE_S = 0.01
@@ -118,6 +118,25 @@ async def test_a_batch_short_of_room_waits_for_a_busy_model_cheaper_to_evict() -
     manager.release(answering)
     manager.release(await page)
     assert host.on_unload == ["chat"]
+
+
+async def test_a_load_short_of_room_evicts_an_idle_model_rather_than_wait_for_one_loading() -> None:
+    # "slow" loads for its caller; waiting for it to load, run and go idle, to
+    # evict it instead of "idle", held up every load behind (swaps in series).
+    manager, host, clock = make_manager(1000)
+    idle = replace(make_spec("idle", 400, load_s=1.0), latency_target_ms=10_000)
+    slow = replace(make_spec("slow", 400, load_s=3.0), latency_target_ms=10_000)
+    new = replace(make_spec("new", 400, load_s=0.1), latency_target_ms=10_000)
+    manager.register([idle, slow, new])
+    await use(manager, idle, times=3)
+    loading = asyncio.ensure_future(use(manager, slow))
+    await clock.sleep(0.1)
+    assert manager.state("slow") is ModelState.LOADING
+    asked = clock.now()
+    await use(manager, new)
+    assert host.on_unload == ["idle"]
+    assert clock.now() - asked < 1.0  # not the 3 s load nor the 5 s of patience
+    await loading
 
 
 async def test_patience_ends_at_half_the_target_and_then_the_idle_model_goes() -> None:
