@@ -295,7 +295,11 @@ class EngineHost:
         # waits for the whole device). Loads from files empty it first.
         with self._asleep_lock:
             self._kept[spec.key] = model
-        log.info(
+        # A swap's two lines are DEBUG: under pressure on a GPU there are
+        # hundreds a second (the H200 run: about 400 lines a second, beside
+        # the eviction's own INFO line); tessera_model_evictions and
+        # tessera_model_host_tier_loads count them.
+        log.debug(
             "%s waits in the host tier: %d bytes (%s), moved in %.3f s",
             spec.key,
             held.total_bytes,
@@ -318,7 +322,7 @@ class EngineHost:
         self.stats.on_load(spec.key, seconds, ok=restored)
         if not restored:
             return None
-        log.info("%s came back from the host tier in %.3f s", spec.key, seconds)
+        log.debug("%s came back from the host tier in %.3f s", spec.key, seconds)
         self._live[spec.key] = model
         freeze_heap()  # its objects live as long as it does (``memory.freeze_heap``)
         return model
