@@ -101,12 +101,13 @@ class EngineHost:
         # The host tier's copies on threads of their own, a pool each way: a
         # swap takes milliseconds, and behind loads from files it waited for
         # them (seconds). With one pool for both ways a round of evictions
-        # (the line's head evicts for itself and the loads behind it) filled
+        # (the line's head evicts for itself and the loads behind it) can fill
         # every thread, each waiting for its copy on the stream out, and the
-        # returns queued behind them: copies out and back never overlapped
-        # (engine_ceiling_bench --swap-ms, the H200's copy times: 227 req/s
-        # round robin under the budget, 1 / (2.15 + 1.71 ms)). On CUDA two
-        # each way (a copy queued on the stream while another runs).
+        # returns queue behind them. (What kept copies out and back apart in
+        # engine_ceiling_bench --swap-ms was the line's patience for models
+        # still loading, residency/manager.py's _SOON; this split alone did
+        # not move that bench, whose CPU pools have one thread a way.) On
+        # CUDA two each way (a copy queued on the stream while another runs).
         per_way = 2 if device.kind == "cuda" else 1
         self._copy_out_pool = ThreadPoolExecutor(per_way, thread_name_prefix="tessera-copy-out")
         self._copy_back_pool = ThreadPoolExecutor(per_way, thread_name_prefix="tessera-copy-back")

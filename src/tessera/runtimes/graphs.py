@@ -285,7 +285,8 @@ class CudaGraphRunners:
     records on one stream (``capture_stream``) under one lock: cuBLAS keeps a
     workspace for each stream it has run on (32 MiB on a Hopper card), and a
     stream a bucket kept 18 of them (the first H200 run: a MiniLM's 18
-    buckets held 700 MB, its weights 45 MB). The capture is
+    buckets held 700 MB, its weights 45 MB; the second, on one stream: 86 MB
+    for the template and the graphs). The capture is
     begun and ended by hand: ``torch.cuda.graph`` synchronises the whole
     device and empties the allocator's cache at each one, which stalls every
     other model's batch and returns the blocks the host tier keeps. Graphs
