@@ -105,7 +105,7 @@ class EngineHost:
         # every thread, each waiting for its copy on the stream out, and the
         # returns queue behind them. (What kept copies out and back apart in
         # engine_ceiling_bench --swap-ms was the line's patience for models
-        # still loading, residency/manager.py's _SOON; this split alone did
+        # still loading, residency/manager.py's _SOON_FOR_A_LOAD; this split alone did
         # not move that bench, whose CPU pools have one thread a way.) On
         # CUDA two each way (a copy queued on the stream while another runs).
         per_way = 2 if device.kind == "cuda" else 1
