@@ -91,6 +91,13 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
         for size in (12, 32):  # through buckets of 16 and 32 rows
             many = (texts * 4)[:size]
             assert cosines(encoder.encode(many), reference.encode(many)) >= 0.999
+        # Texts tokenised ahead (the gateways' form): padded on the host, pooled in the graph.
+        rows = encoder.tokenizer(texts, truncation=True, max_length=256)["input_ids"]
+        ids = [np.array(row, dtype=np.int32) for row in rows]
+        for size in (1, 3, len(texts)):
+            assert cosines(encoder.encode_ids(ids[:size]), want[:size]) >= 0.999
+        first = reference.encode(texts, pooling="cls")
+        assert cosines(encoder.encode_ids(ids, pooling="cls"), first) >= 0.999
         # A second model of the architecture replays the same graphs with its own weights.
         assert other.graphs is encoder.graphs
         other_weights(other)

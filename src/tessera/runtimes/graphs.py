@@ -14,9 +14,16 @@ Hugging Face encoder at bucketed shapes: a batch is padded up to the
 smallest (batch, length) bucket that holds it (``BATCH_BUCKETS`` x
 ``LENGTH_BUCKETS``), run by that bucket's runner, and its rows and
 positions cut back; a larger batch runs eager (it is compute, not launches).
-The attention mask goes in as a 4-D additive mask built outside the graph,
-which transformers passes through as it is: built inside, the mask's
-"is there padding" test reads the device, which a graph capture forbids.
+What a bucket runs is ``graph_step``: it makes the 4-D additive mask from
+the 0/1 one itself, which transformers passes through as it is (its own mask
+building tests whether there is padding, which reads the device, and a
+graph capture forbids that), and for token vectors pools them too (mean and
+first position, float32). Texts tokenised ahead by a gateway (the common
+path) are padded to their bucket on the host and copied into the graph's
+inputs, and leave as pooled rows (``GraphForward.pooled``): around the
+replay the host launches a copy a tensor in, a cut and one copy out, where
+the device-side padding, masking and pooling were about thirty operators
+(``benchmarks/graph_host_bench.py``).
 Padding with a masked position changes no real position's vector (tested on
 the CPU against the plain forward). On CUDA a bucket's runner is a graph
 captured from static inputs (``CudaGraphRunners``), all in one memory
@@ -52,6 +59,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tessera.errors import ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.runtimes.base import SharedComponents
@@ -59,6 +68,7 @@ from tessera.runtimes.hostcopy import HostCopy
 from tessera.runtimes.memory import torch_module_bytes
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
     import torch
 
     from tessera.repository.spec import ModelSpec
@@ -89,6 +99,8 @@ _NOT_SHAPE = frozenset(
         "_attn_implementation_autoset",
     }
 )
+# The vectors an encoder's graph leaves on the device beside its token vectors.
+POOLINGS = ("mean", "cls")
 # The most models a stacked forward holds where a card says ``stack: true``.
 DEFAULT_STACK = 16
 # What a reduced precision is checked on: short and long, plain and odd.
@@ -104,8 +116,11 @@ CHECK_TEXTS = (
 )
 
 Inputs = dict[str, "torch.Tensor"]
-Runner = Callable[[Inputs], "torch.Tensor"]
-MakeRunner = Callable[[Any, str, Inputs], Runner]
+Outputs = dict[str, "torch.Tensor"]
+# What a bucket runs: padded inputs (the attention mask 0/1) to named outputs.
+Step = Callable[[Inputs], Outputs]
+Runner = Callable[[Inputs], Outputs]
+MakeRunner = Callable[[Step, Inputs], Runner]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,13 +195,11 @@ def padded_inputs(
     rows: int,
     columns: int,
     pad_id: int,
-    dtype: torch.dtype,
     keys: Sequence[str] = (),
 ) -> Inputs:
     """A tokenized ``batch`` padded to (rows, columns), ``input_ids`` with
-    ``pad_id`` and the rest with 0 (``keys`` it lacks made of zeros), its
-    attention mask made the additive mask of ``dtype``: padding is masked,
-    and changes no real position's vector."""
+    ``pad_id`` and the rest with 0 (``keys`` it lacks made of zeros): padding
+    is masked, and changes no real position's vector."""
     import torch
 
     size, length = batch["input_ids"].shape
@@ -200,8 +213,44 @@ def padded_inputs(
         if rows > size:
             value = torch.cat([value, value.new_full((rows - size, columns), fill)])
         inputs[key] = value
-    inputs["attention_mask"] = additive_mask(inputs["attention_mask"], dtype)
     return inputs
+
+
+def host_inputs(
+    ids: Sequence[npt.NDArray[np.int32]], rows: int, columns: int, pad_id: int, keys: Sequence[str]
+) -> Inputs:
+    """Texts tokenised ahead (``runtimes.tokens``) as a batch of (rows, columns)
+    in host memory, padded as ``padded_inputs`` pads (``token_type_ids`` all
+    0 where ``keys`` name them): a bucket's inputs made without a device op."""
+    import torch
+
+    input_ids = np.full((rows, columns), pad_id, dtype=np.int64)
+    mask = np.zeros((rows, columns), dtype=np.int64)
+    for row, row_ids in enumerate(ids):
+        input_ids[row, : len(row_ids)] = row_ids
+        mask[row, : len(row_ids)] = 1
+    inputs = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
+    if "token_type_ids" in keys:
+        inputs["token_type_ids"] = torch.from_numpy(np.zeros((rows, columns), dtype=np.int64))
+    return inputs
+
+
+def graph_step(model: Any, output: str) -> Step:
+    """What a bucket's graph records: the additive mask made from the 0/1 one,
+    the forward, and for token vectors (``last_hidden_state``) their mean
+    over the mask and the first position's, both float32 (``POOLINGS``):
+    an encoder's batch then leaves the device as its vectors, with no
+    pooling launched around the replay."""
+
+    def step(inputs: Inputs) -> Outputs:
+        dtype = next(model.parameters()).dtype
+        mask = inputs["attention_mask"]
+        out = primary(model(**{**inputs, "attention_mask": additive_mask(mask, dtype)}), output)
+        if output != "last_hidden_state":
+            return {"out": out}
+        return {"out": out, "mean": pooled(out, mask), "cls": out[:, 0].float()}
+
+    return step
 
 
 def primary(outputs: Any, output: str) -> torch.Tensor:
@@ -267,9 +316,18 @@ def run_eager(model: Any, output: str, inputs: Mapping[str, torch.Tensor]) -> to
         return primary(model(**inputs), output)
 
 
-def eager_runner(model: Any, output: str, example: Inputs) -> Runner:
-    """A bucket run as it is, padded (what a graph replays; the CPU tests' runner)."""
-    return functools.partial(run_eager, model, output)
+def run_step(step: Step, device: torch.device, inputs: Inputs) -> Outputs:
+    """``step`` of ``inputs`` (moved to ``device``), in inference mode."""
+    import torch
+
+    with torch.inference_mode():
+        return step({key: value.to(device) for key, value in inputs.items()})
+
+
+def eager_runner(step: Step, example: Inputs) -> Runner:
+    """A bucket's step run as it is, padded (what a graph replays; the CPU
+    tests' runner)."""
+    return functools.partial(run_step, step, next(iter(example.values())).device)
 
 
 class CudaGraphRunners:
@@ -297,7 +355,7 @@ class CudaGraphRunners:
     def __init__(self) -> None:
         self._pool: Any = None
 
-    def __call__(self, model: Any, output: str, example: Inputs) -> Runner:
+    def __call__(self, step: Step, example: Inputs) -> Runner:
         import torch
 
         if self._pool is None:
@@ -310,19 +368,22 @@ class CudaGraphRunners:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.stream(side), torch.inference_mode():
                 for _ in range(2):  # kernels chosen and workspaces allocated before capture
-                    model(**static)
+                    step(static)
                 graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
                 try:
-                    out = primary(model(**static), output)
+                    outputs = step(static)
                 finally:
                     graph.capture_end()
             torch.cuda.current_stream(device).wait_stream(side)
 
-        def run(inputs: Inputs) -> torch.Tensor:
+        def run(inputs: Inputs) -> Outputs:
+            # From the host (``host_inputs``) a copy without blocking: from
+            # pageable memory the driver stages the bytes before the call
+            # returns, and the stream orders the copy after the last replay.
             for key, value in inputs.items():
-                static[key].copy_(value)
+                static[key].copy_(value, non_blocking=True)
             graph.replay()
-            return out
+            return outputs
 
         return run
 
@@ -373,6 +434,7 @@ class GraphForward:
         self.length_buckets = tuple(
             b for b in length_buckets if max_length is None or b <= max_length
         )
+        self.step = graph_step(model, output)
         self._runners: dict[tuple[int, int], Runner | None] = {}
         self._uses: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
@@ -382,48 +444,83 @@ class GraphForward:
         """Buckets with a runner built (a failed one counts as none)."""
         return sum(r is not None for r in self._runners.values())
 
+    @property
+    def pools(self) -> bool:
+        """Whether its graphs leave pooled vectors (``graph_step``)."""
+        return self.output == "last_hidden_state"
+
     def __call__(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The wanted output of ``batch``, as the plain forward gives it."""
         size, length = batch["input_ids"].shape
+        key = self.bucket(size, length)
+        if key is not None:
+            inputs = padded_inputs(batch, *key, self.pad_id)
+            with self._lock:
+                outputs = self._replay(key, inputs)
+                if outputs is not None:
+                    out = outputs["out"]
+                    return out[:size, :length].clone() if out.dim() == 3 else out[:size].clone()
+        return self.eager(batch)
+
+    def pooled(self, ids: Sequence[npt.NDArray[np.int32]], pooling: str) -> torch.Tensor | None:
+        """Float32 vectors ``(len(ids), dim)`` on the device, pooled as
+        ``pooling`` (``POOLINGS``) says, of texts tokenised ahead: padded to
+        their bucket on the host, copied into the graph's inputs, the graph
+        replayed, its pooled rows cut back; no other op on the device. None
+        where the batch fits no bucket or the graphs give no vectors."""
+        if not self.pools or not ids:
+            return None
+        size, length = len(ids), max(len(row) for row in ids)
+        key = self.bucket(size, length)
+        if key is None:
+            return None
+        inputs = host_inputs(ids, *key, self.pad_id, self.input_keys)
+        with self._lock:
+            outputs = self._replay(key, inputs)
+            if outputs is not None:
+                return outputs[pooling][:size].clone()
+        # A bucket's first use since a reset, or one that failed to build.
+        return run_step(self.step, self.device, inputs)[pooling][:size]
+
+    def bucket(self, size: int, length: int) -> tuple[int, int] | None:
+        """The (rows, columns) bucket of a batch of ``size`` rows of ``length``
+        tokens; None where it fits none."""
         rows = bucket_of(size, self.batch_buckets)
         columns = bucket_of(length, self.length_buckets)
         if rows is None or columns is None:
-            return self.eager(batch)
-        key = (rows, columns)
-        if key not in self._runners:
-            # A bucket is built on its second use since the last reset: a model
-            # back from the host tier for one request does not pay a capture.
-            self._uses[key] = self._uses.get(key, 0) + 1
-            if self._uses[key] < CAPTURE_ON_USE:
-                return self.eager(batch)
-        inputs = self.padded(batch, rows, columns)
-        with self._lock:
-            runner = self._runner(key, inputs)
-            if runner is not None:
-                out = runner(inputs)
-                return out[:size, :length].clone() if out.dim() == 3 else out[:size].clone()
-        return self.eager(batch)
+            return None
+        return rows, columns
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(weight_tensors(self.model))).device
 
     def eager(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return run_eager(self.model, self.output, batch)
 
     def holds(self, size: int, length: int) -> bool:
         """Whether a batch of ``size`` rows of ``length`` tokens fits a bucket."""
-        return (
-            bucket_of(size, self.batch_buckets) is not None
-            and bucket_of(length, self.length_buckets) is not None
-        )
+        return self.bucket(size, length) is not None
 
-    def padded(self, batch: Mapping[str, torch.Tensor], rows: int, columns: int) -> Inputs:
-        """``batch`` padded to (rows, columns), its mask made additive."""
-        dtype = next(self.model.parameters()).dtype
-        return padded_inputs(batch, rows, columns, self.pad_id, dtype)
+    def _replay(self, key: tuple[int, int], inputs: Inputs) -> Outputs | None:
+        """The bucket's outputs for its padded ``inputs`` (under the lock);
+        None where it runs eager: before its second use since the last reset
+        (a model back from the host tier for one request does not pay a
+        capture), or when its runner could not be built."""
+        if key not in self._runners:
+            self._uses[key] = self._uses.get(key, 0) + 1
+            if self._uses[key] < CAPTURE_ON_USE:
+                return None
+        runner = self._runner(key, inputs)
+        return runner(inputs) if runner is not None else None
 
     def _runner(self, key: tuple[int, int], example: Inputs) -> Runner | None:
         if key in self._runners:
             return self._runners[key]
+        device = self.device
+        on_device = {key: value.to(device) for key, value in example.items()}
         try:
-            runner: Runner | None = self.make_runner(self.model, self.output, example)
+            runner: Runner | None = self.make_runner(self.step, on_device)
         except Exception as e:  # a model that cannot be captured runs eager
             log.warning("bucket %s runs eager: building its runner failed: %s", key, e)
             runner = None
@@ -439,7 +536,7 @@ class GraphForward:
                 ids = torch.full((rows, columns), self.pad_id, dtype=torch.long, device=device)
                 batch = {key: torch.zeros_like(ids) for key in self.input_keys}
                 batch.update(input_ids=ids, attention_mask=torch.ones_like(ids))
-                example = self.padded(batch, rows, columns)
+                example = padded_inputs(batch, rows, columns, self.pad_id)
                 with self._lock:
                     self._runner((rows, columns), example)
 
@@ -555,15 +652,32 @@ class SharedGraphs:
         if not self.graphs.holds(size, length):
             return run_eager(model, self.graphs.output, batch)
         with self._lock:
-            current = self._current() if self._current is not None else None
-            if current is not model:
-                source = self._groups.get(model)
-                if source is None:
-                    source = self._groups[model] = by_dtype(weight_tensors(model))
-                copy_weights(self._template_groups, source)
-                self._current = weakref.ref(model)
-                self.num_copies += 1
+            self._hold_weights_of(model)
             return self.graphs(batch)
+
+    def pooled(
+        self, model: Any, ids: Sequence[npt.NDArray[np.int32]], pooling: str
+    ) -> torch.Tensor | None:
+        """``model``'s pooled vectors of texts tokenised ahead, on the device
+        (``GraphForward.pooled``); None where its graphs do not make them."""
+        if not self.graphs.pools or not ids:
+            return None
+        if not self.graphs.holds(len(ids), max(len(row) for row in ids)):
+            return None
+        with self._lock:
+            self._hold_weights_of(model)
+            return self.graphs.pooled(ids, pooling)
+
+    def _hold_weights_of(self, model: Any) -> None:
+        """The template holds ``model``'s weights (under the lock)."""
+        current = self._current() if self._current is not None else None
+        if current is not model:
+            source = self._groups.get(model)
+            if source is None:
+                source = self._groups[model] = by_dtype(weight_tensors(model))
+            copy_weights(self._template_groups, source)
+            self._current = weakref.ref(model)
+            self.num_copies += 1
 
     def prepare(self, device: str) -> int:
         """Capture every bucket now; the device bytes the template and the

@@ -43,6 +43,7 @@ from tessera.runtimes.graphs import (
     device_options,
     encoder_variant,
     graphs_run_on,
+    host_inputs,
 )
 from tessera.runtimes.hostcopy import HostCopy, tensors_of
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
@@ -140,6 +141,13 @@ def softmax(logits: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
     exp = np.exp(shifted)
     result: npt.NDArray[np.float64] = exp / exp.sum(axis=-1, keepdims=True)
     return result
+
+
+def unit_rows(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """Each row over its length (as torch's ``normalize``: a zero row stays zero)."""
+    lengths = np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit: npt.NDArray[np.float32] = vectors / np.maximum(lengths, 1e-12)
+    return unit
 
 
 def sigmoid(logits: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
@@ -379,18 +387,21 @@ class SentenceEncoder:
         normalize: bool = True,
     ) -> npt.NDArray[np.float32]:
         """``encode`` of texts tokenised ahead (``runtimes.tokens.TokenizedText``):
-        the batch ``tokenize`` would make of them, padded here."""
+        the batch ``tokenize`` would make of them, padded here. Through its
+        graphs, padded to the bucket on the host and pooled in the graph
+        (``GraphForward.pooled``): the host's work a batch is a copy in, a
+        replay and a copy back, and the vectors are made unit on the host."""
         import torch
 
-        rows, columns = len(ids), max(len(row) for row in ids)
-        input_ids = np.full((rows, columns), self.tokenizer.pad_token_id, dtype=np.int64)
-        mask = np.zeros((rows, columns), dtype=np.int64)
-        for row, row_ids in enumerate(ids):
-            input_ids[row, : len(row_ids)] = row_ids
-            mask[row, : len(row_ids)] = 1
-        batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
-        if "token_type_ids" in self.tokenizer.model_input_names:
-            batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+        graphs = self.graphs
+        if graphs is not None and self.stack is None:
+            with torch.inference_mode():
+                vectors = graphs.pooled(self.model, ids, pooling)
+                if vectors is not None:
+                    found: npt.NDArray[np.float32] = vectors.cpu().numpy()
+                    return unit_rows(found) if normalize else found
+        keys = self.tokenizer.model_input_names
+        batch = host_inputs(ids, len(ids), max(len(row) for row in ids), self.pad_id, keys)
         # Not blocking: from pageable memory the driver stages the bytes before
         # the call returns, and torch's blocking copy would synchronise the
         # stream after it, so a worker's inputs waited for the other worker's
@@ -398,6 +409,10 @@ class SentenceEncoder:
         # round robin); the stream keeps the order, and the copy back waits.
         on_device = {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
         return self.pooled(on_device, pooling, normalize)
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
 
     def pooled(self, batch: Any, pooling: Pooling, normalize: bool) -> npt.NDArray[np.float32]:
         """One vector per row of a tokenized batch."""

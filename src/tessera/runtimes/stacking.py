@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tessera.runtimes.graphs import padded_inputs, signature
+from tessera.runtimes.graphs import additive_mask, padded_inputs, signature
 
 if TYPE_CHECKING:
     import torch
@@ -132,7 +132,9 @@ class StackGroup:
         columns = max(b["input_ids"].shape[1] for b in batches)
         keys = sorted({k for b in batches for k in b})
         dtype = next(models[0].parameters()).dtype
-        padded = [padded_inputs(b, rows, columns, 0, dtype, keys) for b in batches]
+        padded = [padded_inputs(b, rows, columns, 0, keys) for b in batches]
+        for each in padded:
+            each["attention_mask"] = additive_mask(each["attention_mask"], dtype)
         inputs = {key: torch.stack([p[key] for p in padded]) for key in keys}
         params, buffers = stack_module_state(models)
 

@@ -30,8 +30,10 @@ from tessera.runtimes.graphs import (
     GraphForward,
     GraphsHold,
     Inputs,
+    Outputs,
     Runner,
     SharedGraphs,
+    Step,
     by_dtype,
     copy_weights,
     device_options,
@@ -102,9 +104,9 @@ def test_a_bucket_gives_the_plain_forwards_vectors(
 def test_larger_batches_and_longer_texts_run_eager(encoder: SentenceEncoder) -> None:
     built: list[tuple[int, ...]] = []
 
-    def counting(model: Any, output: str, example: Inputs) -> Runner:
+    def counting(step: Step, example: Inputs) -> Runner:
         built.append(tuple(example["input_ids"].shape))
-        return eager_runner(model, output, example)
+        return eager_runner(step, example)
 
     graphs = forward_of(encoder, counting)
     wide = encoder.tokenize(["word " * 100], 256)  # 102 tokens: over 64
@@ -119,7 +121,7 @@ def test_a_bucket_that_cannot_be_built_runs_eager_and_is_not_tried_again(
 ) -> None:
     tries = []
 
-    def failing(model: Any, output: str, example: Inputs) -> Runner:
+    def failing(step: Step, example: Inputs) -> Runner:
         tries.append(1)
         raise RuntimeError("operation not permitted when stream is capturing")
 
@@ -276,3 +278,115 @@ def test_device_options_are_checked() -> None:
         device_options(replace(spec, options={**spec.options, "dtype": "int4"}))
     with pytest.raises(ModelUnavailableError, match="cuda_graphs must be true or false"):
         device_options(replace(spec, options={**spec.options, "cuda_graphs": "yes"}))
+
+
+def replay_like(step: Step, example: Inputs) -> Runner:
+    """A CUDA graph's ways on the CPU: inputs copied into static tensors, and
+    outputs that are the same tensors at every run, overwritten by the next."""
+    static = {key: value.clone() for key, value in example.items()}
+    with torch.inference_mode():
+        outputs = step(static)
+
+    def run(inputs: Inputs) -> Outputs:
+        for key, value in inputs.items():
+            static[key].copy_(value)
+        with torch.inference_mode():
+            for key, value in step(static).items():
+                outputs[key].copy_(value)
+        return outputs
+
+    return run
+
+
+def ids_of(encoder: SentenceEncoder, texts: list[str]) -> list[np.ndarray]:
+    """Texts tokenised as a gateway tokenises them ahead (``runtimes.tokens``)."""
+    rows = encoder.tokenizer(texts, truncation=True, max_length=256)["input_ids"]
+    return [np.array(row, dtype=np.int32) for row in rows]
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [
+        ["one"],  # (1, 16)
+        ["a short one", "and a somewhat longer sentence than the first"],  # (2, 16)
+        [f"sentence number {i} " * (i + 1) for i in range(5)],  # (8, 32): rows padded too
+        ["word " * 40, "x"],  # (2, 64)
+        [f"text {i}" for i in range(20)],  # (32, 16)
+    ],
+)
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_texts_tokenised_ahead_leave_the_graph_as_the_encoders_vectors(
+    encoder: SentenceEncoder, texts: list[str], pooling: Any
+) -> None:
+    ids = ids_of(encoder, texts)
+    want = encoder.encode(texts, pooling=pooling)
+    raw = encoder.encode(texts, pooling=pooling, normalize=False)
+    shared = SharedComponents()
+    encoder.graphs_hold = GraphsHold.acquire(
+        shared, encoder.model, encoder.tokenizer, OUTPUT, capture=False, make_runner=replay_like
+    )
+    try:
+        graphs = encoder.graphs_hold.graphs.graphs
+        first = encoder.encode_ids(ids, pooling=pooling)  # eager, padded to the bucket
+        assert graphs.num_runners == 0
+        second = encoder.encode_ids(ids, pooling=pooling)  # built, replayed
+        assert graphs.num_runners == 1
+        unscaled = encoder.encode_ids(ids, pooling=pooling, normalize=False)
+    finally:
+        encoder.graphs_hold.release(parked=False)
+        encoder.graphs_hold = None
+    assert np.allclose(first, want, atol=1e-5)
+    assert np.allclose(second, want, atol=1e-5)
+    assert np.allclose(unscaled, raw, atol=1e-4)
+    assert second.dtype == np.float32
+    assert second.shape == (len(texts), encoder.dim)
+
+
+def test_pooled_vectors_are_the_callers_not_the_next_replays(encoder: SentenceEncoder) -> None:
+    texts = [["first text"], ["an altogether different second"]]
+    shared = SharedGraphs.of(encoder.model, encoder.tokenizer, OUTPUT, replay_like)
+    shared.prepare("cpu")
+    try:
+        got: list[np.ndarray] = []
+        for each in texts:
+            pooled = shared.pooled(encoder.model, ids_of(encoder, each), "mean")
+            assert pooled is not None
+            got.append(pooled.numpy())  # on the CPU the same memory as the tensor
+        for each, vectors in zip(texts, got, strict=True):
+            want = encoder.encode(each, normalize=False)
+            assert np.allclose(vectors, want, atol=1e-5)
+    finally:
+        shared.close()
+
+
+def test_one_architectures_graphs_pool_each_models_vectors(encoder: SentenceEncoder) -> None:
+    other = other_weights(encoder)
+    texts = ["a sentence", "and another, longer one"]
+    ids = ids_of(encoder, texts)
+    batch = encoder.tokenize(texts, 256)
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    shared = SharedGraphs.of(encoder.model, encoder.tokenizer, OUTPUT, replay_like)
+    shared.prepare("cpu")
+    try:
+        for model in (encoder.model, other, encoder.model):
+            hidden = forward(model, batch)
+            want = (hidden * mask).sum(dim=1) / mask.sum(dim=1)
+            got, first = shared.pooled(model, ids, "mean"), shared.pooled(model, ids, "cls")
+            assert got is not None
+            assert first is not None
+            assert torch.allclose(got, want, atol=1e-5)
+            assert torch.allclose(first, hidden[:, 0], atol=1e-5)
+        assert shared.num_copies == 3  # the first model's, the other's, the first's again
+        many = ids_of(encoder, ["x"] * 33)  # over the buckets: the caller's own path
+        assert shared.pooled(other, many, "mean") is None
+        assert shared.num_copies == 3
+    finally:
+        shared.close()
+
+
+def test_graphs_of_logits_give_no_pooled_vectors(encoder: SentenceEncoder) -> None:
+    graphs = GraphForward(
+        encoder.model, "logits", encoder.tokenizer.pad_token_id, replay_like, input_keys=()
+    )
+    assert not graphs.pools
+    assert graphs.pooled(ids_of(encoder, ["hello"]), "mean") is None

@@ -1,0 +1,214 @@
+"""The host's work around a graph replay, for one encoder batch of texts
+tokenised ahead, side by side with other source trees.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/graph_host_bench.py \
+        [--against SRC ...] [--rows 1 8] [--seconds 3] [--rounds 3] \
+        [--out benchmarks/results]
+
+On a GPU, the compute workers' thread was the limit of 100 resident MiniLMs
+round robin (the H200's second run: 0.88 of a thread, the engine's loop 0.32):
+what a batch costs the host around its graph's replay bounds the requests a
+second. Here, on the CPU, the packaged MiniLM gets its architecture's graphs
+(``GraphsHold``, every bucket prepared) with a stand-in runner that replays
+nothing: each bucket's outputs are computed once at its build, and a run
+copies the inputs into the static tensors and returns those outputs, as a
+CUDA graph's runner does less the replay. What is timed is then the rest:
+``SentenceEncoder.encode_ids`` of ``--rows`` one-sentence texts (the
+gateway's tokenised form), from the ids to the vectors in host memory. The
+torch operators dispatched a batch (views included: each non-view is a
+kernel launch on a GPU) are counted with a dispatch mode.
+
+For each round, for each source tree in turn (this checkout's ``src``, then
+each ``--against`` folder, put first on ``PYTHONPATH`` of a child process),
+one child per rows figure, ``--seconds`` of calls after a warm-up. Reports
+microseconds a batch (wall and thread CPU) and operators a batch. What it
+does not measure: the device's own time and the host-device copies' (a
+CPU copy stands in for each). Writes ``OUT/graph-host-DATE[-N].{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+TEXT = "A receipt: 2 x coffee 3.50, 1 x bagel 2.25, total 9.25 EUR"
+
+
+def free_runner(*args: Any) -> Any:
+    """A bucket's runner that replays nothing (module notes), for either
+    signature: ``(step, example)`` (outputs by name) or the older
+    ``(model, output, example)`` (the output tensor)."""
+    import torch
+
+    if len(args) == 2:
+        step, example = args
+        static = {key: value.clone() for key, value in example.items()}
+        with torch.inference_mode():
+            outputs = step(static)
+    else:
+        model, output, example = args
+        static = {key: value.clone() for key, value in example.items()}
+        with torch.inference_mode():
+            outputs = getattr(model(**static), output)
+
+    def run(inputs: Any) -> Any:
+        for key, value in inputs.items():
+            static[key].copy_(value, non_blocking=True)
+        return outputs
+
+    return run
+
+
+def child(rows: int, seconds: float) -> dict[str, Any]:
+    """This tree's figures for batches of ``rows`` texts."""
+    import numpy as np
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tessera.repository import default_repository_path, read_spec
+    from tessera.runtimes.base import SharedComponents
+    from tessera.runtimes.graphs import GraphsHold
+    from tessera.runtimes.hf import SentenceEncoder
+
+    torch.set_num_threads(1)
+    folder = read_spec(default_repository_path() / "all-minilm-l6-v2").resolve_source()
+    encoder = SentenceEncoder.from_folder(folder, "cpu")
+    shared = SharedComponents()
+    acquire = GraphsHold.acquire
+    assert "make_runner" in inspect.signature(acquire).parameters
+    encoder.graphs_hold = acquire(
+        shared, encoder.model, encoder.tokenizer, "last_hidden_state", make_runner=free_runner
+    )
+    ids = encoder.tokenizer([TEXT] * rows, truncation=True, max_length=256)["input_ids"]
+    batch = [np.array(row, dtype=np.int32) for row in ids]
+
+    class Count(TorchDispatchMode):  # type: ignore[no-untyped-call]  # untyped upstream
+        def __init__(self) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]  # untyped upstream
+            self.ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    for _ in range(50):
+        encoder.encode_ids(batch)
+    with Count() as count:
+        encoder.encode_ids(batch)
+    calls, began, began_cpu = 0, time.perf_counter(), time.thread_time()
+    stop = began + seconds
+    while time.perf_counter() < stop:
+        for _ in range(20):
+            encoder.encode_ids(batch)
+        calls += 20
+    wall, cpu = time.perf_counter() - began, time.thread_time() - began_cpu
+    return {
+        "rows": rows,
+        "calls": calls,
+        "us_per_batch": 1e6 * wall / calls,
+        "cpu_us_per_batch": 1e6 * cpu / calls,
+        "ops_per_batch": count.ops,
+    }
+
+
+def run_child(source: Path | None, rows: int, seconds: float) -> dict[str, Any]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if source is not None:
+        env["PYTHONPATH"] = f"{source}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", str(rows), "--seconds", str(seconds)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--against", type=Path, nargs="*", default=[])
+    parser.add_argument("--rows", type=int, nargs="*", default=[1, 8])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(child(args.child, args.seconds)))
+        return
+    from harness.report import write_report
+
+    sources: list[tuple[str, Path | None]] = [("this checkout", None)]
+    sources += [(str(path), path.resolve()) for path in args.against]
+    runs: list[dict[str, Any]] = []
+    for round_ in range(1, args.rounds + 1):
+        for rows in args.rows:
+            for name, source in sources:
+                run = run_child(source, rows, args.seconds)
+                run.update(round=round_, source=name)
+                runs.append(run)
+                print(
+                    f"round {round_}, {rows} rows, {name}: {run['us_per_batch']:.0f} us,"
+                    f" {run['cpu_us_per_batch']:.0f} CPU us, {run['ops_per_batch']} ops a batch",
+                    flush=True,
+                )
+    keys = ("us_per_batch", "cpu_us_per_batch", "ops_per_batch")
+    medians = {
+        f"{name}, {rows} rows": {
+            key: statistics.median(
+                r[key] for r in runs if r["source"] == name and r["rows"] == rows
+            )
+            for key in keys
+        }
+        for rows in args.rows
+        for name, _ in sources
+    }
+    date = datetime.date.today().isoformat()
+    rerun = "benchmarks/graph_host_bench.py"
+    if args.against:
+        rerun += " --against " + " ".join(str(p) for p in args.against)
+    rerun += " --rows " + " ".join(map(str, args.rows)) + f" --seconds {args.seconds:g}"
+    lines = [
+        f"# The host's work around a graph replay, {date}",
+        "",
+        "`SentenceEncoder.encode_ids` of one-sentence texts tokenised ahead, the packaged"
+        " MiniLM on the CPU with its architecture's graphs and a runner that replays"
+        " nothing (its outputs computed at the bucket's build): what the host does around"
+        f" a replay, per batch. {args.seconds:g} s a run, one torch thread,"
+        f" {os.cpu_count()} cores shared. Rerun: `HF_HUB_OFFLINE=1 .venv/bin/python {rerun}`.",
+        "",
+        "| round | rows | source | us a batch | CPU us a batch | torch ops a batch |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| {r['round']} | {r['rows']} | {r['source']} | {r['us_per_batch']:.0f} |"
+            f" {r['cpu_us_per_batch']:.0f} | {r['ops_per_batch']} |"
+            for r in runs
+        ),
+        "",
+        "Medians: "
+        + "; ".join(
+            f"{name}: {m['us_per_batch']:.0f} us, {m['cpu_us_per_batch']:.0f} CPU us,"
+            f" {m['ops_per_batch']:.0f} ops"
+            for name, m in medians.items()
+        )
+        + ".",
+        "",
+    ]
+    figures = {"runs": runs, "medians": medians, "python": sys.version.split()[0]}
+    write_report(args.out, date, "graph-host", figures, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
