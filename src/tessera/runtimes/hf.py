@@ -251,6 +251,9 @@ class SentenceEncoder:
         self.num_bytes = torch_module_bytes(model)
         self._tokenize_lock = threading.Lock()
         self._host_copy: HostCopy | None = None  # its weights while in the host tier
+        # Its weights never change on the device: a restore's pinned buffer
+        # is kept as theirs for the next eviction (``hostcopy.PinnedPool``).
+        self._host_owner = object()
         self._tensors: list[Any] | None = None  # its parameters and buffers, once walked
 
     @classmethod
@@ -438,7 +441,9 @@ class SentenceEncoder:
             self.graphs_hold.park()
         if self._tensors is None:
             self._tensors = tensors_of([self.model])
-        self._host_copy = HostCopy.offload([self.model], self.device, self._tensors)
+        self._host_copy = HostCopy.offload(
+            [self.model], self.device, self._tensors, owner=self._host_owner
+        )
         return self._host_copy.footprint()
 
     @property

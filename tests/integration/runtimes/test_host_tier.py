@@ -197,6 +197,65 @@ def test_a_pinned_copy_comes_back_as_one_block_which_later_swaps_empty_and_refil
     assert len(cudart.registered) == 1
 
 
+def test_weights_that_never_change_are_not_copied_out_again_while_their_buffer_waits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A model's own weights (an owner given): its restore leaves the buffer
+    # in the pool marked as its, and its next eviction takes it back instead
+    # of copying; once another copy of that size has taken the buffer, the
+    # eviction copies again. Answers hold throughout.
+    from tessera.runtimes import hostcopy
+    from tessera.runtimes.hostcopy import PinnedPool, _Pinned, tensors_of
+
+    pool = PinnedPool()
+    cudart = on_cpu_as_cuda(monkeypatch, pool)
+    monkeypatch.setattr(
+        hostcopy, "device_bytes", lambda n, device: torch.empty(n, dtype=torch.uint8)
+    )
+    module, _ = tiny_module(tmp_path)
+    before = forward(module)
+    tensors = tensors_of([module])
+    loaded = len({t.untyped_storage().data_ptr() for t in tensors})
+    counts = storages_copied(monkeypatch)
+    owner = object()
+    for _ in range(3):
+        copy = HostCopy.offload([module], "cuda", tensors, owner=owner)
+        assert module[0].weight.untyped_storage().nbytes() == 0
+        assert copy.footprint().method == PINNED
+        copy.restore()
+        assert torch.equal(forward(module), before)
+    assert counts == [loaded]  # copied out once, as loaded; then its buffer taken back
+    assert len(cudart.registered) == 1
+    size = pool.held_bytes()
+    other = _Pinned.copy_of([torch.zeros(size, dtype=torch.uint8).untyped_storage()], "cpu")
+    assert pool.held_bytes() == 0  # another model's eviction took the buffer
+    copy = HostCopy.offload([module], "cuda", tensors, owner=owner)
+    assert counts == [loaded, 1, 1]  # the other's copy, then this one's: copied again
+    copy.restore()
+    assert torch.equal(forward(module), before)
+    other.free()
+
+
+def test_the_pool_lets_unmarked_buffers_go_before_a_models_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tessera.runtimes.hostcopy import PinnedPool
+
+    pool = PinnedPool(max_buffers=2)
+    cudart = on_cpu_as_cuda(monkeypatch, pool)
+    mine, spare, later = (torch.zeros(n, dtype=torch.uint8) for n in (512, 512, 1024))
+    owner = object()
+    pool.give(mine, owner)
+    pool.give(spare)
+    pool.give(later)  # over the bound: the unmarked one goes, though not the oldest
+    assert pool.held_bytes() == 512 + 1024
+    assert cudart.unregistered == [spare.data_ptr()]
+    assert pool.reclaim(object(), 512) is None  # marked for another owner
+    assert pool.reclaim(owner, 1024) is None  # not of that size
+    assert pool.reclaim(owner, 512) is mine
+    assert pool.reclaim(owner, 512) is None  # taken back once
+
+
 def storages_copied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many storages each pinned copy takes, recorded."""
     from tessera.runtimes.hostcopy import _Pinned
