@@ -439,8 +439,17 @@ def get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
+# Batch counters summed over models: (metric sample, key in a snapshot).
+BATCH_SAMPLES = {
+    "tessera_batch_size_count": "batches",
+    "tessera_batch_size_sum": "batch_items",
+    "tessera_batch_duration_seconds_sum": "batch_seconds",
+}
+
+
 def snapshot(url: str) -> Part:
-    """Residency, the load-time histogram summed over models, refusals by reason."""
+    """Residency, the load-time histogram summed over models, refusals by
+    reason, and the batches run so far (``BATCH_SAMPLES``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     part = residency_part(get_json(f"{url}/admin/residency"))
@@ -448,6 +457,7 @@ def snapshot(url: str) -> Part:
         text = response.read().decode()
     buckets: dict[float, float] = {}
     rejected: dict[str, float] = {}
+    batches = dict.fromkeys(BATCH_SAMPLES.values(), 0.0)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "tessera_model_load_seconds_bucket":
@@ -455,9 +465,25 @@ def snapshot(url: str) -> Part:
                 buckets[le] = buckets.get(le, 0.0) + sample.value
             elif sample.name == "tessera_rejected_requests_total" and sample.value:
                 rejected[sample.labels["reason"]] = sample.value
+            elif sample.name in BATCH_SAMPLES:
+                batches[BATCH_SAMPLES[sample.name]] += sample.value
     part["load_seconds_buckets"] = sorted(buckets.items())
     part["rejected"] = rejected
+    part.update(batches)
     return part
+
+
+def batches_between(before: Part, after: Part) -> Part:
+    """The batches run between two snapshots: how many, their mean items, and
+    their mean run time on the device (``tessera_batch_duration_seconds``)."""
+    count = after["batches"] - before["batches"]
+    items = after["batch_items"] - before["batch_items"]
+    seconds = after["batch_seconds"] - before["batch_seconds"]
+    return {
+        "batches": int(count),
+        "mean_items": round(items / count, 2) if count else None,
+        "mean_ms": round(1000 * seconds / count, 3) if count else None,
+    }
 
 
 def residency_part(residency: Part) -> Part:
@@ -631,14 +657,18 @@ def cmd_one_model(a: argparse.Namespace) -> None:
     config = {"model_repositories": [str(repo.parent)], "preload": [MODEL], "gateways": gateways}
     with tessera_server(work, f"one-g{a.gateways}", config, a.device) as server:
         url = server.base_url
-        part["levels"]["1"] = bench(url, 1, 1, a.seconds, work / "bench-c1")
+        before = snapshot(url)
+        part["levels"]["1"] = level = bench(url, 1, 1, a.seconds, work / "bench-c1")
+        level["batches"] = batches_between(before, before := snapshot(url))
         save(part)
         for c in a.levels:
             processes = min(a.clients, c)
             with sampled(server, f"one-g{a.gateways}-c{c}", a.seconds):
-                part["levels"][str(c)] = bench(url, c, processes, a.seconds, work / f"bench-c{c}")
+                level = bench(url, c, processes, a.seconds, work / f"bench-c{c}")
+            part["levels"][str(c)] = level
+            level["batches"] = batches_between(before, before := snapshot(url))
             save(part)
-        part["after"] = snapshot(url)
+        part["after"] = before
     save(part)
     print(json.dumps(part))
 
@@ -816,6 +846,7 @@ def cmd_many(a: argparse.Namespace) -> None:
                 part[plan.mode] = drive(url, names, plan, work, f"{a.label}-{plan.mode}")
             part[f"after_{plan.mode}"] = after = snapshot(url)
             part[plan.mode]["swap_ins"] = swap_ins(before, after)
+            part[plan.mode]["batches"] = batches_between(before, after)
             before = after
             save(part)
         part["swap_ins"] = swap_ins(part["after_first"], after)

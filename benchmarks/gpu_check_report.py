@@ -288,12 +288,23 @@ def torch_table(figures: Part) -> list[str]:
     return lines
 
 
+def batch_cell(batches: Part | None) -> str:
+    """A load's batches: mean items, mean run time, how many."""
+    if not batches or not batches.get("batches"):
+        return "-"
+    return (
+        f"{number(batches['mean_items'])}, {number(batches['mean_ms'], 'ms')}"
+        f" ({batches['batches']:,})"
+    )
+
+
 def server_tables(report: Part) -> list[str]:
     lines = [
         "## tessera",
         "",
-        "| load | models | c | clients | req/s | p50 ms | p99 ms | ok | failed | statuses |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| load | models | c | clients | req/s | p50 ms | p99 ms | ok | failed | statuses"
+        " | batches: items, ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rows: list[tuple[str, Part]] = []
     for key in ("one_model", "one_model_g0"):
@@ -317,11 +328,14 @@ def server_tables(report: Part) -> list[str]:
             f"| {name} | {row.get('models', '-')} | {row.get('concurrency', '-')} "
             f"| {row.get('processes', '-')} | {number(row.get('req_per_s'))} "
             f"| {number(row.get('p50_ms'))} | {number(row.get('p99_ms'))} | {row.get('ok', '-')} "
-            f"| {row.get('failed', '-')} | {json.dumps(row.get('statuses', {}))} |"
+            f"| {row.get('failed', '-')} | {json.dumps(row.get('statuses', {}))} "
+            f"| {batch_cell(row.get('batches'))} |"
         )
     lines.append("")
     lines.append("p50 and p99 over every answer, except the one-model rows run from several")
-    lines.append("`tessera bench` processes: there, the worst process's own.")
+    lines.append("`tessera bench` processes: there, the worst process's own. Batches: the")
+    lines.append("mean items of the load's batches and their mean run time on the device")
+    lines.append("(`tessera_batch_size`, `tessera_batch_duration_seconds`), and how many.")
     swap = (report.get("many_budget") or {}).get("swap_ins")
     if swap and swap["loads"]:
         lines.append(
