@@ -641,8 +641,17 @@ def bench(url: str, concurrency: int, processes: int, duration_s: float, out: Pa
             # One client's own percentiles; with several, the worst client's.
             p50_ms=max(r["p50_ms"] or 0 for r in results),
             p99_ms=max(r["p99_ms"] or 0 for r in results),
+            client_busy=client_busy([(r.get("client_cpu_s"), r["seconds"]) for r in results]),
         )
     return part
+
+
+def client_busy(runs: list[tuple[float | None, float]]) -> float | None:
+    """The client processes' CPU over their runs' seconds (each process one
+    thread): near 1, the clients set the pace, not the server."""
+    cpu = [c for c, _ in runs if c is not None]
+    seconds = sum(s for c, s in runs if c is not None)
+    return round(sum(cpu) / seconds, 2) if cpu and seconds else None
 
 
 def cmd_one_model(a: argparse.Namespace) -> None:
@@ -751,6 +760,7 @@ def drive(
     part["ok"] = len(latencies)
     part["failed"] = sum(r["failed"] for r in results)
     part["req_per_s"] = round(sum(r["ok"] / r["seconds"] for r in results if r["seconds"]), 1)
+    part["client_busy"] = client_busy([(r.get("cpu_s"), r["seconds"]) for r in results])
     for q in (50, 99):
         index = min(len(latencies) - 1, q * len(latencies) // 100)
         part[f"p{q}_ms"] = round(latencies[index], 2) if latencies else None
@@ -789,14 +799,17 @@ def cmd_load(a: argparse.Namespace) -> None:
     zipf = a.zipf if a.mode == "zipf" else None
     driver = Driver(Embeddings(), names, zipf, seed=a.seed, round_robin=a.mode == "rr")
     load = TenantLoad("check", concurrency=a.concurrency)
+    cpu_before = time.process_time()
     result = asyncio.run(driver.run([load], a.requests, a.duration))
+    cpu_s = time.process_time() - cpu_before
     statuses: dict[str, int] = {}
     for record in result.records:
         statuses[record.status] = statuses.get(record.status, 0) + 1
     latencies = [round(1000 * r.latency_s, 3) for r in result.records if r.ok]
     write_json(
         {"seconds": result.seconds, "ok": len(latencies), "statuses": statuses,
-         "failed": len(result.records) - len(latencies), "latencies_ms": latencies},
+         "failed": len(result.records) - len(latencies), "latencies_ms": latencies,
+         "cpu_s": round(cpu_s, 3)},
         Path(a.out),
     )  # fmt: skip
 

@@ -288,6 +288,13 @@ def torch_table(figures: Part) -> list[str]:
     return lines
 
 
+def clients_cell(row: Part) -> str:
+    """A load's client processes, and how busy their CPU was (near 100%:
+    the clients' pace, not the server's)."""
+    processes, busy = row.get("processes", "-"), row.get("client_busy")
+    return f"{processes} ({busy:.0%} busy)" if busy is not None else str(processes)
+
+
 def batch_cell(batches: Part | None) -> str:
     """A load's batches: mean items, mean run time, how many."""
     if not batches or not batches.get("batches"):
@@ -326,14 +333,16 @@ def server_tables(report: Part) -> list[str]:
     for name, row in rows:
         lines.append(
             f"| {name} | {row.get('models', '-')} | {row.get('concurrency', '-')} "
-            f"| {row.get('processes', '-')} | {number(row.get('req_per_s'))} "
+            f"| {clients_cell(row)} | {number(row.get('req_per_s'))} "
             f"| {number(row.get('p50_ms'))} | {number(row.get('p99_ms'))} | {row.get('ok', '-')} "
             f"| {row.get('failed', '-')} | {json.dumps(row.get('statuses', {}))} "
             f"| {batch_cell(row.get('batches'))} |"
         )
     lines.append("")
     lines.append("p50 and p99 over every answer, except the one-model rows run from several")
-    lines.append("`tessera bench` processes: there, the worst process's own. Batches: the")
+    lines.append("`tessera bench` processes: there, the worst process's own. Clients: the")
+    lines.append("client processes and their CPU over the load (near 100%: the clients set")
+    lines.append("the pace, not the server). Batches: the")
     lines.append("mean items of the load's batches and their mean run time on the device")
     lines.append("(`tessera_batch_size`, `tessera_batch_duration_seconds`), and how many.")
     swap = (report.get("many_budget") or {}).get("swap_ins")

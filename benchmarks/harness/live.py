@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -53,6 +54,9 @@ class BenchResult:
     p99_ms: float | None
     mean_ms: float | None
     statuses: dict[str, int] = field(default_factory=dict)
+    # This client's CPU seconds over the run: near ``seconds``, the client,
+    # not the server, set the pace.
+    client_cpu_s: float = 0.0
 
 
 async def _task_of(client: httpx.AsyncClient, model: str) -> str:
@@ -99,7 +103,9 @@ async def run_bench(plan: BenchPlan, stream: TextIO = sys.stderr) -> BenchResult
     )
     closed = plan.rate is None
     load = TenantLoad("bench", concurrency=plan.concurrency if closed else None, rate=plan.rate)
+    cpu_before = time.process_time()
     result = await driver.run([load], plan.requests, plan.duration_s)
+    cpu_s = time.process_time() - cpu_before
     progress.close()
     figures = latency_figures(result.records, result.seconds, {})
     return BenchResult(
@@ -116,6 +122,7 @@ async def run_bench(plan: BenchPlan, stream: TextIO = sys.stderr) -> BenchResult
         p99_ms=figures["p99_ms"],
         mean_ms=figures["mean_ms"],
         statuses=figures["statuses"],
+        client_cpu_s=round(cpu_s, 3),
     )
 
 

@@ -1,10 +1,11 @@
-"""The GPU check's batch figures of a load: the batch counters' difference
-between two snapshots, and the report's cell for them."""
+"""The GPU check's figures of a load beside its requests: the batch
+counters' difference between two snapshots, how busy the client processes
+were, and the report's cells for them."""
 
 from __future__ import annotations
 
-from gpu_check import batches_between
-from gpu_check_report import batch_cell
+from gpu_check import batches_between, client_busy
+from gpu_check_report import batch_cell, clients_cell
 
 
 def test_a_loads_batches_are_the_difference_of_two_snapshots() -> None:
@@ -21,3 +22,12 @@ def test_a_load_without_batches_has_no_means() -> None:
     assert got == {"batches": 0, "mean_items": None, "mean_ms": None}
     assert batch_cell(got) == "-"
     assert batch_cell(None) == "-"
+
+
+def test_busy_clients_are_their_cpu_over_their_seconds() -> None:
+    assert client_busy([(9.0, 10.0), (8.0, 10.0)]) == 0.85
+    assert client_busy([(9.0, 10.0), (None, 10.0)]) == 0.9  # a client of an older tree
+    assert client_busy([(None, 10.0)]) is None
+    assert client_busy([]) is None
+    assert clients_cell({"processes": 4, "client_busy": 0.85}) == "4 (85% busy)"
+    assert clients_cell({"processes": 4}) == "4"
