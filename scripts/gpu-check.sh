@@ -16,7 +16,9 @@
 #   GPU_CHECK_SKIP_INSTALL  1: the python's own packages, no wheels or stand-in (cpu: 1)
 #   GPU_CHECK_BUDGET_S      seconds for every step but the report (420; quick 240)
 #   GPU_CHECK_MODELS        models of the many-model loads (100; quick 5)
-#   GPU_CHECK_CLIENTS       client processes of a load (4; quick 1)
+#   GPU_CHECK_CLIENTS       client processes of a load (8; quick 1): on the H200 four
+#                           httpx clients may have set the one-model pace (2026-12-04);
+#                           the report says how busy they were
 #   GPU_CHECK_PEER_PYTHON   the python that runs the peer, LitServe (cuda: the check's, with
 #                           the carried wheels; cpu: make bench-peers' LitServe venv where
 #                           there is one); a python without litserve skips the peer
@@ -58,7 +60,7 @@ if [ "$QUICK" = 1 ]; then
   BUDGET=${GPU_CHECK_BUDGET_S:-240} N=${GPU_CHECK_MODELS:-5} CLIENTS=${GPU_CHECK_CLIENTS:-1}
   SIZES=1,32 FIGURE_S=0.5 RR_S=1 LOAD_S=2 LEVELS=8 CONC=8 FIRST_C=4 PEER_WORKERS=1
 else
-  BUDGET=${GPU_CHECK_BUDGET_S:-420} N=${GPU_CHECK_MODELS:-100} CLIENTS=${GPU_CHECK_CLIENTS:-4}
+  BUDGET=${GPU_CHECK_BUDGET_S:-420} N=${GPU_CHECK_MODELS:-100} CLIENTS=${GPU_CHECK_CLIENTS:-8}
   SIZES=1,8,32,128 FIGURE_S=2 RR_S=3 LOAD_S=10 LEVELS=64,256 CONC=64 FIRST_C=8 PEER_WORKERS=4
 fi
 # The second many-model server's budget holds a fifth of the models (20 of 100), and at
