@@ -41,12 +41,13 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from harness.driver import zipf_weights
 from harness.report import write_report
+from tessera import residency
 from tessera.engine import Engine, EngineConfig, ServingEngine
 from tessera.repository import ModelRepository
 from tessera.tasks.types import Task, TextInput
@@ -82,6 +83,11 @@ async def fake_engine(
         num_threads=2,
         fill=False,
     )
+    bound = getattr(residency, "MAX_HOST_LOADS", None)  # a tree before the bound has none
+    if swap_ms is not None and bound is not None:
+        # A device's copies, one at a time each way: its bound on loads from
+        # the host tier too (CUDA's).
+        config = replace(config, max_host_loads=bound)
     engine = Engine(repository, config)
     await engine.preload()
     try:
@@ -134,10 +140,16 @@ class Run:
     swap_ms: Swap = None
 
 
-async def engine_only(run: Run) -> float:
+async def engine_only(run: Run) -> tuple[float, float | None]:
+    """Requests a second, and loads from the host tier a request (swaps)."""
     with tempfile.TemporaryDirectory() as tmp:
         async with fake_engine(Path(tmp), run.models, run.holds, run.swap_ms) as engine:
-            return await drive(engine, run.models, run.concurrency, run.seconds, run.zipf)
+            before = engine.snapshot().host_loads_total
+            began = time.perf_counter()
+            rate = await drive(engine, run.models, run.concurrency, run.seconds, run.zipf)
+            answered = rate * (time.perf_counter() - began)
+            swaps = engine.snapshot().host_loads_total - before
+            return rate, swaps / answered if answered else None
 
 
 async def serve_core(
@@ -154,7 +166,7 @@ async def serve_core(
             await asyncio.Event().wait()
 
 
-async def through_core(run: Run) -> float:
+async def through_core(run: Run) -> tuple[float, float | None]:
     from tessera.engine.remote import RemoteEngine
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -172,7 +184,8 @@ async def through_core(run: Run) -> float:
             remote = RemoteEngine(socket_path)
             await remote.connect(timeout_s=30)
             try:
-                return await drive(remote, run.models, run.concurrency, run.seconds, run.zipf)
+                rate = await drive(remote, run.models, run.concurrency, run.seconds, run.zipf)
+                return rate, None  # the engine's counters are the other process's
             finally:
                 await remote.close()
         finally:
@@ -203,9 +216,10 @@ def main() -> None:
     load = Run(args.models, args.holds, args.concurrency, args.seconds, args.zipf, args.swap_ms)
     for round_ in range(1, args.rounds + 1):
         for form, measure in (("engine", engine_only), ("core", through_core)):
-            rate = asyncio.run(measure(load))
-            runs.append({"round": round_, "form": form, "req_per_s": rate})
-            print(f"round {round_}, {form}: {rate:.0f} req/s", flush=True)
+            rate, swaps = asyncio.run(measure(load))
+            runs.append({"round": round_, "form": form, "req_per_s": rate, "swaps": swaps})
+            each = f" ({swaps:.3f} swaps a request)" if swaps is not None else ""
+            print(f"round {round_}, {form}: {rate:.0f} req/s{each}", flush=True)
     medians = {
         form: statistics.median(r["req_per_s"] for r in runs if r["form"] == form)
         for form in ("engine", "core")
@@ -244,9 +258,13 @@ def main() -> None:
         f"{what}, {args.concurrency} callers, {args.seconds:g} s a run. Rerun:",
         f"`HF_HUB_OFFLINE=1 .venv/bin/python {rerun}`.",
         "",
-        "| round | form | req/s |",
-        "|---|---|---|",
-        *(f"| {r['round']} | {r['form']} | {r['req_per_s']:.0f} |" for r in runs),
+        "| round | form | req/s | loads from the host tier a request |",
+        "|---|---|---|---|",
+        *(
+            f"| {r['round']} | {r['form']} | {r['req_per_s']:.0f} |"
+            f" {'-' if r['swaps'] is None else format(r['swaps'], '.3f')} |"
+            for r in runs
+        ),
         "",
         f"Medians: engine in process {medians['engine']:.0f} req/s, through its socket"
         f" from another process {medians['core']:.0f} req/s.",

@@ -50,6 +50,7 @@ from tessera.metrics import EngineStats, FanoutSink, ModelStats, StatsSink
 from tessera.repository import ModelRepository, ModelSpec
 from tessera.request import Batch, Charge, QueuedRequest, RequestResult, with_stops
 from tessera.residency import (
+    MAX_HOST_LOADS,
     ActivationBook,
     BatchPart,
     ModelResidency,
@@ -96,6 +97,10 @@ class EngineConfig:
     max_queue: int = 1000
     default_timeout_s: float = 60.0
     residency_wait_s: float = 30.0
+    # Loads from the host tier in flight at once (residency/manager.py's
+    # ``MAX_HOST_LOADS``); None: that on CUDA, whose copies back run one at a
+    # time on a copy stream, no bound on the CPU; 0: no bound.
+    max_host_loads: int | None = None
     preload: tuple[str, ...] | None = None  # None: the models marked preload
     # After the preloads, load more models while they fit the budget without
     # an eviction, before the server is ready; None: when ``preload`` is None
@@ -231,6 +236,13 @@ class Engine(ModelLifecycle):
             wait_s=config.residency_wait_s,
             activations=activations,
             host_budget_bytes=default_host_budget_bytes() if host_budget is None else host_budget,
+            max_host_loads=(
+                config.max_host_loads
+                if config.max_host_loads is not None
+                else MAX_HOST_LOADS
+                if self._device.kind == "cuda"
+                else 0
+            ),
         )
         self._served: dict[str, ServedModel] = {}
         for name in repository.names():

@@ -2,6 +2,7 @@
 
 from tessera.residency.activation import ActivationBook, ActivationStats
 from tessera.residency.manager import (
+    MAX_HOST_LOADS,
     Lease,
     ModelHost,
     ModelResidency,
@@ -13,6 +14,7 @@ from tessera.residency.policy import EvictionPolicy, EvictionPolicyName, make_ev
 from tessera.residency.table import ModelEntry, ModelState, Reservation, ResidencyTable
 
 __all__ = [
+    "MAX_HOST_LOADS",
     "ActivationBook",
     "ActivationStats",
     "BatchPart",

@@ -18,7 +18,12 @@ from tessera.clock import FakeClock
 from tessera.errors import ModelTooLargeError, OverloadedError
 from tessera.footprint import Footprint
 from tessera.repository import ModelSpec
-from tessera.residency import ModelResidency, ResidencyManager, make_eviction_policy
+from tessera.residency import (
+    MAX_HOST_LOADS,
+    ModelResidency,
+    ResidencyManager,
+    make_eviction_policy,
+)
 from tessera.residency.fake import FakeModelHost
 from tessera.runtimes.base import LoadedModel
 
@@ -248,6 +253,51 @@ async def test_evictions_copy_into_the_tier_side_by_side() -> None:
     await big
     assert (host.offloads["a"], host.offloads["b"]) == (1, 1)
     assert manager.stats().host_used_bytes == 800
+    await manager.close()
+
+
+class GatedRestores(FakeModelHost):
+    """Copies back that begin, then wait for ``gate``."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.begun: list[str] = []
+        self.gate = asyncio.Event()
+
+    async def restore(self, spec: ModelSpec) -> LoadedModel | None:
+        self.begun.append(spec.key)
+        await self.gate.wait()
+        return await super().restore(spec)
+
+
+async def test_loads_from_the_tier_beyond_two_wait_for_a_copy_back_to_end() -> None:
+    # Twelve models, room for six. Six callers want the six in the tier at
+    # once: two copies back begin; the line's head makes its own room and
+    # waits for one of them to end, and no load behind it has room made
+    # ahead (it would be held empty while the copies run one at a time).
+    clock = FakeClock()
+    host = GatedRestores(clock)
+    manager = ResidencyManager(
+        1800,
+        host,
+        make_eviction_policy("lru", clock),
+        clock,
+        host_budget_bytes=4000,
+        max_host_loads=MAX_HOST_LOADS,  # as on CUDA
+    )
+    specs = [kept(f"m{i}", 300) for i in range(12)]
+    for spec in specs:
+        await use(manager, spec)  # m0-m5 end in the tier, m6-m11 on the device
+    assert [model(manager, s.key).host_tier for s in specs] == [True] * 6 + [False] * 6
+    wanted = asyncio.gather(*(use(manager, s) for s in specs[:6]))
+    for _ in range(200):
+        await asyncio.sleep(0)
+    assert sorted(host.begun) == ["m0", "m1"]
+    assert sum(host.offloads[s.key] for s in specs[6:]) == 3  # two loads' room and the head's
+    host.gate.set()
+    await wanted
+    assert sorted(host.begun) == [s.key for s in specs[:6]]
+    assert all(model(manager, s.key).state == "ready" for s in specs[:6])
     await manager.close()
 
 
