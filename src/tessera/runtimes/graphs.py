@@ -124,6 +124,15 @@ MakeRunner = Callable[[Step, Inputs], Runner]
 
 
 @dataclass(frozen=True, slots=True)
+class PaddedIds:
+    """Texts tokenised ahead, padded to a bucket in host memory (``host_inputs``)."""
+
+    key: tuple[int, int]  # the bucket: (rows, columns)
+    size: int  # the rows that are texts
+    inputs: Inputs
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceOptions:
     """A card's ``dtype`` (``DTYPES``), ``cuda_graphs`` (true) and ``stack``
     (``runtimes/stacking.py``: the most models a stacked forward holds; 0, off)."""
@@ -468,19 +477,28 @@ class GraphForward:
         their bucket on the host, copied into the graph's inputs, the graph
         replayed, its pooled rows cut back; no other op on the device. None
         where the batch fits no bucket or the graphs give no vectors."""
+        padded = self.padded_ids(ids)
+        return self.pooled_padded(padded, pooling) if padded is not None else None
+
+    def padded_ids(self, ids: Sequence[npt.NDArray[np.int32]]) -> PaddedIds | None:
+        """``ids`` padded to their bucket in host memory (no lock, no device
+        op); None where they fit none or the graphs give no vectors."""
         if not self.pools or not ids:
             return None
         size, length = len(ids), max(len(row) for row in ids)
         key = self.bucket(size, length)
         if key is None:
             return None
-        inputs = host_inputs(ids, *key, self.pad_id, self.input_keys)
+        return PaddedIds(key, size, host_inputs(ids, *key, self.pad_id, self.input_keys))
+
+    def pooled_padded(self, padded: PaddedIds, pooling: str) -> torch.Tensor:
+        """``pooled`` of ids ``padded_ids`` padded."""
         with self._lock:
-            outputs = self._replay(key, inputs)
+            outputs = self._replay(padded.key, padded.inputs)
             if outputs is not None:
-                return outputs[pooling][:size].clone()
+                return outputs[pooling][: padded.size].clone()
         # A bucket's first use since a reset, or one that failed to build.
-        return run_step(self.step, self.device, inputs)[pooling][:size]
+        return run_step(self.step, self.device, padded.inputs)[pooling][: padded.size]
 
     def bucket(self, size: int, length: int) -> tuple[int, int] | None:
         """The (rows, columns) bucket of a batch of ``size`` rows of ``length``
@@ -660,13 +678,12 @@ class SharedGraphs:
     ) -> torch.Tensor | None:
         """``model``'s pooled vectors of texts tokenised ahead, on the device
         (``GraphForward.pooled``); None where its graphs do not make them."""
-        if not self.graphs.pools or not ids:
-            return None
-        if not self.graphs.holds(len(ids), max(len(row) for row in ids)):
+        padded = self.graphs.padded_ids(ids)  # outside the lock another batch may hold
+        if padded is None:
             return None
         with self._lock:
             self._hold_weights_of(model)
-            return self.graphs.pooled(ids, pooling)
+            return self.graphs.pooled_padded(padded, pooling)
 
     def _hold_weights_of(self, model: Any) -> None:
         """The template holds ``model``'s weights (under the lock)."""
