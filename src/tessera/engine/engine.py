@@ -236,13 +236,7 @@ class Engine(ModelLifecycle):
             wait_s=config.residency_wait_s,
             activations=activations,
             host_budget_bytes=default_host_budget_bytes() if host_budget is None else host_budget,
-            max_host_loads=(
-                config.max_host_loads
-                if config.max_host_loads is not None
-                else MAX_HOST_LOADS
-                if self._device.kind == "cuda"
-                else 0
-            ),
+            max_host_loads=self._max_host_loads(config),
         )
         self._served: dict[str, ServedModel] = {}
         for name in repository.names():
@@ -409,6 +403,14 @@ class Engine(ModelLifecycle):
         await self._residency.close()
         self._executor.shutdown()
         self._host.shutdown()
+
+    def _max_host_loads(self, config: EngineConfig) -> int:
+        """Loads from the host tier in flight at once: the config's, else
+        ``MAX_HOST_LOADS`` on CUDA (copies back one at a time on a copy
+        stream) and no bound (0) on the CPU."""
+        if config.max_host_loads is not None:
+            return config.max_host_loads
+        return MAX_HOST_LOADS if self._device.kind == "cuda" else 0
 
     # -- what every reader sees -------------------------------------------
 

@@ -471,18 +471,10 @@ class GraphForward:
                     return out[:size, :length].clone() if out.dim() == 3 else out[:size].clone()
         return self.eager(batch)
 
-    def pooled(self, ids: Sequence[npt.NDArray[np.int32]], pooling: str) -> torch.Tensor | None:
-        """Float32 vectors ``(len(ids), dim)`` on the device, pooled as
-        ``pooling`` (``POOLINGS``) says, of texts tokenised ahead: padded to
-        their bucket on the host, copied into the graph's inputs, the graph
-        replayed, its pooled rows cut back; no other op on the device. None
-        where the batch fits no bucket or the graphs give no vectors."""
-        padded = self.padded_ids(ids)
-        return self.pooled_padded(padded, pooling) if padded is not None else None
-
     def padded_ids(self, ids: Sequence[npt.NDArray[np.int32]]) -> PaddedIds | None:
-        """``ids`` padded to their bucket in host memory (no lock, no device
-        op); None where they fit none or the graphs give no vectors."""
+        """Texts tokenised ahead, padded to their bucket in host memory for
+        ``pooled`` (no lock, no device op); None where they fit none or the
+        graphs give no vectors."""
         if not self.pools or not ids:
             return None
         size, length = len(ids), max(len(row) for row in ids)
@@ -491,8 +483,10 @@ class GraphForward:
             return None
         return PaddedIds(key, size, host_inputs(ids, *key, self.pad_id, self.input_keys))
 
-    def pooled_padded(self, padded: PaddedIds, pooling: str) -> torch.Tensor:
-        """``pooled`` of ids ``padded_ids`` padded."""
+    def pooled(self, padded: PaddedIds, pooling: str) -> torch.Tensor:
+        """Float32 vectors ``(size, dim)`` on the device, pooled as ``pooling``
+        (``POOLINGS``) says: the padded ids copied into the graph's inputs,
+        the graph replayed, its pooled rows cut back; no other op on the device."""
         with self._lock:
             outputs = self._replay(padded.key, padded.inputs)
             if outputs is not None:
@@ -511,7 +505,8 @@ class GraphForward:
 
     @property
     def device(self) -> torch.device:
-        return next(iter(weight_tensors(self.model))).device
+        device: torch.device = next(self.model.parameters()).device
+        return device
 
     def eager(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return run_eager(self.model, self.output, batch)
@@ -683,7 +678,7 @@ class SharedGraphs:
             return None
         with self._lock:
             self._hold_weights_of(model)
-            return self.graphs.pooled_padded(padded, pooling)
+            return self.graphs.pooled(padded, pooling)
 
     def _hold_weights_of(self, model: Any) -> None:
         """The template holds ``model``'s weights (under the lock)."""

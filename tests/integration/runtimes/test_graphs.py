@@ -389,4 +389,4 @@ def test_graphs_of_logits_give_no_pooled_vectors(encoder: SentenceEncoder) -> No
         encoder.model, "logits", encoder.tokenizer.pad_token_id, replay_like, input_keys=()
     )
     assert not graphs.pools
-    assert graphs.pooled(ids_of(encoder, ["hello"]), "mean") is None
+    assert graphs.padded_ids(ids_of(encoder, ["hello"])) is None
