@@ -419,9 +419,14 @@ def shared_graphs_round_robin(
 ) -> float:
     """Forwards a second of ``models`` in turn through one architecture's graphs
     (tessera's ``SharedGraphs``: each model's weights copied into the template
-    before its forward); ``make_runner`` for a stand-in of the CUDA graph."""
-    from tessera.runtimes.graphs import SharedGraphs
+    before its forward, as one block where tessera's load gathers them: on
+    CUDA); ``make_runner`` for a stand-in of the CUDA graph."""
+    from tessera.runtimes.graphs import SharedGraphs, weight_tensors
+    from tessera.runtimes.hostcopy import gather_block
 
+    if encoder.device.type == "cuda":
+        for model in models:
+            gather_block(weight_tensors(model))
     shared = SharedGraphs.of(models[0], encoder.tokenizer, "last_hidden_state", make_runner)
     try:
         shared.prepare(str(encoder.device))

@@ -404,12 +404,14 @@ class SentenceEncoder:
                     found: npt.NDArray[np.float32] = vectors.cpu().numpy()
                     return unit_rows(found) if normalize else found
         keys = self.tokenizer.model_input_names
-        batch = host_inputs(ids, len(ids), max(len(row) for row in ids), self.pad_id, keys)
-        # Not blocking: from pageable memory the driver stages the bytes before
-        # the call returns, and torch's blocking copy would synchronise the
-        # stream after it, so a worker's inputs waited for the other worker's
-        # batch (on the H200, a tenth of the workers' samples in the 100-model
-        # round robin); the stream keeps the order, and the copy back waits.
+        pinned = self.device.startswith("cuda")
+        length = max(len(row) for row in ids)
+        batch = host_inputs(ids, len(ids), length, self.pad_id, keys, pinned=pinned)
+        # Not blocking, from page-locked memory (``host_inputs``): torch's
+        # blocking copy would synchronise the stream after it, so a worker's
+        # inputs waited for the other worker's batch (on the H200, a tenth of
+        # the workers' samples in the 100-model round robin); the stream keeps
+        # the order, and the copy back waits.
         on_device = {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
         return self.pooled(on_device, pooling, normalize)
 

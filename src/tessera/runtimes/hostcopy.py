@@ -138,7 +138,7 @@ class HostCopy:
         is taken back instead of a copy: ``PinnedPool``)."""
         tensors = tensors if tensors is not None else tensors_of(modules)
         if device.startswith("cuda"):
-            block = _one_block(tensors)
+            block = one_block(tensors)
             if block is not None:
                 # Restored before: every tensor views one block. Its bytes go
                 # and the storage stays, as FSDP frees a flat parameter's, so a
@@ -149,25 +149,7 @@ class HostCopy:
                 whole = _Pinned(kept, [0]) if kept is not None else _Pinned.copy_of([block], device)
                 block.resize_(0)
                 return cls(device, [], [size], whole, [None], block, owner)
-        storages: list[Any] = []
-        index: dict[int, int] = {}
-        views: list[_View] = []
-        for tensor in tensors:
-            storage = tensor.untyped_storage()
-            if storage.nbytes() == 0:
-                continue
-            position = index.setdefault(storage.data_ptr(), len(storages))
-            if position == len(storages):
-                storages.append(storage)
-            views.append(
-                _View(
-                    tensor,
-                    position,
-                    tensor.storage_offset(),
-                    tuple(tensor.size()),
-                    tuple(tensor.stride()),
-                )
-            )
+        storages, views = _views_of(tensors)
         nbytes = [int(s.nbytes()) for s in storages]
         pinned: _Pinned | None = None
         spans: list[FileSpan | None] = [None] * len(storages)
@@ -292,10 +274,69 @@ class HostSlot:
             copy.close()
 
 
-def _one_block(tensors: Sequence[Any]) -> Any:
+def gather_block(tensors: Sequence[Any]) -> Any:
+    """Every one of ``tensors`` made a view of one new storage on their device,
+    laid out as a restore from the host tier lays a model (``_layout``), their
+    bytes copied in; that storage (the one they share already, where they do;
+    None where they hold no bytes). Two models of one architecture so gathered
+    are one block alike, so one's weights go into the other's as one copy
+    (``graphs.SharedGraphs``), and the first eviction empties one storage.
+    For a device's weights: on the CPU a storage that maps a weight file
+    would become process memory."""
+    import torch
+
+    block = one_block(tensors)
+    if block is not None:
+        return block
+    storages, views = _views_of(tensors)
+    if not storages:
+        return None
+    offsets, total = _layout(storages)
+    whole = device_bytes(total, str(storages[0].device))
+    with torch.no_grad():
+        for storage, offset in zip(storages, offsets, strict=True):
+            source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            whole[offset : offset + source.numel()].copy_(source)
+    block = whole.untyped_storage()
+    del storages  # the views below hold the last references
+    for view in views:
+        first = offsets[view.storage] // view.tensor.dtype.itemsize
+        view.tensor.data = _view_on(block, view, first)
+    return block
+
+
+def _views_of(tensors: Sequence[Any]) -> tuple[list[Any], list[_View]]:
+    """The distinct storages of ``tensors`` that hold bytes, in order of first
+    use, and each tensor's place in its storage (the empty ones left out)."""
+    storages: list[Any] = []
+    index: dict[int, int] = {}
+    views: list[_View] = []
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.nbytes() == 0:
+            continue
+        position = index.setdefault(storage.data_ptr(), len(storages))
+        if position == len(storages):
+            storages.append(storage)
+        offset, size, stride = tensor.storage_offset(), tuple(tensor.size()), tensor.stride()
+        views.append(_View(tensor, position, offset, size, tuple(stride)))
+    return storages, views
+
+
+def _layout(storages: Sequence[Any]) -> tuple[list[int], int]:
+    """Where each of ``storages`` begins in one block holding them all, in
+    bytes (multiples of ``_ALIGN``, so of every dtype's size), and its size."""
+    offsets, total = [], 0
+    for storage in storages:
+        offsets.append(total)
+        total += -(-int(storage.nbytes()) // _ALIGN) * _ALIGN
+    return offsets, total
+
+
+def one_block(tensors: Sequence[Any]) -> Any:
     """The storage every one of ``tensors`` views, where they share one that
-    holds bytes and can be resized (as ``HostCopy.restore`` leaves a model);
-    else None."""
+    holds bytes and can be resized (as ``HostCopy.restore`` and
+    ``gather_block`` leave a model); else None."""
     if not tensors:
         return None
     block = tensors[0].untyped_storage()
@@ -438,10 +479,7 @@ class _Pinned:
         before the device storages may go)."""
         import torch
 
-        offsets, total = [], 0
-        for storage in storages:
-            offsets.append(total)
-            total += -(-int(storage.nbytes()) // _ALIGN) * _ALIGN
+        offsets, total = _layout(storages)
         pinned = cls(PINNED_POOL.take(total), offsets)
         # The weights are only read: the copy need not wait for other models'
         # kernels, and their blocks, freed after it, are reused in the order of

@@ -40,9 +40,11 @@ from tessera.runtimes.graphs import (
     eager_runner,
     encoder_variant,
     reduce_precision,
+    same_layout,
     weight_tensors,
 )
 from tessera.runtimes.hf import SentenceEncoder, encoder_key
+from tessera.runtimes.hostcopy import gather_block
 from tessera.runtimes.memory import torch_module_bytes
 from tessera.runtimes.registry import get_loader
 from tessera.tasks.types import TextInput
@@ -195,6 +197,45 @@ def test_one_architectures_graphs_run_each_model_with_its_own_weights(
     wide = encoder.tokenize(["word " * 100], 256)  # outside the buckets: its own forward
     assert torch.allclose(shared(other, wide), forward(other, wide), atol=1e-5)
     assert shared.num_copies == 3
+
+
+def test_models_gathered_into_one_block_go_into_the_template_as_one_copy(
+    encoder: SentenceEncoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As GraphsHold.acquire leaves each model on CUDA: every tensor a view of
+    # one block laid out as the host tier's restore lays it, values and tied
+    # weights kept; a model so gathered goes into the template (gathered too)
+    # as one copy of its block, never the fused copy a dtype.
+    from tessera.runtimes import graphs as graphs_module
+
+    mine, other = copy.deepcopy(encoder.model), other_weights(encoder)
+    batch = encoder.tokenize(["a sentence", "and another, longer one"], 256)
+    real = batch["attention_mask"].bool()
+    want = {id(m): forward(m, batch) for m in (mine, other)}
+    for model in (mine, other):
+        tensors = weight_tensors(model)
+        block = gather_block(tensors)
+        assert {t.untyped_storage().data_ptr() for t in tensors} == {block.data_ptr()}
+        assert gather_block(tensors) is not None
+        assert gather_block(tensors).data_ptr() == block.data_ptr()  # gathered once
+        assert torch.equal(forward(model, batch), want[id(model)])
+    assert same_layout(weight_tensors(mine), weight_tensors(other))
+
+    def fused(*args: Any) -> None:
+        raise AssertionError("a gathered model's weights went in tensor by tensor")
+
+    monkeypatch.setattr(graphs_module, "copy_weights", fused)
+    shared = SharedGraphs.of(mine, encoder.tokenizer, OUTPUT, eager_runner)
+    shared.prepare("cpu")
+    # The template is one block as large as a model's (a deep copy alone
+    # copied the block once a buffer).
+    assert torch_module_bytes(shared.template) == block.nbytes()
+    for model in (other, mine, other):
+        assert torch.allclose(shared(model, batch)[real], want[id(model)][real], atol=1e-4)
+    assert shared.num_copies == 3
+    ungathered = other_weights(encoder)  # not one block: a fused copy a dtype
+    with pytest.raises(AssertionError, match="tensor by tensor"):
+        shared(ungathered, batch)
 
 
 def test_weights_are_copied_in_one_group_a_dtype(encoder: SentenceEncoder) -> None:
