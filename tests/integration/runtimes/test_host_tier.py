@@ -443,3 +443,16 @@ async def test_the_minilm_trio_comes_back_from_the_host_tier_with_identical_answ
     finally:
         await engine.close()
     assert engine.snapshot().host_used_bytes == 0
+
+
+def test_the_host_tiers_copies_go_in_pieces_that_together_are_the_whole() -> None:
+    # A copy engine runs copies in turn: a batch's inputs wait behind a piece
+    # of a model's weights, not all of them. Pieces of 64 bytes over 1,000
+    # (the last piece short) and a piece larger than the whole.
+    from tessera.runtimes.hostcopy import copy_in_pieces
+
+    source = torch.arange(1000, dtype=torch.int64).remainder(251).to(torch.uint8)
+    for piece in (64, 1000, 4096):
+        into = torch.zeros(1000, dtype=torch.uint8)
+        copy_in_pieces(into, source, piece)
+        assert torch.equal(into, source)
