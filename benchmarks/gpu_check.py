@@ -562,14 +562,15 @@ def sampled(server: RunningServer, name: str, seconds: float) -> Iterator[None]:
     """Where ``GPU_CHECK_PROFILE`` names a folder and py-spy is on the PATH:
     the stacks of ``server``'s processes (the engine's and its gateways'),
     sampled 100 times a second for ``seconds`` from the start of the block,
-    in py-spy's raw form to FOLDER/spy-NAME.txt (idle threads left out)."""
+    in py-spy's raw form to FOLDER/spy-NAME.txt (idle threads left out; each
+    stack under its thread, so the compute workers read apart)."""
     folder, spy = os.environ.get("GPU_CHECK_PROFILE"), shutil.which("py-spy")
     process = None
     if folder and spy:
         output = Path(folder) / f"spy-{name}.txt"
         command = [spy, "record", "--pid", str(server.process.pid), "--subprocesses",
                    "--rate", "100", "--duration", str(max(1, int(seconds))), "--format", "raw",
-                   "--nonblocking", "--output", str(output)]  # fmt: skip
+                   "--nonblocking", "--threads", "--output", str(output)]  # fmt: skip
         process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield
