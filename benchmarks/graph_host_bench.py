@@ -2,7 +2,7 @@
 tokenised ahead, side by side with other source trees.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/graph_host_bench.py \
-        [--against SRC ...] [--rows 1 8] [--seconds 3] [--rounds 3] \
+        [--against SRC ...] [--rows 1 8] [--models 1] [--seconds 3] [--rounds 3] \
         [--out benchmarks/results]
 
 On a GPU, the compute workers' thread was the limit of 100 resident MiniLMs
@@ -16,7 +16,12 @@ CUDA graph's runner does less the replay. What is timed is then the rest:
 ``SentenceEncoder.encode_ids`` of ``--rows`` one-sentence texts (the
 gateway's tokenised form), from the ids to the vectors in host memory. The
 torch operators dispatched a batch (views included: each non-view is a
-kernel launch on a GPU) are counted with a dispatch mode.
+kernel launch on a GPU) are counted with a dispatch mode. With ``--models``
+N > 1 the batches go to N copies of the model (other weights) in turn, as
+in the 100-model round robin: each copies its weights into the
+architecture's template first, and where the tree has
+``hostcopy.gather_block`` each model is gathered into one block first, as
+a load on CUDA does.
 
 For each round, for each source tree in turn (this checkout's ``src``, then
 each ``--against`` folder, put first on ``PYTHONPATH`` of a child process),
@@ -51,6 +56,20 @@ def free_runner(*args: Any) -> Any:
 
     if len(args) == 2:
         step, example = args
+        try:  # as CudaGraphRunners copies inputs in, where the tree has it
+            from tessera.runtimes.graphs import copy_inputs, static_inputs
+        except ImportError:
+            pass
+        else:
+            static, packed = static_inputs(example)
+            with torch.inference_mode():
+                outputs = step(static)
+
+            def run_packed(inputs: Any) -> Any:
+                copy_inputs(static, packed, inputs)
+                return outputs
+
+            return run_packed
         static = {key: value.clone() for key, value in example.items()}
         with torch.inference_mode():
             outputs = step(static)
@@ -68,8 +87,8 @@ def free_runner(*args: Any) -> Any:
     return run
 
 
-def child(rows: int, seconds: float) -> dict[str, Any]:
-    """This tree's figures for batches of ``rows`` texts."""
+def child(rows: int, seconds: float, models: int = 1) -> dict[str, Any]:
+    """This tree's figures for batches of ``rows`` texts to ``models`` models in turn."""
     import numpy as np
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -82,6 +101,15 @@ def child(rows: int, seconds: float) -> dict[str, Any]:
     torch.set_num_threads(1)
     folder = read_spec(default_repository_path() / "all-minilm-l6-v2").resolve_source()
     encoder = SentenceEncoder.from_folder(folder, "cpu")
+    copies = [encoder.model, *(other_weights(encoder.model, n) for n in range(1, models))]
+    try:
+        from tessera.runtimes.graphs import weight_tensors
+        from tessera.runtimes.hostcopy import gather_block
+    except ImportError:  # a tree from before gathered blocks
+        pass
+    else:
+        for model in copies:
+            gather_block(weight_tensors(model))
     shared = SharedComponents()
     acquire = GraphsHold.acquire
     assert "make_runner" in inspect.signature(acquire).parameters
@@ -100,16 +128,20 @@ def child(rows: int, seconds: float) -> dict[str, Any]:
             self.ops += 1
             return func(*args, **(kwargs or {}))
 
-    for _ in range(50):
+    def call(n: int) -> None:
+        encoder.model = copies[n % models]  # the template takes this model's weights
         encoder.encode_ids(batch)
+
+    for n in range(50):
+        call(n)
     with Count() as count:
-        encoder.encode_ids(batch)
+        call(50)
     calls, began, began_cpu = 0, time.perf_counter(), time.thread_time()
     stop = began + seconds
     while time.perf_counter() < stop:
         for _ in range(20):
-            encoder.encode_ids(batch)
-        calls += 20
+            call(calls)
+            calls += 1
     wall, cpu = time.perf_counter() - began, time.thread_time() - began_cpu
     return {
         "rows": rows,
@@ -120,12 +152,27 @@ def child(rows: int, seconds: float) -> dict[str, Any]:
     }
 
 
-def run_child(source: Path | None, rows: int, seconds: float) -> dict[str, Any]:
+def other_weights(model: Any, number: int) -> Any:
+    """A copy of ``model`` with other weights (a fine-tune, as far as shapes go)."""
+    import copy
+
+    import torch
+
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(1 + number / 100)
+    return other
+
+
+def run_child(source: Path | None, rows: int, seconds: float, models: int) -> dict[str, Any]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if source is not None:
         env["PYTHONPATH"] = f"{source}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    command = [sys.executable, __file__, "--child", str(rows), "--seconds", str(seconds)]
+    command += ["--models", str(models)]
     done = subprocess.run(
-        [sys.executable, __file__, "--child", str(rows), "--seconds", str(seconds)],
+        command,
         env=env,
         capture_output=True,
         text=True,
@@ -140,13 +187,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--against", type=Path, nargs="*", default=[])
     parser.add_argument("--rows", type=int, nargs="*", default=[1, 8])
+    parser.add_argument("--models", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.child, args.seconds)))
+        print(json.dumps(child(args.child, args.seconds, args.models)))
         return
     from harness.report import write_report
 
@@ -156,7 +204,7 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         for rows in args.rows:
             for name, source in sources:
-                run = run_child(source, rows, args.seconds)
+                run = run_child(source, rows, args.seconds, args.models)
                 run.update(round=round_, source=name)
                 runs.append(run)
                 print(
@@ -179,14 +227,16 @@ def main() -> None:
     rerun = "benchmarks/graph_host_bench.py"
     if args.against:
         rerun += " --against " + " ".join(str(p) for p in args.against)
-    rerun += " --rows " + " ".join(map(str, args.rows)) + f" --seconds {args.seconds:g}"
+    rerun += " --rows " + " ".join(map(str, args.rows))
+    rerun += f" --models {args.models} --seconds {args.seconds:g}"
     lines = [
         f"# The host's work around a graph replay, {date}",
         "",
         "`SentenceEncoder.encode_ids` of one-sentence texts tokenised ahead, the packaged"
         " MiniLM on the CPU with its architecture's graphs and a runner that replays"
         " nothing (its outputs computed at the bucket's build): what the host does around"
-        f" a replay, per batch. {args.seconds:g} s a run, one torch thread,"
+        f" a replay, per batch, to {args.models} model(s) in turn (each other than the last"
+        f" copies its weights in). {args.seconds:g} s a run, one torch thread,"
         f" {os.cpu_count()} cores shared. Rerun: `HF_HUB_OFFLINE=1 .venv/bin/python {rerun}`.",
         "",
         "| round | rows | source | us a batch | CPU us a batch | torch ops a batch |",
@@ -206,7 +256,12 @@ def main() -> None:
         + ".",
         "",
     ]
-    figures = {"runs": runs, "medians": medians, "python": sys.version.split()[0]}
+    figures = {
+        "runs": runs,
+        "medians": medians,
+        "models": args.models,
+        "python": sys.version.split()[0],
+    }
     write_report(args.out, date, "graph-host", figures, "\n".join(lines))
 
 

@@ -120,6 +120,21 @@ CHECK_TEXTS = (
 
 Inputs = dict[str, "torch.Tensor"]
 Outputs = dict[str, "torch.Tensor"]
+# The inputs ``host_inputs`` makes: one int64 block (keys, rows, columns), by name.
+HOST_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class PackedInputs(dict[str, "torch.Tensor"]):
+    """Inputs that are, in their order, the rows of one tensor ``block``: a
+    runner whose static inputs are packed alike copies them in one call
+    (``CudaGraphRunners``). Each torch call releases the interpreter lock and
+    takes it back, a handover whenever another thread waits for it."""
+
+    def __init__(self, block: torch.Tensor, keys: Sequence[str]) -> None:
+        super().__init__(zip(keys, block.unbind(0), strict=True))
+        self.block = block
+
+
 # What a bucket runs: padded inputs (the attention mask 0/1) to named outputs.
 Step = Callable[[Inputs], Outputs]
 Runner = Callable[[Inputs], Outputs]
@@ -236,10 +251,11 @@ def host_inputs(
     keys: Sequence[str],
     *,
     pinned: bool = False,
-) -> Inputs:
+) -> PackedInputs:
     """Texts tokenised ahead (``runtimes.tokens``) as a batch of (rows, columns)
     in host memory, padded as ``padded_inputs`` pads (``token_type_ids`` all
-    0 where ``keys`` name them): a bucket's inputs made without a device op.
+    0 where ``keys`` name them): a bucket's inputs made without a device op,
+    one block of them in ``keys``' order (``PackedInputs``).
 
     ``pinned`` (for a CUDA device): in page-locked memory from torch's caching
     host allocator, so a copy to the device ``non_blocking`` is one: from
@@ -250,18 +266,16 @@ def host_inputs(
     copies that read it have run."""
     import torch
 
-    def filled(value: int) -> torch.Tensor:
-        return torch.full((rows, columns), value, dtype=torch.int64, pin_memory=pinned)
-
-    input_ids, mask = filled(pad_id), filled(0)
-    ids_rows, mask_rows = input_ids.numpy(), mask.numpy()
+    names = [key for key in keys if key in HOST_KEYS]
+    names += [key for key in HOST_KEYS[:2] if key not in names]
+    filled = np.zeros((len(names), rows, columns), dtype=np.int64)
+    input_ids, mask = filled[names.index("input_ids")], filled[names.index("attention_mask")]
+    input_ids[...] = pad_id
     for row, row_ids in enumerate(ids):
-        ids_rows[row, : len(row_ids)] = row_ids
-        mask_rows[row, : len(row_ids)] = 1
-    inputs = {"input_ids": input_ids, "attention_mask": mask}
-    if "token_type_ids" in keys:
-        inputs["token_type_ids"] = filled(0)
-    return inputs
+        input_ids[row, : len(row_ids)] = row_ids
+        mask[row, : len(row_ids)] = 1
+    block = torch.from_numpy(filled)  # no torch operator: numpy's memory
+    return PackedInputs(block.pin_memory() if pinned else block, names)
 
 
 def graph_step(model: Any, output: str) -> Step:
@@ -389,7 +403,7 @@ class CudaGraphRunners:
 
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        static = {key: value.clone() for key, value in example.items()}
+        static, packed = static_inputs(example)
         device = static[next(iter(static))].device
         with _CAPTURE_LOCK:
             side = capture_stream(device)
@@ -406,10 +420,9 @@ class CudaGraphRunners:
             torch.cuda.current_stream(device).wait_stream(side)
 
         def run(inputs: Inputs) -> Outputs:
-            # From the host (``host_inputs``, page-locked) a copy without
-            # blocking: the stream orders it after the last replay.
-            for key, value in inputs.items():
-                static[key].copy_(value, non_blocking=True)
+            # From the host (``host_inputs``, page-locked) without blocking:
+            # the stream orders the copy after the last replay.
+            copy_inputs(static, packed, inputs)
             graph.replay()
             return outputs
 
@@ -583,6 +596,35 @@ class GraphForward:
                 self.make_runner.renew()
 
 
+def static_inputs(example: Inputs) -> tuple[Inputs, torch.Tensor | None]:
+    """A graph's static copies of ``example``'s inputs, as rows of one block
+    (returned beside them) where they share a shape and dtype; else each its
+    own (and None)."""
+    import torch
+
+    values = list(example.values())
+    first = values[0]
+    if all(v.shape == first.shape and v.dtype == first.dtype for v in values):
+        packed = torch.stack(values)
+        return dict(zip(example, packed.unbind(0), strict=True)), packed
+    return {key: value.clone() for key, value in example.items()}, None
+
+
+def copy_inputs(static: Inputs, packed: torch.Tensor | None, inputs: Inputs) -> None:
+    """``inputs`` into a graph's ``static`` ones (``static_inputs``), without
+    blocking: one copy where both are one block in one order, else one a key."""
+    if (
+        packed is not None
+        and isinstance(inputs, PackedInputs)
+        and tuple(inputs) == tuple(static)
+        and inputs.block.shape == packed.shape
+    ):
+        packed.copy_(inputs.block, non_blocking=True)
+        return
+    for key, value in inputs.items():
+        static[key].copy_(value, non_blocking=True)
+
+
 def graphs_run_on(device: str) -> bool:
     """Whether encoders on ``device`` run through graphs (where cards allow)."""
     return device.startswith("cuda")
@@ -725,7 +767,7 @@ class SharedGraphs:
         block = one_block(tensors)
         into = self._template_block
         if block is not None and into is not None and same_layout(self._template_tensors, tensors):
-            return functools.partial(copy_block, into, block)
+            return functools.partial(copy_block, bytes_of(into), bytes_of(block))
         return functools.partial(copy_weights, self._template_groups, by_dtype(tensors))
 
     def prepare(self, device: str) -> int:
@@ -874,16 +916,22 @@ def same_layout(into: Sequence[torch.Tensor], source: Sequence[torch.Tensor]) ->
     )
 
 
-def copy_block(into: Any, source: Any) -> None:
-    """``source``'s bytes into ``into``, two storages of one size: one copy
-    on the device, where a fused copy a dtype of MiniLM's hundred tensors was
-    17% of the compute workers' samples in the H200's 100-model round robin
-    (2026-12-04, the third run)."""
+def bytes_of(storage: Any) -> torch.Tensor:
+    """A uint8 tensor over the whole of ``storage``, made once: it stays
+    right while the storage is emptied and refilled to its size (an eviction
+    and a restore of the host tier keep the storage object)."""
     import torch
 
-    with torch.no_grad():
-        to = torch.empty(0, dtype=torch.uint8, device=into.device).set_(into)
-        to.copy_(torch.empty(0, dtype=torch.uint8, device=source.device).set_(source))
+    with torch.inference_mode(False):  # a copy into it may run outside inference mode
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def copy_block(into: torch.Tensor, source: torch.Tensor) -> None:
+    """``source``'s bytes into ``into`` (``bytes_of`` two storages of one
+    size): one copy on the device, where a fused copy a dtype of MiniLM's
+    hundred tensors was 17% of the compute workers' samples in the H200's
+    100-model round robin (2026-12-04, the third run)."""
+    into.copy_(source)
 
 
 def copy_weights(

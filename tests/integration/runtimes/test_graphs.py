@@ -31,6 +31,7 @@ from tessera.runtimes.graphs import (
     GraphsHold,
     Inputs,
     Outputs,
+    PackedInputs,
     Runner,
     SharedGraphs,
     Step,
@@ -39,8 +40,10 @@ from tessera.runtimes.graphs import (
     device_options,
     eager_runner,
     encoder_variant,
+    host_inputs,
     reduce_precision,
     same_layout,
+    static_inputs,
     weight_tensors,
 )
 from tessera.runtimes.hf import SentenceEncoder, encoder_key
@@ -230,12 +233,41 @@ def test_models_gathered_into_one_block_go_into_the_template_as_one_copy(
     # The template is one block as large as a model's (a deep copy alone
     # copied the block once a buffer).
     assert torch_module_bytes(shared.template) == block.nbytes()
-    for model in (other, mine, other):
+    with torch.inference_mode():  # the first copy in as a worker makes it, the next outside
+        assert torch.allclose(shared(other, batch)[real], want[id(other)][real], atol=1e-4)
+    for model in (mine, other):
         assert torch.allclose(shared(model, batch)[real], want[id(model)][real], atol=1e-4)
     assert shared.num_copies == 3
     ungathered = other_weights(encoder)  # not one block: a fused copy a dtype
     with pytest.raises(AssertionError, match="tensor by tensor"):
         shared(ungathered, batch)
+
+
+def test_host_inputs_are_one_block_in_the_order_the_tokenizer_names_them() -> None:
+    # What a graph's runner copies in one call where its static inputs are
+    # packed alike (CudaGraphRunners): the padded ids, the mask and zeros
+    # for the token types, rows of one int64 block in the tokenizer's order.
+    ids = [np.array([5, 6, 7], dtype=np.int32), np.array([8], dtype=np.int32)]
+    keys = ("input_ids", "token_type_ids", "attention_mask")
+    inputs = host_inputs(ids, 4, 5, 1, keys)
+    assert isinstance(inputs, PackedInputs)
+    assert tuple(inputs) == keys
+    assert inputs.block.shape == (3, 4, 5)
+    assert inputs.block.dtype == torch.int64
+    for row, key in enumerate(keys):
+        assert inputs[key].data_ptr() == inputs.block[row].data_ptr()
+    want_ids = [[5, 6, 7, 1, 1], [8, 1, 1, 1, 1], [1] * 5, [1] * 5]
+    want_mask = [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [0] * 5, [0] * 5]
+    assert inputs["input_ids"].tolist() == want_ids
+    assert inputs["attention_mask"].tolist() == want_mask
+    assert not inputs["token_type_ids"].any()
+    without_types = host_inputs(ids, 2, 3, 0, ("input_ids", "attention_mask"))
+    assert tuple(without_types) == ("input_ids", "attention_mask")
+    static, packed = static_inputs(dict(inputs))
+    assert packed is not None
+    assert torch.equal(packed, inputs.block)
+    assert tuple(static) == keys
+    assert static["input_ids"].data_ptr() == packed[0].data_ptr()
 
 
 def test_weights_are_copied_in_one_group_a_dtype(encoder: SentenceEncoder) -> None:
