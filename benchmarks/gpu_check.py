@@ -557,25 +557,36 @@ def tessera_server(work: Path, label: str, config: Part, device: str) -> Iterato
         yield server
 
 
+# What each sampling of a load records (GPU_CHECK_PROFILE): the threads on a core
+# (py-spy's default), the thread holding the interpreter lock at each sample (a lock
+# held the whole load is one sample each time), and every thread, waiting or not
+# (where the compute workers wait: the graphs' lock, the device, the interpreter lock).
+SAMPLINGS = {"": [], "-gil": ["--gil"], "-idle": ["--idle"]}
+
+
 @contextlib.contextmanager
 def sampled(server: RunningServer, name: str, seconds: float) -> Iterator[None]:
     """Where ``GPU_CHECK_PROFILE`` names a folder and py-spy is on the PATH:
     the stacks of ``server``'s processes (the engine's and its gateways'),
     sampled 100 times a second for ``seconds`` from the start of the block,
-    in py-spy's raw form to FOLDER/spy-NAME.txt (idle threads left out; each
-    stack under its thread, so the compute workers read apart)."""
+    in py-spy's raw form, each stack under its thread, one file a sampling
+    (``SAMPLINGS``): FOLDER/spy-NAME.txt, spy-NAME-gil.txt, spy-NAME-idle.txt."""
     folder, spy = os.environ.get("GPU_CHECK_PROFILE"), shutil.which("py-spy")
-    process = None
+    processes = []
     if folder and spy:
-        output = Path(folder) / f"spy-{name}.txt"
-        command = [spy, "record", "--pid", str(server.process.pid), "--subprocesses",
-                   "--rate", "100", "--duration", str(max(1, int(seconds))), "--format", "raw",
-                   "--nonblocking", "--threads", "--output", str(output)]  # fmt: skip
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for suffix, extra in SAMPLINGS.items():
+            output = Path(folder) / f"spy-{name}{suffix}.txt"
+            command = [spy, "record", "--pid", str(server.process.pid), "--subprocesses",
+                       "--rate", "100", "--duration", str(max(1, int(seconds))),
+                       "--format", "raw", "--nonblocking", "--threads", *extra,
+                       "--output", str(output)]  # fmt: skip
+            processes.append(
+                subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
     try:
         yield
     finally:
-        if process is not None:
+        for process in processes:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -25,7 +25,8 @@
 #   GPU_CHECK_STEPS         the steps to run, by name, comma-separated (all); the others are
 #                           recorded as skipped: a second run in a lease's last minutes
 #   GPU_CHECK_PROFILE=1     py-spy samples the servers during each load of one_model (but c=1)
-#                           and of the many-model steps, one raw file a load, all packed in
+#                           and of the many-model steps, three raw files a load (on a core,
+#                           holding the interpreter lock, every thread), all packed in
 #                           $OUT/profiles.tar.gz (the run tool brings back 8 files at most)
 #   GPU_CHECK_LOG_LEVEL     the servers' log level (warning), their logs in servers.log
 #   GPU_CHECK_WORK          scratch folder (a new temporary one)
