@@ -892,7 +892,7 @@ def block_like(tensors: Sequence[torch.Tensor], like: Sequence[torch.Tensor]) ->
         return None
     whole = device_bytes(source.nbytes(), str(source.device))
     with torch.no_grad():
-        whole.copy_(torch.empty(0, dtype=torch.uint8, device=source.device).set_(source))
+        whole.copy_(bytes_of(source))
     block = whole.untyped_storage()
     for tensor, twin in zip(tensors, like, strict=True):
         view = torch.empty(0, dtype=twin.dtype, device=block.device)
