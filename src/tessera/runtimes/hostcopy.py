@@ -524,9 +524,12 @@ def copy_in_pieces(into: Any, source: Any, piece: int = PIECE_BYTES) -> None:
     at most ``piece`` bytes. A device runs one copy a direction at a time on
     each copy engine, in the order they come: a batch's inputs (or vectors)
     behind a whole model's weights waited for all of them (a MiniLM's 45 MB
-    is about 2 ms each way on the H200), behind a piece only for it."""
-    for start in range(0, int(into.numel()), piece):
-        into[start : start + piece].copy_(source[start : start + piece], non_blocking=True)
+    is about 2 ms each way on the H200), behind a piece only for it. The
+    pieces are views made by two calls, not two slices a piece: each torch
+    call hands the interpreter lock to a thread waiting for it (13 calls for
+    a MiniLM's 45 MB, where slices and copies were 33)."""
+    for to, values in zip(into.split(piece), source.split(piece), strict=True):
+        to.copy_(values, non_blocking=True)
 
 
 def device_bytes(nbytes: int, device: str) -> Any:
