@@ -476,6 +476,9 @@ class GraphForward:
             b for b in length_buckets if max_length is None or b <= max_length
         )
         self.step = graph_step(model, output)
+        # Its weights stay on this device (a trip to the host tier keeps each
+        # tensor's device): read once, not a walk of the modules a batch.
+        self.device: torch.device = next(model.parameters()).device
         self._runners: dict[tuple[int, int], Runner | None] = {}
         self._uses: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
@@ -536,11 +539,6 @@ class GraphForward:
         if rows is None or columns is None:
             return None
         return rows, columns
-
-    @property
-    def device(self) -> torch.device:
-        device: torch.device = next(self.model.parameters()).device
-        return device
 
     def eager(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return run_eager(self.model, self.output, batch)
