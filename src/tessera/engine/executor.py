@@ -250,9 +250,18 @@ class ComputeExecutor:
             import torch
 
             index = self.device.index
+
+            def allocated(which: str) -> int:
+                # The allocator's nested stats: ``memory_allocated`` and
+                # ``max_memory_allocated`` each flatten and sort all of them
+                # in Python, twice a batch that runs alone (every batch at c=1).
+                # (Empty before CUDA is initialised: then 0, as theirs.)
+                stats = torch.cuda.memory_stats_as_nested_dict(index)
+                return int(stats.get("allocated_bytes", {}).get("all", {}).get(which, 0))
+
             torch.cuda.reset_peak_memory_stats(index)
-            allocated = int(torch.cuda.memory_allocated(index))
-            return lambda: max(0, int(torch.cuda.max_memory_allocated(index)) - allocated)
+            before = allocated("current")
+            return lambda: max(0, allocated("peak") - before)
         return start_peak()
 
     def measure_exclusive(self, fn: Callable[[], Any]) -> Measured:

@@ -142,3 +142,46 @@ async def test_a_measurement_waits_for_a_running_loud_batch_only(
             await batch
             measuring.end()
         assert measuring.done.is_set()
+
+
+async def test_a_lone_batch_on_cuda_is_measured_from_the_allocators_nested_stats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The CUDA branch on the CPU, torch.cuda's statistics stood in for: the
+    # peak a lone batch reaches above what was allocated when it began, read
+    # from the nested stats (not the flattened dict memory_allocated builds).
+    import torch
+
+    from tessera.device import CudaDevice
+
+    stats = {"allocated_bytes": {"all": {"current": 1000, "peak": 1000}}}
+    resets: list[int | None] = []
+
+    def reset_peak(index: int | None = None) -> None:
+        resets.append(index)
+        for counts in stats.get("allocated_bytes", {}).values():
+            counts["peak"] = counts["current"]
+
+    def nested(index: int | None = None) -> dict[str, Any]:
+        return stats
+
+    def batch(items: Sequence[Any]) -> list[Any]:
+        stats["allocated_bytes"]["all"]["peak"] = 1000 + 4096  # its activations, freed after
+        return list(items)
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset_peak)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", nested)
+    executor = ComputeExecutor(CudaDevice(3), num_threads=1, num_workers=1)
+    try:
+        run = await executor.run(batch, [1, 2])
+    finally:
+        executor.shutdown()
+    assert run.outputs == [1, 2]
+    assert run.peak_bytes == 4096
+    assert resets == [3]
+    stats.clear()  # CUDA not initialised: torch's stats are empty, the peak 0
+    executor = ComputeExecutor(CudaDevice(3), num_threads=1, num_workers=1)
+    try:
+        assert (await executor.run(echo, [1])).peak_bytes == 0
+    finally:
+        executor.shutdown()
