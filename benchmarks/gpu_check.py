@@ -14,7 +14,8 @@
                     then saturation from several bench processes at once
     many            N models on one tessera (copies of the card, each with a config of
                     its own, so each holds its own weights): a first request to each,
-                    then round robin, and with --zipf a Zipf load too
+                    then round robin, and with --zipf a Zipf load too; --config-json
+                    sets server config keys over the check's (a variant to compare)
     load            one client process of ``many`` (the harness's load driver)
     peer            LitServe serving the same weights (the issue's peer, several inference
                     processes on the device), driven as ``many`` drives tessera
@@ -853,6 +854,11 @@ def cmd_many(a: argparse.Namespace) -> None:
     names = make_repository(work / f"{a.label}-models", a.models, weights)
     part: Part = {"models": len(names), "holds": a.holds}
     config: Part = {"model_repositories": [str(work / f"{a.label}-models" / "repo")]}
+    extra = json.loads(a.config_json)
+    if not isinstance(extra, dict):
+        raise SystemExit(f"--config-json: an object of config keys, not {a.config_json!r}")
+    if extra:
+        part["config"] = extra
     if a.holds:
         sizes = read_json(Path(a.sizes_from)) if a.sizes_from else None
         split = own_and_shared((sizes or {}).get("after_first") or {})
@@ -862,6 +868,7 @@ def cmd_many(a: argparse.Namespace) -> None:
         part.update(budget_bytes=config["memory_budget"], per_model_bytes=per_model)
         part.update(shared_bytes=shared)
         part["per_model_bytes_from"] = "the all-resident run" if split else "the weights file"
+    config.update(extra)
     first = LoadPlan("rr", a.first_concurrency, 1, a.first_seconds, requests=len(names))
     loads = [LoadPlan("rr", a.concurrency, a.clients, a.seconds)]
     if a.zipf:
@@ -979,6 +986,11 @@ def main() -> None:
         s.add_argument("--zipf", type=float, default=0.0, help="also a Zipf load")
         s.add_argument("--first-concurrency", type=int, default=8)
         s.add_argument("--first-seconds", type=float, default=60.0)
+        s.add_argument(
+            "--config-json",
+            default="{}",
+            help="server config keys over the check's own (a variant: num_workers, ...)",
+        )
 
     s = sub.add_parser("peer")
     s.add_argument("--device", default="cuda")

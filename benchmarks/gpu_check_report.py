@@ -323,10 +323,16 @@ def server_tables(report: Part) -> list[str]:
     for c, level in (peer.get("levels") or {}).items():
         where = f"{peer.get('workers_per_device')} workers on {peer.get('accelerator')}"
         rows.append((f"the peer: LitServe ({where}), c={c}", level))
-    for label, key in (("all resident", "many_all"), ("budget", "many_budget")):
+    for label, key in (
+        ("all resident", "many_all"),
+        ("all resident, a variant", "many_variant"),
+        ("budget", "many_budget"),
+    ):
         part = report.get(key) or {}
         if part.get("holds"):
             label = f"budget of {part['holds']} ({number(part.get('budget_bytes'))} bytes)"
+        if part.get("config"):
+            label = f"{label} ({json.dumps(part['config'])})"
         for load in ("first_request", "rr", "zipf"):
             if part.get(load):
                 rows.append((f"{label}: {load.replace('_', ' ')}", part[load]))

@@ -22,6 +22,9 @@
 #   GPU_CHECK_PEER_PYTHON   the python that runs the peer, LitServe (cuda: the check's, with
 #                           the carried wheels; cpu: make bench-peers' LitServe venv where
 #                           there is one); a python without litserve skips the peer
+#   GPU_CHECK_VARIANT       server config keys as JSON ('{"num_workers": 4}'): a step
+#                           many_variant runs the all-resident load again with them
+#                           (about 50 s on the H200), its rows beside many_all's
 #   GPU_CHECK_STEPS         the steps to run, by name, comma-separated (all); the others are
 #                           recorded as skipped: a second run in a lease's last minutes
 #   GPU_CHECK_PROFILE=1     py-spy samples the servers during each load of one_model (but c=1)
@@ -129,6 +132,11 @@ main() {
     --out "$P/one_model.json"
   local many=("${common[@]}" --models "$N" --concurrency "$CONC" --first-concurrency "$FIRST_C")
   step many_all 180 "$PY" -m gpu_check many "${many[@]}" --label all --out "$P/many_all.json"
+  # A variant of the all-resident server beside it, where one is named (the report's rows).
+  if [ -n "${GPU_CHECK_VARIANT:-}" ]; then
+    step many_variant 150 "$PY" -m gpu_check many "${many[@]}" --label variant \
+      --config-json "$GPU_CHECK_VARIANT" --out "$P/many_variant.json"
+  fi
   step many_budget 180 "$PY" -m gpu_check many "${many[@]}" --label budget --holds "$HOLDS" \
     --sizes-from "$P/many_all.json" --zipf 1.1 --out "$P/many_budget.json"
   # The process split's worth: the same model in one process (gateways 0), at the top level.
