@@ -29,6 +29,8 @@ A config file may hold any of::
     scheduling: fair             # fair (weighted across tenants) | fifo
     fair_quantum_ms: 25          # 2+ tenants on a model: cap a batch's run time (null: off)
     long_batch_ms: 500           # batches predicted this long are long work (null: none is)
+    gil_switch_interval_ms: null # the engine process's interpreter switch interval
+                                 # (sys.setswitchinterval); null: Python's 5 ms
     long_work: steps             # steps: short batches never wait for long work, which steps
                                  # aside at its next step; lane: threads of its own (the OS shares)
     tiers:                       # weights and latency targets; these are the defaults
@@ -188,7 +190,11 @@ _ENGINE_KEYS = {
     "fill",
 }
 # Keys given in one unit in the file and another in EngineConfig.
-_MS_KEYS = {"fair_quantum_ms": "fair_quantum_s", "long_batch_ms": "long_batch_s"}
+_MS_KEYS = {
+    "fair_quantum_ms": "fair_quantum_s",
+    "long_batch_ms": "long_batch_s",
+    "gil_switch_interval_ms": "gil_switch_interval_s",
+}
 
 
 _SERVER_KEYS = {
@@ -284,6 +290,9 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         if key in file_values or key in values:
             raw = values.get(key)
             engine_values[field_name] = float(raw) / 1000 if raw is not None else None
+    switch = engine_values.get("gil_switch_interval_s")
+    if switch is not None and switch <= 0:
+        raise ConfigError("gil_switch_interval_ms must be positive (or null)")
     budget = values.get("memory_budget")
     host_budget = values.get("host_memory_budget")
     preload = values.get("preload")

@@ -26,6 +26,7 @@ import functools
 import logging
 import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,12 @@ class EngineConfig:
     cache_dir: Path | None = None
     cache_max_age_s: float | None = 30 * 86400.0
     cache_max_bytes: int | None = None
+    # The engine process's interpreter switch interval (``sys.setswitchinterval``):
+    # how long a thread that wants the interpreter lock waits before it asks the
+    # holder to drop it. None: Python's own (5 ms). A knob to measure with (the
+    # GPU check's variants): whether the compute workers' waits off the core are
+    # waits for the lock is not settled (docs/benchmarks.md).
+    gil_switch_interval_s: float | None = None
 
     @property
     def fills(self) -> bool:
@@ -206,6 +213,10 @@ class Engine(ModelLifecycle):
         cluster gateway's ``cluster`` runtime)."""
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
+        self._switch_interval_before: float | None = None
+        if config.gil_switch_interval_s is not None:
+            self._switch_interval_before = sys.getswitchinterval()
+            sys.setswitchinterval(config.gil_switch_interval_s)
         self._device = device or make_device(config.device)
         num_threads = config.num_threads or os.cpu_count() or 1
         num_workers = config.num_workers or default_workers(self._device, num_threads)
@@ -403,6 +414,8 @@ class Engine(ModelLifecycle):
         await self._residency.close()
         self._executor.shutdown()
         self._host.shutdown()
+        if self._switch_interval_before is not None:
+            sys.setswitchinterval(self._switch_interval_before)
 
     def _max_host_loads(self, config: EngineConfig) -> int:
         """Loads from the host tier in flight at once: the config's, else

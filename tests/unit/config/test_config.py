@@ -114,6 +114,15 @@ def test_long_work_is_steps_or_lane() -> None:
         build_config({"long_work": "threads"}, {})
 
 
+def test_the_switch_interval_is_pythons_unless_given_in_milliseconds() -> None:
+    assert build_config({}, {}).engine.gil_switch_interval_s is None
+    given = build_config({"gil_switch_interval_ms": 0.5}, {}).engine
+    assert given.gil_switch_interval_s == pytest.approx(0.0005)
+    for bad in (0, -1):
+        with pytest.raises(ConfigError, match="gil_switch_interval_ms must be positive"):
+            build_config({"gil_switch_interval_ms": bad}, {})
+
+
 def test_cluster_settings_and_the_routers_targets() -> None:
     config = build_config(
         {"cluster": "head:6380", "cluster_window": 8, "cluster_routing": {"target_p99_s": 0.2}},
