@@ -63,8 +63,11 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
         CAPTURE_ON_USE,
         CHECK_TEXTS,
         LENGTH_BUCKETS,
+        same_layout,
+        weight_tensors,
     )
     from tessera.runtimes.hf import SentenceEncoder
+    from tessera.runtimes.hostcopy import one_block
 
     def cosines(got: np.ndarray, want: np.ndarray) -> float:
         return float(np.min(np.sum(got * want, axis=1)))
@@ -106,6 +109,15 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
         assert cosines(want, theirs) < 0.9999  # the weights differ
         assert cosines(other.encode(texts), theirs) >= 0.999
         assert cosines(encoder.encode(texts), want) >= 0.999
+        # Each model gathered at its load into one block laid out as the
+        # template's: another's weights go in as one copy of its block, and
+        # texts tokenised ahead go in as one page-locked block of inputs.
+        template = weight_tensors(encoder.graphs.template)
+        for model in (encoder.model, other.model):
+            assert one_block(weight_tensors(model)) is not None
+            assert same_layout(template, weight_tensors(model))
+        assert cosines(other.encode_ids(ids), theirs) >= 0.999
+        assert cosines(encoder.encode_ids(ids), want) >= 0.999
         other.close()
         assert encoder.offload() is not None  # the last on the device: the graphs go too
         assert encoder.graphs.in_host_tier
