@@ -21,7 +21,7 @@ graph capture forbids that), and for token vectors pools them too (mean and
 first position, float32). Texts tokenised ahead by a gateway (the common
 path) are padded to their bucket on the host and copied into the graph's
 inputs, and leave as pooled rows (``GraphForward.pooled``): around the
-replay the host launches a copy a tensor in, a cut and one copy out, where
+replay the host launches one copy in, a cut and one copy out, where
 the device-side padding, masking and pooling were about thirty operators
 (``benchmarks/graph_host_bench.py``).
 Padding with a masked position changes no real position's vector (tested on
@@ -41,7 +41,7 @@ template module: before a batch of another model than the last, that
 model's weights are copied into the template's tensors. On CUDA each model's
 weights and the template's are one block laid out alike
 (``hostcopy.gather_block``, at the model's load), so that is one copy of the
-block (``copy_block``); otherwise one fused copy a dtype (``copy_weights``).
+block; otherwise one fused copy a dtype (``copy_weights``).
 The template and the graphs are one shared
 component (``GraphsHold``: counted once, offloaded with the last of its
 models to leave the device, freed with the last to go); the first model of
@@ -67,7 +67,13 @@ import numpy as np
 from tessera.errors import ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.runtimes.base import SharedComponents
-from tessera.runtimes.hostcopy import HostCopy, device_bytes, gather_block, one_block
+from tessera.runtimes.hostcopy import (
+    HostCopy,
+    block_like,
+    gather_block,
+    one_block,
+    storage_bytes,
+)
 from tessera.runtimes.memory import torch_module_bytes
 
 if TYPE_CHECKING:
@@ -758,14 +764,16 @@ class SharedGraphs:
 
     def _copy_in(self, model: Any) -> Callable[[], None]:
         """What copies ``model``'s weights into the template's: one copy of its
-        block where both are one block laid out alike (``copy_block``), else
-        one fused copy a dtype (``copy_weights``). A model gathered stays one
-        block: its evictions empty and refill that storage."""
+        block into the template's where both are one block laid out alike,
+        over byte views made here once (a model gathered stays one block: its
+        evictions empty and refill that storage); else one fused copy a dtype
+        (``copy_weights``), which for MiniLM's hundred tensors was 17% of the
+        compute workers' samples in the H200's 100-model round robin (run 3)."""
         tensors = weight_tensors(model)
         block = one_block(tensors)
         into = self._template_block
         if block is not None and into is not None and same_layout(self._template_tensors, tensors):
-            return functools.partial(copy_block, bytes_of(into), bytes_of(block))
+            return functools.partial(storage_bytes(into).copy_, storage_bytes(block))
         return functools.partial(copy_weights, self._template_groups, by_dtype(tensors))
 
     def prepare(self, device: str) -> int:
@@ -877,27 +885,6 @@ def by_dtype(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(groups.values())
 
 
-def block_like(tensors: Sequence[torch.Tensor], like: Sequence[torch.Tensor]) -> Any:
-    """Where ``like`` (a module's tensors) view one block: ``tensors`` (those of
-    a copy of the module, in the same order) made views of a copy of that block,
-    each where its twin sits, and that copy's storage; else None, nothing
-    changed. A deep copy of a module is no such copy: it clones each
-    parameter on its own and copies a buffer's whole storage (the block)."""
-    import torch
-
-    source = one_block(like)
-    if source is None:
-        return None
-    whole = device_bytes(source.nbytes(), str(source.device))
-    with torch.no_grad():
-        whole.copy_(bytes_of(source))
-    block = whole.untyped_storage()
-    for tensor, twin in zip(tensors, like, strict=True):
-        view = torch.empty(0, dtype=twin.dtype, device=block.device)
-        tensor.data = view.set_(block, twin.storage_offset(), twin.size(), twin.stride())
-    return block
-
-
 def same_layout(into: Sequence[torch.Tensor], source: Sequence[torch.Tensor]) -> bool:
     """Whether two models' tensors sit alike in blocks of one size: each pair
     of one dtype, shape, stride and place in its block."""
@@ -912,24 +899,6 @@ def same_layout(into: Sequence[torch.Tensor], source: Sequence[torch.Tensor]) ->
             for a, b in zip(into, source, strict=True)
         )
     )
-
-
-def bytes_of(storage: Any) -> torch.Tensor:
-    """A uint8 tensor over the whole of ``storage``, made once: it stays
-    right while the storage is emptied and refilled to its size (an eviction
-    and a restore of the host tier keep the storage object)."""
-    import torch
-
-    with torch.inference_mode(False):  # a copy into it may run outside inference mode
-        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-
-
-def copy_block(into: torch.Tensor, source: torch.Tensor) -> None:
-    """``source``'s bytes into ``into`` (``bytes_of`` two storages of one
-    size): one copy on the device, where a fused copy a dtype of MiniLM's
-    hundred tensors was 17% of the compute workers' samples in the H200's
-    100-model round robin (2026-12-04, the third run)."""
-    into.copy_(source)
 
 
 def copy_weights(

@@ -296,7 +296,7 @@ def gather_block(tensors: Sequence[Any]) -> Any:
     whole = device_bytes(total, str(storages[0].device))
     with torch.no_grad():
         for storage, offset in zip(storages, offsets, strict=True):
-            source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            source = storage_bytes(storage)
             whole[offset : offset + source.numel()].copy_(source)
     block = whole.untyped_storage()
     del storages  # the views below hold the last references
@@ -371,10 +371,46 @@ def _empty(tensor: Any) -> Any:
 def _view_on(storage: Any, view: _View, first: int) -> Any:
     """``view``'s tensor over ``storage``, whose element ``first`` (of the view's
     dtype) is where its own storage began."""
+    return typed_view(storage, view.tensor.dtype, first + view.offset, view.size, view.stride)
+
+
+def typed_view(storage: Any, dtype: Any, offset: int, size: Any, stride: Any) -> Any:
+    """A tensor of ``dtype`` over ``storage`` from element ``offset``."""
     import torch
 
-    tensor = torch.empty(0, dtype=view.tensor.dtype, device=storage.device)
-    return tensor.set_(storage, first + view.offset, view.size, view.stride)
+    return torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+
+
+def storage_bytes(storage: Any) -> Any:
+    """A uint8 tensor over the whole of ``storage``. It stays right while the
+    storage is emptied and refilled to its size (an eviction and a restore
+    keep the storage object), so a caller may keep it; made outside
+    inference mode, so a copy into it may run outside too."""
+    import torch
+
+    with torch.inference_mode(False):
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def block_like(tensors: Sequence[Any], like: Sequence[Any]) -> Any:
+    """Where ``like`` (a module's tensors) view one block: ``tensors`` (those of
+    a copy of the module, in the same order) made views of a copy of that
+    block, each where its twin sits, and that copy's storage; else None,
+    nothing changed. A deep copy of a module is no such copy: it clones each
+    parameter on its own and copies a buffer's whole storage (the block)."""
+    import torch
+
+    source = one_block(like)
+    if source is None:
+        return None
+    whole = device_bytes(source.nbytes(), str(source.device))
+    with torch.no_grad():
+        whole.copy_(storage_bytes(source))
+    block = whole.untyped_storage()
+    for tensor, twin in zip(tensors, like, strict=True):
+        offset, size, stride = twin.storage_offset(), twin.size(), twin.stride()
+        tensor.data = typed_view(block, twin.dtype, offset, size, stride)
+    return block
 
 
 class PinnedPool:
@@ -478,7 +514,6 @@ class _Pinned:
     def copy_of(cls, storages: list[Any], device: str) -> _Pinned:
         """A pinned copy of ``storages`` (the copies overlap; one synchronise
         before the device storages may go)."""
-        import torch
 
         offsets, total = _layout(storages)
         pinned = cls(PINNED_POOL.take(total), offsets)
@@ -487,7 +522,7 @@ class _Pinned:
         # the stream that allocated them.
         with copying(device, TO_HOST):
             for storage, offset in zip(storages, offsets, strict=True):
-                source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+                source = storage_bytes(storage)
                 copy_in_pieces(pinned._buffer[offset : offset + source.numel()], source)
         return pinned
 
@@ -503,11 +538,10 @@ class _Pinned:
     def refill(self, storage: Any, nbytes: int, device: str) -> None:
         """Give the emptied device ``storage`` its ``nbytes`` again, copied from
         the buffer's start (``non_blocking``, one synchronise)."""
-        import torch
 
         with copying(device, TO_DEVICE) as used_after:  # a block of the copy stream's own
             storage.resize_(nbytes)
-            target = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            target = storage_bytes(storage)
             copy_in_pieces(target, self._buffer[:nbytes])
             used_after(target)
 
