@@ -134,3 +134,76 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
         for each in (encoder, other, reference, other_reference):
             each.close()  # twice for one closed above: a no-op
     assert shared.keys() == []
+
+
+def test_stacked_rounds_on_cuda_give_each_model_its_own_vectors() -> None:
+    # Batching across models (runtimes/stacking.py): three models of the
+    # architecture, cards saying `stack: 4`; a round of their batches is one
+    # replay of a vmapped forward over their slots, each model's vectors as
+    # its float32 forward gives them. Not yet run on a device (2026-12-04).
+    import numpy as np
+
+    from tessera.repository import default_repository_path, read_spec
+    from tessera.runtimes.base import SharedComponents
+    from tessera.runtimes.graphs import CHECK_TEXTS, LENGTH_BUCKETS, DeviceOptions
+    from tessera.runtimes.hf import SentenceEncoder
+    from tessera.runtimes.stacking import STACK_ROWS, PooledCall, StackedGraphs
+
+    def cosines(got: np.ndarray, want: np.ndarray) -> float:
+        got = got / np.linalg.norm(got, axis=1, keepdims=True)
+        want = want / np.linalg.norm(want, axis=1, keepdims=True)
+        return float(np.min(np.sum(got * want, axis=1)))
+
+    folder = read_spec(default_repository_path() / "all-minilm-l6-v2").resolve_source()
+    shared = SharedComponents()
+    options = DeviceOptions(stack=4)
+    encoders, references = [], []
+    try:
+        for n in range(3):
+            reference = SentenceEncoder.from_folder(folder, "cpu")
+            encoder = SentenceEncoder.from_folder(folder, "cuda", options, shared=shared)
+            with torch.no_grad():
+                for model in (reference.model, encoder.model):
+                    for parameter in model.parameters():
+                        parameter.mul_(1 + n / 50)
+            encoders.append(encoder)
+            references.append(reference)
+        graphs = encoders[0].graphs
+        assert graphs is not None
+        assert all(e.graphs is graphs for e in encoders)
+        stacked = graphs.stacked
+        assert isinstance(stacked, StackedGraphs)
+        buckets = len(stacked.model_buckets) * len(STACK_ROWS) * len(LENGTH_BUCKETS)
+        assert stacked.runners.num_runners == buckets  # all captured at the first load
+        texts = list(CHECK_TEXTS)[:3]
+        rows = encoders[0].tokenizer(texts, truncation=True, max_length=256)["input_ids"]
+        ids = [np.array(row, dtype=np.int32) for row in rows]
+        wants = [r.encode(texts, normalize=False) for r in references]
+        assert cosines(wants[0], wants[2]) < 0.9999  # the weights differ
+        for pooling in ("mean", "cls"):
+            want_of = [r.encode(texts, pooling=pooling, normalize=False) for r in references]
+            calls = [PooledCall(e.model, ids, pooling, lambda: None) for e in encoders]
+            with torch.inference_mode():
+                got = stacked.launch(calls)()
+            for vectors, want in zip(got, want_of, strict=True):
+                assert cosines(vectors, want) >= 0.999
+        assert stacked.num_copies == 3
+        # Through the encoders, as the engine's threads call them.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(6) as pool:
+            found = list(pool.map(lambda i: encoders[i % 3].encode_ids(ids), range(6)))
+        for i, vectors in enumerate(found):
+            assert cosines(vectors, wants[i % 3]) >= 0.999
+        # The slots leave with the graphs (the last model to the host tier) and come back empty.
+        for encoder in encoders[1:]:
+            encoder.close()
+        assert encoders[0].offload() is not None
+        assert stacked.num_bytes == 0
+        encoders[0].restore()
+        assert stacked.num_bytes == 4 * stacked.slot_bytes
+        assert cosines(encoders[0].encode_ids(ids), wants[0]) >= 0.999
+    finally:
+        for each in encoders + references:
+            each.close()
+    assert shared.keys() == []

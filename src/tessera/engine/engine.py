@@ -60,7 +60,7 @@ from tessera.residency import (
     make_eviction_policy,
     peak_units,
 )
-from tessera.runtimes.base import ModelLoader
+from tessera.runtimes.base import ModelLoader, stacks
 from tessera.runtimes.cache import prune
 from tessera.runtimes.memory import freeze_heap
 from tessera.runtimes.tokens import TokenCounter, token_counter
@@ -840,7 +840,11 @@ class Engine(ModelLifecycle):
             ) as lease:
                 run_items = with_stops(lease.model.run, part.requests)
                 run = await self._executor.run(
-                    run_items, items, expected_s, lease.reservation.num_bytes
+                    run_items,
+                    items,
+                    expected_s,
+                    lease.reservation.num_bytes,
+                    across_models=stacks(lease.model),
                 )
         except TesseraError as e:
             if isinstance(e, ModelUnavailableError | OverloadedError):

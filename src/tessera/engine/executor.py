@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.device import Device
+from tessera.runtimes.graphs import DEFAULT_STACK
 from tessera.runtimes.memory import Measured, measure_rss, start_peak
 from tessera.scheduling.slot import ComputeSlots, SlotClaim
 from tessera.step import stepping
@@ -71,6 +72,12 @@ QUIET_BYTES = 8 * 2**20
 # plain torch on an H200 ran 100 models round robin at 414 forwards/s from one
 # thread and at 167 from sixteen (../shared/GPU.md).
 CUDA_WORKERS = 2
+# Threads for batches that may run in one forward with other models' (a
+# model's ``stacks_across_models``, ``runtimes/stacking.py``): two rounds of
+# ``stack: true`` (a round's batches hold their threads until its vectors are
+# back, while the next round gathers). A round is led by one of them; the
+# others wait for it off the interpreter lock.
+ACROSS_MODELS_THREADS = 2 * DEFAULT_STACK
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +128,9 @@ class ComputeExecutor:
             if long_batch_s is not None
             else None
         )
+        # Batches that may run with other models' (``run``'s ``across_models``),
+        # made at the first.
+        self._across_pool: ThreadPoolExecutor | None = None
         # Compute slots (long_work: steps): guarded by _cond, as the counts below.
         self._slots = (
             ComputeSlots(num_workers, long_batch_s)
@@ -154,21 +164,40 @@ class ComputeExecutor:
         items: Sequence[Any],
         expected_s: float | None = None,
         activation_bytes: int | None = None,
+        *,
+        across_models: bool = False,
     ) -> BatchRun:
         """Run ``fn(items)`` on a worker; ``expected_s``, the predicted run time,
         makes it long when it is at least ``long_batch_s``; with
-        ``activation_bytes`` (what it reserved) it may be quiet."""
+        ``activation_bytes`` (what it reserved) it may be quiet.
+        ``across_models``: a batch that may run in one forward with other
+        models' (``runtimes/stacking.py``); unless long, it runs on one of
+        ``ACROSS_MODELS_THREADS`` threads of its own, without a compute slot
+        (a round's batches wait for its one leader, which computes for them)."""
         pool = self._pool
-        if (
-            self._long_pool is not None
-            and self.long_batch_s is not None
+        long = (
+            self.long_batch_s is not None
             and expected_s is not None
             and expected_s >= self.long_batch_s
-        ):
+        )
+        if long and self._long_pool is not None:
             pool = self._long_pool
+        elif across_models and not long:
+            pool = self._across()
+        slotless = pool is self._across_pool
         loop = asyncio.get_running_loop()
         quiet = self._quiet(expected_s, activation_bytes)
-        return await loop.run_in_executor(pool, self._run_sync, fn, items, expected_s, quiet)
+        return await loop.run_in_executor(
+            pool, self._run_sync, fn, items, expected_s, quiet, slotless
+        )
+
+    def _across(self) -> ThreadPoolExecutor:
+        """The threads of batches run across models (made at the first)."""
+        if self._across_pool is None:
+            self._across_pool = ThreadPoolExecutor(
+                ACROSS_MODELS_THREADS, thread_name_prefix="tessera-across"
+            )
+        return self._across_pool
 
     def _quiet(self, expected_s: float | None, activation_bytes: int | None) -> bool:
         """Whether a batch may run beside a load's measurement (module notes)."""
@@ -186,6 +215,7 @@ class ComputeExecutor:
         items: Sequence[Any],
         expected_s: float | None,
         quiet: bool = False,
+        slotless: bool = False,
     ) -> BatchRun:
         with self._cond:
             while not quiet and (self._exclusive or self._exclusive_waiting):
@@ -197,7 +227,7 @@ class ComputeExecutor:
             alone = self._active == 1 and self._loading == 0
         hook: _SlotHook | None = None
         try:
-            hook = self._take_slot(expected_s)
+            hook = None if slotless else self._take_slot(expected_s)
             measure = self._start_peak() if alone else None
             start = time.perf_counter()
             with stepping(hook) if hook is not None else contextlib.nullcontext():
@@ -298,6 +328,8 @@ class ComputeExecutor:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._across_pool is not None:
+            self._across_pool.shutdown(wait=True, cancel_futures=True)
         if self._long_pool is not None:
             self._long_pool.shutdown(wait=True, cancel_futures=True)
 

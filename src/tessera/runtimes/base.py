@@ -99,6 +99,14 @@ def offloads(model: LoadedModel) -> TypeGuard[OffloadingModel]:
     return callable(getattr(model, "offload", None)) and callable(getattr(model, "restore", None))
 
 
+def stacks(model: LoadedModel) -> bool:
+    """Whether ``model``'s batches may run in one forward with other models'
+    (``runtimes/stacking.py``; its ``stacks_across_models``): the executor
+    runs them on threads of their own, so that more of them than it has
+    compute workers reach a round at once."""
+    return bool(getattr(model, "stacks_across_models", False))
+
+
 @runtime_checkable
 class ItemsApart(Protocol):
     """A loader whose runtime runs some items one after another, each alone:

@@ -60,7 +60,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -145,6 +145,40 @@ class PackedInputs(dict[str, "torch.Tensor"]):
 Step = Callable[[Inputs], Outputs]
 Runner = Callable[[Inputs], Outputs]
 MakeRunner = Callable[[Step, Inputs], Runner]
+
+
+class StackedRounds(Protocol):
+    """Rounds of several models' batches in one forward, part of their
+    architecture's graphs and moved and freed with them
+    (``runtimes/stacking.py``'s ``StackedGraphs``)."""
+
+    @property
+    def num_bytes(self) -> int: ...
+
+    def pooled(
+        self,
+        model: Any,
+        ids: Sequence[npt.NDArray[np.int32]],
+        pooling: str,
+        solo: Callable[[], torch.Tensor | None],
+    ) -> npt.NDArray[np.float32] | None: ...
+
+    def prepare(self) -> None: ...
+
+    def offload(self) -> None: ...
+
+    def restore(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Stacking:
+    """Stacked rounds asked for: the most models one holds, and what makes
+    them over an architecture's template and graphs (``StackedGraphs``)."""
+
+    max_models: int
+    make: Callable[[Any, GraphForward, MakeRunner, int], StackedRounds]
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,16 +304,50 @@ def host_inputs(
     (the H200's 100-model round robin: each batch 3.1 ms on its worker, about
     0.75 of it on a core). The allocator reuses such a block only once the
     copies that read it have run."""
-    import torch
+    filled, names = _filled([ids], 1, rows, columns, pad_id, keys)
+    return _packed(filled[:, 0], names, pinned)
 
+
+def stacked_inputs(
+    groups: Sequence[Sequence[npt.NDArray[np.int32]]],
+    slots: int,
+    rows: int,
+    columns: int,
+    pad_id: int,
+    keys: Sequence[str],
+    *,
+    pinned: bool = False,
+) -> PackedInputs:
+    """``host_inputs`` of several batches at once, one a slot: each input
+    (slots, rows, columns), slot ``i`` ``groups[i]``'s texts padded, the
+    slots past ``groups`` all padding (``runtimes/stacking.py``)."""
+    filled, names = _filled(groups, slots, rows, columns, pad_id, keys)
+    return _packed(filled, names, pinned)
+
+
+def _filled(
+    groups: Sequence[Sequence[npt.NDArray[np.int32]]],
+    slots: int,
+    rows: int,
+    columns: int,
+    pad_id: int,
+    keys: Sequence[str],
+) -> tuple[npt.NDArray[np.int64], list[str]]:
     names = [key for key in keys if key in HOST_KEYS]
     names += [key for key in HOST_KEYS[:2] if key not in names]
-    filled = np.zeros((len(names), rows, columns), dtype=np.int64)
+    filled = np.zeros((len(names), slots, rows, columns), dtype=np.int64)
     input_ids, mask = filled[names.index("input_ids")], filled[names.index("attention_mask")]
     input_ids[...] = pad_id
-    for row, row_ids in enumerate(ids):
-        input_ids[row, : len(row_ids)] = row_ids
-        mask[row, : len(row_ids)] = 1
+    for slot, ids in enumerate(groups):
+        for row, row_ids in enumerate(ids):
+            input_ids[slot, row, : len(row_ids)] = row_ids
+            mask[slot, row, : len(row_ids)] = 1
+    return filled, names
+
+
+def _packed(filled: npt.NDArray[np.int64], names: list[str], pinned: bool) -> PackedInputs:
+    import torch
+
     block = torch.from_numpy(filled)  # no torch operator: numpy's memory
     return PackedInputs(block.pin_memory() if pinned else block, names)
 
@@ -476,7 +544,6 @@ class GraphForward:
         self.input_keys = tuple(input_keys)
         self.output = output
         self.pad_id = pad_id
-        self.make_runner = make_runner
         self.batch_buckets = tuple(batch_buckets)
         self.length_buckets = tuple(
             b for b in length_buckets if max_length is None or b <= max_length
@@ -485,14 +552,13 @@ class GraphForward:
         # Its weights stay on this device (a trip to the host tier keeps each
         # tensor's device): read once, not a walk of the modules a batch.
         self.device: torch.device = next(model.parameters()).device
-        self._runners: dict[tuple[int, int], Runner | None] = {}
-        self._uses: dict[tuple[int, int], int] = {}
+        self.runners = BucketRunners(self.step, self.device, make_runner)
         self._lock = threading.Lock()
 
     @property
     def num_runners(self) -> int:
         """Buckets with a runner built (a failed one counts as none)."""
-        return sum(r is not None for r in self._runners.values())
+        return self.runners.num_runners
 
     @property
     def pools(self) -> bool:
@@ -506,7 +572,7 @@ class GraphForward:
         if key is not None:
             inputs = padded_inputs(batch, *key, self.pad_id)
             with self._lock:
-                outputs = self._replay(key, inputs)
+                outputs = self.runners.replay(key, inputs)
                 if outputs is not None:
                     out = outputs["out"]
                     return out[:size, :length].clone() if out.dim() == 3 else out[:size].clone()
@@ -531,7 +597,7 @@ class GraphForward:
         (``POOLINGS``) says: the padded ids copied into the graph's inputs,
         the graph replayed, its pooled rows cut back; no other op on the device."""
         with self._lock:
-            outputs = self._replay(padded.key, padded.inputs)
+            outputs = self.runners.replay(padded.key, padded.inputs)
             if outputs is not None:
                 return outputs[pooling][: padded.size].clone()
         # A bucket's first use since a reset, or one that failed to build.
@@ -553,19 +619,57 @@ class GraphForward:
         """Whether a batch of ``size`` rows of ``length`` tokens fits a bucket."""
         return self.bucket(size, length) is not None
 
-    def _replay(self, key: tuple[int, int], inputs: Inputs) -> Outputs | None:
-        """The bucket's outputs for its padded ``inputs`` (under the lock);
-        None where it runs eager: before its second use since the last reset
-        (a model back from the host tier for one request does not pay a
-        capture), or when its runner could not be built."""
+    def prepare(self, device: str) -> None:
+        """Build every bucket's runner now (a first load: inside its measurement)."""
+        import torch
+
+        for rows in self.batch_buckets:
+            for columns in self.length_buckets:
+                ids = torch.full((rows, columns), self.pad_id, dtype=torch.long, device=device)
+                batch = {key: torch.zeros_like(ids) for key in self.input_keys}
+                batch.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+                example = padded_inputs(batch, rows, columns, self.pad_id)
+                with self._lock:
+                    self.runners.build((rows, columns), example)
+
+    def reset(self) -> None:
+        """Drop the runners (the weights they read are leaving the device)."""
+        with self._lock:
+            self.runners.reset()
+
+
+class BucketRunners:
+    """A step's runners by bucket (any key: ``GraphForward``'s (rows,
+    columns), a stacked forward's (models, rows, columns)): built at
+    ``build`` (a first load's capture) or on a bucket's ``CAPTURE_ON_USE``-th
+    use since the last ``reset``; a bucket whose runner fails to build runs
+    eager until the next reset. Not thread-safe: its owner's lock guards it."""
+
+    def __init__(self, step: Step, device: torch.device, make_runner: MakeRunner) -> None:
+        self.step = step
+        self.device = device
+        self.make_runner = make_runner
+        self._runners: dict[tuple[int, ...], Runner | None] = {}
+        self._uses: dict[tuple[int, ...], int] = {}
+
+    @property
+    def num_runners(self) -> int:
+        """Buckets with a runner built (a failed one counts as none)."""
+        return sum(r is not None for r in self._runners.values())
+
+    def replay(self, key: tuple[int, ...], inputs: Inputs) -> Outputs | None:
+        """The bucket's outputs for its padded ``inputs``; None where it runs
+        eager: before its second use since the last reset (a model back from
+        the host tier for one request does not pay a capture), or when its
+        runner could not be built."""
         if key not in self._runners:
             self._uses[key] = self._uses.get(key, 0) + 1
             if self._uses[key] < CAPTURE_ON_USE:
                 return None
-        runner = self._runner(key, inputs)
+        runner = self.build(key, inputs)
         return runner(inputs) if runner is not None else None
 
-    def _runner(self, key: tuple[int, int], example: Inputs) -> Runner | None:
+    def build(self, key: tuple[int, ...], example: Inputs) -> Runner | None:
         if key in self._runners:
             return self._runners[key]
         device = self.device
@@ -578,26 +682,12 @@ class GraphForward:
         self._runners[key] = runner
         return runner
 
-    def prepare(self, device: str) -> None:
-        """Build every bucket's runner now (a first load: inside its measurement)."""
-        import torch
-
-        for rows in self.batch_buckets:
-            for columns in self.length_buckets:
-                ids = torch.full((rows, columns), self.pad_id, dtype=torch.long, device=device)
-                batch = {key: torch.zeros_like(ids) for key in self.input_keys}
-                batch.update(input_ids=ids, attention_mask=torch.ones_like(ids))
-                example = padded_inputs(batch, rows, columns, self.pad_id)
-                with self._lock:
-                    self._runner((rows, columns), example)
-
     def reset(self) -> None:
         """Drop the runners (the weights they read are leaving the device)."""
-        with self._lock:
-            self._runners.clear()
-            self._uses.clear()
-            if isinstance(self.make_runner, CudaGraphRunners):
-                self.make_runner.renew()
+        self._runners.clear()
+        self._uses.clear()
+        if isinstance(self.make_runner, CudaGraphRunners):
+            self.make_runner.renew()
 
 
 def static_inputs(example: Inputs) -> tuple[Inputs, torch.Tensor | None]:
@@ -657,10 +747,11 @@ def graph_forward(
     )
 
 
-def graphs_key(model: Any, device: str, output: str) -> str:
+def graphs_key(model: Any, device: str, output: str, stack: int = 0) -> str:
     """The shared component (``runtimes.base.SharedComponents``) of the graphs
-    of ``model``'s architecture on ``device``."""
-    return f"graphs:{signature(model, device)}:{output}"
+    of ``model``'s architecture on ``device`` (with ``stack``, those that
+    also run stacked rounds of that many models)."""
+    return f"graphs:{signature(model, device)}:{output}" + (f":stack{stack}" if stack else "")
 
 
 def signature(model: Any, device: str) -> str:
@@ -701,9 +792,12 @@ class SharedGraphs:
     first load captures nothing once its architecture has graphs, and a
     model back from the host tier replays at once."""
 
-    def __init__(self, template: Any, graphs: GraphForward) -> None:
+    def __init__(
+        self, template: Any, graphs: GraphForward, stacked: StackedRounds | None = None
+    ) -> None:
         self.template = template
         self.graphs = graphs
+        self.stacked = stacked  # rounds of several models' batches (``runtimes/stacking.py``)
         self.num_copies = 0  # times another model's weights were copied in
         self._current: weakref.ref[Any] | None = None
         self._lock = threading.Lock()
@@ -721,14 +815,29 @@ class SharedGraphs:
 
     @classmethod
     def of(
-        cls, model: Any, tokenizer: Any, output: str, make_runner: MakeRunner | None = None
+        cls,
+        model: Any,
+        tokenizer: Any,
+        output: str,
+        make_runner: MakeRunner | None = None,
+        stacking: Stacking | None = None,
     ) -> SharedGraphs:
         """Graphs of ``model``'s architecture over a copy of its weights (one
-        block laid out as its, where its are one: ``hostcopy.gather_block``)."""
+        block laid out as its, where its are one: ``hostcopy.gather_block``);
+        with ``stacking`` (token vectors only), stacked rounds too, their
+        graphs in a pool of their own."""
         template = copy.deepcopy(model)
         template.requires_grad_(False)
         block_like(weight_tensors(template), weight_tensors(model))
-        return cls(template, graph_forward(template, tokenizer, output, make_runner))
+        graphs = graph_forward(template, tokenizer, output, make_runner)
+        stacked = None
+        if stacking is not None and graphs.pools:
+            runner = make_runner or default_runner()
+            try:
+                stacked = stacking.make(template, graphs, runner, stacking.max_models)
+            except ValueError as e:  # its batches run alone, through these graphs
+                log.warning("no stacked rounds for this architecture: %s", e)
+        return cls(template, graphs, stacked)
 
     def __call__(self, model: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``model``'s wanted output for ``batch``, as its plain forward gives it."""
@@ -780,16 +889,27 @@ class SharedGraphs:
         """Capture every bucket now; the device bytes the template and the
         graphs hold (a first load: inside its measurement)."""
         if not device.startswith("cuda"):
-            self.graphs.prepare(device)
-            return torch_module_bytes(self.template)
+            self._prepare(device)
+            return self.num_bytes
         import torch
 
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
-        self.graphs.prepare(device)
+        self._prepare(device)
         torch.cuda.synchronize(device)
         captured = max(0, torch.cuda.memory_allocated(device) - before)
-        return torch_module_bytes(self.template) + captured
+        return self.num_bytes + captured
+
+    def _prepare(self, device: str) -> None:
+        self.graphs.prepare(device)
+        if self.stacked is not None:
+            self.stacked.prepare()
+
+    @property
+    def num_bytes(self) -> int:
+        """The template's bytes and the stacked rounds' slots (not the graphs)."""
+        slots = self.stacked.num_bytes if self.stacked is not None else 0
+        return torch_module_bytes(self.template) + slots
 
     @property
     def in_host_tier(self) -> bool:
@@ -804,6 +924,8 @@ class SharedGraphs:
                 return None
             device = str(self._template_tensors[0].device)
             self.graphs.reset()
+            if self.stacked is not None:
+                self.stacked.offload()
             self._current = None
             self._host_copy = HostCopy.offload([self.template], device, self._template_tensors)
             return self._host_copy.footprint()
@@ -814,11 +936,15 @@ class SharedGraphs:
             if held is None:
                 raise ModelUnavailableError("graphs", "the template is not in the host tier")
             held.restore()
+            if self.stacked is not None:
+                self.stacked.restore()
 
     def close(self) -> None:
         """Drop the graphs and the template (its last model has gone)."""
         with self._lock:
             self.graphs.reset()
+            if self.stacked is not None:
+                self.stacked.close()
             self._current = None
             held, self._host_copy = self._host_copy, None
             if held is not None:
@@ -845,18 +971,21 @@ class GraphsHold:
         output: str,
         capture: bool = True,
         make_runner: MakeRunner | None = None,
+        stacking: Stacking | None = None,
     ) -> GraphsHold:
-        """The graphs of ``model``'s architecture: made from ``model`` by the
+        """The graphs of ``model``'s architecture (with stacked rounds where
+        ``stacking`` asks: ``SharedGraphs.of``): made from ``model`` by the
         first of it, every bucket captured then if ``capture`` (a first load:
         inside its measurement)."""
         device = str(next(iter(weight_tensors(model))).device)
         if device.startswith("cuda"):
             gather_block(weight_tensors(model))  # one copy into the template a batch
-        key = graphs_key(model, device, output)
+        stack = stacking.max_models if stacking is not None else 0
+        key = graphs_key(model, device, output, stack)
 
         def build() -> tuple[SharedGraphs, int]:
-            graphs = SharedGraphs.of(model, tokenizer, output, make_runner)
-            num_bytes = graphs.prepare(device) if capture else torch_module_bytes(graphs.template)
+            graphs = SharedGraphs.of(model, tokenizer, output, make_runner, stacking)
+            num_bytes = graphs.prepare(device) if capture else graphs.num_bytes
             return graphs, num_bytes
 
         return cls(shared, key, shared.acquire(key, build, on_free=SharedGraphs.close))

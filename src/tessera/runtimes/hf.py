@@ -39,6 +39,7 @@ from tessera.runtimes.graphs import (
     DeviceOptions,
     GraphsHold,
     SharedGraphs,
+    Stacking,
     choose_precision,
     device_options,
     encoder_variant,
@@ -47,7 +48,7 @@ from tessera.runtimes.graphs import (
 )
 from tessera.runtimes.hostcopy import HostCopy, tensors_of
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
-from tessera.runtimes.stacking import StackGroup, group_for
+from tessera.runtimes.stacking import StackedGraphs, StackGroup, group_for
 from tessera.runtimes.tokens import (
     DEFAULT_MAX_LENGTH,
     TokenPlan,
@@ -276,12 +277,16 @@ class SentenceEncoder:
         model.to(device).eval()
         choose_precision(model, tokenizer, device, options.dtype, output, name)
         graphs = None
+        stacks = options.stack if output == "last_hidden_state" else 0
         if options.graphs and graphs_run_on(device):
             shared = shared or SharedComponents()
-            graphs = GraphsHold.acquire(shared, model, tokenizer, output, capture)
+            stacking = Stacking(stacks, StackedGraphs) if stacks else None
+            graphs = GraphsHold.acquire(
+                shared, model, tokenizer, output, capture, stacking=stacking
+            )
         stack = None
-        if options.stack and output == "last_hidden_state":
-            stack = group_for(model, device, options.stack)
+        if stacks and graphs is None:  # through graphs, their stacked rounds (encode_ids)
+            stack = group_for(model, device, stacks)
         return cls(model, tokenizer, device, output=output, graphs=graphs, stack=stack)
 
     @classmethod
@@ -397,12 +402,11 @@ class SentenceEncoder:
         import torch
 
         graphs = self.graphs
-        if graphs is not None and self.stack is None:
+        if graphs is not None:
             with torch.inference_mode():
-                vectors = graphs.pooled(self.model, ids, pooling)
-                if vectors is not None:
-                    found: npt.NDArray[np.float32] = vectors.cpu().numpy()
-                    return unit_rows(found) if normalize else found
+                found = self._graph_vectors(graphs, ids, pooling)
+            if found is not None:
+                return unit_rows(found) if normalize else found
         keys = self.tokenizer.model_input_names
         pinned = self.device.startswith("cuda")
         length = max(len(row) for row in ids)
@@ -414,6 +418,20 @@ class SentenceEncoder:
         # the order, and the copy back waits.
         on_device = {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
         return self.pooled(on_device, pooling, normalize)
+
+    def _graph_vectors(
+        self, graphs: SharedGraphs, ids: Sequence[npt.NDArray[np.int32]], pooling: Pooling
+    ) -> npt.NDArray[np.float32] | None:
+        """Pooled vectors of texts tokenised ahead through its architecture's
+        graphs: in a stacked round with other models' batches where the
+        graphs run them (``runtimes/stacking.py``), else alone; None where
+        they fit no bucket."""
+        model = self.model
+        stacked = graphs.stacked
+        if stacked is not None:
+            return stacked.pooled(model, ids, pooling, lambda: graphs.pooled(model, ids, pooling))
+        vectors = graphs.pooled(model, ids, pooling)
+        return None if vectors is None else vectors.cpu().numpy()
 
     @property
     def pad_id(self) -> int:
@@ -565,6 +583,18 @@ class SharedEncoderModel:
             return self.encode(texts_of(items))
         opts = self._options
         return self.encoder.encode_ids(ids, pooling=opts.pooling, normalize=opts.normalize)
+
+    @property
+    def stacks_across_models(self) -> bool:
+        """Whether its batches may run in one forward with other models'
+        (``runtimes.base.stacks``): eager rounds, or its graphs' stacked
+        rounds of texts tokenised ahead."""
+        encoder = self._encoder
+        if encoder is None:
+            return False
+        graphs = encoder.graphs
+        stacked = graphs is not None and graphs.stacked is not None
+        return encoder.stack is not None or (stacked and self.plan_key is not None)
 
     def take_ids_ahead(self, spec: ModelSpec) -> None:
         """Take texts tokenised ahead by ``spec``'s plan where its load finds

@@ -334,6 +334,20 @@ def _layout(storages: Sequence[Any]) -> tuple[list[int], int]:
     return offsets, total
 
 
+def block_layout(tensors: Sequence[Any]) -> tuple[int, list[int]] | None:
+    """The bytes of one block holding ``tensors`` and where each begins in it
+    (in elements of its dtype): theirs where they are one block, else as
+    ``gather_block`` would lay them; None where one of them holds no bytes."""
+    block = one_block(tensors)
+    if block is not None:
+        return int(block.nbytes()), [int(t.storage_offset()) for t in tensors]
+    storages, views = _views_of(tensors)
+    if len(views) != len(tensors):
+        return None
+    offsets, total = _layout(storages)
+    return total, [offsets[v.storage] // v.tensor.dtype.itemsize + v.offset for v in views]
+
+
 def one_block(tensors: Sequence[Any]) -> Any:
     """The storage every one of ``tensors`` views, where they share one that
     holds bytes and can be resized (as ``HostCopy.restore`` and

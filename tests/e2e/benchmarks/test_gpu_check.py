@@ -51,7 +51,9 @@ def test_quick_cpu_run_measures_every_step_and_reports_each_bar(tmp_path: Path) 
         "GPU_CHECK_QUICK": "1",
         "GPU_CHECK_PYTHON": sys.executable,
         "GPU_CHECK_WORK": str(tmp_path / "work"),
-        "GPU_CHECK_VARIANT": '{"num_workers": 1}',  # the all-resident load again, one worker
+        # The all-resident load again: one worker, the cards stacking in rounds of two.
+        "GPU_CHECK_VARIANT": '{"num_workers": 1}',
+        "GPU_CHECK_VARIANT_CARD": '{"stack": 2}',
         "OUT": str(out),
     }
     command = ["bash", "scripts/gpu-check.sh"]
@@ -68,7 +70,10 @@ def test_quick_cpu_run_measures_every_step_and_reports_each_bar(tmp_path: Path) 
     assert report["one_model_g0"]["levels"]["8"]["ok"] > 0  # one process, the top level
     assert report["many_budget"]["swap_ins"]["loads"] > 0  # the budget made it swap
     assert report["many_variant"]["config"] == {"num_workers": 1}
+    assert report["many_variant"]["card"] == {"stack": 2}
     assert report["many_variant"]["rr"]["ok"] > 0
+    assert report["many_variant"]["rr"]["failed"] == 0
+    assert "card" not in report["many_all"]
     assert len(report["bars"]) == 9
     bars = {b["figure"]: b["status"] for b in report["bars"]}
     # The peer runs where make bench-peers installed LitServe, and is skipped elsewhere (CI).
@@ -83,6 +88,6 @@ def test_quick_cpu_run_measures_every_step_and_reports_each_bar(tmp_path: Path) 
     markdown = (out / "gpu-check.md").read_text()
     assert "| one model, p50 at c=1 |" in markdown
     assert "| one model (0 gateway processes), c=8 |" in markdown
-    assert '| all resident, a variant ({"num_workers": 1}): rr |' in markdown
+    assert '| all resident, a variant ({"num_workers": 1}) (cards: {"stack": 2}): rr |' in markdown
     assert "## Plain torch and transformers, no tessera (same run)" in markdown
     assert (out / "servers.log").stat().st_size > 0

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from builders import replay_like
 from tessera.errors import ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
 from tessera.runtimes.base import SharedComponents, standalone_context
@@ -30,7 +31,6 @@ from tessera.runtimes.graphs import (
     GraphForward,
     GraphsHold,
     Inputs,
-    Outputs,
     PackedInputs,
     Runner,
     SharedGraphs,
@@ -351,24 +351,6 @@ def test_device_options_are_checked() -> None:
         device_options(replace(spec, options={**spec.options, "dtype": "int4"}))
     with pytest.raises(ModelUnavailableError, match="cuda_graphs must be true or false"):
         device_options(replace(spec, options={**spec.options, "cuda_graphs": "yes"}))
-
-
-def replay_like(step: Step, example: Inputs) -> Runner:
-    """A CUDA graph's ways on the CPU: inputs copied into static tensors, and
-    outputs that are the same tensors at every run, overwritten by the next."""
-    static = {key: value.clone() for key, value in example.items()}
-    with torch.inference_mode():
-        outputs = step(static)
-
-    def run(inputs: Inputs) -> Outputs:
-        for key, value in inputs.items():
-            static[key].copy_(value)
-        with torch.inference_mode():
-            for key, value in step(static).items():
-                outputs[key].copy_(value)
-        return outputs
-
-    return run
 
 
 def ids_of(encoder: SentenceEncoder, texts: list[str]) -> list[np.ndarray]:

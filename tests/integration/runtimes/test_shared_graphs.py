@@ -9,7 +9,9 @@ others, and comes back to them. The engine's close checks that nothing is left.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ from tessera.repository import default_repository_path, read_spec
 from tessera.runtimes import graphs, hf
 from tessera.runtimes.graphs import DeviceOptions, eager_runner
 from tessera.runtimes.hf import SentenceEncoder
+from tessera.runtimes.stacking import StackedGraphs
+from tessera.runtimes.tokens import text_tokenizer, token_plan
 from tessera.tasks.types import Task, TextInput
 
 pytestmark = pytest.mark.slow
@@ -83,4 +87,47 @@ async def test_copies_share_one_set_of_graphs_counted_once(
         await answers(parked[0].name)  # back from the host tier, on the same graphs
         assert engine.snapshot().host_loads_total == 1
         for name in ("copy-0", "copy-1", "copy-2"):
+            await engine.unload(name)
+
+
+async def test_copies_that_stack_answer_in_rounds_on_threads_of_their_own(
+    tmp_path: Path, graphs_on_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cards saying `stack: 4`, texts tokenised ahead (as gateways send them):
+    # the engine runs their batches on the executor's threads for batches
+    # across models, and concurrent batches of different copies meet in
+    # stacked rounds, each answered as a plain encoder answers it.
+    plain = SentenceEncoder.from_folder(SOURCE, "cpu", DeviceOptions(graphs=False))
+    want = plain.encode(TEXTS)
+    plain.close()
+    rounds: list[tuple[int, str]] = []
+    launch = StackedGraphs.launch
+
+    def counted(self: StackedGraphs, calls: list[Any]) -> Any:
+        rounds.append((len(calls), threading.current_thread().name))
+        return launch(self, calls)
+
+    monkeypatch.setattr(StackedGraphs, "launch", counted)
+    models = copies(tmp_path, 4)
+    for card in models.values():
+        card["options"] = {"stack": 4}
+    async with fake_engine(tmp_path / "repo", models, memory_budget_bytes=2 << 30) as engine:
+        spec = engine.spec("copy-0")
+        plan = token_plan(spec)
+        assert plan is not None
+        tokenized = text_tokenizer(plan)([TextInput(t) for t in TEXTS])
+
+        async def answers(name: str, which: int) -> None:
+            got = await engine.infer(name, Task.EMBEDDING, [tokenized[which]])
+            np.testing.assert_allclose(np.array(got), want[which : which + 1], atol=1e-5)
+
+        for name in models:  # loaded one after another, every bucket built at the first
+            await answers(name, 0)
+        rounds.clear()
+        # A model's requests may be batched together (a round takes batches of
+        # up to STACK_ROWS texts): each of its batches is one call of a round.
+        await asyncio.gather(*(answers(name, i % 2) for i, name in enumerate([*models] * 3)))
+        assert all(thread.startswith("tessera-across") for _, thread in rounds)
+        assert max(size for size, _ in rounds) >= 2  # some met in a round
+        for name in models:
             await engine.unload(name)

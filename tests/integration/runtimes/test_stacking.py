@@ -10,7 +10,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import copy
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,13 +23,29 @@ import pytest
 import torch
 import yaml
 
+from builders import replay_like
 from tessera.errors import ModelUnavailableError
 from tessera.repository import read_spec
-from tessera.runtimes.base import standalone_context
-from tessera.runtimes.graphs import stack_option
+from tessera.runtimes.base import SharedComponents, standalone_context
+from tessera.runtimes.graphs import (
+    GraphsHold,
+    SharedGraphs,
+    StackedRounds,
+    Stacking,
+    stack_option,
+    weight_tensors,
+)
 from tessera.runtimes.hf import SentenceEncoder
+from tessera.runtimes.hostcopy import gather_block
 from tessera.runtimes.registry import get_loader
-from tessera.runtimes.stacking import StackGroup, group_for, signature
+from tessera.runtimes.stacking import (
+    STACK_ROWS,
+    Rendezvous,
+    StackedGraphs,
+    StackGroup,
+    group_for,
+    signature,
+)
 from tessera.tasks.types import TextInput
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "a", "dog", "on", "mat"]
@@ -189,3 +207,269 @@ def test_a_bad_stack_option_is_refused(tmp_path: Path, value: object) -> None:
     spec = read_spec(card(tmp_path, "m", tmp_path, value))
     with pytest.raises(ModelUnavailableError, match="option stack"):
         stack_option(spec)
+
+
+# --- stacked rounds through an architecture's graphs --------------------------------
+
+OUTPUT = "last_hidden_state"
+HANG_GUARD_S = 30.0
+
+
+def ids_of(encoder: SentenceEncoder, texts: list[str]) -> list[np.ndarray]:
+    """Texts tokenised as a gateway tokenises them ahead (``runtimes.tokens``)."""
+    rows = encoder.tokenizer(texts, truncation=True, max_length=64)["input_ids"]
+    return [np.array(row, dtype=np.int32) for row in rows]
+
+
+def stacked_graphs(encoder: SentenceEncoder, max_models: int = 4) -> SharedGraphs:
+    """The architecture's graphs with stacked rounds, a graph's ways stood in
+    on the CPU (``builders.replay_like``), every bucket built."""
+    shared = SharedGraphs.of(
+        encoder.model,
+        encoder.tokenizer,
+        OUTPUT,
+        replay_like,
+        Stacking(max_models, StackedGraphs),
+    )
+    shared.prepare("cpu")
+    return shared
+
+
+def rounds_of(stacked: StackedRounds | None) -> StackedGraphs:
+    assert isinstance(stacked, StackedGraphs)
+    return stacked
+
+
+def one_round(
+    stacked: StackedGraphs, calls: list[tuple[SentenceEncoder, list[str]]], pooling: str = "mean"
+) -> list[np.ndarray]:
+    """``calls`` answered in one stacked round: a first call leads a round of
+    its own whose forward waits until the others queue behind it; they are
+    the next round."""
+    ready = threading.Event()
+    first_model = calls[0][0].model
+
+    def first_solo() -> torch.Tensor | None:
+        assert ready.wait(HANG_GUARD_S)
+        return None
+
+    with ThreadPoolExecutor(len(calls) + 1) as pool:
+        leader = pool.submit(
+            stacked.pooled, first_model, ids_of(calls[0][0], ["x"]), "mean", first_solo
+        )
+        while stacked.rounds.num_waiting:  # the leader has begun
+            pass
+        futures = [
+            pool.submit(stacked.pooled, e.model, ids_of(e, texts), pooling, lambda: None)
+            for e, texts in calls
+        ]
+        deadline = time.monotonic() + HANG_GUARD_S
+        while stacked.rounds.num_waiting < len(calls) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        ready.set()
+        assert leader.result() is None
+        return [f.result() for f in futures]
+
+
+def own_pooled(encoder: SentenceEncoder, texts: list[str], pooling: str = "mean") -> np.ndarray:
+    return encoder.encode(texts, pooling=pooling, normalize=False, max_length=64)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_a_stacked_round_gives_each_model_its_own_vectors(
+    encoders: list[SentenceEncoder], pooling: str
+) -> None:
+    shared = stacked_graphs(encoders[0])
+    stacked = rounds_of(shared.stacked)
+    try:
+        calls = list(zip(encoders, TEXTS, strict=True))
+        got = one_round(stacked, calls, pooling)
+        assert stacked.num_rounds == 1
+        assert stacked.num_stacked == 3
+        for (encoder, texts), vectors in zip(calls, got, strict=True):
+            np.testing.assert_allclose(vectors, own_pooled(encoder, texts, pooling), atol=1e-5)
+        # Each round's vectors are its callers', not overwritten by the next replay.
+        again = one_round(stacked, calls[::-1], pooling)
+        for (encoder, texts), vectors in zip(calls[::-1], again, strict=True):
+            np.testing.assert_allclose(vectors, own_pooled(encoder, texts, pooling), atol=1e-5)
+        np.testing.assert_allclose(got[0], own_pooled(encoders[0], TEXTS[0], pooling), atol=1e-5)
+    finally:
+        shared.close()
+
+
+def test_a_model_finds_its_weights_in_the_slot_it_had(encoders: list[SentenceEncoder]) -> None:
+    shared = stacked_graphs(encoders[0])
+    stacked = rounds_of(shared.stacked)
+    try:
+        first = [(encoders[0], ["the cat"]), (encoders[1], ["a dog"])]
+        one_round(stacked, first)
+        assert stacked.num_copies == 2
+        one_round(stacked, first[::-1])  # both in their slots already
+        assert stacked.num_copies == 2
+        got = one_round(stacked, [(encoders[2], ["mat"]), (encoders[0], ["the cat"])])
+        assert stacked.num_copies == 3  # the new one only, into a slot not in use
+        np.testing.assert_allclose(got[0], own_pooled(encoders[2], ["mat"]), atol=1e-5)
+        np.testing.assert_allclose(got[1], own_pooled(encoders[0], ["the cat"]), atol=1e-5)
+    finally:
+        shared.close()
+
+
+def test_gathered_models_go_into_a_slot_as_one_copy(
+    encoders: list[SentenceEncoder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As GraphsHold.acquire leaves each model on CUDA: one block, laid out as
+    # the host tier lays it; such a model goes into a slot as one copy.
+    from tessera.runtimes import stacking as stacking_module
+
+    models = [copy.deepcopy(e.model) for e in encoders[:2]]
+    for model in models:
+        gather_block(weight_tensors(model))
+    gathered = [copy.copy(e) for e in encoders[:2]]
+    for encoder, model in zip(gathered, models, strict=True):
+        encoder.model = model
+
+    def fused(*args: Any) -> None:
+        raise AssertionError("a gathered model's weights went in tensor by tensor")
+
+    monkeypatch.setattr(stacking_module, "copy_weights", fused)
+    shared = stacked_graphs(gathered[0])
+    stacked = rounds_of(shared.stacked)
+    try:
+        calls = [(gathered[0], ["the cat sat"]), (gathered[1], ["a dog", "on the mat"])]
+        got = one_round(stacked, calls)
+        for (encoder, texts), vectors in zip(calls, got, strict=True):
+            np.testing.assert_allclose(vectors, own_pooled(encoder, texts), atol=1e-5)
+        with pytest.raises(AssertionError, match="tensor by tensor"):
+            one_round(stacked, [(encoders[2], ["mat"]), (gathered[0], ["x"])])
+    finally:
+        shared.close()
+
+
+def test_batches_too_big_for_a_round_and_rounds_of_one_run_alone(
+    encoders: list[SentenceEncoder],
+) -> None:
+    shared = stacked_graphs(encoders[0])
+    stacked = rounds_of(shared.stacked)
+    encoder = encoders[1]
+    try:
+        for texts in (["the cat"], ["a dog"] * (STACK_ROWS[-1] + 1), ["the cat " * 40]):
+            ids = ids_of(encoder, texts)
+            got = stacked.pooled(
+                encoder.model,
+                ids,
+                "mean",
+                lambda ids=ids: shared.pooled(encoder.model, ids, "mean"),
+            )
+            assert got is not None
+            np.testing.assert_allclose(got, own_pooled(encoder, texts), atol=1e-5)
+        assert stacked.num_rounds == 0
+        assert stacked.num_copies == 0
+    finally:
+        shared.close()
+
+
+def test_stacked_slots_leave_the_device_with_the_graphs_and_come_back_empty(
+    encoders: list[SentenceEncoder],
+) -> None:
+    shared = stacked_graphs(encoders[0])
+    stacked = rounds_of(shared.stacked)
+    try:
+        assert shared.num_bytes == encoders[0].num_bytes + stacked.num_bytes
+        assert stacked.num_bytes == 4 * stacked.slot_bytes
+        calls = [(encoders[0], ["the cat"]), (encoders[1], ["a dog"])]
+        one_round(stacked, calls)
+        assert stacked.runners.num_runners > 0
+        stacked.offload()
+        assert stacked.num_bytes == 0
+        assert stacked.runners.num_runners == 0
+        stacked.restore()
+        assert stacked.num_bytes == 4 * stacked.slot_bytes
+        got = one_round(stacked, calls)  # copied in again: the slots were emptied
+        assert stacked.num_copies == 4
+        for (encoder, texts), vectors in zip(calls, got, strict=True):
+            np.testing.assert_allclose(vectors, own_pooled(encoder, texts), atol=1e-5)
+    finally:
+        shared.close()
+
+
+def test_the_next_round_is_launched_before_this_one_finishes() -> None:
+    # A round's leader hands the lead on between launching and finishing:
+    # the first round's finish waits for the second round's launch.
+    launched_second = threading.Event()
+    order: list[str] = []
+
+    def launch(items: list[str]) -> Any:
+        order.append(f"launch {items}")
+        if items == ["b"]:
+            launched_second.set()
+
+        def finish() -> list[str]:
+            if items == ["a"]:
+                assert launched_second.wait(HANG_GUARD_S)
+            order.append(f"finish {items}")
+            return [f"done {item}" for item in items]
+
+        return finish
+
+    rounds: Rendezvous[str] = Rendezvous(4, launch)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(rounds.submit, "a")
+        while not order:
+            time.sleep(0.001)
+        second = pool.submit(rounds.submit, "b")
+        assert first.result() == "done a"
+        assert second.result() == "done b"
+    assert order == ["launch ['a']", "launch ['b']", "finish ['b']", "finish ['a']"]
+
+
+def test_a_failed_finish_fails_its_round_and_the_rounds_go_on() -> None:
+    def launch(items: list[str]) -> Any:
+        def finish() -> list[str]:
+            if "bad" in items:
+                raise RuntimeError("CUDA error: an illegal memory access")
+            return list(items)
+
+        return finish
+
+    rounds: Rendezvous[str] = Rendezvous(4, launch)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        rounds.submit("bad")
+    assert rounds.submit("good") == "good"
+
+
+def test_encoders_with_stacked_graphs_answer_texts_tokenised_ahead(
+    encoders: list[SentenceEncoder],
+) -> None:
+    shared = SharedComponents()
+    holds = [
+        GraphsHold.acquire(
+            shared,
+            e.model,
+            e.tokenizer,
+            OUTPUT,
+            make_runner=replay_like,
+            stacking=Stacking(4, StackedGraphs),
+        )
+        for e in encoders
+    ]
+    assert len({hold.key for hold in holds}) == 1  # one component, its slots counted in it
+    stacked = rounds_of(holds[0].graphs.stacked)
+    assert holds[0].num_bytes >= encoders[0].num_bytes + stacked.num_bytes
+    views = [copy.copy(e) for e in encoders]
+    for view, hold in zip(views, holds, strict=True):
+        view.graphs_hold = hold
+    started = threading.Barrier(9, timeout=HANG_GUARD_S)
+
+    def call(i: int) -> bool:
+        encoder, texts = views[i % 3], TEXTS[i % 3]
+        ids = ids_of(encoder, texts)
+        started.wait()
+        got = encoder.encode_ids(ids)
+        return bool(np.allclose(got, encoder.encode(texts, max_length=64), atol=1e-5))
+
+    try:
+        with ThreadPoolExecutor(9) as pool:
+            assert all(pool.map(call, range(9)))
+    finally:
+        for hold in holds:
+            hold.release(parked=False)

@@ -138,3 +138,38 @@ def test_a_gpu_runs_two_batches_at_once_unless_told_and_a_cpu_one_a_thread() -> 
     assert default_workers(CudaDevice(0), 16) == CUDA_WORKERS == 2
     assert default_workers(CudaDevice(0), 1) == 1
     assert default_workers(CpuDevice(), 16) == 16
+
+
+async def test_batches_across_models_run_beside_each_other_without_a_compute_slot() -> None:
+    # One compute slot (steps); batches that may run with other models'
+    # (runtimes/stacking.py) wait for a round's leader, not for a slot: two
+    # that must meet (a barrier of two) meet, on threads of their own.
+    executor = ComputeExecutor(
+        CpuDevice(), num_threads=1, num_workers=1, long_batch_s=0.5, long_work="steps"
+    )
+    log = Log()
+    meet = threading.Barrier(2, timeout=HANG_GUARD_S)
+
+    def meeting(name: str) -> Batch:
+        def fn(items: Sequence[Any]) -> list[Any]:
+            meet.wait()
+            return log.echo(name)(items)
+
+        return fn
+
+    try:
+        runs = await asyncio.gather(
+            executor.run(meeting("a"), ["x"], 0.01, across_models=True),
+            executor.run(meeting("b"), ["y"], 0.01, across_models=True),
+        )
+        assert [r.outputs for r in runs] == [["done x"], ["done y"]]
+        assert all(log.threads[n].startswith("tessera-across") for n in ("a", "b"))
+        plain = await executor.run(log.echo("plain"), ["z"], 0.01)
+        assert plain.outputs == ["done z"]
+        assert log.threads["plain"].startswith("tessera-compute")
+        # A long one goes where long batches go, whatever it may share.
+        long_run = await executor.run(log.echo("long"), ["p"], 3.0, across_models=True)
+        assert long_run.outputs == ["done p"]
+        assert log.threads["long"].startswith("tessera-long")
+    finally:
+        executor.shutdown()
