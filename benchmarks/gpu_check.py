@@ -15,7 +15,8 @@
     many            N models on one tessera (copies of the card, each with a config of
                     its own, so each holds its own weights): a first request to each,
                     then round robin, and with --zipf a Zipf load too; --config-json
-                    sets server config keys over the check's (a variant to compare)
+                    sets server config keys over the check's (a variant to compare),
+                    --card-json options over the cards' (stack: 16, say)
     load            one client process of ``many`` (the harness's load driver)
     peer            LitServe serving the same weights (the issue's peer, several inference
                     processes on the device), driven as ``many`` drives tessera
@@ -703,10 +704,13 @@ def cmd_one_model(a: argparse.Namespace) -> None:
 # --- many models ----------------------------------------------------------------------------
 
 
-def make_repository(dest: Path, count: int, weights: Path) -> list[str]:
+def make_repository(
+    dest: Path, count: int, weights: Path, options: dict[str, Any] | None = None
+) -> list[str]:
     """``count`` cards of the MiniLM, each over a folder of its own: links to ``weights``'
     files but a config.json naming its copy, so that no two share a content digest
-    (``runtimes/digest.py``) and each model loads and holds its own weights."""
+    (``runtimes/digest.py``) and each model loads and holds its own weights; ``options``
+    over the card's own (``stack: 16``, say)."""
     import yaml
 
     from tessera.repository import default_repository_path
@@ -725,6 +729,8 @@ def make_repository(dest: Path, count: int, weights: Path) -> list[str]:
         write_json({**config, "tessera_gpu_check_copy": i}, folder / "config.json")
         about = f"copy {i} of {MODEL} under a folder of its own (the GPU check)"
         spec = {**card, "name": name, "source": {"path": str(folder)}, "preload": False}
+        if options:
+            spec["options"] = {**(card.get("options") or {}), **options}
         spec["description"] = about
         (dest / "repo" / name).mkdir(parents=True)
         (dest / "repo" / name / "model.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -851,14 +857,16 @@ def own_and_shared(resident: Part) -> tuple[int, int] | None:
 def cmd_many(a: argparse.Namespace) -> None:
     work, save = Path(a.work), saver(Path(a.out))
     weights = package_dir() / "model"
-    names = make_repository(work / f"{a.label}-models", a.models, weights)
+    extra, options = json.loads(a.config_json), json.loads(a.card_json)
+    if not isinstance(extra, dict) or not isinstance(options, dict):
+        raise SystemExit("--config-json and --card-json: objects (config keys, card options)")
+    names = make_repository(work / f"{a.label}-models", a.models, weights, options)
     part: Part = {"models": len(names), "holds": a.holds}
     config: Part = {"model_repositories": [str(work / f"{a.label}-models" / "repo")]}
-    extra = json.loads(a.config_json)
-    if not isinstance(extra, dict):
-        raise SystemExit(f"--config-json: an object of config keys, not {a.config_json!r}")
     if extra:
         part["config"] = extra
+    if options:
+        part["card"] = options
     if a.holds:
         sizes = read_json(Path(a.sizes_from)) if a.sizes_from else None
         split = own_and_shared((sizes or {}).get("after_first") or {})
@@ -990,6 +998,11 @@ def main() -> None:
             "--config-json",
             default="{}",
             help="server config keys over the check's own (a variant: num_workers, ...)",
+        )
+        s.add_argument(
+            "--card-json",
+            default="{}",
+            help="options over the models' card's own (stack: 16, ...)",
         )
 
     s = sub.add_parser("peer")

@@ -333,6 +333,8 @@ def server_tables(report: Part) -> list[str]:
             label = f"budget of {part['holds']} ({number(part.get('budget_bytes'))} bytes)"
         if part.get("config"):
             label = f"{label} ({json.dumps(part['config'])})"
+        if part.get("card"):
+            label = f"{label} (cards: {json.dumps(part['card'])})"
         for load in ("first_request", "rr", "zipf"):
             if part.get(load):
                 rows.append((f"{label}: {load.replace('_', ' ')}", part[load]))

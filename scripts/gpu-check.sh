@@ -25,6 +25,9 @@
 #   GPU_CHECK_VARIANT       server config keys as JSON ('{"num_workers": 4}'): a step
 #                           many_variant runs the all-resident load again with them
 #                           (about 50 s on the H200), its rows beside many_all's
+#   GPU_CHECK_VARIANT_CARD  card options as JSON for that step's models ('{"stack": 16}':
+#                           stacked rounds across models); either runs the step
+#   GPU_CHECK_CARD          card options as JSON for the models of every many-model step
 #   GPU_CHECK_STEPS         the steps to run, by name, comma-separated (all); the others are
 #                           recorded as skipped: a second run in a lease's last minutes
 #   GPU_CHECK_PROFILE=1     py-spy samples the servers during each load of one_model (but c=1)
@@ -130,12 +133,16 @@ main() {
   local common=(--device "$DEV" --work "$W" --clients "$CLIENTS" --seconds "$LOAD_S")
   step one_model 150 "$PY" -m gpu_check one-model "${common[@]}" --levels "$LEVELS" \
     --out "$P/one_model.json"
-  local many=("${common[@]}" --models "$N" --concurrency "$CONC" --first-concurrency "$FIRST_C")
+  local none='{}'
+  local cards=${GPU_CHECK_CARD:-$none}
+  local many=("${common[@]}" --models "$N" --concurrency "$CONC" --first-concurrency "$FIRST_C"
+    --card-json "$cards")
   step many_all 180 "$PY" -m gpu_check many "${many[@]}" --label all --out "$P/many_all.json"
   # A variant of the all-resident server beside it, where one is named (the report's rows).
-  if [ -n "${GPU_CHECK_VARIANT:-}" ]; then
+  if [ -n "${GPU_CHECK_VARIANT:-}${GPU_CHECK_VARIANT_CARD:-}" ]; then
     step many_variant 150 "$PY" -m gpu_check many "${many[@]}" --label variant \
-      --config-json "$GPU_CHECK_VARIANT" --out "$P/many_variant.json"
+      --config-json "${GPU_CHECK_VARIANT:-$none}" --card-json "${GPU_CHECK_VARIANT_CARD:-$cards}" \
+      --out "$P/many_variant.json"
   fi
   step many_budget 180 "$PY" -m gpu_check many "${many[@]}" --label budget --holds "$HOLDS" \
     --sizes-from "$P/many_all.json" --zipf 1.1 --out "$P/many_budget.json"
