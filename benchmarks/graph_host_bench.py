@@ -87,11 +87,11 @@ def free_runner(*args: Any) -> Any:
     return run
 
 
-def child(rows: int, seconds: float, models: int = 1) -> dict[str, Any]:
-    """This tree's figures for batches of ``rows`` texts to ``models`` models in turn."""
+def child(rows: int, seconds: float, models: int = 1, stack: int = 0) -> dict[str, Any]:
+    """This tree's figures for batches of ``rows`` texts to ``models`` models in turn
+    (``stack``: in stacked rounds of that many models' batches, a figure a batch)."""
     import numpy as np
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from tessera.repository import default_repository_path, read_spec
     from tessera.runtimes.base import SharedComponents
@@ -113,11 +113,25 @@ def child(rows: int, seconds: float, models: int = 1) -> dict[str, Any]:
     shared = SharedComponents()
     acquire = GraphsHold.acquire
     assert "make_runner" in inspect.signature(acquire).parameters
+    ids = encoder.tokenizer([TEXT] * rows, truncation=True, max_length=256)["input_ids"]
+    batch = [np.array(row, dtype=np.int32) for row in ids]
+    if stack:
+        return stacked_child(encoder, copies, batch, seconds, stack)
     encoder.graphs_hold = acquire(
         shared, encoder.model, encoder.tokenizer, "last_hidden_state", make_runner=free_runner
     )
-    ids = encoder.tokenizer([TEXT] * rows, truncation=True, max_length=256)["input_ids"]
-    batch = [np.array(row, dtype=np.int32) for row in ids]
+
+    def call(n: int) -> None:
+        encoder.model = copies[n % models]  # the template takes this model's weights
+        encoder.encode_ids(batch)
+
+    return timed(call, rows, seconds, 1)
+
+
+def timed(call: Any, rows: int, seconds: float, batches: int) -> dict[str, Any]:
+    """``call(n)`` (``batches`` batches of ``rows`` texts) after a warm-up, for
+    ``seconds``: per batch, wall and thread CPU microseconds and torch operators."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):  # type: ignore[no-untyped-call]  # untyped upstream
         def __init__(self) -> None:
@@ -127,10 +141,6 @@ def child(rows: int, seconds: float, models: int = 1) -> dict[str, Any]:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             self.ops += 1
             return func(*args, **(kwargs or {}))
-
-    def call(n: int) -> None:
-        encoder.model = copies[n % models]  # the template takes this model's weights
-        encoder.encode_ids(batch)
 
     for n in range(50):
         call(n)
@@ -145,11 +155,41 @@ def child(rows: int, seconds: float, models: int = 1) -> dict[str, Any]:
     wall, cpu = time.perf_counter() - began, time.thread_time() - began_cpu
     return {
         "rows": rows,
-        "calls": calls,
-        "us_per_batch": 1e6 * wall / calls,
-        "cpu_us_per_batch": 1e6 * cpu / calls,
-        "ops_per_batch": count.ops,
+        "calls": calls * batches,
+        "us_per_batch": 1e6 * wall / (calls * batches),
+        "cpu_us_per_batch": 1e6 * cpu / (calls * batches),
+        "ops_per_batch": count.ops / batches,
     }
+
+
+def stacked_child(
+    encoder: Any, copies: list[Any], batch: list[Any], seconds: float, stack: int
+) -> dict[str, Any]:
+    """``child``'s figures for rounds of ``stack`` batches, one a model, the models
+    in turn (``runtimes/stacking.py``): a round launched and its vectors taken back
+    in this thread, as a round's leader does (the others' waits not counted)."""
+    from tessera.runtimes.base import SharedComponents
+    from tessera.runtimes.graphs import GraphsHold, Stacking
+    from tessera.runtimes.stacking import PooledCall, StackedGraphs
+
+    hold = GraphsHold.acquire(
+        SharedComponents(),
+        encoder.model,
+        encoder.tokenizer,
+        "last_hidden_state",
+        capture=False,  # every bucket of every round size is many forwards here: on use
+        make_runner=free_runner,
+        stacking=Stacking(stack, StackedGraphs),
+    )
+    stacked = hold.graphs.stacked
+    assert isinstance(stacked, StackedGraphs)
+    count = len(copies)
+
+    def call(n: int) -> None:
+        models = [copies[(n * stack + i) % count] for i in range(stack)]
+        stacked.launch([PooledCall(m, batch, "mean", lambda: None) for m in models])()
+
+    return timed(call, len(batch), seconds, stack)
 
 
 def other_weights(model: Any, number: int) -> Any:
@@ -165,12 +205,14 @@ def other_weights(model: Any, number: int) -> Any:
     return other
 
 
-def run_child(source: Path | None, rows: int, seconds: float, models: int) -> dict[str, Any]:
+def run_child(
+    source: Path | None, rows: int, seconds: float, models: int, stack: int = 0
+) -> dict[str, Any]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if source is not None:
         env["PYTHONPATH"] = f"{source}{os.pathsep}{env.get('PYTHONPATH', '')}"
     command = [sys.executable, __file__, "--child", str(rows), "--seconds", str(seconds)]
-    command += ["--models", str(models)]
+    command += ["--models", str(models), "--stack", str(stack)]
     done = subprocess.run(
         command,
         env=env,
@@ -188,23 +230,28 @@ def main() -> None:
     parser.add_argument("--against", type=Path, nargs="*", default=[])
     parser.add_argument("--rows", type=int, nargs="*", default=[1, 8])
     parser.add_argument("--models", type=int, default=1)
+    parser.add_argument(
+        "--stack", type=int, default=0, help="this checkout in stacked rounds of N models too"
+    )
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.child, args.seconds, args.models)))
+        print(json.dumps(child(args.child, args.seconds, args.models, args.stack)))
         return
     from harness.report import write_report
 
-    sources: list[tuple[str, Path | None]] = [("this checkout", None)]
-    sources += [(str(path), path.resolve()) for path in args.against]
+    sources: list[tuple[str, Path | None, int]] = [("this checkout", None, 0)]
+    if args.stack:
+        sources.append((f"this checkout, rounds of {args.stack}", None, args.stack))
+    sources += [(str(path), path.resolve(), 0) for path in args.against]
     runs: list[dict[str, Any]] = []
     for round_ in range(1, args.rounds + 1):
         for rows in args.rows:
-            for name, source in sources:
-                run = run_child(source, rows, args.seconds, args.models)
+            for name, source, stack in sources:
+                run = run_child(source, rows, args.seconds, args.models, stack)
                 run.update(round=round_, source=name)
                 runs.append(run)
                 print(
@@ -221,7 +268,7 @@ def main() -> None:
             for key in keys
         }
         for rows in args.rows
-        for name, _ in sources
+        for name, _, _ in sources
     }
     date = datetime.date.today().isoformat()
     rerun = "benchmarks/graph_host_bench.py"
@@ -229,6 +276,8 @@ def main() -> None:
         rerun += " --against " + " ".join(str(p) for p in args.against)
     rerun += " --rows " + " ".join(map(str, args.rows))
     rerun += f" --models {args.models} --seconds {args.seconds:g}"
+    if args.stack:
+        rerun += f" --stack {args.stack}"
     lines = [
         f"# The host's work around a graph replay, {date}",
         "",
@@ -236,7 +285,11 @@ def main() -> None:
         " MiniLM on the CPU with its architecture's graphs and a runner that replays"
         " nothing (its outputs computed at the bucket's build): what the host does around"
         f" a replay, per batch, to {args.models} model(s) in turn (each other than the last"
-        f" copies its weights in). {args.seconds:g} s a run, one torch thread,"
+        f" copies its weights in); with `--stack N`, this checkout in stacked rounds of"
+        " N batches too, one a model, the models in turn (a round launched and its vectors"
+        " taken back in one thread, as its leader does; the figures a batch: a round's"
+        " over N; a model keeps its slot where there are no more models than N)."
+        f" {args.seconds:g} s a run, one torch thread,"
         f" {os.cpu_count()} cores shared. Rerun: `HF_HUB_OFFLINE=1 .venv/bin/python {rerun}`.",
         "",
         "| round | rows | source | us a batch | CPU us a batch | torch ops a batch |",
@@ -250,7 +303,7 @@ def main() -> None:
         "Medians: "
         + "; ".join(
             f"{name}: {m['us_per_batch']:.0f} us, {m['cpu_us_per_batch']:.0f} CPU us,"
-            f" {m['ops_per_batch']:.0f} ops"
+            f" {m['ops_per_batch']:.1f} ops"
             for name, m in medians.items()
         )
         + ".",
@@ -260,6 +313,7 @@ def main() -> None:
         "runs": runs,
         "medians": medians,
         "models": args.models,
+        "stack": args.stack,
         "python": sys.version.split()[0],
     }
     write_report(args.out, date, "graph-host", figures, "\n".join(lines))
