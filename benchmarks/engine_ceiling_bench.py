@@ -59,7 +59,7 @@ Swap = tuple[float, float] | None
 
 @asynccontextmanager
 async def fake_engine(
-    root: Path, models: int, holds: int | None = None, swap_ms: Swap = None
+    root: Path, models: int, holds: int | None = None, swap_ms: Swap = None, stack: int = 0
 ) -> AsyncIterator[Engine]:
     options: dict[str, object] = {"own_bytes": 1000}
     budget = 64 * 2**20
@@ -68,6 +68,8 @@ async def fake_engine(
         if swap_ms is not None:
             options.update(offload_s=swap_ms[0] / 1000, restore_s=swap_ms[1] / 1000)
         budget = int((holds + 0.5) * 2**20)
+    if stack:
+        options["stack"] = stack
     for name in model_names(models):
         folder = root / "repo" / name
         folder.mkdir(parents=True)
@@ -138,12 +140,13 @@ class Run:
     seconds: float
     zipf: float | None
     swap_ms: Swap = None
+    stack: int = 0  # the fakes' batches meet in rounds of up to this many (0: none)
 
 
 async def engine_only(run: Run) -> tuple[float, float | None]:
     """Requests a second, and loads from the host tier a request (swaps)."""
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp), run.models, run.holds, run.swap_ms) as engine:
+        async with fake_engine(Path(tmp), run.models, run.holds, run.swap_ms, run.stack) as engine:
             before = engine.snapshot().host_loads_total
             began = time.perf_counter()
             rate = await drive(engine, run.models, run.concurrency, run.seconds, run.zipf)
@@ -153,13 +156,13 @@ async def engine_only(run: Run) -> tuple[float, float | None]:
 
 
 async def serve_core(
-    socket_path: Path, models: int, holds: int | None, swap_ms: Swap = None
+    socket_path: Path, models: int, holds: int | None, swap_ms: Swap = None, stack: int = 0
 ) -> None:
     """The engine process: serve until killed."""
     from tessera.engine.core import EngineCore
 
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp), models, holds, swap_ms) as engine:
+        async with fake_engine(Path(tmp), models, holds, swap_ms, stack) as engine:
             core = EngineCore(engine)
             await core.start(socket_path)
             print("ready", flush=True)
@@ -172,7 +175,7 @@ async def through_core(run: Run) -> tuple[float, float | None]:
     with tempfile.TemporaryDirectory() as tmp:
         socket_path = Path(tmp) / "engine.sock"
         command = [sys.executable, __file__, "--serve", str(socket_path)]
-        command += ["--models", str(run.models)]
+        command += ["--models", str(run.models), "--stack", str(run.stack)]
         if run.holds is not None:
             command += ["--holds", str(run.holds)]
         if run.swap_ms is not None:
@@ -207,22 +210,34 @@ def main() -> None:
         type=lambda v: tuple(float(x) for x in v.split(",")),
         help="with --holds: OUT,BACK ms each swap's copies take (the H200's: 2.15,1.71)",
     )
+    parser.add_argument(
+        "--stack",
+        type=int,
+        default=0,
+        help="also each form with the fakes' batches meeting in rounds of up to N",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        asyncio.run(serve_core(args.serve, args.models, args.holds, args.swap_ms))
+        asyncio.run(serve_core(args.serve, args.models, args.holds, args.swap_ms, args.stack))
         return
     runs: list[dict[str, Any]] = []
     load = Run(args.models, args.holds, args.concurrency, args.seconds, args.zipf, args.swap_ms)
+    forms = [("engine", engine_only, load), ("core", through_core, load)]
+    if args.stack:
+        stacked = replace(load, stack=args.stack)
+        label = f"stacked {args.stack}"
+        forms += [(f"engine, {label}", engine_only, stacked)]
+        forms += [(f"core, {label}", through_core, stacked)]
     for round_ in range(1, args.rounds + 1):
-        for form, measure in (("engine", engine_only), ("core", through_core)):
-            rate, swaps = asyncio.run(measure(load))
+        for form, measure, run in forms:
+            rate, swaps = asyncio.run(measure(run))
             runs.append({"round": round_, "form": form, "req_per_s": rate, "swaps": swaps})
             each = f" ({swaps:.3f} swaps a request)" if swaps is not None else ""
             print(f"round {round_}, {form}: {rate:.0f} req/s{each}", flush=True)
     medians = {
         form: statistics.median(r["req_per_s"] for r in runs if r["form"] == form)
-        for form in ("engine", "core")
+        for form, _, _ in forms
     }
     date = datetime.date.today().isoformat()
     many = args.models > 1
@@ -251,6 +266,13 @@ def main() -> None:
         rerun += f" --zipf {args.zipf:g}"
     if args.holds is not None and args.swap_ms is not None:
         rerun += f" --swap-ms {args.swap_ms[0]:g},{args.swap_ms[1]:g}"
+    if args.stack:
+        rerun += f" --stack {args.stack}"
+        what += (
+            f"; the forms marked stacked with the fakes' option stack: {args.stack} (their"
+            " batches meet in rounds, runtimes/stacking.Rendezvous, on the executor's"
+            " threads for batches across models)"
+        )
     title = " under swaps" if args.holds is not None else " over many models" if many else ""
     lines = [
         f"# The engine's ceiling{title}, {date}",
@@ -266,8 +288,9 @@ def main() -> None:
             for r in runs
         ),
         "",
-        f"Medians: engine in process {medians['engine']:.0f} req/s, through its socket"
-        f" from another process {medians['core']:.0f} req/s.",
+        "Medians (engine: in process; core: through its socket from another process): "
+        + "; ".join(f"{form} {rate:.0f} req/s" for form, rate in medians.items())
+        + ".",
         "",
     ]
     figures = {
@@ -275,6 +298,7 @@ def main() -> None:
         "holds": args.holds,
         "zipf": args.zipf,
         "swap_ms": args.swap_ms,
+        "stack": args.stack,
         "runs": runs,
         "medians": medians,
     }
@@ -283,6 +307,8 @@ def main() -> None:
         name = "engine-ceiling-swaps" if args.swap_ms is None else "engine-ceiling-copies"
     if args.zipf is not None:
         name += "-zipf"
+    if args.stack:
+        name += "-stacked"
     write_report(args.out, date, name, figures, "\n".join(lines))
 
 

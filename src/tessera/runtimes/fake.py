@@ -23,6 +23,10 @@ Its descriptor's ``options`` set what it reports and does::
       items_alone: false     # true: items run one after another, each with its own
                              # scratch, freed before the next (ItemsApart)
       scale: 1.0             # embeddings of this norm (tells two versions apart)
+      stack: 0               # N: its batches meet other such models' in rounds of up to N
+                             # (runtimes/stacking.Rendezvous; a round runs them one after
+                             # another in its leader's thread, and a failure fails the
+                             # round), on the executor's threads for batches across models
       host_tier: false       # true: waits in the host tier when evicted (OffloadingModel)
       host_bytes: 1000       # the host bytes it then reports (default: own_bytes)
       fail_restore: false    # raise when brought back from the host tier
@@ -44,7 +48,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +58,7 @@ from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
 from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
+from tessera.runtimes.stacking import Rendezvous
 from tessera.step import step_boundary
 from tessera.tasks.types import (
     ChatInput,
@@ -159,7 +164,19 @@ class FakeModel:
             for key, num_bytes in self._shared.items():
                 ctx.shared.acquire(key, functools.partial(_component, num_bytes))
 
+    @property
+    def stacks_across_models(self) -> bool:
+        return bool(self.spec.options.get("stack"))
+
     def run(self, items: Sequence[Any]) -> list[Any]:
+        stack = int(self.spec.options.get("stack", 0))
+        stops = item_stops(len(items))  # this thread's: a round may run it in another
+        if stack:
+            outputs: list[Any] = _rounds(stack).submit(functools.partial(self._run, items, stops))
+            return outputs
+        return self._run(items, stops)
+
+    def _run(self, items: Sequence[Any], stops: Sequence[StopFlag]) -> list[Any]:
         if self.offloaded:
             raise ModelUnavailableError(self.spec.name, "the model waits in the host tier")
         with self._lock:
@@ -192,7 +209,6 @@ class FakeModel:
         if self.spec.task is Task.CLASSIFY:
             return [fake_classify(item.text) for item in items]
         word_s = float(self.spec.options.get("word_s", 0.0))
-        stops = item_stops(len(items))
         outputs = [
             fake_output(item, word_s=word_s, stop=stop)
             for item, stop in zip(items, stops, strict=True)
@@ -214,6 +230,24 @@ class FakeModel:
         if self._ctx is not None:
             for key in self._shared:
                 self._ctx.shared.release(key, parked=self.offloaded)
+
+
+_ROUNDS: dict[int, Rendezvous[Callable[[], list[Any]]]] = {}
+_ROUNDS_LOCK = threading.Lock()
+
+
+def _rounds(max_calls: int) -> Rendezvous[Callable[[], list[Any]]]:
+    """The process's rounds of fake batches of up to ``max_calls`` (option ``stack``)."""
+    with _ROUNDS_LOCK:
+        rounds = _ROUNDS.get(max_calls)
+        if rounds is None:
+            rounds = _ROUNDS[max_calls] = Rendezvous(max_calls, _run_round)
+        return rounds
+
+
+def _run_round(calls: list[Callable[[], list[Any]]]) -> Callable[[], list[Any]]:
+    results = [call() for call in calls]
+    return lambda: results
 
 
 # A device's copy streams, one each way (offload_s, restore_s).
