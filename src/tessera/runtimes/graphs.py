@@ -657,6 +657,10 @@ class BucketRunners:
         """Buckets with a runner built (a failed one counts as none)."""
         return sum(r is not None for r in self._runners.values())
 
+    def failed(self, key: tuple[int, ...]) -> bool:
+        """Whether the bucket's runner failed to build (since the last reset)."""
+        return key in self._runners and self._runners[key] is None
+
     def replay(self, key: tuple[int, ...], inputs: Inputs) -> Outputs | None:
         """The bucket's outputs for its padded ``inputs``; None where it runs
         eager: before its second use since the last reset (a model back from

@@ -386,13 +386,13 @@ class StackedGraphs:
 
     def launch(self, calls: list[PooledCall]) -> Callable[[], list[Any]]:
         """A round of ``calls`` begun (one thread's, the rendezvous's leader):
-        alone, its own graphs; else the models into slots, the inputs in and
-        one replay, the vectors on their way back; what returns each call's
+        alone, or where the round's bucket failed to capture, each through
+        its own graphs; else the models into slots, the inputs in and one
+        replay, the vectors on their way back; what returns each call's
         vectors once they are (module notes)."""
-        if len(calls) == 1:
-            alone = calls[0].solo()
-            return lambda: [None if alone is None else alone.cpu().numpy()]
         key = self._bucket(calls)
+        if len(calls) == 1 or self.runners.failed(key):  # its graph failed: each alone
+            return _alone(calls)
         models, rows, columns = key
         with self._lock:
             places = self._place([c.model for c in calls], models)
@@ -538,6 +538,13 @@ class StackedGraphs:
 
     def close(self) -> None:
         self.offload()
+
+
+def _alone(calls: list[PooledCall]) -> Callable[[], list[Any]]:
+    """Each call through its model's own graphs (a round of one, or a round
+    whose stacked graph could not be built)."""
+    vectors = [call.solo() for call in calls]
+    return lambda: [None if v is None else v.cpu().numpy() for v in vectors]
 
 
 def _copy_back(outputs: Outputs, pooling: str) -> Callable[[], npt.NDArray[np.float32]]:

@@ -241,11 +241,15 @@ def rounds_of(stacked: StackedRounds | None) -> StackedGraphs:
 
 
 def one_round(
-    stacked: StackedGraphs, calls: list[tuple[SentenceEncoder, list[str]]], pooling: str = "mean"
+    stacked: StackedGraphs,
+    calls: list[tuple[SentenceEncoder, list[str]]],
+    pooling: str = "mean",
+    shared: SharedGraphs | None = None,
 ) -> list[np.ndarray]:
     """``calls`` answered in one stacked round: a first call leads a round of
     its own whose forward waits until the others queue behind it; they are
-    the next round."""
+    the next round. Each call's own forward (a round of one, a failed
+    bucket's) is through ``shared``'s graphs, or gives nothing."""
     ready = threading.Event()
     first_model = calls[0][0].model
 
@@ -259,10 +263,14 @@ def one_round(
         )
         while stacked.rounds.num_waiting:  # the leader has begun
             pass
-        futures = [
-            pool.submit(stacked.pooled, e.model, ids_of(e, texts), pooling, lambda: None)
-            for e, texts in calls
-        ]
+
+        def solo(model: Any, ids: list[np.ndarray]) -> Any:
+            return lambda: shared.pooled(model, ids, pooling) if shared is not None else None
+
+        futures = []
+        for e, texts in calls:
+            ids = ids_of(e, texts)
+            futures.append(pool.submit(stacked.pooled, e.model, ids, pooling, solo(e.model, ids)))
         deadline = time.monotonic() + HANG_GUARD_S
         while stacked.rounds.num_waiting < len(calls) and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -363,6 +371,35 @@ def test_batches_too_big_for_a_round_and_rounds_of_one_run_alone(
             assert got is not None
             np.testing.assert_allclose(got, own_pooled(encoder, texts), atol=1e-5)
         assert stacked.num_rounds == 0
+        assert stacked.num_copies == 0
+    finally:
+        shared.close()
+
+
+def test_a_round_whose_graph_failed_to_build_runs_each_batch_alone(
+    encoders: list[SentenceEncoder],
+) -> None:
+    def no_stacked_graphs(step: Any, example: Any) -> Any:
+        if example["input_ids"].dim() == 3:  # (models, rows, columns): a stacked bucket
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return replay_like(step, example)
+
+    shared = SharedGraphs.of(
+        encoders[0].model,
+        encoders[0].tokenizer,
+        OUTPUT,
+        no_stacked_graphs,
+        Stacking(4, StackedGraphs),
+    )
+    shared.prepare("cpu")
+    stacked = rounds_of(shared.stacked)
+    try:
+        assert stacked.runners.num_runners == 0
+        calls = [(encoders[0], ["the cat"]), (encoders[1], ["a dog", "on the mat"])]
+        got = one_round(stacked, calls, shared=shared)
+        for (encoder, texts), vectors in zip(calls, got, strict=True):
+            np.testing.assert_allclose(vectors, own_pooled(encoder, texts), atol=1e-5)
+        assert stacked.num_rounds == 0  # not an eager vmap of every slot: each alone
         assert stacked.num_copies == 0
     finally:
         shared.close()
