@@ -451,6 +451,8 @@ BATCH_SAMPLES = {
     "tessera_batch_size_count": "batches",
     "tessera_batch_size_sum": "batch_items",
     "tessera_batch_duration_seconds_sum": "batch_seconds",
+    "tessera_stacked_rounds_total": "stacked_rounds",
+    "tessera_stacked_batches_total": "stacked_batches",
 }
 
 
@@ -481,15 +483,20 @@ def snapshot(url: str) -> Part:
 
 
 def batches_between(before: Part, after: Part) -> Part:
-    """The batches run between two snapshots: how many, their mean items, and
-    their mean run time on the device (``tessera_batch_duration_seconds``)."""
+    """The batches run between two snapshots: how many, their mean items, their
+    mean run time on the device (``tessera_batch_duration_seconds``), and the
+    stacked rounds across models and the batches in them."""
     count = after["batches"] - before["batches"]
     items = after["batch_items"] - before["batch_items"]
     seconds = after["batch_seconds"] - before["batch_seconds"]
+    rounds = after.get("stacked_rounds", 0.0) - before.get("stacked_rounds", 0.0)
+    stacked = after.get("stacked_batches", 0.0) - before.get("stacked_batches", 0.0)
     return {
         "batches": int(count),
         "mean_items": round(items / count, 2) if count else None,
         "mean_ms": round(1000 * seconds / count, 3) if count else None,
+        "stacked_rounds": int(rounds),
+        "stacked_batches": int(stacked),
     }
 
 

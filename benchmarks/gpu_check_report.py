@@ -296,13 +296,19 @@ def clients_cell(row: Part) -> str:
 
 
 def batch_cell(batches: Part | None) -> str:
-    """A load's batches: mean items, mean run time, how many."""
+    """A load's batches: mean items, mean run time, how many; and its stacked
+    rounds' mean batches and how many, where there were any."""
     if not batches or not batches.get("batches"):
         return "-"
-    return (
+    cell = (
         f"{number(batches['mean_items'])}, {number(batches['mean_ms'], 'ms')}"
         f" ({batches['batches']:,})"
     )
+    rounds = batches.get("stacked_rounds") or 0
+    if rounds:
+        per_round = number(batches["stacked_batches"] / rounds)
+        cell += f"; stacked {per_round} a round ({rounds:,} rounds)"
+    return cell
 
 
 def server_tables(report: Part) -> list[str]:

@@ -63,6 +63,7 @@ from tessera.residency import (
 from tessera.runtimes.base import ModelLoader, stacks
 from tessera.runtimes.cache import prune
 from tessera.runtimes.memory import freeze_heap
+from tessera.runtimes.stacking import stacked_totals
 from tessera.runtimes.tokens import TokenCounter, token_counter
 from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.types import ChatOutput, Task, request_units, work_units
@@ -436,6 +437,7 @@ class Engine(ModelLifecycle):
         """The engine at this instant, as one immutable object."""
         residency = self._residency.stats()
         by_name = {m.name: m for m in residency.models}
+        stacked_rounds, stacked_batches = stacked_totals()
         return EngineStats(
             device_name=self._device.name,
             device=self._device_stats(),
@@ -457,6 +459,8 @@ class Engine(ModelLifecycle):
             ),
             rollouts=self.recent_rollouts(),
             rollouts_total=self.rollout_counts(),
+            stacked_rounds_total=stacked_rounds,
+            stacked_batches_total=stacked_batches,
         )
 
     def _all_versions(self) -> dict[str, ModelSpec]:

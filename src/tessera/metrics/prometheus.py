@@ -280,6 +280,16 @@ class EngineCollector(Collector):
             rollouts.add_metric([count.model, count.outcome], count.num)
         yield from (resident, state, loads, evictions, rollouts, host_bytes, host_loads)
         yield from self._host_tier(stats)
+        yield CounterMetricFamily(
+            "tessera_stacked_rounds",
+            "Rounds of two or more models' batches run in one forward (stack: N cards).",
+            stats.stacked_rounds_total,
+        )
+        yield CounterMetricFamily(
+            "tessera_stacked_batches",
+            "Batches run in those rounds (the rest ran alone).",
+            stats.stacked_batches_total,
+        )
 
     def _host_tier(self, stats: EngineStats) -> Iterable[Metric]:
         yield GaugeMetricFamily(

@@ -204,6 +204,10 @@ class EngineStats:
     host_loads_total: int  # loads from the host tier
     host_drops_total: int  # copies dropped from it to make room
     rollouts: tuple[RolloutStats, ...] = ()  # the recent ones, oldest first
+    # Rounds of two or more models' batches in one forward (runtimes/stacking.py),
+    # and the batches in them.
+    stacked_rounds_total: int = 0
+    stacked_batches_total: int = 0
     rollouts_total: tuple[RolloutCount, ...] = ()
 
     def model(self, name: str) -> ModelStats | None:

@@ -177,6 +177,30 @@ class Rendezvous(Generic[T]):
                 self._leading = False
 
 
+class _Totals:
+    """The process's stacked rounds (of two or more batches) and the batches in them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.rounds = 0
+        self.batches = 0
+
+    def add(self, batches: int) -> None:
+        with self._lock:
+            self.rounds += 1
+            self.batches += batches
+
+
+_TOTALS = _Totals()
+
+
+def stacked_totals() -> tuple[int, int]:
+    """Rounds of two or more models' batches run in this process so far, and
+    the batches in them (every group's: the engine's stats and metrics)."""
+    with _TOTALS._lock:
+        return _TOTALS.rounds, _TOTALS.batches
+
+
 def _answer(call: _Call[Any]) -> Any:
     if call.error is not None:
         raise call.error
@@ -222,6 +246,7 @@ class StackGroup:
         results = self.stacked([c.model for c in calls], [c.batch for c in calls])
         self.num_rounds += 1
         self.num_stacked += len(calls)
+        _TOTALS.add(len(calls))
         return lambda: list(results)
 
     def stacked(
@@ -409,6 +434,7 @@ class StackedGraphs:
             back = {p: _copy_back(outputs, p) for p in {c.pooling for c in calls}}
             self.num_rounds += 1
             self.num_stacked += len(calls)
+            _TOTALS.add(len(calls))
 
         def finish() -> list[Any]:
             ready = {p: wait() for p, wait in back.items()}

@@ -73,6 +73,7 @@ def test_quick_cpu_run_measures_every_step_and_reports_each_bar(tmp_path: Path) 
     assert report["many_variant"]["card"] == {"stack": 2}
     assert report["many_variant"]["rr"]["ok"] > 0
     assert report["many_variant"]["rr"]["failed"] == 0
+    assert "stacked_rounds" in report["many_variant"]["rr"]["batches"]
     assert "card" not in report["many_all"]
     assert len(report["bars"]) == 9
     bars = {b["figure"]: b["status"] for b in report["bars"]}

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from builders import fake_engine
+from tessera.metrics.prometheus import EngineCollector
 from tessera.repository import default_repository_path, read_spec
 from tessera.runtimes import graphs, hf
 from tessera.runtimes.graphs import DeviceOptions, eager_runner
@@ -124,10 +125,20 @@ async def test_copies_that_stack_answer_in_rounds_on_threads_of_their_own(
         for name in models:  # loaded one after another, every bucket built at the first
             await answers(name, 0)
         rounds.clear()
+        before = engine.snapshot()
         # A model's requests may be batched together (a round takes batches of
         # up to STACK_ROWS texts): each of its batches is one call of a round.
         await asyncio.gather(*(answers(name, i % 2) for i, name in enumerate([*models] * 3)))
         assert all(thread.startswith("tessera-across") for _, thread in rounds)
         assert max(size for size, _ in rounds) >= 2  # some met in a round
+        # The engine's stats and metrics count the rounds of two or more.
+        stacked = [size for size, _ in rounds if size >= 2]
+        after = engine.snapshot()
+        assert after.stacked_rounds_total - before.stacked_rounds_total == len(stacked)
+        assert after.stacked_batches_total - before.stacked_batches_total == sum(stacked)
+        families = {f.name: f for f in EngineCollector(engine.snapshot, {}).collect()}
+        (sample,) = families["tessera_stacked_batches"].samples
+        assert sample.name == "tessera_stacked_batches_total"
+        assert sample.value == after.stacked_batches_total
         for name in models:
             await engine.unload(name)
