@@ -33,6 +33,7 @@ from tessera.runtimes.graphs import (
     StackedRounds,
     Stacking,
     stack_option,
+    stacked_inputs,
     weight_tensors,
 )
 from tessera.runtimes.hf import SentenceEncoder
@@ -427,6 +428,28 @@ def test_stacked_slots_leave_the_device_with_the_graphs_and_come_back_empty(
             np.testing.assert_allclose(vectors, own_pooled(encoder, texts), atol=1e-5)
     finally:
         shared.close()
+
+
+def test_stacked_inputs_put_each_batch_in_its_slot_and_pad_the_rest() -> None:
+    groups = [
+        [np.array([5, 6, 7], dtype=np.int32)],
+        [np.array([8], dtype=np.int32), np.array([9, 10], dtype=np.int32)],
+    ]
+    keys = ("input_ids", "token_type_ids", "attention_mask")
+    packed = stacked_inputs(groups, 3, 2, 4, 1, keys)
+    assert list(packed) == list(keys)  # the tokenizer's order, one block
+    assert tuple(packed.block.shape) == (3, 3, 2, 4)
+    assert packed["input_ids"].tolist() == [
+        [[5, 6, 7, 1], [1, 1, 1, 1]],  # a batch of one in rows of two: a padded row
+        [[8, 1, 1, 1], [9, 10, 1, 1]],
+        [[1, 1, 1, 1], [1, 1, 1, 1]],  # a slot of no batch: all padding
+    ]
+    assert packed["attention_mask"].tolist() == [
+        [[1, 1, 1, 0], [0, 0, 0, 0]],
+        [[1, 0, 0, 0], [1, 1, 0, 0]],
+        [[0, 0, 0, 0], [0, 0, 0, 0]],
+    ]
+    assert not packed["token_type_ids"].any()
 
 
 def test_the_next_round_is_launched_before_this_one_finishes() -> None:
