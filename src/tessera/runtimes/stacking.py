@@ -287,8 +287,18 @@ class StackGroup:
 
 def skeleton_of(model: Any) -> Any:
     """A weightless copy of ``model`` (on the meta device) with eager attention,
-    to run under vmap with stacked weights."""
-    skeleton = copy.deepcopy(model).to("meta")
+    to run under vmap with stacked weights. Its tensors are made on the meta
+    device as the copy meets them: a deep copy of a model gathered into one
+    block copies each parameter and, for each buffer, the whole block."""
+    import torch
+
+    memo: dict[int, Any] = {}
+    for parameter in model.parameters():
+        meta = torch.empty_like(parameter, device="meta")
+        memo[id(parameter)] = torch.nn.Parameter(meta, requires_grad=parameter.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    skeleton = copy.deepcopy(model, memo)
     skeleton.set_attn_implementation("eager")
     return skeleton
 
