@@ -50,7 +50,6 @@ batches alone are N replays and about 11 N.
 
 from __future__ import annotations
 
-import copy
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +64,7 @@ from tessera.runtimes.graphs import (
     additive_mask,
     bucket_of,
     by_dtype,
+    copy_of_module,
     copy_weights,
     padded_inputs,
     pooled,
@@ -292,13 +292,7 @@ def skeleton_of(model: Any) -> Any:
     block copies each parameter and, for each buffer, the whole block."""
     import torch
 
-    memo: dict[int, Any] = {}
-    for parameter in model.parameters():
-        meta = torch.empty_like(parameter, device="meta")
-        memo[id(parameter)] = torch.nn.Parameter(meta, requires_grad=parameter.requires_grad)
-    for buffer in model.buffers():
-        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
-    skeleton = copy.deepcopy(model, memo)
+    skeleton = copy_of_module(model, lambda tensor: torch.empty_like(tensor, device="meta"))
     skeleton.set_attn_implementation("eager")
     return skeleton
 
