@@ -16,6 +16,8 @@ A config file may hold any of::
     num_threads: 2               # the process's thread budget; default: all cores
     num_workers: 2               # batches at once; each gets num_threads / num_workers;
                                  # default: one per thread on the CPU, 2 on a GPU
+    across_models_threads: 32    # threads for batches of cards saying stack: N (stacked
+                                 # rounds across models); a round of N needs N at once
     eviction_policy: cost        # cost (uses x miss s / target s / bytes) | lru | largest | none
     max_queue: 1000              # per model, a bound on memory; before it, a request
                                  # whose batch would start after its deadline gets 503
@@ -95,7 +97,7 @@ import yaml
 
 from tessera.cluster.routing import RoutingConfig
 from tessera.engine import EngineConfig
-from tessera.engine.executor import LONG_WORK_MODES
+from tessera.engine.executor import ACROSS_MODELS_THREADS, LONG_WORK_MODES
 from tessera.errors import ConfigError
 from tessera.repository import ModelRepository, default_repository_path
 from tessera.scheduling import DEFAULT_TIERS, TierSpec, parse_tiers
@@ -181,6 +183,7 @@ _ENGINE_KEYS = {
     "device",
     "num_threads",
     "num_workers",
+    "across_models_threads",
     "eviction_policy",
     "max_queue",
     "default_timeout_s",
@@ -290,6 +293,10 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         if key in file_values or key in values:
             raw = values.get(key)
             engine_values[field_name] = float(raw) / 1000 if raw is not None else None
+    if "across_models_threads" in engine_values:
+        engine_values["across_models_threads"] = _positive_int(
+            engine_values, "across_models_threads", ACROSS_MODELS_THREADS
+        )
     switch = engine_values.get("gil_switch_interval_s")
     if switch is not None and switch <= 0:
         raise ConfigError("gil_switch_interval_ms must be positive (or null)")

@@ -69,7 +69,7 @@ from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.types import ChatOutput, Task, request_units, work_units
 
 from .counters import ModelCounters
-from .executor import BatchRun, ComputeExecutor, default_workers
+from .executor import ACROSS_MODELS_THREADS, BatchRun, ComputeExecutor, default_workers
 from .host import UNMEASURED_RUNTIMES, EngineHost
 from .lifecycle import (
     ModelLifecycle,
@@ -132,6 +132,9 @@ class EngineConfig:
     # GPU check's variants): whether the compute workers' waits off the core are
     # waits for the lock is not settled (docs/benchmarks.md).
     gil_switch_interval_s: float | None = None
+    # Threads for batches that may run in one forward with other models'
+    # (executor.py, ``ACROSS_MODELS_THREADS``); a knob for a device to settle.
+    across_models_threads: int = ACROSS_MODELS_THREADS
 
     @property
     def fills(self) -> bool:
@@ -227,6 +230,7 @@ class Engine(ModelLifecycle):
             num_workers,
             long_batch_s=config.long_batch_s,
             long_work=config.long_work,
+            across_models_threads=config.across_models_threads,
         )
         self._stats = FanoutSink() if stats is None else FanoutSink(stats)
         activations = ActivationBook()

@@ -105,9 +105,10 @@ class ComputeExecutor:
         num_workers: int,
         long_batch_s: float | None = None,
         long_work: str = "steps",
+        across_models_threads: int = ACROSS_MODELS_THREADS,
     ) -> None:
-        if num_workers < 1 or num_threads < 1:
-            raise ValueError("num_threads and num_workers must be >= 1")
+        if num_workers < 1 or num_threads < 1 or across_models_threads < 1:
+            raise ValueError("num_threads, num_workers and across_models_threads must be >= 1")
         if long_work not in LONG_WORK_MODES:
             raise ValueError(f"long_work must be one of {LONG_WORK_MODES}, not {long_work!r}")
         self.device = device
@@ -131,6 +132,7 @@ class ComputeExecutor:
         # Batches that may run with other models' (``run``'s ``across_models``),
         # made at the first.
         self._across_pool: ThreadPoolExecutor | None = None
+        self.across_models_threads = across_models_threads
         # Compute slots (long_work: steps): guarded by _cond, as the counts below.
         self._slots = (
             ComputeSlots(num_workers, long_batch_s)
@@ -172,7 +174,7 @@ class ComputeExecutor:
         ``activation_bytes`` (what it reserved) it may be quiet.
         ``across_models``: a batch that may run in one forward with other
         models' (``runtimes/stacking.py``); unless long, it runs on one of
-        ``ACROSS_MODELS_THREADS`` threads of its own, without a compute slot
+        ``across_models_threads`` threads of its own, without a compute slot
         (a round's batches wait for its one leader, which computes for them)."""
         pool = self._pool
         long = (
@@ -195,7 +197,7 @@ class ComputeExecutor:
         """The threads of batches run across models (made at the first)."""
         if self._across_pool is None:
             self._across_pool = ThreadPoolExecutor(
-                ACROSS_MODELS_THREADS, thread_name_prefix="tessera-across"
+                self.across_models_threads, thread_name_prefix="tessera-across"
             )
         return self._across_pool
 

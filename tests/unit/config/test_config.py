@@ -10,6 +10,7 @@ import yaml
 
 from tessera import config as config_module
 from tessera.config import build_config
+from tessera.engine.executor import ACROSS_MODELS_THREADS
 from tessera.errors import ConfigError
 
 
@@ -121,6 +122,14 @@ def test_the_switch_interval_is_pythons_unless_given_in_milliseconds() -> None:
     for bad in (0, -1):
         with pytest.raises(ConfigError, match="gil_switch_interval_ms must be positive"):
             build_config({"gil_switch_interval_ms": bad}, {})
+
+
+def test_the_threads_for_batches_across_models() -> None:
+    assert build_config({}, {}).engine.across_models_threads == ACROSS_MODELS_THREADS
+    assert build_config({"across_models_threads": 8}, {}).engine.across_models_threads == 8
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ConfigError, match="across_models_threads must be a whole number"):
+            build_config({"across_models_threads": bad}, {})
 
 
 def test_cluster_settings_and_the_routers_targets() -> None:

@@ -145,7 +145,12 @@ async def test_batches_across_models_run_beside_each_other_without_a_compute_slo
     # (runtimes/stacking.py) wait for a round's leader, not for a slot: two
     # that must meet (a barrier of two) meet, on threads of their own.
     executor = ComputeExecutor(
-        CpuDevice(), num_threads=1, num_workers=1, long_batch_s=0.5, long_work="steps"
+        CpuDevice(),
+        num_threads=1,
+        num_workers=1,
+        long_batch_s=0.5,
+        long_work="steps",
+        across_models_threads=2,
     )
     log = Log()
     meet = threading.Barrier(2, timeout=HANG_GUARD_S)
