@@ -12,14 +12,36 @@ def test_a_loads_batches_are_the_difference_of_two_snapshots() -> None:
     before = {"batches": 10.0, "batch_items": 100.0, "batch_seconds": 0.5}
     after = {"batches": 110.0, "batch_items": 3300.0, "batch_seconds": 0.65}
     got = batches_between(before, after)
-    assert got == {"batches": 100, "mean_items": 32.0, "mean_ms": 1.5}
+    assert got == {
+        "batches": 100,
+        "mean_items": 32.0,
+        "mean_ms": 1.5,
+        "stacked_rounds": 0,  # a server of a tree before the counters: none
+        "stacked_batches": 0,
+    }
     assert batch_cell(got) == "32, 1.5 ms (100)"
+
+
+def test_a_loads_stacked_rounds_are_counted_with_its_batches() -> None:
+    before = {"batches": 10.0, "batch_items": 10.0, "batch_seconds": 0.5}
+    before.update(stacked_rounds=2.0, stacked_batches=5.0)
+    after = {"batches": 1010.0, "batch_items": 1010.0, "batch_seconds": 1.5}
+    after.update(stacked_rounds=102.0, stacked_batches=905.0)
+    got = batches_between(before, after)
+    assert (got["stacked_rounds"], got["stacked_batches"]) == (100, 900)
+    assert batch_cell(got) == "1, 1 ms (1,000); stacked 9 a round (100 rounds)"
 
 
 def test_a_load_without_batches_has_no_means() -> None:
     same = {"batches": 4.0, "batch_items": 4.0, "batch_seconds": 0.1}
     got = batches_between(same, same)
-    assert got == {"batches": 0, "mean_items": None, "mean_ms": None}
+    assert got == {
+        "batches": 0,
+        "mean_items": None,
+        "mean_ms": None,
+        "stacked_rounds": 0,
+        "stacked_batches": 0,
+    }
     assert batch_cell(got) == "-"
     assert batch_cell(None) == "-"
 
