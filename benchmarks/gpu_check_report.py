@@ -337,6 +337,7 @@ def server_tables(report: Part) -> list[str]:
         part = report.get(key) or {}
         if part.get("holds"):
             label = f"budget of {part['holds']} ({number(part.get('budget_bytes'))} bytes)"
+            label += ", a variant" if key == "many_variant" else ""
         if part.get("config"):
             label = f"{label} ({json.dumps(part['config'])})"
         if part.get("card"):

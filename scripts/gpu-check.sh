@@ -28,6 +28,8 @@
 #   GPU_CHECK_VARIANT_CARD  card options as JSON for that step's models ('{"stack": 16}':
 #                           stacked rounds across models); either runs the step
 #   GPU_CHECK_CARD          card options as JSON for the models of every many-model step
+#   GPU_CHECK_VARIANT_BUDGET=1  the variant step runs as many_budget does (the budget
+#                           that holds a fifth, round robin and Zipf) instead of all resident
 #   GPU_CHECK_STEPS         the steps to run, by name, comma-separated (all); the others are
 #                           recorded as skipped: a second run in a lease's last minutes
 #   GPU_CHECK_PROFILE=1     py-spy samples the servers during each load of one_model (but c=1)
@@ -140,7 +142,11 @@ main() {
   step many_all 180 "$PY" -m gpu_check many "${many[@]}" --label all --out "$P/many_all.json"
   # A variant of the all-resident server beside it, where one is named (the report's rows).
   if [ -n "${GPU_CHECK_VARIANT:-}${GPU_CHECK_VARIANT_CARD:-}" ]; then
-    step many_variant 150 "$PY" -m gpu_check many "${many[@]}" --label variant \
+    local under=()
+    if [ "${GPU_CHECK_VARIANT_BUDGET:-0}" = 1 ]; then
+      under=(--holds "$HOLDS" --sizes-from "$P/many_all.json" --zipf 1.1)
+    fi
+    step many_variant 150 "$PY" -m gpu_check many "${many[@]}" --label variant "${under[@]}" \
       --config-json "${GPU_CHECK_VARIANT:-$none}" --card-json "${GPU_CHECK_VARIANT_CARD:-$cards}" \
       --out "$P/many_variant.json"
   fi
