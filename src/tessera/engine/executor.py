@@ -129,10 +129,11 @@ class ComputeExecutor:
             if long_batch_s is not None
             else None
         )
-        # Batches that may run with other models' (``run``'s ``across_models``),
-        # made at the first.
-        self._across_pool: ThreadPoolExecutor | None = None
-        self.across_models_threads = across_models_threads
+        # Batches that may run with other models' (``run``'s ``across_models``);
+        # its threads start as work comes.
+        self._across_pool = ThreadPoolExecutor(
+            across_models_threads, thread_name_prefix="tessera-across"
+        )
         # Compute slots (long_work: steps): guarded by _cond, as the counts below.
         self._slots = (
             ComputeSlots(num_workers, long_batch_s)
@@ -185,21 +186,13 @@ class ComputeExecutor:
         if long and self._long_pool is not None:
             pool = self._long_pool
         elif across_models and not long:
-            pool = self._across()
+            pool = self._across_pool
         slotless = pool is self._across_pool
         loop = asyncio.get_running_loop()
         quiet = self._quiet(expected_s, activation_bytes)
         return await loop.run_in_executor(
             pool, self._run_sync, fn, items, expected_s, quiet, slotless
         )
-
-    def _across(self) -> ThreadPoolExecutor:
-        """The threads of batches run across models (made at the first)."""
-        if self._across_pool is None:
-            self._across_pool = ThreadPoolExecutor(
-                self.across_models_threads, thread_name_prefix="tessera-across"
-            )
-        return self._across_pool
 
     def _quiet(self, expected_s: float | None, activation_bytes: int | None) -> bool:
         """Whether a batch may run beside a load's measurement (module notes)."""
@@ -330,8 +323,7 @@ class ComputeExecutor:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._across_pool is not None:
-            self._across_pool.shutdown(wait=True, cancel_futures=True)
+        self._across_pool.shutdown(wait=True, cancel_futures=True)
         if self._long_pool is not None:
             self._long_pool.shutdown(wait=True, cancel_futures=True)
 

@@ -405,12 +405,12 @@ class StackedGraphs:
         models' batches wait beside it; alone, ``solo()`` (its own graphs).
         None where ``solo()`` is, or the texts fit no stacked round and
         ``solo()`` gives none."""
-        if not self.fits(ids):
-            alone = solo()
-            return None if alone is None else alone.cpu().numpy()
-        found: npt.NDArray[np.float32] | None = self.rounds.submit(
-            PooledCall(model, ids, pooling, solo)
-        )
+        call = PooledCall(model, ids, pooling, solo)
+        found: npt.NDArray[np.float32] | None
+        if self.fits(ids):
+            found = self.rounds.submit(call)
+        else:
+            (found,) = _alone([call])()
         return found
 
     def launch(self, calls: list[PooledCall]) -> Callable[[], list[Any]]:

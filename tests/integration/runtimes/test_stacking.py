@@ -222,14 +222,16 @@ def ids_of(encoder: SentenceEncoder, texts: list[str]) -> list[np.ndarray]:
     return [np.array(row, dtype=np.int32) for row in rows]
 
 
-def stacked_graphs(encoder: SentenceEncoder, max_models: int = 4) -> SharedGraphs:
+def stacked_graphs(
+    encoder: SentenceEncoder, max_models: int = 4, make_runner: Any = replay_like
+) -> SharedGraphs:
     """The architecture's graphs with stacked rounds, a graph's ways stood in
     on the CPU (``builders.replay_like``), every bucket built."""
     shared = SharedGraphs.of(
         encoder.model,
         encoder.tokenizer,
         OUTPUT,
-        replay_like,
+        make_runner,
         Stacking(max_models, StackedGraphs),
     )
     shared.prepare("cpu")
@@ -385,14 +387,7 @@ def test_a_round_whose_graph_failed_to_build_runs_each_batch_alone(
             raise RuntimeError("operation not permitted when stream is capturing")
         return replay_like(step, example)
 
-    shared = SharedGraphs.of(
-        encoders[0].model,
-        encoders[0].tokenizer,
-        OUTPUT,
-        no_stacked_graphs,
-        Stacking(4, StackedGraphs),
-    )
-    shared.prepare("cpu")
+    shared = stacked_graphs(encoders[0], make_runner=no_stacked_graphs)
     stacked = rounds_of(shared.stacked)
     try:
         assert stacked.runners.num_runners == 0
