@@ -453,6 +453,8 @@ BATCH_SAMPLES = {
     "tessera_batch_duration_seconds_sum": "batch_seconds",
     "tessera_stacked_rounds_total": "stacked_rounds",
     "tessera_stacked_batches_total": "stacked_batches",
+    "tessera_host_tier_copies_out_total": "copies_out",
+    "tessera_host_tier_copies_kept_total": "copies_kept",
 }
 
 
@@ -537,7 +539,9 @@ def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | 
 
 
 def swap_ins(before: Part, after: Part) -> Part:
-    """The loads between two snapshots: how many, p50, and the share within the bar."""
+    """The loads between two snapshots: how many, p50, the share within the
+    bar, and the evictions to page-locked memory that copied the weights out
+    and that copied nothing (a kept buffer)."""
     start = dict(before["load_seconds_buckets"])
     delta = [(le, count - start.get(le, 0.0)) for le, count in after["load_seconds_buckets"]]
     total = delta[-1][1] if delta else 0.0
@@ -548,6 +552,8 @@ def swap_ins(before: Part, after: Part) -> Part:
         "evictions": after["evictions_total"] - before["evictions_total"],
         "p50_ms": round(1000 * p50, 2) if p50 is not None else None,
         "share_within_10ms": round(within / total, 3) if total else None,
+        "copies_out": int(after.get("copies_out", 0.0) - before.get("copies_out", 0.0)),
+        "copies_kept": int(after.get("copies_kept", 0.0) - before.get("copies_kept", 0.0)),
     }
 
 

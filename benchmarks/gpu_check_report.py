@@ -365,6 +365,8 @@ def server_tables(report: Part) -> list[str]:
         lines.append(
             f"\nUnder the budget, after the first request to each model: {swap['loads']} loads,"
             f" {swap['evictions']} evictions; load p50 {number(swap['p50_ms'], 'ms')}, and"
-            f" {swap['share_within_10ms']} of them within 10 ms (tessera_model_load_seconds)."
+            f" {swap['share_within_10ms']} of them within 10 ms (tessera_model_load_seconds);"
+            f" evictions that copied the weights out {swap.get('copies_out', '-')}, that"
+            f" copied nothing (a kept buffer) {swap.get('copies_kept', '-')}."
         )
     return lines

@@ -62,6 +62,7 @@ from tessera.residency import (
 )
 from tessera.runtimes.base import ModelLoader, stacks
 from tessera.runtimes.cache import prune
+from tessera.runtimes.hostcopy import PINNED_POOL
 from tessera.runtimes.memory import freeze_heap
 from tessera.runtimes.stacking import stacked_totals
 from tessera.runtimes.tokens import TokenCounter, token_counter
@@ -442,6 +443,7 @@ class Engine(ModelLifecycle):
         residency = self._residency.stats()
         by_name = {m.name: m for m in residency.models}
         stacked_rounds, stacked_batches = stacked_totals()
+        copies_out, copies_kept = PINNED_POOL.copies()
         return EngineStats(
             device_name=self._device.name,
             device=self._device_stats(),
@@ -454,6 +456,8 @@ class Engine(ModelLifecycle):
             host_used_bytes=residency.host_used_bytes,
             host_loads_total=residency.host_loads_total,
             host_drops_total=residency.host_drops_total,
+            host_copies_out_total=copies_out,
+            host_copies_kept_total=copies_kept,
             num_workers=self._executor.num_workers,
             threads_per_worker=self._executor.threads_per_worker,
             ready=self.ready,

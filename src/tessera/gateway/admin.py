@@ -63,6 +63,8 @@ async def residency(request: Request) -> JSONResponse:
             "host_used_bytes": stats.host_used_bytes,
             "host_loads_total": stats.host_loads_total,
             "host_drops_total": stats.host_drops_total,
+            "host_copies_out_total": stats.host_copies_out_total,
+            "host_copies_kept_total": stats.host_copies_kept_total,
             "stacked_rounds_total": stats.stacked_rounds_total,
             "stacked_batches_total": stats.stacked_batches_total,
             "models": [{f: getattr(m, f) for f in RESIDENCY_FIELDS} for m in stats.models],

@@ -307,6 +307,17 @@ class EngineCollector(Collector):
             "Copies dropped from the host tier to make room for others.",
             stats.host_drops_total,
         )
+        yield CounterMetricFamily(
+            "tessera_host_tier_copies_out",
+            "Evictions to page-locked memory that copied the weights out (CUDA).",
+            stats.host_copies_out_total,
+        )
+        yield CounterMetricFamily(
+            "tessera_host_tier_copies_kept",
+            "Evictions to page-locked memory that copied nothing: a buffer kept from"
+            " the model's restore still held its weights (CUDA).",
+            stats.host_copies_kept_total,
+        )
 
     def _queues_and_slo(self, stats: EngineStats) -> Iterable[Metric]:
         depth = GaugeMetricFamily(

@@ -208,6 +208,10 @@ class EngineStats:
     # and the batches in them.
     stacked_rounds_total: int = 0
     stacked_batches_total: int = 0
+    # Evictions to page-locked memory (CUDA): weights copied out, and weights
+    # a buffer kept from the model's restore still held (runtimes/hostcopy.py).
+    host_copies_out_total: int = 0
+    host_copies_kept_total: int = 0
     rollouts_total: tuple[RolloutCount, ...] = ()
 
     def model(self, name: str) -> ModelStats | None:

@@ -440,26 +440,39 @@ class PinnedPool:
     still holds those weights, so the owner's next eviction takes it back
     (``reclaim``) and copies nothing to the host (on the H200 a MiniLM's copy
     out was 2.15 ms, at 21 GB/s, of a 5.27 ms swap-in). A copy of another
-    model takes an unmarked buffer of its size first, else the oldest marked
-    one (whose owner then copies when evicted). At most ``max_buffers``
-    buffers and ``max_bytes`` bytes wait here, outside the host tier's budget
-    (as the CUDA context is outside the device's); unmarked ones go first,
-    the oldest first."""
+    model takes an unmarked buffer of its size first, else a new one while
+    the pool has room to keep it when it comes back, and only at the pool's
+    bounds the oldest marked one (whose owner then copies when evicted).
+    Taking a marked buffer whenever no unmarked one waited had kept none: a
+    swap's restore gives one buffer back and its eviction takes one, so the
+    pool held about one, and each eviction of a model not restored last took
+    it (a hundred models swapping through twenty places: every swap copied
+    out). With room, the pool comes to hold a buffer for each model restored
+    and still on the device, and their evictions copy nothing. At most
+    ``max_buffers`` buffers and ``max_bytes`` bytes wait here, outside the
+    host tier's budget (as the CUDA context is outside the device's);
+    unmarked ones go first, the oldest first."""
 
     def __init__(self, max_buffers: int = 64, max_bytes: int = 2 << 30) -> None:
         self.max_buffers = max_buffers
         self.max_bytes = max_bytes
         self._free: deque[tuple[Any, object | None]] = deque()  # (buffer, owner)
         self._lock = threading.Lock()
+        # Evictions to page-locked memory: weights copied out, and weights a
+        # kept buffer still held (nothing copied; ``reclaim``).
+        self.copies_out = 0
+        self.copies_kept = 0
 
     def take(self, nbytes: int) -> Any:
-        """A page-locked buffer of exactly ``nbytes`` (uint8): a kept one
-        (unmarked first), else new."""
+        """A page-locked buffer of exactly ``nbytes`` (uint8) for a copy out
+        (counted): a kept unmarked one, else a new one while the pool could
+        keep one more of that size, else a marked one (the oldest), else new."""
         import torch
 
         with self._lock:
+            self.copies_out += 1
             at = self._first(nbytes, marked=False)
-            if at is None:
+            if at is None and not self._has_room(nbytes):
                 at = self._first(nbytes, marked=True)
             if at is not None:
                 buffer, _ = self._free[at]
@@ -474,8 +487,15 @@ class PinnedPool:
             for i, (buffer, mark) in enumerate(self._free):
                 if mark is owner and buffer.numel() == nbytes:
                     del self._free[i]
+                    self.copies_kept += 1
                     return buffer
         return None
+
+    def copies(self) -> tuple[int, int]:
+        """Evictions to page-locked memory so far: those that copied the
+        weights out, and those whose kept buffer still held them."""
+        with self._lock:
+            return self.copies_out, self.copies_kept
 
     def give(self, buffer: Any, owner: object | None = None) -> None:
         """Keep ``buffer`` (page-locked, no longer read by the device) for a
@@ -498,6 +518,10 @@ class PinnedPool:
             if (mark is not None) == marked and buffer.numel() == nbytes:
                 return i
         return None
+
+    def _has_room(self, nbytes: int) -> bool:
+        """Whether one more buffer of ``nbytes`` could wait here within the bounds."""
+        return len(self._free) < self.max_buffers and self.held_bytes() + nbytes <= self.max_bytes
 
     def held_bytes(self) -> int:
         return sum(int(b.numel()) for b, _ in self._free)

@@ -90,6 +90,8 @@ async def test_metrics_after_traffic(observed: httpx.AsyncClient) -> None:
     assert value(families["tessera_model_loads_total"], "tessera_model_loads_total") >= 2
     assert value(families["tessera_model_evictions_total"], "tessera_model_evictions_total") == 0
     assert value(families["tessera_model_load_seconds"], "tessera_model_load_seconds_count") >= 1
+    for copies in ("tessera_host_tier_copies_out", "tessera_host_tier_copies_kept"):
+        assert value(families[f"{copies}_total"]) == 0  # page-locked copies: CUDA only
 
     batch = families["tessera_batch_size"]
     assert value(batch, "tessera_batch_size_count", model="embed") > 0

@@ -202,8 +202,9 @@ def test_weights_that_never_change_are_not_copied_out_again_while_their_buffer_w
 ) -> None:
     # A model's own weights (an owner given): its restore leaves the buffer
     # in the pool marked as its, and its next eviction takes it back instead
-    # of copying; once another copy of that size has taken the buffer, the
-    # eviction copies again. Answers hold throughout.
+    # of copying. Another copy of that size takes a new buffer while the pool
+    # has room to keep one more; at the pool's bound it takes this one, and
+    # the eviction copies again. Answers hold throughout.
     from tessera.runtimes import hostcopy
     from tessera.runtimes.hostcopy import PinnedPool, _Pinned, tensors_of
 
@@ -228,12 +229,76 @@ def test_weights_that_never_change_are_not_copied_out_again_while_their_buffer_w
     assert len(cudart.registered) == 1
     size = pool.held_bytes()
     other = _Pinned.copy_of([torch.zeros(size, dtype=torch.uint8).untyped_storage()], "cpu")
-    assert pool.held_bytes() == 0  # another model's eviction took the buffer
+    assert pool.held_bytes() == size  # room for one more: the other's is new
+    assert len(cudart.registered) == 2
     copy = HostCopy.offload([module], "cuda", tensors, owner=owner)
-    assert counts == [loaded, 1, 1]  # the other's copy, then this one's: copied again
+    assert counts == [loaded, 1]  # the other's copy; this one's buffer taken back
+    copy.restore()
+    assert torch.equal(forward(module), before)
+    pool.max_buffers = 1  # at the bound: no room for another
+    third = _Pinned.copy_of([torch.zeros(size, dtype=torch.uint8).untyped_storage()], "cpu")
+    assert pool.held_bytes() == 0  # a third model's eviction took the buffer
+    copy = HostCopy.offload([module], "cuda", tensors, owner=owner)
+    assert counts == [loaded, 1, 1, 1]  # the third's copy, then this one's: copied again
     copy.restore()
     assert torch.equal(forward(module), before)
     other.free()
+    third.free()
+
+
+def test_a_hundred_models_swapping_through_twenty_places_copy_out_only_until_warm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The swaps of 100 models under a budget that holds 20 (least recently
+    # used out, round robin then Zipf): once each place's model has been
+    # restored, every eviction takes its own buffer back. A pool that gave a
+    # marked buffer to any copy that found no unmarked one held about one,
+    # and every swap copied out.
+    from tessera.runtimes import hostcopy
+    from tessera.runtimes.hostcopy import PinnedPool, tensors_of
+
+    pool = PinnedPool()
+    on_cpu_as_cuda(monkeypatch, pool)
+    monkeypatch.setattr(
+        hostcopy, "device_bytes", lambda n, device: torch.empty(n, dtype=torch.uint8)
+    )
+    counts = storages_copied(monkeypatch)
+    modules = [torch.nn.Linear(8, 8) for _ in range(100)]
+    tensors = [tensors_of([m]) for m in modules]
+    owners = [object() for _ in modules]
+    copies: dict[int, HostCopy] = {}
+    resident = list(range(100))  # least recently used first
+    evictions = [0]
+
+    def use(model: int) -> None:
+        if model in resident:
+            resident.remove(model)
+        else:
+            victim = resident.pop(0)
+            copies[victim] = HostCopy.offload(
+                [modules[victim]], "cuda", tensors[victim], owner=owners[victim]
+            )
+            evictions[0] += 1
+            copies.pop(model).restore()
+        resident.append(model)
+
+    while len(resident) > 20:
+        victim = resident.pop(0)
+        copies[victim] = HostCopy.offload(
+            [modules[victim]], "cuda", tensors[victim], owner=owners[victim]
+        )
+    for model in range(100):  # a round robin: the swaps of the 20 loaded, not restored, copy out
+        use(model)
+    warm = len(counts)
+    assert warm == 80 + 20
+    rng = np.random.default_rng(0)
+    for model in [*range(100), *rng.zipf(1.1, 2000) % 100]:
+        use(int(model))
+    assert len(counts) == warm  # no copy out once warm
+    assert len(pool._free) == 20  # a buffer for each model on the device
+    assert pool.copies() == (warm, 80 + evictions[0] - warm)  # as the metrics count them
+    for copy in copies.values():
+        copy.close()
 
 
 def test_the_pool_lets_unmarked_buffers_go_before_a_models_own(
