@@ -2,6 +2,8 @@
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/engine_ceiling_bench.py \
         [--concurrency 256] [--models 1] [--holds H] [--zipf S] [--seconds 5] \
+        [--swap-ms OUT,BACK] [--device CALLS,MS[,ROUND_CALLS,ROUND_MS]] \
+        [--stack N [--lane-threads T ...]] [--forms engine core] \
         [--rounds 3] [--out benchmarks/results]
 
 What the server costs per request before any model runs, in two forms, in
@@ -24,6 +26,19 @@ bookkeeping (``engine-ceiling-swaps`` reports), as for 100 models under a
 budget that holds 20. With ``--zipf S`` the callers pick each request's
 model by Zipf(S) popularity (seeded) instead of round robin: the issue's
 Zipf(1.1) bar, under swaps against all resident.
+
+With ``--device`` the fakes model a GPU's host side (options ``host_calls``,
+``device_s``): each batch makes CALLS calls that hand the interpreter lock to
+a waiting thread (``time.sleep(0)``, as each torch call that launches work
+does) and then takes MS ms of one device (a sleep under one lock); a
+stacked round (``--stack N``: the fakes' batches meet in rounds of up to N)
+makes ROUND_CALLS calls and takes ROUND_MS once, its device time after the
+lead is handed on, as a real round's wait for its vectors. On the H200 the
+100-model round robin's batches took 2.49 ms on workers that were on a core
+a quarter of the time: waits for the lock, each torch call a chance for the
+engine's loop to run a slice of its work first. ``--lane-threads`` runs a
+stacked form for each count of the executor's threads for batches across
+models; in-process forms report the rounds' mean batches.
 Writes ``OUT/engine-ceiling[-models]-DATE[-N].{md,json}``.
 """
 
@@ -55,11 +70,29 @@ from tessera.tasks.types import Task, TextInput
 BATCHING = {"max_batch_size": 64, "max_wait_ms": 2}
 # Milliseconds a swap's copy out to the host tier and back take (--swap-ms), or none.
 Swap = tuple[float, float] | None
+# A GPU's host side as the fakes model it (--device): calls that hand the
+# interpreter lock over and device ms, a batch's, then a stacked round's.
+DeviceModel = tuple[int, float, int, float] | None
+
+
+def device_model(text: str) -> tuple[int, float, int, float]:
+    """``CALLS,MS[,ROUND_CALLS,ROUND_MS]`` (a round's default: a batch's)."""
+    values = [float(v) for v in text.split(",")]
+    if len(values) not in (2, 4):
+        raise argparse.ArgumentTypeError("CALLS,MS or CALLS,MS,ROUND_CALLS,ROUND_MS")
+    calls, ms = int(values[0]), values[1]
+    return (calls, ms, int(values[2]), values[3]) if len(values) == 4 else (calls, ms, calls, ms)
 
 
 @asynccontextmanager
 async def fake_engine(
-    root: Path, models: int, holds: int | None = None, swap_ms: Swap = None, stack: int = 0
+    root: Path,
+    models: int,
+    holds: int | None = None,
+    swap_ms: Swap = None,
+    stack: int = 0,
+    device: DeviceModel = None,
+    lane_threads: int | None = None,
 ) -> AsyncIterator[Engine]:
     options: dict[str, object] = {"own_bytes": 1000}
     budget = 64 * 2**20
@@ -70,6 +103,9 @@ async def fake_engine(
         budget = int((holds + 0.5) * 2**20)
     if stack:
         options["stack"] = stack
+    if device is not None:
+        options.update(host_calls=device[0], device_s=device[1] / 1000)
+        options.update(round_host_calls=device[2], round_device_s=device[3] / 1000)
     for name in model_names(models):
         folder = root / "repo" / name
         folder.mkdir(parents=True)
@@ -85,6 +121,8 @@ async def fake_engine(
         num_threads=2,
         fill=False,
     )
+    if lane_threads is not None:
+        config = replace(config, across_models_threads=lane_threads)
     bound = getattr(residency, "MAX_HOST_LOADS", None)  # a tree before the bound has none
     if swap_ms is not None and bound is not None:
         # A device's copies, one at a time each way: its bound on loads from
@@ -141,35 +179,54 @@ class Run:
     zipf: float | None
     swap_ms: Swap = None
     stack: int = 0  # the fakes' batches meet in rounds of up to this many (0: none)
+    device: DeviceModel = None
+    lane_threads: int | None = None  # the executor's threads for batches across models
 
 
-async def engine_only(run: Run) -> tuple[float, float | None]:
-    """Requests a second, and loads from the host tier a request (swaps)."""
+@dataclass(frozen=True)
+class Measured:
+    rate: float  # requests a second
+    swaps: float | None = None  # loads from the host tier a request (in process only)
+    round_batches: float | None = None  # batches a stacked round (in process only)
+
+
+async def engine_only(run: Run) -> Measured:
+    """Requests a second, loads from the host tier a request (swaps), and the
+    stacked rounds' mean batches."""
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp), run.models, run.holds, run.swap_ms, run.stack) as engine:
-            before = engine.snapshot().host_loads_total
+        engine_of = fake_engine(
+            Path(tmp), run.models, run.holds, run.swap_ms, run.stack, run.device, run.lane_threads
+        )
+        async with engine_of as engine:
+            before = engine.snapshot()
             began = time.perf_counter()
             rate = await drive(engine, run.models, run.concurrency, run.seconds, run.zipf)
             answered = rate * (time.perf_counter() - began)
-            swaps = engine.snapshot().host_loads_total - before
-            return rate, swaps / answered if answered else None
+            after = engine.snapshot()
+            swaps = after.host_loads_total - before.host_loads_total
+            rounds = after.stacked_rounds_total - before.stacked_rounds_total
+            batches = after.stacked_batches_total - before.stacked_batches_total
+            return Measured(
+                rate, swaps / answered if answered else None, batches / rounds if rounds else None
+            )
 
 
-async def serve_core(
-    socket_path: Path, models: int, holds: int | None, swap_ms: Swap = None, stack: int = 0
-) -> None:
+async def serve_core(socket_path: Path, run: Run) -> None:
     """The engine process: serve until killed."""
     from tessera.engine.core import EngineCore
 
     with tempfile.TemporaryDirectory() as tmp:
-        async with fake_engine(Path(tmp), models, holds, swap_ms, stack) as engine:
+        engine_of = fake_engine(
+            Path(tmp), run.models, run.holds, run.swap_ms, run.stack, run.device, run.lane_threads
+        )
+        async with engine_of as engine:
             core = EngineCore(engine)
             await core.start(socket_path)
             print("ready", flush=True)
             await asyncio.Event().wait()
 
 
-async def through_core(run: Run) -> tuple[float, float | None]:
+async def through_core(run: Run) -> Measured:
     from tessera.engine.remote import RemoteEngine
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -180,6 +237,10 @@ async def through_core(run: Run) -> tuple[float, float | None]:
             command += ["--holds", str(run.holds)]
         if run.swap_ms is not None:
             command += ["--swap-ms", f"{run.swap_ms[0]},{run.swap_ms[1]}"]
+        if run.device is not None:
+            command += ["--device", ",".join(map(str, run.device))]
+        if run.lane_threads is not None:
+            command += ["--serve-lane-threads", str(run.lane_threads)]
         server = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
         try:
             assert server.stdout is not None
@@ -188,7 +249,7 @@ async def through_core(run: Run) -> tuple[float, float | None]:
             await remote.connect(timeout_s=30)
             try:
                 rate = await drive(remote, run.models, run.concurrency, run.seconds, run.zipf)
-                return rate, None  # the engine's counters are the other process's
+                return Measured(rate)  # the engine's counters are the other process's
             finally:
                 await remote.close()
         finally:
@@ -216,37 +277,86 @@ def main() -> None:
         default=0,
         help="also each form with the fakes' batches meeting in rounds of up to N",
     )
+    parser.add_argument(
+        "--device",
+        type=device_model,
+        help="CALLS,MS[,ROUND_CALLS,ROUND_MS]: each batch (stacked round) makes CALLS calls"
+        " that hand the interpreter lock over and takes MS ms of one device (fake options"
+        " host_calls, device_s): a GPU's host side",
+    )
+    parser.add_argument(
+        "--lane-threads",
+        type=int,
+        nargs="*",
+        default=[],
+        help="with --stack: a stacked form for each count of the executor's threads for"
+        " batches across models (default: the engine's)",
+    )
+    parser.add_argument(
+        "--forms", nargs="*", choices=["engine", "core"], default=["engine", "core"]
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-lane-threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    load = Run(
+        args.models,
+        args.holds,
+        args.concurrency,
+        args.seconds,
+        args.zipf,
+        args.swap_ms,
+        device=args.device,
+    )
     if args.serve is not None:
-        asyncio.run(serve_core(args.serve, args.models, args.holds, args.swap_ms, args.stack))
+        run = replace(load, stack=args.stack, lane_threads=args.serve_lane_threads)
+        asyncio.run(serve_core(args.serve, run))
         return
     runs: list[dict[str, Any]] = []
-    load = Run(args.models, args.holds, args.concurrency, args.seconds, args.zipf, args.swap_ms)
-    forms = [("engine", engine_only, load), ("core", through_core, load)]
+    measures = {"engine": engine_only, "core": through_core}
+    forms = [(form, measures[form], load) for form in args.forms]
     if args.stack:
-        stacked = replace(load, stack=args.stack)
-        label = f"stacked {args.stack}"
-        forms += [(f"engine, {label}", engine_only, stacked)]
-        forms += [(f"core, {label}", through_core, stacked)]
+        for threads in args.lane_threads or [None]:
+            stacked = replace(load, stack=args.stack, lane_threads=threads)
+            label = f"stacked {args.stack}"
+            if threads is not None:
+                label += f", {threads} threads"
+            forms += [(f"{form}, {label}", measures[form], stacked) for form in args.forms]
     for round_ in range(1, args.rounds + 1):
         for form, measure, run in forms:
-            rate, swaps = asyncio.run(measure(run))
-            runs.append({"round": round_, "form": form, "req_per_s": rate, "swaps": swaps})
-            each = f" ({swaps:.3f} swaps a request)" if swaps is not None else ""
-            print(f"round {round_}, {form}: {rate:.0f} req/s{each}", flush=True)
+            got = asyncio.run(measure(run))
+            runs.append(
+                {
+                    "round": round_,
+                    "form": form,
+                    "req_per_s": got.rate,
+                    "swaps": got.swaps,
+                    "round_batches": got.round_batches,
+                }
+            )
+            each = f" ({got.swaps:.3f} swaps a request)" if got.swaps is not None else ""
+            if got.round_batches is not None:
+                each += f" ({got.round_batches:.1f} batches a round)"
+            print(f"round {round_}, {form}: {got.rate:.0f} req/s{each}", flush=True)
     medians = {
         form: statistics.median(r["req_per_s"] for r in runs if r["form"] == form)
         for form, _, _ in forms
     }
     date = datetime.date.today().isoformat()
     many = args.models > 1
+    cost = "that cost nothing" if args.device is None else "with a GPU's host side modelled"
     what = (
-        f"{args.models} `fake` embedding models that cost nothing, taken "
+        f"{args.models} `fake` embedding models {cost}, taken "
         + ("round robin" if args.zipf is None else f"by Zipf({args.zipf:g}) popularity")
         if many
-        else "A `fake` embedding model that costs nothing"
+        else f"A `fake` embedding model {cost}"
     )
+    if args.device is not None:
+        calls, ms, round_calls, round_ms = args.device
+        what += (
+            f" (each batch makes {calls} calls that hand the interpreter lock to a waiting"
+            f" thread and takes {ms:g} ms of one device, a stacked round {round_calls} calls"
+            f" and {round_ms:g} ms: fake options host_calls and device_s)"
+        )
     if args.holds is not None:
         what += (
             f", under a budget that holds {args.holds} (1 MiB each, the budget"
@@ -266,8 +376,14 @@ def main() -> None:
         rerun += f" --zipf {args.zipf:g}"
     if args.holds is not None and args.swap_ms is not None:
         rerun += f" --swap-ms {args.swap_ms[0]:g},{args.swap_ms[1]:g}"
+    if args.device is not None:
+        rerun += " --device " + ",".join(f"{v:g}" for v in args.device)
+    if args.forms != ["engine", "core"]:
+        rerun += " --forms " + " ".join(args.forms)
     if args.stack:
         rerun += f" --stack {args.stack}"
+        if args.lane_threads:
+            rerun += " --lane-threads " + " ".join(map(str, args.lane_threads))
         what += (
             f"; the forms marked stacked with the fakes' option stack: {args.stack} (their"
             " batches meet in rounds, runtimes/stacking.Rendezvous, on the executor's"
@@ -280,11 +396,12 @@ def main() -> None:
         f"{what}, {args.concurrency} callers, {args.seconds:g} s a run. Rerun:",
         f"`HF_HUB_OFFLINE=1 .venv/bin/python {rerun}`.",
         "",
-        "| round | form | req/s | loads from the host tier a request |",
-        "|---|---|---|---|",
+        "| round | form | req/s | loads from the host tier a request | batches a stacked round |",
+        "|---|---|---|---|---|",
         *(
             f"| {r['round']} | {r['form']} | {r['req_per_s']:.0f} |"
             f" {'-' if r['swaps'] is None else format(r['swaps'], '.3f')} |"
+            f" {'-' if r['round_batches'] is None else format(r['round_batches'], '.1f')} |"
             for r in runs
         ),
         "",
@@ -299,6 +416,8 @@ def main() -> None:
         "zipf": args.zipf,
         "swap_ms": args.swap_ms,
         "stack": args.stack,
+        "device": args.device,
+        "lane_threads": args.lane_threads,
         "runs": runs,
         "medians": medians,
     }
@@ -307,6 +426,8 @@ def main() -> None:
         name = "engine-ceiling-swaps" if args.swap_ms is None else "engine-ceiling-copies"
     if args.zipf is not None:
         name += "-zipf"
+    if args.device is not None:
+        name += "-device"
     if args.stack:
         name += "-stacked"
     write_report(args.out, date, name, figures, "\n".join(lines))

@@ -27,6 +27,14 @@ Its descriptor's ``options`` set what it reports and does::
                              # (runtimes/stacking.Rendezvous; a round runs them one after
                              # another in its leader's thread, and a failure fails the
                              # round), on the executor's threads for batches across models
+      host_calls: 0          # calls a batch makes that hand the interpreter lock to a
+                             # waiting thread (time.sleep(0)), as each torch call that
+                             # launches a GPU's work does
+      device_s: 0.0          # seconds of the device a batch takes, one batch at a time in
+                             # the process (a sleep under one lock): with host_calls, a
+                             # model of a GPU's host side (benches; _DeviceModel)
+      round_host_calls: 0    # the same for a whole stacked round (default: a batch's);
+      round_device_s: 0.0    # a round's batches then make none of their own
       host_tier: false       # true: waits in the host tier when evicted (OffloadingModel)
       host_bytes: 1000       # the host bytes it then reports (default: own_bytes)
       fail_restore: false    # raise when brought back from the host tier
@@ -49,6 +57,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,7 +67,7 @@ from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
 from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
-from tessera.runtimes.stacking import Rendezvous
+from tessera.runtimes.stacking import Rendezvous, count_round
 from tessera.step import step_boundary
 from tessera.tasks.types import (
     ChatInput,
@@ -171,9 +180,16 @@ class FakeModel:
     def run(self, items: Sequence[Any]) -> list[Any]:
         stack = int(self.spec.options.get("stack", 0))
         stops = item_stops(len(items))  # this thread's: a round may run it in another
+        options = self.spec.options
         if stack:
-            outputs: list[Any] = _rounds(stack).submit(functools.partial(self._run, items, stops))
+            device = _DeviceModel(
+                int(options.get("round_host_calls", options.get("host_calls", 0))),
+                float(options.get("round_device_s", options.get("device_s", 0.0))),
+            )
+            call = functools.partial(self._run, items, stops)
+            outputs: list[Any] = _rounds(stack, device).submit(call)
             return outputs
+        _DeviceModel(int(options.get("host_calls", 0)), float(options.get("device_s", 0.0))).run()
         return self._run(items, stops)
 
     def _run(self, items: Sequence[Any], stops: Sequence[StopFlag]) -> list[Any]:
@@ -232,22 +248,64 @@ class FakeModel:
                 self._ctx.shared.release(key, parked=self.offloaded)
 
 
-_ROUNDS: dict[int, Rendezvous[Callable[[], list[Any]]]] = {}
+# The process's one device (option device_s): a batch's or a round's time on it.
+_DEVICE = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _DeviceModel:
+    """What a batch, or a stacked round, costs as on a GPU (options
+    ``host_calls``, ``device_s``): its launch, calls that each hand the
+    interpreter lock to a thread waiting for it, as a torch call does (on the
+    H200 a thread's batch waited for the lock at each of them while the
+    engine's loop ran); then waiting for its time on the one device. Nothing
+    where both are zero."""
+
+    host_calls: int = 0
+    device_s: float = 0.0
+
+    def run(self) -> None:
+        self.launch()
+        self.wait()
+
+    def launch(self) -> None:
+        for _ in range(self.host_calls):
+            time.sleep(0)
+
+    def wait(self) -> None:
+        if self.device_s:
+            with _DEVICE:
+                time.sleep(self.device_s)
+
+
+_ROUNDS: dict[tuple[int, _DeviceModel], Rendezvous[Callable[[], list[Any]]]] = {}
 _ROUNDS_LOCK = threading.Lock()
 
 
-def _rounds(max_calls: int) -> Rendezvous[Callable[[], list[Any]]]:
-    """The process's rounds of fake batches of up to ``max_calls`` (option ``stack``)."""
+def _rounds(max_calls: int, device: _DeviceModel) -> Rendezvous[Callable[[], list[Any]]]:
+    """The process's rounds of fake batches of up to ``max_calls`` (option
+    ``stack``), each costing ``device`` once."""
     with _ROUNDS_LOCK:
-        rounds = _ROUNDS.get(max_calls)
+        key = (max_calls, device)
+        rounds = _ROUNDS.get(key)
         if rounds is None:
-            rounds = _ROUNDS[max_calls] = Rendezvous(max_calls, _run_round)
+            rounds = _ROUNDS[key] = Rendezvous(max_calls, functools.partial(_run_round, device))
         return rounds
 
 
-def _run_round(calls: list[Callable[[], list[Any]]]) -> Callable[[], list[Any]]:
+def _run_round(
+    device: _DeviceModel, calls: list[Callable[[], list[Any]]]
+) -> Callable[[], list[Any]]:
+    device.launch()
     results = [call() for call in calls]
-    return lambda: results
+    if len(calls) > 1:
+        count_round(len(calls))
+
+    def finish() -> list[Any]:  # after the lead is handed on, as a real round's wait
+        device.wait()
+        return results
+
+    return finish
 
 
 # A device's copy streams, one each way (offload_s, restore_s).

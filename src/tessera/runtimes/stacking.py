@@ -194,6 +194,12 @@ class _Totals:
 _TOTALS = _Totals()
 
 
+def count_round(batches: int) -> None:
+    """A round of ``batches`` (two or more) ran in one forward: counted in
+    ``stacked_totals`` (a runtime's own rounds, such as the fake's)."""
+    _TOTALS.add(batches)
+
+
 def stacked_totals() -> tuple[int, int]:
     """Rounds of two or more models' batches run in this process so far, and
     the batches in them (every group's: the engine's stats and metrics)."""
