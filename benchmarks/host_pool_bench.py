@@ -3,7 +3,8 @@ weights to page-locked memory, and how many find them still held there,
 side by side with other source trees.
 
     .venv/bin/python benchmarks/host_pool_bench.py [--against SRC ...] \
-        [--models 100] [--holds 20] [--swaps 4000] [--zipf 1.1] [--out benchmarks/results]
+        [--models 100] [--holds 20] [--swaps 4000] [--zipf 1.1] [--pool-buffers B ...] \
+        [--out benchmarks/results]
 
 On CUDA an evicted model's weights go to a page-locked host buffer, and a
 buffer kept from the model's last restore still holds them, so its eviction
@@ -20,7 +21,10 @@ per load: swaps, evictions that copied out, evictions that copied nothing,
 new page-locked buffers (a registration each: on the H200 a fresh buffer
 cost 37 ms against 2.5 ms from the pool), buffers left in the pool. Each
 source tree (this checkout's ``src``, then each ``--against`` folder, first
-on ``PYTHONPATH`` of a child process) runs the same sequence.
+on ``PYTHONPATH`` of a child process) runs the same sequence, once with the
+pool's own bounds and once for each ``--pool-buffers`` bound on its buffers
+(a pool that cannot keep a buffer for every model on the device, as 2 GiB
+cannot for larger models).
 Writes ``OUT/host-pool-DATE[-N].{md,json}``.
 """
 
@@ -39,7 +43,9 @@ from pathlib import Path
 from typing import Any
 
 
-def child(models: int, holds: int, swaps: int, zipf: float) -> dict[str, Any]:
+def child(
+    models: int, holds: int, swaps: int, zipf: float, pool_buffers: int | None
+) -> dict[str, Any]:
     import torch
 
     from tessera.runtimes import hostcopy
@@ -65,7 +71,8 @@ def child(models: int, holds: int, swaps: int, zipf: float) -> dict[str, Any]:
         return torch.empty(nbytes, dtype=torch.uint8)
 
     hostcopy.copying = copying
-    hostcopy.PINNED_POOL = pool = PinnedPool()
+    pool = PinnedPool() if pool_buffers is None else PinnedPool(max_buffers=pool_buffers)
+    hostcopy.PINNED_POOL = pool
     hostcopy.device_bytes = host_bytes
     copied = [0]
     copy_of = _Pinned.copy_of.__func__  # type: ignore[attr-defined]
@@ -122,12 +129,16 @@ def child(models: int, holds: int, swaps: int, zipf: float) -> dict[str, Any]:
     return {"loads": loads}
 
 
-def run_child(source: Path | None, args: argparse.Namespace) -> dict[str, Any]:
+def run_child(
+    source: Path | None, args: argparse.Namespace, pool_buffers: int | None
+) -> dict[str, Any]:
     env = dict(os.environ)
     if source is not None:
         env["PYTHONPATH"] = f"{source}{os.pathsep}{env.get('PYTHONPATH', '')}"
     command = [sys.executable, __file__, "--child", "--models", str(args.models)]
     command += ["--holds", str(args.holds), "--swaps", str(args.swaps), "--zipf", str(args.zipf)]
+    if pool_buffers is not None:
+        command += ["--pool-buffers", str(pool_buffers)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=True)
     figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return figures
@@ -140,31 +151,38 @@ def main() -> None:
     parser.add_argument("--holds", type=int, default=20)
     parser.add_argument("--swaps", type=int, default=4000)
     parser.add_argument("--zipf", type=float, default=1.1)
+    parser.add_argument("--pool-buffers", type=int, nargs="*", default=[])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.models, args.holds, args.swaps, args.zipf)))
+        bound = args.pool_buffers[0] if args.pool_buffers else None
+        print(json.dumps(child(args.models, args.holds, args.swaps, args.zipf, bound)))
         return
     from harness.report import write_report
 
     sources: list[tuple[str, Path | None]] = [("this checkout", None)]
     sources += [(str(path), path.resolve()) for path in args.against]
     rows = []
-    for name, source in sources:
-        for load in run_child(source, args)["loads"]:
-            rows.append({"source": name, **load})
-            print(
-                f"{name}, {load['load']}: {load['swaps']} swaps, {load['copied_out']} copied"
-                f" out, {load['new_buffers']} new buffers, {load['pool_buffers']} in the pool",
-                flush=True,
-            )
+    for bound in [None, *args.pool_buffers]:
+        pool = "its own" if bound is None else f"{bound} buffers"
+        for name, source in sources:
+            for load in run_child(source, args, bound)["loads"]:
+                rows.append({"source": name, "pool": pool, **load})
+                print(
+                    f"{name}, pool {pool}, {load['load']}: {load['swaps']} swaps,"
+                    f" {load['copied_out']} copied out, {load['new_buffers']} new buffers,"
+                    f" {load['pool_buffers']} in the pool",
+                    flush=True,
+                )
     date = datetime.date.today().isoformat()
     rerun = "benchmarks/host_pool_bench.py"
     if args.against:
         rerun += " --against " + " ".join(str(p) for p in args.against)
     rerun += f" --models {args.models} --holds {args.holds} --swaps {args.swaps}"
     rerun += f" --zipf {args.zipf:g}"
+    if args.pool_buffers:
+        rerun += " --pool-buffers " + " ".join(map(str, args.pool_buffers))
     lines = [
         f"# Copies out of the host tier's swaps, {date}",
         "",
@@ -176,11 +194,11 @@ def main() -> None:
         " nothing: those whose buffer, kept from the model's restore, still held them."
         f" Rerun: `.venv/bin/python {rerun}`.",
         "",
-        "| source | load | requests | swaps | copied out | copied nothing |"
+        "| source | pool bound | load | requests | swaps | copied out | copied nothing |"
         " new buffers | left in the pool |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
         *(
-            f"| {r['source']} | {r['load']} | {r['requests']} | {r['swaps']} |"
+            f"| {r['source']} | {r['pool']} | {r['load']} | {r['requests']} | {r['swaps']} |"
             f" {r['copied_out']} | {r['copied_nothing']} | {r['new_buffers']} |"
             f" {r['pool_buffers']} |"
             for r in rows

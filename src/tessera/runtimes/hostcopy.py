@@ -442,7 +442,9 @@ class PinnedPool:
     out was 2.15 ms, at 21 GB/s, of a 5.27 ms swap-in). A copy of another
     model takes an unmarked buffer of its size first, else a new one while
     the pool has room to keep it when it comes back, and only at the pool's
-    bounds the oldest marked one (whose owner then copies when evicted).
+    bounds the newest marked one (whose owner then copies when evicted): the
+    buffer of the model restored last, which the least recently used go
+    before; the oldest marked one was the next victim's own.
     Taking a marked buffer whenever no unmarked one waited had kept none: a
     swap's restore gives one buffer back and its eviction takes one, so the
     pool held about one, and each eviction of a model not restored last took
@@ -466,14 +468,14 @@ class PinnedPool:
     def take(self, nbytes: int) -> Any:
         """A page-locked buffer of exactly ``nbytes`` (uint8) for a copy out
         (counted): a kept unmarked one, else a new one while the pool could
-        keep one more of that size, else a marked one (the oldest), else new."""
+        keep one more of that size, else a marked one (the newest), else new."""
         import torch
 
         with self._lock:
             self.copies_out += 1
             at = self._first(nbytes, marked=False)
             if at is None and not self._has_room(nbytes):
-                at = self._first(nbytes, marked=True)
+                at = self._last_marked(nbytes)
             if at is not None:
                 buffer, _ = self._free[at]
                 del self._free[at]  # by place: tensors compare element by element
@@ -516,6 +518,13 @@ class PinnedPool:
     def _first(self, nbytes: int, *, marked: bool) -> int | None:
         for i, (buffer, mark) in enumerate(self._free):
             if (mark is not None) == marked and buffer.numel() == nbytes:
+                return i
+        return None
+
+    def _last_marked(self, nbytes: int) -> int | None:
+        for i in range(len(self._free) - 1, -1, -1):
+            buffer, mark = self._free[i]
+            if mark is not None and buffer.numel() == nbytes:
                 return i
         return None
 

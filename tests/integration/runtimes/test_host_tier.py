@@ -336,6 +336,28 @@ def storages_copied(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return counts
 
 
+def test_at_its_bound_the_pool_gives_a_copy_the_buffer_of_the_model_restored_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With no room for a new buffer, a copy out takes a marked one: the
+    # newest, whose model (restored last) least-recently-used eviction takes
+    # last; the oldest belongs to the model likeliest to go next.
+    from tessera.runtimes.hostcopy import PinnedPool
+
+    pool = PinnedPool(max_buffers=2)
+    cudart = on_cpu_as_cuda(monkeypatch, pool)
+    older, newer = object(), object()
+    first, second = (torch.zeros(512, dtype=torch.uint8) for _ in range(2))
+    pool.give(first, older)
+    pool.give(second, newer)
+    assert pool.take(512) is second
+    assert pool.reclaim(older, 512) is first
+    assert pool.copies() == (1, 1)
+    pool.give(first, older)
+    assert pool.take(512) is not first  # room again (one waits): a new buffer
+    assert len(cudart.registered) == 1
+
+
 def test_the_pool_keeps_no_more_bytes_than_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     from tessera.runtimes.hostcopy import PinnedPool, _Pinned
 
