@@ -399,7 +399,9 @@ def _check_item(
     """Refuse an item the model would not run whole: a text over its window
     when the card says ``truncate: false`` (counted by ``count_tokens``, the
     model's tokenizer, where given; else characters / 4), a chat over its
-    token limit, an image or a prompt for a model that reads neither."""
+    token limit, an image or a prompt for a model that reads neither, a text
+    that is not Unicode."""
+    _check_unicode(index, item)
     _check_vision(item, limits)
     match item:
         case TextInput(text=text):
@@ -426,6 +428,37 @@ def _check_item(
                 f"input[{index}] is {size},"
                 f" over the model's window of {window:,} tokens; its card says truncate: false"
             )
+
+
+def _texts_of(item: object) -> list[str]:
+    match item:
+        case TextInput(text=text) | TranslateInput(text=text) | SpeechInput(text=text):
+            return [text]
+        case RerankInput(query=query, document=document):
+            return [query, document]
+        case ChatInput(messages=messages, stop=stop, prompt=prompt):
+            prompts = [] if prompt is None else [prompt]
+            return [m.content for m in messages] + list(stop) + prompts
+        case OcrInput(prompt=str(prompt)):
+            return [prompt]
+        case _:
+            return []
+
+
+def _check_unicode(index: int, item: object) -> None:
+    """Refuse a text with a lone surrogate: JSON's escapes (``"\\ud800"``) make
+    one, Python's str holds it, and UTF-8, which every tokenizer reads, cannot
+    encode it (they failed on it, a 500)."""
+    for text in _texts_of(item):
+        if text.isascii():
+            continue
+        try:
+            text.encode()
+        except UnicodeEncodeError as e:
+            raise InvalidInputError(
+                f"input[{index}] holds a lone surrogate (U+{ord(text[e.start]):04X}"
+                f" at character {e.start}): not Unicode text"
+            ) from None
 
 
 def _check_max_tokens(max_tokens: int, limits: InputLimits) -> None:

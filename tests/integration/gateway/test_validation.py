@@ -117,6 +117,31 @@ async def test_a_well_formed_kserve_body_nested_by_its_shape_is_served(
     assert r.json()["outputs"][0]["shape"][0] == 4
 
 
+# A lone surrogate, as JSON's escapes give it: Python's json takes it, UTF-8
+# cannot encode it, and the real tokenizers raised TypeError on it (a 500).
+SURROGATE = '"a\\ud800b"'
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", '{"model": "embed", "input": [$S]}'),
+        ("/v1/rerank", '{"model": "rerank", "query": "q", "documents": ["d", $S]}'),
+        ("/v1/classify", '{"model": "intent", "inputs": [$S]}'),
+        ("/v2/embed", '{"model": "embed", "texts": [$S], "input_type": "search_query"}'),
+        ("/tei/embed/embed", '{"inputs": $S}'),
+        (INFER, '{"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": [$S]}]}'),
+    ],
+)
+async def test_a_lone_surrogate_in_a_text_is_422_before_the_model(
+    client: httpx.AsyncClient, path: str, body: str
+) -> None:
+    content = body.replace("$S", SURROGATE).encode()
+    r = await client.post(path, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert "surrogate" in r.text
+
+
 def png_header(width: int, height: int) -> bytes:
     """A PNG whose header claims ``width`` x ``height`` pixels (its data is empty)."""
 

@@ -16,7 +16,9 @@ from tessera.tasks.types import (
     InputLimits,
     OcrInput,
     RerankInput,
+    SpeechInput,
     TextInput,
+    TranslateInput,
     request_units,
     work_units,
 )
@@ -103,6 +105,26 @@ def test_chat_over_the_cards_token_limit_is_refused() -> None:
     assert request_units([ChatInput(messages, max_tokens=64)], limits) == 65
     with pytest.raises(InvalidInputError, match="limit of 64"):
         request_units([ChatInput(messages, max_tokens=65)], limits)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        TextInput("a\ud800"),
+        RerankInput("q", "\udfffd"),
+        TranslateInput("\ud83d"),
+        SpeechInput("\udc00"),
+        ChatInput((ChatMessage("user", "hi"),), stop=("\ud800",)),
+        OcrInput(image(8, 8), prompt="\ud800"),
+    ],
+)
+def test_a_text_with_a_lone_surrogate_is_refused(item: object) -> None:
+    with pytest.raises(InvalidInputError, match=r"input\[1\] holds a lone surrogate"):
+        request_units([TextInput("ok é"), item], InputLimits())
+
+
+def test_text_with_surrogate_pairs_made_whole_is_served() -> None:
+    assert request_units([TextInput("\U0001f30d é")], InputLimits()) > 0
 
 
 def card(task: str, **options: object) -> dict[str, object]:
