@@ -63,6 +63,10 @@ def encoded(output: SpeechOutput, audio_format: str) -> EncodedAudio:
             f"{audio_format} needs the soundfile package (pip install 'tessera[tts]');"
             " wav and pcm need nothing"
         ) from e
+    if samples.size == 0:
+        # libsndfile writes no bytes for no samples (mp3, flac) or an Ogg
+        # stream it cannot read back (opus): one silent sample makes a file.
+        samples = np.zeros(1, dtype="<i2")
     container, subtype = audio_format.upper(), None
     if audio_format == "opus":
         container, subtype = "OGG", "OPUS"

@@ -73,6 +73,17 @@ def test_opus_takes_a_rate_of_its_own_and_silence_encodes() -> None:
     assert encoded(quiet, "wav").data
 
 
+@pytest.mark.parametrize("audio_format", ["mp3", "flac", "opus", "wav"])
+def test_no_samples_still_make_a_file_that_reads_back(audio_format: str) -> None:
+    # A text with nothing to speak ("...") gives no samples: libsndfile wrote
+    # no bytes at all for mp3 and flac, which no player opens.
+    soundfile = pytest.importorskip("soundfile")
+    quiet = SpeechOutput(samples=np.zeros(0, dtype=np.int16), sample_rate=RATE)
+    audio = encoded(quiet, audio_format)
+    samples, _ = soundfile.read(io.BytesIO(audio.data), dtype="int16")
+    assert not np.any(samples)
+
+
 def test_aac_and_unknown_formats_say_what_is_written() -> None:
     for value in ("aac", "ogg"):
         with pytest.raises(ValueError, match="mp3, opus, flac, wav, pcm"):
