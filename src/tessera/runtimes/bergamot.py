@@ -10,8 +10,9 @@ cost what they cost (benchmarks measure real work).
 
 The engine translates one line per call on one thread and releases the GIL,
 and it drops sentences from long inputs (a dozen sentences in one call lose
-the last ones). So each item is split into lines and sentences, and the
-segments of a batch are spread over ``ctx.threads`` Python threads.
+the last ones). So each item is split into lines and sentences (a long one
+into pieces, ``_MAX_SEGMENT``), and the segments of a batch are spread over
+``ctx.threads`` Python threads.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ _METHOD = "rss delta (load + warm-up)"
 # A sentence ends at . ! ? followed by space and a capital, digit or opening quote;
 # an abbreviation ("Mr. Smith") splits too, which costs little.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'“(¿¡]?[A-ZÀ-Þ0-9])")
+# The engine's time grows with the square of a call's text (a sentence of
+# 1,000 words took 3 s, of 2,000 16 s, of 5,000 minutes, holding the model's
+# one batch while the callers behind it timed out): a longer sentence is cut
+# at spaces into pieces of at most this many characters, translated apart.
+_MAX_SEGMENT = 400
 
 
 def _direction(spec: ModelSpec) -> str:
@@ -65,8 +71,29 @@ def _model_dir(spec: ModelSpec, direction: str) -> Path:
 
 
 def _split(text: str) -> list[list[str]]:
-    """Lines of sentences; blank lines are kept as empty lines."""
-    return [_SENTENCE_END.split(line.strip()) if line.strip() else [] for line in text.split("\n")]
+    """Lines of sentences (long ones in pieces); blank lines are kept as empty lines."""
+    return [
+        [piece for sentence in _SENTENCE_END.split(line.strip()) for piece in _pieces(sentence)]
+        if line.strip()
+        else []
+        for line in text.split("\n")
+    ]
+
+
+def _pieces(sentence: str) -> list[str]:
+    """``sentence`` in pieces of at most ``_MAX_SEGMENT`` characters, cut at
+    the last space that fits (anywhere in a text without one)."""
+    pieces = []
+    start = 0  # by index: slicing off each piece would copy the rest every time
+    while len(sentence) - start > _MAX_SEGMENT:
+        cut = sentence.rfind(" ", start + 1, start + _MAX_SEGMENT + 1)
+        cut = cut if cut > 0 else start + _MAX_SEGMENT
+        pieces.append(sentence[start:cut].rstrip())
+        start = cut
+        while sentence.startswith(" ", start):
+            start += 1
+    rest = sentence[start:]
+    return [*pieces, rest] if rest else pieces
 
 
 def _check_item(item: object) -> TranslateInput:

@@ -310,6 +310,28 @@ def test_en_pt_keeps_lines_and_every_sentence(en_pt: LoadedModel) -> None:
         assert str(n) in rest
 
 
+def test_en_pt_translates_a_sentence_without_end_in_pieces(
+    en_pt: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine's time grows with the square of what one call reads: a
+    # sentence of 5,000 words held the model's batch for minutes.
+    engine = en_pt.engine  # type: ignore[attr-defined]
+    lengths: list[int] = []
+
+    def translate(text: str) -> str:
+        lengths.append(len(text))
+        result: str = engine.translate(text)
+        return result
+
+    monkeypatch.setattr(en_pt, "engine", type("Spy", (), {"translate": staticmethod(translate)}))
+    [output] = en_pt.run([TranslateInput("word " * 1000 + "end")])
+
+    assert len(lengths) > 1
+    assert max(lengths) <= 400
+    assert sum(lengths) >= 5000 - len(lengths)  # every word is read
+    assert output.count("palavra") > 900
+
+
 def test_pt_en_translates_a_batch_in_order(pt_en: LoadedModel) -> None:
     outputs = pt_en.run(
         [
