@@ -414,6 +414,9 @@ def _check_item(
         case OcrInput() if limits.vision is not None:
             _check_max_tokens(ocr_max_tokens(item, limits), limits)
             return
+        case OcrInput(image=image):
+            _check_ocr_sides(int(image.shape[0]), int(image.shape[1]), limits)
+            return
         case _:
             return
     window = limits.text_window
@@ -428,6 +431,21 @@ def _check_item(
                 f"input[{index}] is {size},"
                 f" over the model's window of {window:,} tokens; its card says truncate: false"
             )
+
+
+def _check_ocr_sides(height: int, width: int, limits: InputLimits) -> None:
+    """Refuse an image whose short side rapidocr's first resize makes 0 pixels
+    (its long side brought to ``ocr_max_side``, each side then rounded to a
+    multiple of 32): rapidocr raises on it (ResizeImgError, a 500)."""
+    long_side, short_side = max(height, width), min(height, width)
+    if long_side <= limits.ocr_max_side:
+        return
+    ratio = limits.ocr_max_side / long_side
+    if round(int(short_side * ratio) / 32) == 0:
+        raise InvalidInputError(
+            f"an image of {width} x {height} pixels is too thin to read: with its long side"
+            f" brought to {limits.ocr_max_side:,} pixels its short side is under 17"
+        )
 
 
 def _texts_of(item: object) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import logging
 import struct
@@ -190,6 +191,23 @@ async def test_a_base64_image_over_the_body_limit_is_413(client: httpx.AsyncClie
     r = await client.post("/v1/ocr", json={"model": "ocr", "image": image})
     assert r.status_code == 413
     assert "bytes" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("width", "height"), [(5000, 1), (3, 3000), (8000, 10)])
+async def test_an_image_too_thin_for_rapidocrs_resize_is_422(
+    client: httpx.AsyncClient, width: int, height: int
+) -> None:
+    # Brought to 2,000 pixels on its long side, its short side rounds to 0
+    # multiples of 32: rapidocr raised ResizeImgError, a 500.
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), "white").save(buffer, format="PNG")
+    image = base64.b64encode(buffer.getvalue()).decode()
+    for mode in ("page", "line"):
+        r = await client.post("/v1/ocr", json={"model": "ocr", "image": image, "mode": mode})
+        assert r.status_code == 422, r.text
+        assert f"{width} x {height} pixels" in r.json()["error"]["message"]
 
 
 async def test_ocr_json_bodies_nested_deeply_or_of_the_wrong_shape_are_4xx(

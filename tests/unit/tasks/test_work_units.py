@@ -127,6 +127,17 @@ def test_text_with_surrogate_pairs_made_whole_is_served() -> None:
     assert request_units([TextInput("\U0001f30d é")], InputLimits()) > 0
 
 
+def test_an_image_rapidocr_would_resize_to_no_rows_is_refused() -> None:
+    # rapidocr brings the long side to 2,000 pixels, then rounds each side to
+    # a multiple of 32: a short side of 16 pixels or fewer becomes 0.
+    with pytest.raises(InvalidInputError, match="4000 x 33 pixels is too thin"):
+        request_units([OcrInput(image(33, 4000))], InputLimits())
+    with pytest.raises(InvalidInputError, match="too thin"):
+        request_units([OcrInput(image(5000, 1), mode="line")], InputLimits())
+    assert request_units([OcrInput(image(34, 4000))], InputLimits()) > 0  # 17 rows
+    assert request_units([OcrInput(image(1, 2000))], InputLimits()) > 0  # not brought down
+
+
 def card(task: str, **options: object) -> dict[str, object]:
     return {"task": task, "runtime": "torch", "adapter": "fake", "options": options}
 
