@@ -42,6 +42,8 @@ Its descriptor's ``options`` set what it reports and does::
       restore_s: 0.0         # from it (a device's copies, in the copy thread; benches):
                              # one at a time each way, the two ways at once, as on
                              # CUDA's copy stream each way
+      copy_calls: 0          # calls each such copy (of more than 0 s) makes first that
+                             # hand the interpreter lock over: a copy in 4 MiB pieces
 
 ``run`` answers each item with an output of its task's type derived from the
 item alone (an embedding seeded by the text, a translation that is the text
@@ -327,8 +329,7 @@ class FakeOffloadingModel(FakeModel):
                 for key in parked:
                     self._ctx.shared.unpark(key)
                 return None
-        with _COPY_OUT:
-            time.sleep(float(self.spec.options.get("offload_s", 0.0)))
+        self._copy(_COPY_OUT, float(self.spec.options.get("offload_s", 0.0)))
         self.offloaded = True
         own = int(self.spec.options.get("host_bytes", self.spec.options.get("own_bytes", 0)))
         return Footprint(own, dict(self._shared), method="fake host copy")
@@ -336,12 +337,21 @@ class FakeOffloadingModel(FakeModel):
     def restore(self) -> None:
         if self.spec.options.get("fail_restore"):
             raise RuntimeError("fake restore failure")
-        with _COPY_BACK:
-            time.sleep(float(self.spec.options.get("restore_s", 0.0)))
+        self._copy(_COPY_BACK, float(self.spec.options.get("restore_s", 0.0)))
         if self._ctx is not None:
             for key in self._shared:
                 self._ctx.shared.unpark(key)
         self.offloaded = False
+
+    def _copy(self, stream: threading.Lock, seconds: float) -> None:
+        """A copy of ``seconds`` on one of the device's copy streams, after the
+        calls that launch it (options ``copy_calls``); none where it takes 0 s."""
+        if not seconds:
+            return
+        for _ in range(int(self.spec.options.get("copy_calls", 0))):
+            time.sleep(0)
+        with stream:
+            time.sleep(seconds)
 
 
 def _touch(num_bytes: int) -> bytearray:
