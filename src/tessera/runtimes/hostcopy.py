@@ -443,8 +443,8 @@ class PinnedPool:
     model takes an unmarked buffer of its size first, else a new one while
     the pool has room to keep it when it comes back, and only at the pool's
     bounds the newest marked one (whose owner then copies when evicted): the
-    buffer of the model restored last, which the least recently used go
-    before; the oldest marked one was the next victim's own.
+    buffer of the model restored last, which least-recently-used eviction
+    takes last, where the oldest marked one is the next victim's own.
     Taking a marked buffer whenever no unmarked one waited had kept none: a
     swap's restore gives one buffer back and its eviction takes one, so the
     pool held about one, and each eviction of a model not restored last took
