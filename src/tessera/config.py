@@ -19,6 +19,8 @@ A config file may hold any of::
     across_models_threads: 32    # threads for batches of cards saying stack: N (stacked
                                  # rounds across models); a round of N needs N at once
     eviction_policy: cost        # cost (uses x miss s / target s / bytes) | lru | largest | none
+    eviction_patience: 0.5       # the share of its latency target a caller short of room
+                                 # waits for busy models cheaper to evict than idle ones
     max_queue: 1000              # per model, a bound on memory; before it, a request
                                  # whose batch would start after its deadline gets 503
     default_timeout_s: 60
@@ -185,6 +187,7 @@ _ENGINE_KEYS = {
     "num_workers",
     "across_models_threads",
     "eviction_policy",
+    "eviction_patience",
     "max_queue",
     "default_timeout_s",
     "residency_wait_s",
@@ -297,6 +300,11 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         engine_values["across_models_threads"] = _positive_int(
             engine_values, "across_models_threads", ACROSS_MODELS_THREADS
         )
+    if "eviction_patience" in engine_values:
+        patience = engine_values["eviction_patience"]
+        if isinstance(patience, bool) or not isinstance(patience, int | float) or patience < 0:
+            raise ConfigError("eviction_patience must be a number, 0 or more")
+        engine_values["eviction_patience"] = float(patience)
     switch = engine_values.get("gil_switch_interval_s")
     if switch is not None and switch <= 0:
         raise ConfigError("gil_switch_interval_ms must be positive (or null)")

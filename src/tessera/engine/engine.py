@@ -52,6 +52,7 @@ from tessera.repository import ModelRepository, ModelSpec
 from tessera.request import Batch, Charge, QueuedRequest, RequestResult, with_stops
 from tessera.residency import (
     MAX_HOST_LOADS,
+    PATIENCE_SHARE,
     ActivationBook,
     BatchPart,
     ModelResidency,
@@ -95,6 +96,12 @@ class EngineConfig:
     num_threads: int | None = None  # None: every core
     num_workers: int | None = None  # None: one per thread
     eviction_policy: str = "cost"
+    # The share of its latency target a caller short of room waits for busy
+    # models cheaper to evict than idle ones (residency/manager.py's
+    # ``PATIENCE_SHARE``); 0: it evicts idle ones at once. A knob to measure
+    # with: in the model of a GPU's host side, 100 models under a budget of
+    # 20, Zipf(1.1), misses waited out the whole of it (docs/benchmarks.md).
+    eviction_patience: float = PATIENCE_SHARE
     # Requests waiting per model, at most: a bound on memory; before it, a
     # request whose predicted wait passes its deadline is refused (batcher.py).
     max_queue: int = 1000
@@ -254,6 +261,7 @@ class Engine(ModelLifecycle):
             activations=activations,
             host_budget_bytes=default_host_budget_bytes() if host_budget is None else host_budget,
             max_host_loads=self._max_host_loads(config),
+            patience_share=config.eviction_patience,
         )
         self._served: dict[str, ServedModel] = {}
         for name in repository.names():

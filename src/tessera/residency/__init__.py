@@ -3,6 +3,7 @@
 from tessera.residency.activation import ActivationBook, ActivationStats
 from tessera.residency.manager import (
     MAX_HOST_LOADS,
+    PATIENCE_SHARE,
     Lease,
     ModelHost,
     ModelResidency,
@@ -15,6 +16,7 @@ from tessera.residency.table import ModelEntry, ModelState, Reservation, Residen
 
 __all__ = [
     "MAX_HOST_LOADS",
+    "PATIENCE_SHARE",
     "ActivationBook",
     "ActivationStats",
     "BatchPart",

@@ -231,14 +231,18 @@ class ResidencyManager:
         activations: ActivationBook | None = None,
         host_budget_bytes: int = 0,
         max_host_loads: int = 0,
+        patience_share: float = PATIENCE_SHARE,
     ) -> None:
         """``host_budget_bytes``: the host tier's budget (0: no host tier);
         ``max_host_loads``: loads from it in flight at once (0: no bound;
-        ``MAX_HOST_LOADS`` where its copies back run one at a time)."""
+        ``MAX_HOST_LOADS`` where its copies back run one at a time);
+        ``patience_share``: the share of a caller's latency target it waits
+        for busy models cheaper to evict than idle ones (0: never waits)."""
         self.table = ResidencyTable(budget_bytes)
         self.host_tier = HostTier(host_budget_bytes, policy, clock) if host_budget_bytes else None
         self._tier_lock = asyncio.Lock()
         self._max_host_loads = max_host_loads
+        self._patience_share = patience_share
         self._host_loads = 0  # loads from the host tier in flight
         self.activations = activations if activations is not None else ActivationBook()
         self._host = host
@@ -315,8 +319,8 @@ class ResidencyManager:
         now = self._clock.now()
         deadline = now + self._wait_s
         # Until then it waits for busy models that cost less to evict than idle
-        # ones (``_cheaper_soon``): half its latency target.
-        patient_until = now + (_target_s(spec) or DEFAULT_TARGET_S) * PATIENCE_SHARE
+        # ones (``_room_for``): half its latency target unless configured.
+        patient_until = now + (_target_s(spec) or DEFAULT_TARGET_S) * self._patience_share
         waiter = object()  # this caller's place in line, once it waits for room
         try:
             while True:

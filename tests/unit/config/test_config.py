@@ -12,6 +12,7 @@ from tessera import config as config_module
 from tessera.config import build_config
 from tessera.engine.executor import ACROSS_MODELS_THREADS
 from tessera.errors import ConfigError
+from tessera.residency import PATIENCE_SHARE
 
 
 def documented_example() -> dict[str, object]:
@@ -122,6 +123,15 @@ def test_the_switch_interval_is_pythons_unless_given_in_milliseconds() -> None:
     for bad in (0, -1):
         with pytest.raises(ConfigError, match="gil_switch_interval_ms must be positive"):
             build_config({"gil_switch_interval_ms": bad}, {})
+
+
+def test_eviction_patience_is_half_the_target_unless_given() -> None:
+    assert build_config({}, {}).engine.eviction_patience == PATIENCE_SHARE == 0.5
+    assert build_config({"eviction_patience": 0}, {}).engine.eviction_patience == 0.0
+    assert build_config({"eviction_patience": 0.25}, {}).engine.eviction_patience == 0.25
+    for bad in (-0.1, None, True, "half"):
+        with pytest.raises(ConfigError, match="eviction_patience must be a number"):
+            build_config({"eviction_patience": bad}, {})
 
 
 def test_the_threads_for_batches_across_models() -> None:

@@ -23,12 +23,13 @@ SETTLE_S = 0.01
 
 
 def make_manager(
-    budget: int, *, policy: str = "cost", wait_s: float = 60.0
+    budget: int, *, policy: str = "cost", wait_s: float = 60.0, **options: float
 ) -> tuple[ResidencyManager, FakeModelHost, FakeClock]:
     clock = FakeClock()
     host = FakeModelHost(clock)
     chosen = make_eviction_policy(policy, clock)
-    return ResidencyManager(budget, host, chosen, clock, wait_s=wait_s), host, clock
+    manager = ResidencyManager(budget, host, chosen, clock, wait_s=wait_s, **options)
+    return manager, host, clock
 
 
 async def use(manager: ResidencyManager, spec: ModelSpec, times: int = 1) -> None:
@@ -150,6 +151,22 @@ async def test_patience_ends_at_half_the_target_and_then_the_idle_model_goes() -
     manager.release(await manager.acquire(ocr, 250))
     assert host.on_unload == ["trans"]
     assert clock.now() - asked == pytest.approx(1.5, abs=0.1)  # half of the 3 s target
+    manager.release(answering)
+
+
+async def test_with_no_patience_the_idle_model_goes_at_once() -> None:
+    # eviction_patience: 0 (the config's knob): the page evicts the idle
+    # translation model at once rather than wait for the chat model's batch.
+    manager, host, clock = make_manager(1000, patience_share=0.0)
+    chat, trans, ocr = patience_models()
+    manager.register([chat, trans, ocr])
+    for spec in (trans, chat, ocr):
+        await use(manager, spec, times=3)
+    answering = await manager.acquire(chat, 50)
+    asked = clock.now()
+    manager.release(await manager.acquire(ocr, 250))
+    assert host.on_unload == ["trans"]
+    assert clock.now() - asked < 0.1
     manager.release(answering)
 
 
