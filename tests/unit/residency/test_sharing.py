@@ -140,8 +140,14 @@ async def test_a_load_short_of_room_evicts_an_idle_model_rather_than_wait_for_on
     await loading
 
 
-async def test_patience_ends_at_half_the_target_and_then_the_idle_model_goes() -> None:
-    manager, host, clock = make_manager(1000)
+@pytest.mark.parametrize(("share", "waited_s"), [(0.5, 1.5), (0.0, 0.0)])
+async def test_patience_ends_at_its_share_of_the_target_and_then_the_idle_model_goes(
+    share: float, waited_s: float
+) -> None:
+    # The default share, half the page's 3 s target; eviction_patience: 0
+    # (the config's knob): the idle translation model goes at once rather
+    # than after waiting for the chat model's batch.
+    manager, host, clock = make_manager(1000, patience_share=share)
     chat, trans, ocr = patience_models()
     manager.register([chat, trans, ocr])
     for spec in (trans, chat, ocr):
@@ -150,23 +156,7 @@ async def test_patience_ends_at_half_the_target_and_then_the_idle_model_goes() -
     asked = clock.now()
     manager.release(await manager.acquire(ocr, 250))
     assert host.on_unload == ["trans"]
-    assert clock.now() - asked == pytest.approx(1.5, abs=0.1)  # half of the 3 s target
-    manager.release(answering)
-
-
-async def test_with_no_patience_the_idle_model_goes_at_once() -> None:
-    # eviction_patience: 0 (the config's knob): the page evicts the idle
-    # translation model at once rather than wait for the chat model's batch.
-    manager, host, clock = make_manager(1000, patience_share=0.0)
-    chat, trans, ocr = patience_models()
-    manager.register([chat, trans, ocr])
-    for spec in (trans, chat, ocr):
-        await use(manager, spec, times=3)
-    answering = await manager.acquire(chat, 50)
-    asked = clock.now()
-    manager.release(await manager.acquire(ocr, 250))
-    assert host.on_unload == ["trans"]
-    assert clock.now() - asked < 0.1
+    assert clock.now() - asked == pytest.approx(waited_s, abs=0.1)
     manager.release(answering)
 
 
