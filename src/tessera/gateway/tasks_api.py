@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tessera.errors import InvalidInputError, TaskMismatchError
-from tessera.gateway.common import engine_of, run_task
+from tessera.gateway.common import engine_of, parsed, run_task
 from tessera.gateway.openai_api import texts_of, usage_of
 from tessera.repository import ModelSpec
 from tessera.tasks.image import decode_base64, decode_image
@@ -294,10 +294,7 @@ def _form_options(form: Any) -> OcrOptions:
             raw["fields"] = json.loads(raw["fields"])
         except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
             raise InvalidInputError("multipart field 'fields' must be JSON") from e
-    try:
-        return OcrOptions.model_validate(raw)
-    except ValueError as e:
-        raise InvalidInputError(f"invalid request: {e}") from e
+    return parsed(OcrOptions, raw)
 
 
 @router.post("/v1/ocr")
@@ -324,10 +321,7 @@ async def ocr(request: Request) -> JSONResponse:
         payload = await request.json()
     except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
         raise InvalidInputError("body is not valid JSON") from e
-    try:
-        body = OcrRequest.model_validate(payload)
-    except ValueError as e:
-        raise InvalidInputError(f"invalid request: {e}") from e
+    body = parsed(OcrRequest, payload)  # FastAPI's 422, as for a body it reads itself
     return await _ocr(request, body.model, decode_base64(body.image), body.mode, body)
 
 

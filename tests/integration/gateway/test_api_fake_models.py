@@ -159,6 +159,24 @@ async def test_ocr_json_multipart_and_bad_image(client: httpx.AsyncClient) -> No
     assert r.status_code == 415
     r = await client.post("/v1/ocr", json={"model": "ocr", "image": "%%%"})
     assert r.status_code == 422
+    # A body that does not validate says where, in one line, as other routes do
+    # (it had been pydantic's whole report: the input, a link, several lines).
+    for body, says in (
+        ({"model": "ocr", "image": "aGk=", "mode": "x"}, "invalid request: mode: "),
+        ([1], "invalid request: "),
+        ({"image": "aGk="}, "invalid request: model: Field required"),
+    ):
+        r = await client.post("/v1/ocr", json=body)
+        assert r.status_code == 422, r.text
+        message = r.json()["error"]["message"]
+        assert message.startswith(says), message
+        assert "\n" not in message
+        assert "pydantic" not in message
+    r = await client.post(
+        "/v1/ocr", files={"file": ("p.png", png)}, data={"model": "ocr", "max_tokens": "abc"}
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["message"].startswith("invalid request: max_tokens: ")
 
 
 async def test_speech_returns_wav(client: httpx.AsyncClient) -> None:
