@@ -196,7 +196,7 @@ _TOTALS = _Totals()
 
 def count_round(batches: int) -> None:
     """A round of ``batches`` (two or more) ran in one forward: counted in
-    ``stacked_totals`` (a runtime's own rounds, such as the fake's)."""
+    ``stacked_totals``: this module's rounds and a runtime's own (the fake's)."""
     _TOTALS.add(batches)
 
 
@@ -252,7 +252,7 @@ class StackGroup:
         results = self.stacked([c.model for c in calls], [c.batch for c in calls])
         self.num_rounds += 1
         self.num_stacked += len(calls)
-        _TOTALS.add(len(calls))
+        count_round(len(calls))
         return lambda: list(results)
 
     def stacked(
@@ -444,7 +444,7 @@ class StackedGraphs:
             back = {p: _copy_back(outputs, p) for p in {c.pooling for c in calls}}
             self.num_rounds += 1
             self.num_stacked += len(calls)
-            _TOTALS.add(len(calls))
+            count_round(len(calls))
 
         def finish() -> list[Any]:
             ready = {p: wait() for p, wait in back.items()}
