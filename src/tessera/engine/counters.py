@@ -34,6 +34,16 @@ class ModelCounters:
         self.by_size[size] = self.by_size.get(size, Durations()).plus(run_s)
         self.last_batch_at = time.time()
 
+    def batches_since(self, count: int) -> tuple[tuple[int, float], ...]:
+        """The recent batches run after the ``count``-th (all of the window
+        where ``count`` is not below ``num_batches``: these counters were made
+        anew since)."""
+        recent = self.recent_batches
+        new = self.num_batches - count
+        if new < 0 or new >= len(recent):
+            return tuple(recent)
+        return tuple(recent[-i] for i in range(new, 0, -1))
+
     def request_answered(self, queued_s: float, run_s: float) -> None:
         self.answered = self.answered.plus(queued_s + run_s)
         self.queued = self.queued.plus(queued_s)

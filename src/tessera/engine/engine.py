@@ -446,8 +446,14 @@ class Engine(ModelLifecycle):
         """``cpu`` or ``cuda``."""
         return self._device.kind
 
-    def snapshot(self) -> EngineStats:
-        """The engine at this instant, as one immutable object."""
+    def snapshot(self, batches_since: Mapping[str, int] | None = None) -> EngineStats:
+        """The engine at this instant, as one immutable object.
+
+        ``batches_since`` (model version -> its ``num_batches`` in an earlier
+        snapshot): each model's ``recent_batches`` holds only the batches run
+        after that count (the engine process's pushes to its gateways, which
+        keep the windows themselves: a hundred models' whole windows were
+        1.4 MB and 18 ms of pickling every quarter of a second)."""
         residency = self._residency.stats()
         by_name = {m.name: m for m in residency.models}
         stacked_rounds, stacked_batches = stacked_totals()
@@ -470,7 +476,7 @@ class Engine(ModelLifecycle):
             threads_per_worker=self._executor.threads_per_worker,
             ready=self.ready,
             models=tuple(
-                self._model_stats(spec, by_name)
+                self._model_stats(spec, by_name, batches_since)
                 for spec in sorted(self._all_versions().values(), key=lambda s: s.key)
             ),
             rollouts=self.recent_rollouts(),
@@ -496,7 +502,12 @@ class Engine(ModelLifecycle):
             log.warning("device stats failed", exc_info=True)
             return None
 
-    def _model_stats(self, spec: ModelSpec, residency: dict[str, ModelResidency]) -> ModelStats:
+    def _model_stats(
+        self,
+        spec: ModelSpec,
+        residency: dict[str, ModelResidency],
+        batches_since: Mapping[str, int] | None = None,
+    ) -> ModelStats:
         name = spec.key
         held = residency[name]  # every served version is registered with residency
         counters = self._counters[name]
@@ -531,7 +542,9 @@ class Engine(ModelLifecycle):
             num_batches=counters.num_batches,
             num_failures=counters.num_failures,
             num_dropped=batcher.num_dropped if batcher is not None else 0,
-            recent_batches=tuple(counters.recent_batches),
+            recent_batches=counters.batches_since(
+                batches_since.get(name, 0) if batches_since is not None else 0
+            ),
             model=spec.name,
             version=spec.version_label,
             current=spec.name in self._served and self._served[spec.name].current == name,

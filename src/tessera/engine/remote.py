@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +37,7 @@ from tessera.request import QueuedRequest, RequestResult
 from tessera.runtimes.tokens import TextTokenizer, text_tokenizer, token_plan
 from tessera.tasks.types import Task
 
+from .counters import RECENT_BATCHES
 from .engine import Caller, PreloadProgress, RequestTrace, Submission
 from .ipc import FrameWriter, decode_error, read_frame
 from .lifecycle import ServedModel, served_spec, served_versions, spec_for_task
@@ -47,6 +49,38 @@ log = logging.getLogger(__name__)
 DEADLINE_SLACK_S = 5.0
 # Request events are sent to the engine process in groups, this often.
 EVENTS_INTERVAL_S = 0.1
+
+
+class _BatchWindows:
+    """Each model's recent batches, kept here from the engine process's states
+    (``engine/core.py``): a whole state sets them, the interval's add the
+    batches run since the last."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[int, deque[tuple[int, float]]]] = {}
+
+    def add(self, snapshot: EngineStats, whole: bool) -> None:
+        held: dict[str, tuple[int, deque[tuple[int, float]]]] = {}
+        for model in snapshot.models:
+            count, recent = model.num_batches, model.recent_batches
+            mine = self._held.get(model.name)
+            if whole or mine is None or count < mine[0]:  # < : the model was made anew
+                window = deque(recent, maxlen=RECENT_BATCHES)
+            else:
+                window = mine[1]
+                new = count - mine[0]
+                if new:
+                    window.extend(recent[-new:])
+            held[model.name] = (count, window)
+        self._held = held
+
+    def applied(self, snapshot: EngineStats) -> EngineStats:
+        """``snapshot`` with each model's whole window."""
+        models = tuple(
+            replace(model, recent_batches=tuple(self._held[model.name][1]))
+            for model in snapshot.models
+        )
+        return replace(snapshot, models=models)
 
 
 @dataclass
@@ -72,7 +106,9 @@ class RemoteEngine:
         self._calls: dict[int, asyncio.Future[tuple[bool, Any]]] = {}
         self._phase = "starting"
         self._served: dict[str, ServedModel] = {}
-        self._snapshot: EngineStats | None = None
+        self._state: EngineStats | None = None  # the last state's, as it came
+        self._windows = _BatchWindows()
+        self._snapshot: EngineStats | None = None  # with the windows, made when read
         self._state_seen = asyncio.Event()
         self._draining = False
         self._idle = asyncio.Event()
@@ -114,7 +150,9 @@ class RemoteEngine:
 
     def snapshot(self) -> EngineStats:
         if self._snapshot is None:
-            raise ModelUnavailableError("engine", "no state from the engine process yet")
+            if self._state is None:
+                raise ModelUnavailableError("engine", "no state from the engine process yet")
+            self._snapshot = self._windows.applied(self._state)
         return self._snapshot
 
     @property
@@ -275,7 +313,10 @@ class RemoteEngine:
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "state":
-            _, self._phase, served, self._snapshot = message
+            _, self._phase, served, state, whole = message
+            if state is not None:
+                self._windows.add(state, whole)
+            self._state, self._snapshot = state, None
             if served is not None:  # None: the same as last time
                 self._served = served
             self._state_seen.set()

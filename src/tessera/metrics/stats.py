@@ -9,11 +9,29 @@ metrics, the admin API, KServe metadata, the live page and the CLI read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol, TypeVar
 
 from tessera.device import DeviceStats
+
+_Stats = TypeVar("_Stats")
+
+
+def _pickled_as_tuple(cls: type[_Stats]) -> type[_Stats]:
+    """``cls`` (a dataclass with slots) pickled as its fields' values in one
+    tuple: the dataclass default looks its fields up for each object, and the
+    engine process pickles a snapshot of every model for its gateways four
+    times a second (a hundred models' took 2.6 ms so, the interpreter lock
+    held)."""
+    values = operator.attrgetter(*(f.name for f in fields(cls)))  # type: ignore[arg-type]
+
+    def reduce(self: _Stats) -> tuple[Callable[..., _Stats], tuple[Any, ...]]:
+        return cls, values(self)
+
+    cls.__reduce__ = reduce  # type: ignore[assignment,method-assign]
+    return cls
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +92,7 @@ class FanoutSink:
             sink.on_load(model, seconds, ok)
 
 
+@_pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class Durations:
     """How many, and their seconds together."""
@@ -85,6 +104,7 @@ class Durations:
         return Durations(self.count + 1, self.seconds + seconds)
 
 
+@_pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class RequestTimes:
     """A model version's requests since start, as its engine saw them (what
@@ -101,6 +121,7 @@ class RequestTimes:
     last_batch_at: float | None = None
 
 
+@_pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class ModelStats:
     """One model as the engine sees it at one instant.
@@ -152,6 +173,7 @@ class ModelStats:
     times: RequestTimes = RequestTimes()
 
 
+@_pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class RolloutStats:
     """One rollout of a model version: its steps' times (engine clock seconds,
@@ -175,6 +197,7 @@ class RolloutStats:
     used_bytes_after: int | None
 
 
+@_pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class RolloutCount:
     """How many rollouts of ``model`` ended with ``outcome`` (done | rolled_back)."""
@@ -184,6 +207,7 @@ class RolloutCount:
     num: int
 
 
+@_pickled_as_tuple
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     """The engine at one instant: budget, workers, device and every model."""

@@ -137,6 +137,45 @@ async def test_states_carry_the_served_models_only_when_they_changed(tmp_path: P
         assert served[-1] is None
 
 
+def echo_window(engine: Engine | RemoteEngine) -> tuple[tuple[int, float], ...]:
+    model = engine.snapshot().model("echo")
+    assert model is not None
+    return model.recent_batches
+
+
+async def test_gateways_keep_the_recent_batches_each_state_adds(tmp_path: Path) -> None:
+    # Every state carried every model's whole window of recent batches (up to
+    # 1,024 each), four times a second; now the interval's states carry the
+    # batches run since the last one, and each gateway adds them to its own
+    # windows: one that joins later starts from its first, whole state.
+    async with split(tmp_path) as (engine, _, (first,)):
+        for _ in range(4):
+            await run(first, "echo", [TextInput("a")])
+        await until(lambda: echo_window(first) == echo_window(engine))  # a state since
+        before = len(echo_window(engine))
+        second = RemoteEngine(tmp_path / "engine.sock")
+        added: list[int] = []
+        on_message = second._on_message
+
+        def record(message: tuple[Any, ...]) -> None:
+            if message[0] == "state" and not message[4]:
+                added.append(len(message[3].model("echo").recent_batches))
+            on_message(message)
+
+        second._on_message = record  # type: ignore[method-assign]
+        await second.connect(timeout_s=10)
+        try:
+            for _ in range(3):
+                await run(second, "echo", [TextInput("b"), TextInput("c")])
+            await engine.infer("echo", Task.EMBEDDING, [TextInput("d")])
+            assert len(echo_window(engine)) == before + 4
+            await until(lambda: echo_window(first) == echo_window(second) == echo_window(engine))
+            assert echo_window(second)[-4:][0][0] == 2  # the second's batches of two
+            assert 0 < max(added) <= 4  # only the batches since, never the whole window
+        finally:
+            await second.close()
+
+
 async def test_refusals_arrive_as_the_same_errors(tmp_path: Path) -> None:
     async with split(tmp_path) as (_, _, (remote,)):
         with pytest.raises(ModelNotFoundError) as missing:
@@ -326,7 +365,7 @@ async def test_an_answer_that_never_comes_ends_at_the_deadline_and_its_slack(
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         frames = FrameWriter(writer)
-        frames.send(("state", "ready", {}, None))
+        frames.send(("state", "ready", {}, None, True))
         try:
             while (message := await read_frame(reader)) is not None:
                 received.append(message)
