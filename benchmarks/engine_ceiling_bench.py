@@ -48,6 +48,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -199,6 +200,7 @@ class Measured:
     rate: float  # requests a second
     swaps: float | None = None  # loads from the host tier a request (in process only)
     round_batches: float | None = None  # batches a stacked round (in process only)
+    loop_us: float | None = None  # the engine process's loop thread's CPU a request (core only)
 
 
 async def engine_only(run: Run) -> Measured:
@@ -259,13 +261,25 @@ async def through_core(run: Run) -> Measured:
             remote = RemoteEngine(socket_path)
             await remote.connect(timeout_s=30)
             try:
+                loop_s = thread_cpu_s(server.pid)
+                began = time.perf_counter()
                 rate = await drive(remote, run.models, run.concurrency, run.seconds, run.zipf)
-                return Measured(rate)  # the engine's counters are the other process's
+                answered = rate * (time.perf_counter() - began)
+                loop_us = (thread_cpu_s(server.pid) - loop_s) / answered * 1e6 if answered else None
+                # The engine's counters are the other process's.
+                return Measured(rate, loop_us=loop_us)
             finally:
                 await remote.close()
         finally:
             server.kill()
             await server.wait()
+
+
+def thread_cpu_s(pid: int) -> float:
+    """The CPU seconds (user and system) of process ``pid``'s main thread: in
+    the engine process, its event loop's (Linux's ``/proc``, in clock ticks)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -344,11 +358,14 @@ def main() -> None:
                     "req_per_s": got.rate,
                     "swaps": got.swaps,
                     "round_batches": got.round_batches,
+                    "loop_us": got.loop_us,
                 }
             )
             each = f" ({got.swaps:.3f} swaps a request)" if got.swaps is not None else ""
             if got.round_batches is not None:
                 each += f" ({got.round_batches:.1f} batches a round)"
+            if got.loop_us is not None:
+                each += f" (the engine's loop {got.loop_us:.0f} us a request)"
             print(f"round {round_}, {form}: {got.rate:.0f} req/s{each}", flush=True)
     medians = {
         form: statistics.median(r["req_per_s"] for r in runs if r["form"] == form)
@@ -411,12 +428,14 @@ def main() -> None:
         f"{what}, {args.concurrency} callers, {args.seconds:g} s a run. Rerun:",
         f"`HF_HUB_OFFLINE=1 .venv/bin/python {rerun}`.",
         "",
-        "| round | form | req/s | loads from the host tier a request | batches a stacked round |",
-        "|---|---|---|---|---|",
+        "| round | form | req/s | loads from the host tier a request | batches a stacked round |"
+        " the engine's loop, CPU us a request |",
+        "|---|---|---|---|---|---|",
         *(
             f"| {r['round']} | {r['form']} | {r['req_per_s']:.0f} |"
             f" {'-' if r['swaps'] is None else format(r['swaps'], '.3f')} |"
             f" {'-' if r['round_batches'] is None else format(r['round_batches'], '.1f')} |"
+            f" {'-' if r['loop_us'] is None else format(r['loop_us'], '.0f')} |"
             for r in runs
         ),
         "",
