@@ -10,7 +10,8 @@ gateway a state: the phase, the served models when they changed, and the
 engine's snapshot (every model's figures, and its recent batches for
 ``/admin/batches``). ``--models`` fake embedding models (this checkout's
 engine, as ``engine_ceiling_bench.py`` makes them), each with a full window
-of recent batches (a server that has run a while: 1,024 each), then
+of recent batches (a server that has run a while: 1,024 batches each, run
+first, a minute for a hundred models), then
 ``--pushes`` interval pushes with ``--batches`` more batches between each
 (spread over the models in turn: 1,000 batches a second between pushes a
 quarter of a second apart). Per push: the engine's time to make and encode
@@ -38,27 +39,34 @@ from typing import Any
 
 
 async def child(models: int, batches: int, pushes: int) -> dict[str, Any]:
-    from engine_ceiling_bench import fake_engine
-
+    from engine_ceiling_bench import fake_engine, model_names
+    from tessera.engine import Engine
     from tessera.engine.core import EngineCore
     from tessera.engine.counters import RECENT_BATCHES
     from tessera.engine.ipc import encode
     from tessera.engine.remote import RemoteEngine
+    from tessera.tasks.types import Task, TextInput
+
+    names = model_names(models)
+    items = [TextInput("a")]
+
+    async def run(engine: Engine, count: int, first: int = 0) -> None:
+        """``count`` batches, one a model at a time, from model ``first`` on."""
+        for start in range(first, first + count, len(names)):
+            picked = [
+                names[i % len(names)] for i in range(start, min(start + len(names), first + count))
+            ]
+            await asyncio.gather(*(engine.infer(name, Task.EMBEDDING, items) for name in picked))
 
     with tempfile.TemporaryDirectory() as tmp:
         async with fake_engine(Path(tmp), models) as engine:
-            counters = list(engine._counters.values())  # a window filled, without its batches
-            for each in counters:
-                for i in range(RECENT_BATCHES):
-                    each.batch_ran(1 + i % 8, 0.001)
+            await run(engine, RECENT_BATCHES * models)  # every window full
             core = EngineCore(engine)
             gateway = RemoteEngine(Path(tmp) / "unused.sock")
-            first = core._state()  # a gateway's first, whole state
-            gateway._on_message(first)
+            gateway._on_message(core._state())  # a gateway's first, whole state
             made, took, sizes = [], [], []
             for push in range(pushes + 1):
-                for i in range(batches):
-                    counters[(push * batches + i) % len(counters)].batch_ran(1, 0.001)
+                await run(engine, batches, push * batches)
                 began = time.perf_counter()
                 frame = encode(core._state(changed_only=True))
                 mid = time.perf_counter()
