@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -406,6 +407,7 @@ def resident_round_robin(encoder: TorchEncoder, count: int, seconds: float) -> P
         try:
             rate = shared_graphs_round_robin(encoder, models, batch, seconds)
             figures["resident_rr_shared_graphs_forwards_per_s"] = rate
+            figures["graph_workers"] = graph_workers(encoder, models, max(1.0, seconds / 2))
         except Exception as e:  # said in the report; the step's other figures stand
             figures["resident_rr_shared_graphs_error"] = f"{type(e).__name__}: {e}"
     del models
@@ -436,6 +438,89 @@ def shared_graphs_round_robin(
         return round(1 / per_call_s(replay, seconds, encoder.sync), 1)
     finally:
         shared.close()
+
+
+# (threads, whether a thread beside them keeps the interpreter lock about 40% of
+# the time, as the engine process's loop was on a core 0.41 of it in the H200's
+# 100-model round robin of run 4).
+WORKER_FORMS = ((1, False), (2, False), (2, True), (4, False), (4, True))
+LOOP_DUTY, LOOP_PERIOD_S = 0.4, 0.001
+
+
+def graph_workers(
+    encoder: TorchEncoder, models: list[Any], seconds: float, make_runner: Any = None
+) -> Part:
+    """The server's compute workers without the server: one sentence tokenised
+    ahead to each of ``models`` in turn through one architecture's graphs and
+    back to host memory (``SharedGraphs.pooled`` then ``.cpu()``: tessera's
+    path for a batch of one that runs alone), from 1, 2 and 4 threads, and
+    from 2 and 4 beside a thread that spins Python ``LOOP_DUTY`` of each
+    millisecond (the engine's event loop). Forwards a second of each
+    (``WORKER_FORMS``), about ``seconds`` each: whether the 100-model round
+    robin waits for the interpreter lock handed over at each torch call
+    (more threads no faster), for the loop's share of it (slower beside the
+    spinning thread) or for the device."""
+    import numpy as np
+
+    from tessera.runtimes.graphs import SharedGraphs, weight_tensors
+    from tessera.runtimes.hostcopy import gather_block
+
+    if encoder.device.type == "cuda":
+        for model in models:
+            gather_block(weight_tensors(model))
+    ids = encoder.tokenizer(bench_sentences(1), truncation=True, max_length=256)["input_ids"]
+    batch = [np.asarray(row, dtype=np.int32) for row in ids]
+    shared = SharedGraphs.of(models[0], encoder.tokenizer, "last_hidden_state", make_runner)
+    figures: Part = {}
+    try:
+        shared.prepare(str(encoder.device))
+        turn = itertools.count()
+
+        def forward() -> None:
+            vectors = shared.pooled(models[next(turn) % len(models)], batch, "mean")
+            assert vectors is not None, "no bucket holds one sentence"
+            vectors.cpu().numpy()
+
+        for _ in range(2 * len(models)):  # each bucket captured, every model copied in once
+            forward()
+        encoder.sync()
+        for threads, loop in WORKER_FORMS:
+            label = f"{threads}{' beside a loop' if loop else ''}"
+            figures[label] = round(_threads_rate(forward, threads, loop, seconds), 1)
+    finally:
+        shared.close()
+    return figures
+
+
+def _threads_rate(forward: Callable[[], None], threads: int, loop: bool, seconds: float) -> float:
+    """Calls a second of ``forward`` from ``threads`` threads for ``seconds``
+    (with ``loop``, a thread spinning beside them; ``graph_workers``)."""
+    stop = threading.Event()
+    counts = [0] * threads
+
+    def work(index: int) -> None:
+        while not stop.is_set():
+            forward()
+            counts[index] += 1
+
+    def spin() -> None:
+        while not stop.is_set():
+            until = time.perf_counter() + LOOP_DUTY * LOOP_PERIOD_S
+            while time.perf_counter() < until:
+                pass
+            time.sleep((1 - LOOP_DUTY) * LOOP_PERIOD_S)
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    if loop:
+        pool.append(threading.Thread(target=spin))
+    start = time.perf_counter()
+    for thread in pool:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in pool:
+        thread.join()
+    return sum(counts) / (time.perf_counter() - start)
 
 
 # --- a running tessera --------------------------------------------------------------------

@@ -282,6 +282,13 @@ def torch_table(figures: Part) -> list[str]:
     for label, key, unit in rows:
         if figures.get(key) is not None:
             lines.append(f"| {label} | {number(figures[key], unit)} |")
+    workers = figures.get("graph_workers")
+    if workers:
+        rates = "; ".join(f"{label}: {rate:,.0f}" for label, rate in workers.items())
+        lines.append(
+            "| the same as tessera's workers run it (alone, back to host memory), forwards/s"
+            f" by threads | {rates} |"
+        )
     failed = figures.get("resident_rr_shared_graphs_error")
     if failed:
         lines.append(f"| the same through one architecture's graphs | failed: {failed} |")

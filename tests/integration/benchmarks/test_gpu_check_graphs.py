@@ -43,3 +43,15 @@ def test_the_host_tiers_swap_figures_come_with_and_without_the_pool() -> None:
     }
     assert all(value > 0 for value in figures.values())
     assert hostcopy.PINNED_POOL is pool
+
+
+def test_the_workers_figures_come_for_each_count_of_threads() -> None:
+    from gpu_check import WORKER_FORMS, graph_workers
+
+    encoder = TorchEncoder(package_dir() / "model", "cpu")
+    models = [encoder.model, copy.deepcopy(encoder.model)]
+    figures = graph_workers(encoder, models, 0.1, eager_runner)
+    assert list(figures) == [
+        f"{threads}{' beside a loop' if loop else ''}" for threads, loop in WORKER_FORMS
+    ]
+    assert all(rate > 0 for rate in figures.values())
