@@ -31,7 +31,7 @@ came (``submit``). Per connection, the messages (``engine/ipc.py`` frames):
   model's ``recent_batches`` is its whole window (a gateway's first state, a
   call's); else only the batches run since the last interval's state, which
   the gateway adds to the windows it keeps (a hundred models' whole windows
-  were 1.4 MB and 18 ms of pickling, the engine's loop and the interpreter
+  were 1.4 MB and 21 ms of pickling, the engine's loop and the interpreter
   lock held, every quarter of a second).
 """
 

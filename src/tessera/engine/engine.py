@@ -453,7 +453,7 @@ class Engine(ModelLifecycle):
         snapshot): each model's ``recent_batches`` holds only the batches run
         after that count (the engine process's pushes to its gateways, which
         keep the windows themselves: a hundred models' whole windows were
-        1.4 MB and 18 ms of pickling every quarter of a second)."""
+        1.4 MB and 21 ms of pickling every quarter of a second)."""
         residency = self._residency.stats()
         by_name = {m.name: m for m in residency.models}
         stacked_rounds, stacked_batches = stacked_totals()
