@@ -39,7 +39,6 @@ import inspect
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -208,21 +207,13 @@ def other_weights(model: Any, number: int) -> Any:
 def run_child(
     source: Path | None, rows: int, seconds: float, models: int, stack: int = 0
 ) -> dict[str, Any]:
+    from harness.trees import child_figures
+
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    if source is not None:
-        env["PYTHONPATH"] = f"{source}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    command = [sys.executable, __file__, "--child", str(rows), "--seconds", str(seconds)]
-    command += ["--models", str(models), "--stack", str(stack)]
-    done = subprocess.run(
-        command,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
+    arguments = [str(rows), "--seconds", str(seconds), "--models", str(models)]
+    return child_figures(
+        __file__, source, [*arguments, "--stack", str(stack)], env=env, timeout_s=300
     )
-    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return figures
 
 
 def main() -> None:

@@ -34,10 +34,7 @@ import argparse
 import contextlib
 import datetime
 import json
-import os
 import random
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,16 +129,13 @@ def child(
 def run_child(
     source: Path | None, args: argparse.Namespace, pool_buffers: int | None
 ) -> dict[str, Any]:
-    env = dict(os.environ)
-    if source is not None:
-        env["PYTHONPATH"] = f"{source}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    command = [sys.executable, __file__, "--child", "--models", str(args.models)]
-    command += ["--holds", str(args.holds), "--swaps", str(args.swaps), "--zipf", str(args.zipf)]
+    from harness.trees import child_figures
+
+    arguments = ["--models", str(args.models), "--holds", str(args.holds)]
+    arguments += ["--swaps", str(args.swaps), "--zipf", str(args.zipf)]
     if pool_buffers is not None:
-        command += ["--pool-buffers", str(pool_buffers)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=True)
-    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return figures
+        arguments += ["--pool-buffers", str(pool_buffers)]
+    return child_figures(__file__, source, arguments)
 
 
 def main() -> None:

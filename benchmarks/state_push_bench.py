@@ -28,10 +28,7 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -95,15 +92,10 @@ def _decoded(frame: bytes) -> tuple[Any, ...]:
 
 
 def run_child(source: Path | None, args: argparse.Namespace) -> dict[str, Any]:
-    env = dict(os.environ)
-    here = Path(__file__).resolve().parent
-    paths = [str(source)] if source is not None else []
-    env["PYTHONPATH"] = os.pathsep.join([*paths, str(here), env.get("PYTHONPATH", "")])
-    command = [sys.executable, __file__, "--child", "--models", str(args.models)]
-    command += ["--batches", str(args.batches), "--pushes", str(args.pushes)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=True)
-    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return figures
+    from harness.trees import child_figures
+
+    arguments = ["--models", str(args.models), "--batches", str(args.batches)]
+    return child_figures(__file__, source, [*arguments, "--pushes", str(args.pushes)])
 
 
 def main() -> None:
