@@ -188,6 +188,14 @@ class PaddedIds:
     key: tuple[int, int]  # the bucket: (rows, columns)
     size: int  # the rows that are texts
     inputs: Inputs
+    reused: bool = False  # in its thread's own block (``GraphForward.padded_ids``)
+
+
+class _ThreadBlocks(threading.local):
+    """Each thread's input blocks by bucket (``GraphForward.padded_ids``)."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[tuple[int, int], tuple[npt.NDArray[np.int64], PackedInputs]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,16 +341,32 @@ def _filled(
     pad_id: int,
     keys: Sequence[str],
 ) -> tuple[npt.NDArray[np.int64], list[str]]:
+    names = host_names(keys)
+    filled = np.empty((len(names), slots, rows, columns), dtype=np.int64)
+    _fill(filled, groups, pad_id, names)
+    return filled, names
+
+
+def host_names(keys: Sequence[str]) -> list[str]:
+    """The inputs ``host_inputs`` makes for a tokenizer's ``keys``, in order."""
     names = [key for key in keys if key in HOST_KEYS]
-    names += [key for key in HOST_KEYS[:2] if key not in names]
-    filled = np.zeros((len(names), slots, rows, columns), dtype=np.int64)
+    return names + [key for key in HOST_KEYS[:2] if key not in names]
+
+
+def _fill(
+    filled: npt.NDArray[np.int64],
+    groups: Sequence[Sequence[npt.NDArray[np.int32]]],
+    pad_id: int,
+    names: Sequence[str],
+) -> None:
+    """``filled`` (names, slots, rows, columns) made ``groups``' padded inputs."""
+    filled.fill(0)
     input_ids, mask = filled[names.index("input_ids")], filled[names.index("attention_mask")]
     input_ids[...] = pad_id
     for slot, ids in enumerate(groups):
         for row, row_ids in enumerate(ids):
             input_ids[slot, row, : len(row_ids)] = row_ids
             mask[slot, row, : len(row_ids)] = 1
-    return filled, names
 
 
 def _packed(filled: npt.NDArray[np.int64], names: list[str], pinned: bool) -> PackedInputs:
@@ -554,6 +578,7 @@ class GraphForward:
         self.device: torch.device = next(model.parameters()).device
         self.runners = BucketRunners(self.step, self.device, make_runner)
         self._lock = threading.Lock()
+        self._thread_blocks = _ThreadBlocks()
 
     @property
     def num_runners(self) -> int:
@@ -578,10 +603,19 @@ class GraphForward:
                     return out[:size, :length].clone() if out.dim() == 3 else out[:size].clone()
         return self.eager(batch)
 
-    def padded_ids(self, ids: Sequence[npt.NDArray[np.int32]]) -> PaddedIds | None:
+    def padded_ids(
+        self, ids: Sequence[npt.NDArray[np.int32]], *, reuse: bool = False
+    ) -> PaddedIds | None:
         """Texts tokenised ahead, padded to their bucket in host memory for
         ``pooled`` (no lock, no device op); None where they fit none or the
-        graphs give no vectors."""
+        graphs give no vectors. ``reuse``: in this thread's own block for the
+        bucket, made once (page-locked on CUDA) and filled here by numpy: no
+        torch call, where a new block was three (made from numpy, page-locked
+        by torch's caching host allocator, split into its inputs), each a
+        hand-over of the interpreter lock when another thread waits for it.
+        The caller must have the vectors in host memory (a copy back that
+        waits for the device, after the copy in) before this thread pads
+        again with ``reuse``: the block is then read."""
         if not self.pools or not ids:
             return None
         size, length = len(ids), max(len(row) for row in ids)
@@ -589,19 +623,44 @@ class GraphForward:
         if key is None:
             return None
         pinned = self.device.type == "cuda"
-        inputs = host_inputs(ids, *key, self.pad_id, self.input_keys, pinned=pinned)
-        return PaddedIds(key, size, inputs)
+        if reuse:
+            filled, inputs = self._thread_block(key, pinned)
+            _fill(filled, [ids], self.pad_id, tuple(inputs))
+        else:
+            inputs = host_inputs(ids, *key, self.pad_id, self.input_keys, pinned=pinned)
+        return PaddedIds(key, size, inputs, reused=reuse)
+
+    def _thread_block(
+        self, key: tuple[int, int], pinned: bool
+    ) -> tuple[npt.NDArray[np.int64], PackedInputs]:
+        """This thread's input block for bucket ``key``: a numpy view of it
+        (names, 1, rows, columns) and its inputs (``padded_ids``)."""
+        blocks = self._thread_blocks.blocks
+        found = blocks.get(key)
+        if found is None:
+            import torch
+
+            names = host_names(self.input_keys)
+            block = torch.empty((len(names), *key), dtype=torch.int64, pin_memory=pinned)
+            filled = block.numpy()[:, None]
+            found = blocks[key] = (filled, PackedInputs(block, names))
+        return found
 
     def pooled(self, padded: PaddedIds, pooling: str) -> torch.Tensor:
         """Float32 vectors ``(size, dim)`` on the device, pooled as ``pooling``
         (``POOLINGS``) says: the padded ids copied into the graph's inputs,
         the graph replayed, its pooled rows cut back; no other op on the device."""
-        with self._lock:
-            outputs = self.runners.replay(padded.key, padded.inputs)
-            if outputs is not None:
-                return outputs[pooling][: padded.size].clone()
-        # A bucket's first use since a reset, or one that failed to build.
-        return run_step(self.step, self.device, padded.inputs)[pooling][: padded.size]
+        try:
+            with self._lock:
+                outputs = self.runners.replay(padded.key, padded.inputs)
+                if outputs is not None:
+                    return outputs[pooling][: padded.size].clone()
+            # A bucket's first use since a reset, or one that failed to build.
+            return run_step(self.step, self.device, padded.inputs)[pooling][: padded.size]
+        except BaseException:
+            if padded.reused:  # a copy from it may still be on its way: not used again
+                self._thread_blocks.blocks.pop(padded.key, None)
+            raise
 
     def bucket(self, size: int, length: int) -> tuple[int, int] | None:
         """The (rows, columns) bucket of a batch of ``size`` rows of ``length``
@@ -872,11 +931,18 @@ class SharedGraphs:
             return self.graphs(batch)
 
     def pooled(
-        self, model: Any, ids: Sequence[npt.NDArray[np.int32]], pooling: str
+        self,
+        model: Any,
+        ids: Sequence[npt.NDArray[np.int32]],
+        pooling: str,
+        *,
+        reuse: bool = False,
     ) -> torch.Tensor | None:
         """``model``'s pooled vectors of texts tokenised ahead, on the device
-        (``GraphForward.pooled``); None where its graphs do not make them."""
-        padded = self.graphs.padded_ids(ids)  # outside the lock another batch may hold
+        (``GraphForward.pooled``); None where its graphs do not make them.
+        ``reuse``: padded in this thread's own block (``GraphForward.padded_ids``
+        says what the caller must do)."""
+        padded = self.graphs.padded_ids(ids, reuse=reuse)  # outside the lock another batch may hold
         if padded is None:
             return None
         with self._lock:

@@ -430,7 +430,9 @@ class SentenceEncoder:
         stacked = graphs.stacked
         if stacked is not None:
             return stacked.pooled(model, ids, pooling, lambda: graphs.pooled(model, ids, pooling))
-        vectors = graphs.pooled(model, ids, pooling)
+        # In this thread's own input block: the copy back waits for the device,
+        # so the block is free again before this thread's next batch.
+        vectors = graphs.pooled(model, ids, pooling, reuse=True)
         return None if vectors is None else vectors.cpu().numpy()
 
     @property

@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import copy
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -412,6 +413,66 @@ def test_pooled_vectors_are_the_callers_not_the_next_replays(encoder: SentenceEn
             assert np.allclose(vectors, want, atol=1e-5)
     finally:
         shared.close()
+
+
+def test_a_threads_own_input_block_gives_the_same_vectors_batch_after_batch(
+    encoder: SentenceEncoder,
+) -> None:
+    # A batch run alone pads its ids into its thread's own block for the
+    # bucket, made once (page-locked on CUDA), where a new block was three
+    # torch calls: the same vectors, a longer text's padding never left in a
+    # shorter one's, one block a thread and bucket.
+    texts = [["a much longer first sentence, with more words in it"], ["short"], ["mid one"]]
+    shared = SharedGraphs.of(encoder.model, encoder.tokenizer, OUTPUT, replay_like)
+    shared.prepare("cpu")
+    graphs = shared.graphs
+    try:
+        for each in [*texts, *texts]:
+            ids = ids_of(encoder, each)
+            own = shared.pooled(encoder.model, ids, "mean", reuse=True)
+            fresh = shared.pooled(encoder.model, ids, "mean")
+            assert own is not None
+            assert fresh is not None
+            assert torch.equal(own, fresh)
+            assert np.allclose(own.numpy(), encoder.encode(each, normalize=False), atol=1e-5)
+        ids = ids_of(encoder, ["short"])
+        first, again = graphs.padded_ids(ids, reuse=True), graphs.padded_ids(ids, reuse=True)
+        assert first is not None
+        assert again is not None
+        assert first.inputs is again.inputs
+        assert graphs.padded_ids(ids) is not None
+        assert graphs.padded_ids(ids).inputs is not first.inputs  # type: ignore[union-attr]
+        other: list[Any] = []
+        thread = threading.Thread(target=lambda: other.append(graphs.padded_ids(ids, reuse=True)))
+        thread.start()
+        thread.join()
+        assert other[0].inputs is not first.inputs
+    finally:
+        shared.close()
+
+
+def test_a_failed_replay_leaves_its_threads_block_unused(encoder: SentenceEncoder) -> None:
+    # A copy in from the block may still be on its way when the replay fails:
+    # the thread's next batch pads into a new block.
+    def failing(step: Any, example: Any) -> Any:
+        def run(inputs: Any) -> Any:
+            raise RuntimeError("replay failed")
+
+        return run
+
+    graphs = GraphForward(
+        encoder.model, OUTPUT, encoder.tokenizer.pad_token_id, failing,
+        input_keys=encoder.tokenizer.model_input_names,
+    )  # fmt: skip
+    graphs.prepare("cpu")
+    ids = ids_of(encoder, ["hello"])
+    padded = graphs.padded_ids(ids, reuse=True)
+    assert padded is not None
+    with pytest.raises(RuntimeError, match="replay failed"):
+        graphs.pooled(padded, "mean")
+    after = graphs.padded_ids(ids, reuse=True)
+    assert after is not None
+    assert after.inputs is not padded.inputs
 
 
 def test_one_architectures_graphs_pool_each_models_vectors(encoder: SentenceEncoder) -> None:
