@@ -477,7 +477,8 @@ def graph_workers(
         turn = itertools.count()
 
         def forward() -> None:
-            vectors = shared.pooled(models[next(turn) % len(models)], batch, "mean")
+            model = models[next(turn) % len(models)]
+            vectors = shared.pooled(model, batch, "mean", reuse=True)  # as encode_ids
             assert vectors is not None, "no bucket holds one sentence"
             vectors.cpu().numpy()
 
