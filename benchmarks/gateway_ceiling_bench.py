@@ -39,6 +39,7 @@ from engine_ceiling_bench import BATCHING
 from harness.probes import CpuMeter
 from harness.report import write_report
 from harness.servers import running_tessera
+from harness.trees import rerun_command, tree_sources
 
 BODY = json.dumps({"model": "echo", "input": "hello world"}).encode()
 
@@ -118,8 +119,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
-    sources: list[tuple[str, Path | None]] = [("this checkout", None)]
-    sources += [(str(path), path.resolve()) for path in args.against]
+    sources = tree_sources(args.against)
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(1, args.rounds + 1):
@@ -153,9 +153,7 @@ def main() -> None:
         for name in names[1:]
     }
     date = datetime.date.today().isoformat()
-    rerun = "benchmarks/gateway_ceiling_bench.py"
-    if args.against:
-        rerun += " --against " + " ".join(str(p) for p in args.against)
+    rerun = rerun_command(__file__, args.against)
     rerun += f" --gateways {args.gateways} --concurrency {args.concurrency}"
     lines = [
         f"# The server's cost per HTTP request, {date}",

@@ -233,6 +233,7 @@ def main() -> None:
         print(json.dumps(child(args.child, args.seconds, args.models, args.stack)))
         return
     from harness.report import write_report
+    from harness.trees import rerun_command
 
     sources: list[tuple[str, Path | None, int]] = [("this checkout", None, 0)]
     if args.stack:
@@ -262,9 +263,7 @@ def main() -> None:
         for name, _, _ in sources
     }
     date = datetime.date.today().isoformat()
-    rerun = "benchmarks/graph_host_bench.py"
-    if args.against:
-        rerun += " --against " + " ".join(str(p) for p in args.against)
+    rerun = rerun_command(__file__, args.against)
     rerun += " --rows " + " ".join(map(str, args.rows))
     rerun += f" --models {args.models} --seconds {args.seconds:g}"
     if args.stack:

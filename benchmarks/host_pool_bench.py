@@ -154,9 +154,9 @@ def main() -> None:
         print(json.dumps(child(args.models, args.holds, args.swaps, args.zipf, bound)))
         return
     from harness.report import write_report
+    from harness.trees import rerun_command, tree_sources
 
-    sources: list[tuple[str, Path | None]] = [("this checkout", None)]
-    sources += [(str(path), path.resolve()) for path in args.against]
+    sources = tree_sources(args.against)
     rows = []
     for bound in [None, *args.pool_buffers]:
         pool = "its own" if bound is None else f"{bound} buffers"
@@ -170,9 +170,7 @@ def main() -> None:
                     flush=True,
                 )
     date = datetime.date.today().isoformat()
-    rerun = "benchmarks/host_pool_bench.py"
-    if args.against:
-        rerun += " --against " + " ".join(str(p) for p in args.against)
+    rerun = rerun_command(__file__, args.against)
     rerun += f" --models {args.models} --holds {args.holds} --swaps {args.swaps}"
     rerun += f" --zipf {args.zipf:g}"
     if args.pool_buffers:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.report import write_report
+from harness.trees import rerun_command
 
 
 class _Cudart:
@@ -180,9 +181,7 @@ def main() -> None:
         for name, _ in sources
     }
     date = datetime.date.today().isoformat()
-    rerun = "benchmarks/hostcopy_bench.py"
-    if args.against:
-        rerun += " --against " + " ".join(str(p) for p in args.against)
+    rerun = rerun_command(__file__, args.against)
     lines = [
         f"# A host-tier swap's CPU, {date}",
         "",

@@ -111,11 +111,10 @@ def main() -> None:
         print(json.dumps(asyncio.run(child(args.models, args.batches, args.pushes))))
         return
     from harness.report import write_report
+    from harness.trees import rerun_command, tree_sources
 
-    sources: list[tuple[str, Path | None]] = [("this checkout", None)]
-    sources += [(str(path), path.resolve()) for path in args.against]
     rows = []
-    for name, source in sources:
+    for name, source in tree_sources(args.against):
         figures = run_child(source, args)
         rows.append({"source": name, **figures})
         print(
@@ -125,9 +124,7 @@ def main() -> None:
             flush=True,
         )
     date = datetime.date.today().isoformat()
-    rerun = "benchmarks/state_push_bench.py"
-    if args.against:
-        rerun += " --against " + " ".join(str(p) for p in args.against)
+    rerun = rerun_command(__file__, args.against)
     rerun += f" --models {args.models} --batches {args.batches} --pushes {args.pushes}"
     lines = [
         f"# The engine process's state pushes, {date}",

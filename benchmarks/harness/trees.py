@@ -35,3 +35,17 @@ def child_figures(
     )
     figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return figures
+
+
+def tree_sources(against: Sequence[Path]) -> list[tuple[str, Path | None]]:
+    """This checkout (None: its own ``src``), then each ``--against`` folder,
+    by name and resolved path."""
+    return [("this checkout", None), *((str(path), path.resolve()) for path in against)]
+
+
+def rerun_command(script: str, against: Sequence[Path]) -> str:
+    """``script``'s path from the repository root, with its ``--against`` folders."""
+    command = f"benchmarks/{Path(script).name}"
+    if against:
+        command += " --against " + " ".join(map(str, against))
+    return command
