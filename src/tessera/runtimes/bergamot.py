@@ -12,7 +12,9 @@ The engine translates one line per call on one thread and releases the GIL,
 and it drops sentences from long inputs (a dozen sentences in one call lose
 the last ones). So each item is split into lines and sentences (a long one
 into pieces, ``_MAX_SEGMENT``), and the segments of a batch are spread over
-``ctx.threads`` Python threads.
+``ctx.threads`` Python threads. A segment whose item's caller has gone, or
+whose deadline has passed (``request.item_stops``), is not translated: a long
+text stops at its next sentence, not after its last.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
+from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes
 from tessera.tasks.types import TranslateInput
@@ -116,11 +119,17 @@ class BergamotModel:
 
     def run(self, items: Sequence[Any]) -> list[Any]:
         layouts = [_split(_check_item(item).text) for item in items]
-        segments = [s for layout in layouts for line in layout for s in line]
+        stops = item_stops(len(items))  # this thread's: the pool's threads do not see them
+        segments = [
+            (s, stop)
+            for layout, stop in zip(layouts, stops, strict=True)
+            for line in layout
+            for s in line
+        ]
         if self.pool is not None and len(segments) > 1:
-            translated = list(self.pool.map(self.engine.translate, segments))
+            translated = list(self.pool.map(self._translate, segments))
         else:
-            translated = [self.engine.translate(s) for s in segments]
+            translated = [self._translate(s) for s in segments]
         outputs: list[Any] = []
         position = 0
         for layout in layouts:
@@ -130,6 +139,14 @@ class BergamotModel:
                 position += len(line)
             outputs.append("\n".join(lines))
         return outputs
+
+    def _translate(self, segment: tuple[str, StopFlag]) -> str:
+        """A segment's translation; nothing for a stopped item's, which no one reads."""
+        text, stop = segment
+        if stop.is_set():
+            return ""
+        translated: str = self.engine.translate(text)
+        return translated
 
     def memory(self) -> Footprint:
         return Footprint(own_bytes=self.own_bytes, method=self.method)

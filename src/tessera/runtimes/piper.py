@@ -9,7 +9,10 @@ session loads the voice's optimised graph from the cache
 (``runtimes/ort_graphs.py``): a reload takes about half the time.
 
 Items run one by one: piper synthesizes one sentence per ONNX call, and each
-item's sentences are joined into one clip.
+item's sentences are joined into one clip. Each sentence is a step
+(``step.step_boundary``: short batches may run between two), and an item whose
+caller has gone or whose deadline has passed (``request.item_stops``) stops at
+its next sentence.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
+from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes
 from tessera.runtimes.ort_graphs import cpu_only, optimized_graph
+from tessera.step import step_boundary
 from tessera.tasks.types import SpeechInput, SpeechOutput
 
 if TYPE_CHECKING:
@@ -67,20 +72,22 @@ class PiperModel:
 
     def run(self, items: Sequence[Any]) -> list[Any]:
         checked = [_check_item(item) for item in items]
-        return [self._speak(item) for item in checked]
+        stops = item_stops(len(checked))
+        return [self._speak(item, stop) for item, stop in zip(checked, stops, strict=True)]
 
-    def _speak(self, item: SpeechInput) -> SpeechOutput:
+    def _speak(self, item: SpeechInput, stop: StopFlag) -> SpeechOutput:
         import numpy as np
         from piper import SynthesisConfig
 
         # speed scales the voice's own phoneme length (1.0 for most voices).
         length_scale = self.voice.config.length_scale / item.speed
-        chunks = [
-            chunk.audio_int16_array
-            for chunk in self.voice.synthesize(
-                item.text, SynthesisConfig(length_scale=length_scale)
-            )
-        ]
+        chunks = []
+        sentences = self.voice.synthesize(item.text, SynthesisConfig(length_scale=length_scale))
+        for chunk in sentences:  # a generator: one ONNX call a sentence, as it is read
+            chunks.append(chunk.audio_int16_array)
+            if stop.is_set():
+                break
+            step_boundary()
         samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
         return SpeechOutput(
             samples=samples.astype(np.int16, copy=False), sample_rate=self.sample_rate

@@ -6,6 +6,7 @@ font, so nothing is read from the network or the system's font folders.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 from collections.abc import Iterator
@@ -17,8 +18,10 @@ import numpy.typing as npt
 import pytest
 from PIL import Image, ImageDraw, ImageFont
 
+from builders import make_queued
 from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.repository import read_spec
+from tessera.request import with_stops
 from tessera.runtimes.base import ItemsApart, LoadedModel, standalone_context
 from tessera.runtimes.memory import start_peak, trim_heap
 from tessera.runtimes.ocr import RapidOcrModel
@@ -248,6 +251,33 @@ def test_tts_rejects_bad_speed(tts: LoadedModel, speed: float) -> None:
         tts.run([SpeechInput("Hello.", speed)])
 
 
+THREE_SENTENCES = "The first sentence is here. The second one follows it. A third ends the clip."
+
+
+def test_tts_speaks_a_sentence_a_step(tts: LoadedModel) -> None:
+    hook = CountingHook()
+
+    with stepping(hook):
+        [output] = tts.run([SpeechInput(THREE_SENTENCES)])
+
+    assert duration_s(output) > 3.0
+    assert hook.boundaries == 3  # one after each sentence
+
+
+async def test_tts_an_item_whose_caller_left_stops_at_its_next_sentence(
+    tts: LoadedModel,
+) -> None:
+    loop = asyncio.get_running_loop()
+    gone, kept = make_queued(loop, "gone"), make_queued(loop, "kept")
+    gone.stop.set()  # its caller hung up while its batch formed
+
+    items = [SpeechInput(THREE_SENTENCES), SpeechInput(THREE_SENTENCES)]
+    left, full = with_stops(tts.run, [gone, kept])(items)
+
+    assert 0.5 < duration_s(left) < duration_s(full) / 2  # its first sentence only
+    assert duration_s(full) > 3.0  # the other item of the batch is spoken whole
+
+
 def test_tts_reports_measured_bytes(tts: LoadedModel) -> None:
     report = tts.memory()
 
@@ -344,6 +374,44 @@ def test_pt_en_translates_a_batch_in_order(pt_en: LoadedModel) -> None:
     assert "cat" in outputs[0].lower()
     assert outputs[1] == ""
     assert "coffee" in outputs[2].lower()
+
+
+async def test_translation_of_an_item_whose_caller_left_stops_at_its_next_sentence(
+    en_pt: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = en_pt.engine  # type: ignore[attr-defined]
+    loop = asyncio.get_running_loop()
+    gone, kept = make_queued(loop, "gone"), make_queued(loop, "kept")
+    read: list[str] = []
+
+    def translate(text: str) -> str:
+        read.append(text)
+        gone.stop.set()  # the caller hangs up (or its deadline passes) meanwhile
+        result: str = engine.translate(text)
+        return result
+
+    monkeypatch.setattr(en_pt, "engine", type("Spy", (), {"translate": staticmethod(translate)}))
+    text = " ".join(f"I have {n} apples." for n in range(2, 8))
+    left, full = with_stops(en_pt.run, [gone, kept])([TranslateInput(text), TranslateInput(text)])
+
+    assert len(read) == 1 + 6  # its first sentence, then every sentence of the other item
+    assert left.count("maçãs") == 1
+    assert full.count("maçãs") == 6
+
+
+async def test_translation_in_threads_skips_an_item_whose_caller_left(
+    pt_en: LoadedModel,
+) -> None:
+    loop = asyncio.get_running_loop()
+    gone, kept = make_queued(loop, "gone"), make_queued(loop, "kept")
+    gone.stop.set()
+    text = "O gato está na mesa. Eu gosto de café."
+
+    left, full = with_stops(pt_en.run, [gone, kept])([TranslateInput(text), TranslateInput(text)])
+
+    assert left.strip() == ""
+    assert "cat" in full.lower()
+    assert "coffee" in full.lower()
 
 
 def test_translate_rejects_bad_items(en_pt: LoadedModel) -> None:
