@@ -4,7 +4,7 @@ Core code raises these; only ``gateway/`` maps them to HTTP statuses.
 
     TesseraError
     ├── ConfigError                 bad configuration or model.yaml (422 when registered)
-    ├── InvalidInputError           the request is malformed or empty (400/422)
+    ├── InvalidInputError           the request is malformed or empty (400; TEI's and admin's 422)
     │   ├── UnsupportedMediaError   an image or file that cannot be decoded (415)
     │   └── PayloadTooLargeError    over a configured size or count limit (413)
     │       └── RequestTooLargeError a request whose own batch could never fit (413)

@@ -470,7 +470,7 @@ def test_cohere_clients_rerank_and_embed(
     assert by_type.embeddings.float_ is not None
     for vector in (plain.embeddings[0], by_type.embeddings.float_[0]):
         assert cosine(vector, reference.embedding) > 0.9999
-    with pytest.raises(cohere.errors.UnprocessableEntityError):
+    with pytest.raises(cohere.errors.BadRequestError):
         v2.embed(
             model="all-minilm-l6-v2",
             texts=["x"],

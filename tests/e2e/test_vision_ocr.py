@@ -107,7 +107,7 @@ def test_ocr_tasks_fields_and_translate(server: Server) -> None:
             data={"model": "tiny-vl-ocr", "task": "fields", "fields": yaml.safe_dump(schema)},
             files={"file": ("page.png", image, "image/png")},
         )
-        assert r.status_code == 422  # fields is JSON, not YAML
+        assert r.status_code == 400  # fields is JSON, not YAML
         r = client.post(
             "/v1/ocr",
             data={"model": "tiny-vl-ocr", "task": "fields", "fields": '["total", "date"]'},
@@ -118,15 +118,15 @@ def test_ocr_tasks_fields_and_translate(server: Server) -> None:
         b64 = base64.b64encode(image).decode()
         body = {"model": "tiny-vl-ocr", "image": b64, "task": "translate", "max_tokens": 3}
         r = client.post("/v1/ocr", json=body)
-        assert r.status_code == 422
+        assert r.status_code == 400
         assert "language" in r.json()["error"]["message"]
         r = client.post("/v1/ocr", json={**body, "language": "French"})
         assert r.status_code == 200
         assert r.json()["usage"]["completion_tokens"] == 3
         r = client.post("/v1/ocr", json={**body, "language": "French", "prompt": "Read."})
-        assert r.status_code == 422  # a prompt or a task, not both
+        assert r.status_code == 400  # a prompt or a task, not both
         r = client.post("/v1/ocr", json={**body, "language": "French", "max_tokens": 65})
-        assert r.status_code == 422  # over the card's max_tokens_limit of 64
+        assert r.status_code == 400  # over the card's max_tokens_limit of 64
 
 
 def test_chat_with_an_image_url_reaches_the_same_model(
@@ -170,7 +170,7 @@ def test_images_are_refused_where_they_cannot_go(
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=server.key)
     request.addfinalizer(client.close)
     remote = [{"type": "image_url", "image_url": {"url": "http://example.com/page.png"}}]
-    with pytest.raises(openai.UnprocessableEntityError, match="fetches nothing"):
+    with pytest.raises(openai.BadRequestError, match="fetches nothing"):
         client.chat.completions.create(
             model="tiny-vl-ocr",
             messages=[{"role": "user", "content": remote}],  # type: ignore[arg-type]
@@ -184,5 +184,5 @@ def test_images_are_refused_where_they_cannot_go(
     with httpx.Client(base_url=server.base_url, headers=server.headers, timeout=60) as http:
         body = {"model": "tiny-vl-ocr", "image": data_url(10, 2100), "prompt": "Read."}
         r = http.post("/v1/ocr", json=body)
-        assert r.status_code == 422
+        assert r.status_code == 400
         assert "aspect ratio" in r.json()["error"]["message"]

@@ -293,14 +293,14 @@ def test_bad_fields_and_unknown_types_are_errors_for_their_id(server: Server, ke
         ask(ws, {"id": "u", "type": "paint", "model": "embed"})
         reply = result_of(ws, "u")
         assert reply["type"] == "error"
-        assert reply["error"]["code"] == 422
+        assert reply["error"]["code"] == 400
         assert "unknown type" in reply["error"]["message"]
         ask(ws, {"id": "m", "type": "embeddings", "model": "nope", "input": "x"})
         assert result_of(ws, "m")["error"]["code"] == 404
         ask(ws, {"id": "w", "type": "embeddings", "model": "tr", "input": "x"})
         assert result_of(ws, "w")["error"]["code"] == 400  # tr translates
         ask(ws, {"id": "f", "type": "embeddings", "model": "embed", "input": 3})
-        assert result_of(ws, "f")["error"]["code"] == 422
+        assert result_of(ws, "f")["error"]["code"] == 400
         ask(ws, {"id": "ok", "type": "embeddings", "model": "embed", "input": "x"})
         assert result_of(ws, "ok")["type"] == "result"  # the socket is still open
 

@@ -37,8 +37,9 @@ def principal_of(request: HTTPConnection) -> Principal | None:
 
 def parsed(schema: type[B], raw: bytes | dict[str, Any]) -> B:
     """A body read by the route itself (JSON bytes whatever its content type,
-    or a form's fields) as ``schema``; where it does not validate, the 422
-    FastAPI writes for a body it reads."""
+    or a form's fields) as ``schema``; where it does not validate, the
+    ``RequestValidationError`` FastAPI raises for a body it reads (answered
+    with the API's status for an invalid request, ``gateway/errors.py``)."""
     try:
         if isinstance(raw, bytes):
             return schema.model_validate_json(raw)

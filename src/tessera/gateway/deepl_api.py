@@ -7,14 +7,14 @@ DeepL names languages, not models: a request's ``target_lang`` (and
 may use whose card's ``direction`` option is ``source-target`` (``en-pt``);
 regional variants read as their language (``PT-BR`` is ``pt``, ``EN-US``
 ``en``). Without ``source_lang`` the one model into the target language
-answers (its source is the ``detected_source_language``), and a 422 asks for
+answers (its source is the ``detected_source_language``), and a 400 asks for
 ``source_lang`` where several would; a ``model`` field (tessera's own) names
 the model instead. The key comes as DeepL sends it (``Authorization:
 DeepL-Auth-Key KEY``) or as a bearer token. Bodies are JSON or form-encoded
 (``text`` repeated), as DeepL takes both; answers are DeepL's
 (``translations`` with ``text``, ``detected_source_language`` and
 ``billed_characters``) and so are errors (``{"message": ...}``,
-``gateway/errors.py``). Glossaries and tag handling are refused (422); the
+``gateway/errors.py``). Glossaries and tag handling are refused (400); the
 other options (formality, context, sentence splitting) are taken and
 ignored: the models have none of them. The usage is the caller's tenant's
 day (UTC, from the audit log, as its daily quota counts it): the work units

@@ -1,10 +1,39 @@
 """Engine errors to HTTP statuses, as JSON; the only place that knows both.
 
 An error body has the shape its API's clients read (``APIS``, one table of
-which API a path belongs to, and whether its requests are metered): the
-OpenAI shape ``{"error": {"message", "type", "code"}}`` for OpenAI's,
-Cohere's and tessera's own routes, KServe's and Ollama's ``{"error":
-MESSAGE}``, TEI's with its ``error_type``, DeepL's ``{"message": MESSAGE}``.
+which API a path belongs to, whether its requests are metered, and the
+status of an invalid request): the OpenAI shape ``{"error": {"message",
+"type", "code"}}`` for OpenAI's, Cohere's and tessera's own routes, KServe's
+and Ollama's ``{"error": MESSAGE}``, TEI's with its ``error_type``, DeepL's
+``{"message": MESSAGE}``.
+
+An invalid request (a body that is not JSON or does not validate, and
+``InvalidInputError``) is answered with the status its API's own servers
+answer it with, which its clients turn into their own exception:
+
+- OpenAI's routes, Cohere's and tessera's own under ``/v1`` and ``/v2``:
+  400. OpenAI answers 400 ``invalid_request_error`` for a malformed or
+  invalid request, and the ``openai`` client raises ``BadRequestError`` for
+  400 (``UnprocessableEntityError`` for 422, which an ``except
+  BadRequestError`` misses); vLLM's OpenAI server replaces FastAPI's 422
+  with 400 in its ``RequestValidationError`` handler
+  (``vllm/entrypoints/serve/utils/server_utils.py``); Cohere's error
+  reference answers 400 when "the body of the request is not valid".
+- KServe v2 (Triton): 400. Triton's HTTP server answers
+  ``TRITONSERVER_ERROR_INVALID_ARG`` with 400 (``EVHTP_RES_BADREQ``), and
+  KServe's own server raises ``InvalidInput`` as 400.
+- Ollama: 400. Its handlers answer a body that does not bind, and a field
+  they refuse, with ``http.StatusBadRequest`` (``server/routes.go``).
+- DeepL: 400, which the ``deepl`` client raises as "Bad request".
+- TEI: 422. Its axum ``Json`` extractor answers a body that does not
+  deserialize with 422 (``JsonDataError``), and TEI answers a tokenizer
+  error (an input over the model's window) with 422; axum answers a body
+  that is not JSON at all with 400, which tessera answers with TEI's 422.
+- The rest (``/admin``, ``/metrics``, the live page): 422, as FastAPI
+  answers; ``ConfigError`` (``invalid_model``) and ``RolloutFailedError``
+  (``rollout_failed``) are 422 everywhere, semantic errors of tessera's
+  own admin API (a model definition that does not hold, a version that
+  failed to roll out), and ``InvalidTenantError`` is the admin API's 422.
 
 Any other exception (a bug: no input should reach one) is a 500 with the
 exception's type only, and logs one line per request; its traceback is logged
@@ -57,10 +86,11 @@ log = logging.getLogger(__name__)
 
 MAX_TRACEBACKS = 100
 
-_STATUS: list[tuple[type[TesseraError], int, str]] = [
+# None: the status the path's API answers an invalid request with (``ApiPaths.invalid``).
+_STATUS: list[tuple[type[TesseraError], int | None, str]] = [
     (PayloadTooLargeError, 413, "payload_too_large"),
     (UnsupportedMediaError, 415, "unsupported_media_type"),
-    (InvalidInputError, 422, "invalid_request_error"),
+    (InvalidInputError, None, "invalid_request_error"),
     (ModelNotFoundError, 404, "model_not_found"),
     (ConfigError, 422, "invalid_model"),
     (RolloutFailedError, 422, "rollout_failed"),
@@ -78,7 +108,7 @@ _STATUS: list[tuple[type[TesseraError], int, str]] = [
     (ApiKeyNotFoundError, 404, "key_not_found"),
     (ResponseNotFoundError, 404, "not_found_error"),
     (TenantExistsError, 409, "tenant_exists"),
-    (InvalidTenantError, 422, "invalid_request_error"),
+    (InvalidTenantError, None, "invalid_request_error"),
     (TenantError, 503, "tenant_store_unavailable"),
 ]
 
@@ -117,13 +147,15 @@ def _deepl_error(status: int, message: str, kind: str) -> dict[str, object]:
 
 @dataclass(frozen=True)
 class ApiPaths:
-    """The paths of one API: the shape its clients read errors in, and which
-    of its requests are metered (an audit row and a request event each; its
-    listings, probes and metadata are not, unless refused for their key)."""
+    """The paths of one API: the shape its clients read errors in, which of
+    its requests are metered (an audit row and a request event each; its
+    listings, probes and metadata are not, unless refused for their key),
+    and the status it answers an invalid request with."""
 
     owns: Callable[[str], bool]
     metered: Callable[[str], bool]
     error: Callable[[int, str, str], dict[str, object]]
+    invalid: int
 
 
 _DEEPL_PATHS = frozenset({"/v2/translate", "/v2/languages", "/v2/usage"})
@@ -150,16 +182,16 @@ def _not_a_listing(path: str) -> bool:
     return path != "/v1/models" and not path.startswith("/v1/models/")
 
 
+KSERVE = ApiPaths(kserve_path, lambda path: path.startswith("/v2/models"), _message_error, 400)
+TEI = ApiPaths(_tei_path, _tei_runs, _tei_error, 422)
+DEEPL = ApiPaths(_DEEPL_PATHS.__contains__, lambda path: path == "/v2/translate", _deepl_error, 400)
+OLLAMA = ApiPaths(_ollama_path, _OLLAMA_METERED.__contains__, _message_error, 400)
+OPENAI = ApiPaths(_v1_or_v2, _not_a_listing, error_body, 400)  # Cohere's and tessera's own too
 # The first that owns a path is its API; the rest of the server (admin,
-# metrics, the live page) reads errors in the OpenAI shape and is not metered.
-APIS = (
-    ApiPaths(kserve_path, lambda path: path.startswith("/v2/models"), _message_error),  # KServe
-    ApiPaths(_tei_path, _tei_runs, _tei_error),
-    ApiPaths(_DEEPL_PATHS.__contains__, lambda path: path == "/v2/translate", _deepl_error),
-    ApiPaths(_ollama_path, _OLLAMA_METERED.__contains__, _message_error),
-    ApiPaths(_v1_or_v2, _not_a_listing, error_body),  # OpenAI's, Cohere's and tessera's own
-)
-_THE_REST = ApiPaths(lambda path: True, lambda path: False, error_body)
+# metrics, the live page) reads errors in the OpenAI shape, is not metered,
+# and answers an invalid request with FastAPI's 422.
+APIS = (KSERVE, TEI, DEEPL, OLLAMA, OPENAI)
+_THE_REST = ApiPaths(lambda path: True, lambda path: False, error_body, 422)
 
 
 def api_of(path: str) -> ApiPaths:
@@ -176,11 +208,11 @@ def metered(path: str) -> bool:
     return api_of(path).metered(path)
 
 
-def status_of(error: TesseraError) -> tuple[int, str]:
-    """The HTTP status and error type of an engine error."""
+def status_of(error: TesseraError, api: ApiPaths) -> tuple[int, str]:
+    """The HTTP status and error type of an engine error on ``api``'s routes."""
     for cls, status, kind in _STATUS:
         if isinstance(error, cls):
-            return status, kind
+            return (api.invalid if status is None else status), kind
     return 500, "internal_error"
 
 
@@ -216,9 +248,10 @@ def reject_reason(error: TesseraError) -> str | None:
     return None
 
 
-def error_response(error: TesseraError, path: str = "") -> JSONResponse:
-    status, kind = status_of(error)
-    body = error_body_for(path, status, str(error), kind)
+def error_response(error: TesseraError, path: str) -> JSONResponse:
+    api = api_of(path)
+    status, kind = status_of(error, api)
+    body = api.error(status, str(error), kind)
     return JSONResponse(body, status_code=status, headers=error_headers(error))
 
 
@@ -237,8 +270,9 @@ def install_error_handlers(app: FastAPI) -> None:
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             problems.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
         message = "invalid request: " + "; ".join(problems)
-        body = error_body_for(request.url.path, 422, message, "invalid_request_error")
-        return JSONResponse(body, status_code=422)
+        api = api_of(request.url.path)
+        body = api.error(api.invalid, message, "invalid_request_error")
+        return JSONResponse(body, status_code=api.invalid)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -14,7 +14,8 @@ answer, an error and a refusal read exactly as through FastAPI.
 
 Whatever it is not sure of goes to FastAPI as before, with the body it read
 replayed: another method or path, a body that is not ``application/json``,
-one that does not validate (FastAPI then writes the 422 it always wrote), a
+one that does not validate (FastAPI then raises the ``RequestValidationError``
+it always raised, answered with its API's status for an invalid request), a
 client gone while the body was read. The routes stay registered with FastAPI,
 so the OpenAPI schema still shows them.
 """

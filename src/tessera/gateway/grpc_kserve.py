@@ -34,7 +34,7 @@ tritonclient sends its ``headers``), its peer the request's client.
 - The rest (shared memory, tracing, the repository's other calls) answer
   ``UNIMPLEMENTED``, as a Triton without them does.
 - An HTTP error becomes its gRPC status (404 ``NOT_FOUND``, 401
-  ``UNAUTHENTICATED``, 422 ``INVALID_ARGUMENT``, 429 ``RESOURCE_EXHAUSTED``,
+  ``UNAUTHENTICATED``, 400 and 422 ``INVALID_ARGUMENT``, 429 ``RESOURCE_EXHAUSTED``,
   503 ``UNAVAILABLE``...) with the same message; a Retry-After rides in the
   trailing metadata as ``retry-after``.
 

@@ -29,7 +29,7 @@ events to a caller that accepts them (``Accept: text/event-stream``; gRPC's
 ``ModelStreamInfer`` asks so), one prompt only: an infer response a piece,
 each with ``parameters.triton_final_response`` false, then a final one with
 the extras asked for (or none, where the request's parameter
-``triton_enable_empty_final_response`` asks for it). Otherwise it is a 422
+``triton_enable_empty_final_response`` asks for it). Otherwise it is a 400
 that says where to stream, as Triton's HTTP infer answers a decoupled model.
 
 Triton's statistics extension (``/v2/models/stats``, ``.../{name}/stats``,
@@ -65,7 +65,7 @@ from tessera.errors import (
     TesseraError,
 )
 from tessera.gateway.common import engine_of, run_task, started_task, visible_models
-from tessera.gateway.errors import error_headers, reject_reason, status_of
+from tessera.gateway.errors import KSERVE, error_headers, reject_reason, status_of
 from tessera.gateway.openai_api import Pieces
 from tessera.gateway.tasks_api import OcrOptions, ocr_item
 from tessera.gateway.triton_llm import (
@@ -132,7 +132,7 @@ _JSON_VALUES: dict[str, tuple[Callable[[object], bool], str]] = {
 
 
 def _kserve_error(error: TesseraError) -> JSONResponse:
-    status, _kind = status_of(error)
+    status, _kind = status_of(error, KSERVE)
     return JSONResponse({"error": str(error)}, status_code=status, headers=error_headers(error))
 
 

@@ -53,7 +53,7 @@ from tessera.gateway.common import (
     started_task,
     visible_models,
 )
-from tessera.gateway.errors import status_of
+from tessera.gateway.errors import OLLAMA, status_of
 from tessera.gateway.openai_api import (
     Pieces,
     Sampling,
@@ -264,7 +264,7 @@ async def _lines(
         try:
             (output,) = work.result()
         except TesseraError as e:
-            yield json.dumps({"error": str(e), "status": status_of(e)[0]}) + "\n"
+            yield json.dumps({"error": str(e), "status": status_of(e, OLLAMA)[0]}) + "\n"
             return
         yield json.dumps(_last(model, field, output, started, whole=False)) + "\n"
     finally:

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
 from tessera.gateway.common import engine_of, run_task, started_task, visible_models
-from tessera.gateway.errors import error_body, status_of
+from tessera.gateway.errors import OPENAI, error_body, status_of
 from tessera.tasks.audio import AudioFormat, check_format, encoded
 from tessera.tasks.image import decode_base64, decode_image
 from tessera.tasks.types import (
@@ -110,7 +110,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
 def shortened(matrix: np.ndarray[Any, Any], dimensions: int) -> np.ndarray[Any, Any]:
     """The first ``dimensions`` of each row (OpenAI's ``dimensions``); rows of
     unit length are scaled to unit length again, as OpenAI's shortened
-    embeddings are. 422 for more dimensions than the model gives."""
+    embeddings are. 400 for more dimensions than the model gives."""
     if dimensions > matrix.shape[1]:
         raise InvalidInputError(
             f"dimensions is {dimensions}; this model's embeddings have {matrix.shape[1]}"
@@ -607,7 +607,7 @@ async def pieces_of(work: asyncio.Future[list[Any]], pieces: asyncio.Queue[T]) -
 
 
 def _error_event(error: TesseraError) -> str:
-    status, kind = status_of(error)
+    status, kind = status_of(error, OPENAI)
     return f"data: {json.dumps(error_body(status, str(error), kind))}\n\n"
 
 

@@ -25,7 +25,7 @@ the new ``input``; its ``instructions`` do not carry over, as OpenAI's), and
 ``GET`` / ``DELETE /v1/responses/{id}`` and ``GET
 /v1/responses/{id}/input_items`` (its conversation before its output, by
 pages) find it. Elsewhere answers say
-``store: false`` and ``previous_response_id`` is a 422 (send the whole
+``store: false`` and ``previous_response_id`` is a 400 (send the whole
 conversation in ``input``). ``conversation`` and ``background`` are refused,
 as are tools other than functions (web search, files, code).
 """
@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tessera.errors import InvalidInputError, ResponseNotFoundError, TenantError, TesseraError
 from tessera.gateway.common import engine_of, principal_of, run_task, started_task
-from tessera.gateway.errors import status_of
+from tessera.gateway.errors import OPENAI, status_of
 from tessera.gateway.openai_api import (
     MAX_TOOLS,
     FunctionIn,
@@ -555,7 +555,7 @@ async def _events(
         try:
             (output,) = work.result()
         except TesseraError as e:
-            error = {"code": status_of(e)[1], "message": str(e)}
+            error = {"code": status_of(e, OPENAI)[1], "message": str(e)}
             yield event("response.failed", response=answer.response("failed", [], error=error))
             return
         items = answer.output(output, message=bool(streamed))

@@ -68,7 +68,7 @@ def rerank_items(body: RerankRequest) -> list[RerankInput]:
 
 
 def rerank_inputs(query: str, documents: list[str]) -> list[RerankInput]:
-    """A (query, document) item a document; 422 for a blank query."""
+    """A (query, document) item a document; ``InvalidInputError`` for a blank query."""
     if not query.strip():
         raise InvalidInputError("query must not be blank")
     return [RerankInput(query, text) for text in documents]
@@ -321,7 +321,7 @@ async def ocr(request: Request) -> JSONResponse:
         payload = await request.json()
     except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
         raise InvalidInputError("body is not valid JSON") from e
-    body = parsed(OcrRequest, payload)  # FastAPI's 422, as for a body it reads itself
+    body = parsed(OcrRequest, payload)  # as for a body FastAPI reads itself
     return await _ocr(request, body.model, decode_base64(body.image), body.mode, body)
 
 

@@ -65,6 +65,7 @@ from tessera.errors import InvalidInputError, RequestCancelledError, TesseraErro
 from tessera.gateway.common import caller_of
 from tessera.gateway.context import AuditInfo, api_key, audit_request
 from tessera.gateway.errors import (
+    api_of,
     error_body,
     error_headers,
     log_unhandled,
@@ -108,6 +109,8 @@ from tessera.tenants.throttle import AuthThrottle
 router = APIRouter()
 
 PATH = "/v1/ws"
+# Its API (tessera's own, under /v1): its errors' statuses, as over HTTP.
+API = api_of(PATH)
 # Routes and exception types whose traceback was logged (errors.log_unhandled).
 _TRACEBACKS_LOGGED: set[tuple[str, str]] = set()
 MAX_IN_FLIGHT = 32
@@ -216,11 +219,11 @@ class _Session:
             payload = json.loads(text)
         except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
             raise _Close(
-                INVALID_PAYLOAD, f"message is not JSON: {e}", 422, "invalid_request_error"
+                INVALID_PAYLOAD, f"message is not JSON: {e}", API.invalid, "invalid_request_error"
             ) from e
         if not isinstance(payload, dict):
             raise _Close(
-                INVALID_PAYLOAD, "a message is a JSON object", 422, "invalid_request_error"
+                INVALID_PAYLOAD, "a message is a JSON object", API.invalid, "invalid_request_error"
             )
         return payload
 
@@ -269,7 +272,7 @@ class _Session:
             raise _Close(
                 INVALID_PAYLOAD,
                 "every message needs an id: a string of 1 to 128 characters",
-                422,
+                API.invalid,
                 "invalid_request_error",
             )
         message = _Message(message_id, f"{self.connection_id}/{message_id}")
@@ -299,7 +302,7 @@ class _Session:
         await self.send({"id": message.id, "type": "error", **body})
 
     async def _refuse(self, message: _Message, error: TesseraError) -> None:
-        status, _ = status_of(error)
+        status, _ = status_of(error, API)
         info = AuditInfo(reason=reject_reason(error))
         audit_request(self.app_state, self._state(message), info, status, message.started, PATH)
         await self._send_error(message, error)
@@ -336,7 +339,7 @@ class _Session:
             await self._send_error(message, error)
 
     async def _send_error(self, message: _Message, error: TesseraError) -> None:
-        status, kind = status_of(error)
+        status, kind = status_of(error, API)
         answer: dict[str, Any] = {
             "id": message.id,
             "type": "error",
@@ -371,7 +374,7 @@ class _Session:
             status = 200
             return outputs
         except TesseraError as e:
-            status = status_of(e)[0]
+            status = status_of(e, API)[0]
             info.reason = reject_reason(e)
             raise
         except asyncio.CancelledError:

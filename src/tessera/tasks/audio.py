@@ -3,8 +3,8 @@
 ``wav`` and ``pcm`` (16-bit little-endian mono, no header) are written here
 with the standard library. ``mp3``, ``flac`` and ``opus`` (in an Ogg
 container) are written by libsndfile through the ``soundfile`` package (in
-the ``tts`` extra, beside the voices; without it they are a 422 that says
-so). Opus takes 8, 12, 16, 24 or 48 kHz only: other rates are resampled
+the ``tts`` extra, beside the voices; without it they are refused as an
+invalid request that says so). Opus takes 8, 12, 16, 24 or 48 kHz only: other rates are resampled
 (linearly) to the next of those up. ``aac`` is not written: libsndfile has no
 AAC encoder.
 """

@@ -49,14 +49,14 @@ async def test_embeddings_shortened_to_dimensions_stay_unit_vectors(
 @pytest.mark.parametrize(
     ("body", "status"),
     [
-        ({"model": "embed", "input": []}, 422),
-        ({"model": "embed", "input": ""}, 422),
-        ({"model": "embed", "input": 5}, 422),
-        ({"model": "embed"}, 422),
+        ({"model": "embed", "input": []}, 400),
+        ({"model": "embed", "input": ""}, 400),
+        ({"model": "embed", "input": 5}, 400),
+        ({"model": "embed"}, 400),
         ({"model": "nope", "input": "x"}, 404),
         ({"model": "mt", "input": "x"}, 400),
         ({"model": "embed", "input": ["x"] * 5}, 413),
-        ({"model": "embed", "input": "x", "dimensions": FAKE_DIMS + 1}, 422),
+        ({"model": "embed", "input": "x", "dimensions": FAKE_DIMS + 1}, 400),
     ],
 )
 async def test_bad_embedding_requests(client: httpx.AsyncClient, body: object, status: int) -> None:
@@ -72,7 +72,7 @@ async def test_token_ids_as_input_are_refused_with_why(
     client: httpx.AsyncClient, tokens: object
 ) -> None:
     r = await client.post("/v1/embeddings", json={"model": "embed", "input": tokens})
-    assert r.status_code == 422
+    assert r.status_code == 400
     assert "send the text" in r.json()["error"]["message"]
 
 
@@ -80,7 +80,7 @@ async def test_malformed_json_and_oversized_body(client: httpx.AsyncClient) -> N
     r = await client.post(
         "/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"}
     )
-    assert r.status_code == 422
+    assert r.status_code == 400
     assert r.json()["error"]["message"]
     r = await client.post("/v1/embeddings", json={"model": "embed", "input": "x" * 100_000})
     assert r.status_code == 413
@@ -127,7 +127,7 @@ async def test_rerank_classify_translate(client: httpx.AsyncClient) -> None:
         ({"model": "intent", "inputs": []}, "must not be empty"),
     ):
         r = await client.post("/v1/classify", json=body)
-        assert r.status_code == 422, r.text
+        assert r.status_code == 400, r.text
         assert why in r.json()["error"]["message"]
 
     r = await client.post("/v1/translate", json={"model": "mt", "input": ["abc", "xy"]})
@@ -158,7 +158,7 @@ async def test_ocr_json_multipart_and_bad_image(client: httpx.AsyncClient) -> No
     )
     assert r.status_code == 415
     r = await client.post("/v1/ocr", json={"model": "ocr", "image": "%%%"})
-    assert r.status_code == 422
+    assert r.status_code == 400
     # A body that does not validate says where, in one line, as other routes do
     # (it had been pydantic's whole report: the input, a link, several lines).
     for body, says in (
@@ -167,7 +167,7 @@ async def test_ocr_json_multipart_and_bad_image(client: httpx.AsyncClient) -> No
         ({"image": "aGk="}, "invalid request: model: Field required"),
     ):
         r = await client.post("/v1/ocr", json=body)
-        assert r.status_code == 422, r.text
+        assert r.status_code == 400, r.text
         message = r.json()["error"]["message"]
         assert message.startswith(says), message
         assert "\n" not in message
@@ -175,7 +175,7 @@ async def test_ocr_json_multipart_and_bad_image(client: httpx.AsyncClient) -> No
     r = await client.post(
         "/v1/ocr", files={"file": ("p.png", png)}, data={"model": "ocr", "max_tokens": "abc"}
     )
-    assert r.status_code == 422, r.text
+    assert r.status_code == 400, r.text
     assert r.json()["error"]["message"].startswith("invalid request: max_tokens: ")
 
 
@@ -206,7 +206,7 @@ async def test_speech_in_openais_other_formats(
 async def test_speech_in_aac_is_refused_saying_what_is_served(client: httpx.AsyncClient) -> None:
     body = {"model": "tts", "input": "hello", "response_format": "aac"}
     r = await client.post("/v1/audio/speech", json=body)
-    assert r.status_code == 422
+    assert r.status_code == 400
     assert "mp3, opus, flac, wav, pcm" in r.json()["error"]["message"]
 
 
@@ -252,10 +252,10 @@ async def test_legacy_completions_plain_echo_and_several_prompts(
     ("response_format", "status", "says"),
     [
         ({"type": "text"}, 200, ""),
-        ({"type": "json_object"}, 422, "cannot hold an answer to JSON"),
-        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, 422, "JSON"),
-        ({"type": "json_schema", "json_schema": {"name": "x"}}, 422, "needs a json_schema"),
-        ({"type": "xml"}, 422, "type"),
+        ({"type": "json_object"}, 400, "cannot hold an answer to JSON"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, 400, "JSON"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, 400, "needs a json_schema"),
+        ({"type": "xml"}, 400, "type"),
     ],
 )
 async def test_json_answers_where_the_runtime_cannot_hold_them_say_why(
@@ -272,10 +272,10 @@ async def test_json_answers_where_the_runtime_cannot_hold_them_say_why(
 async def chat_refused(
     client: httpx.AsyncClient, extra: dict[str, object], says: str
 ) -> dict[str, object]:
-    """A chat of the fake model with ``extra`` fields: a 422 that ``says``; its body."""
+    """A chat of the fake model with ``extra`` fields: a 400 that ``says``; its body."""
     body = {"model": "chat", "messages": [{"role": "user", "content": "x"}], **extra}
     r = await client.post("/v1/chat/completions", json=body)
-    assert r.status_code == 422, r.text
+    assert r.status_code == 400, r.text
     assert says in r.json()["error"]["message"]
     return body
 
@@ -318,7 +318,7 @@ async def test_penalties_and_logit_bias_out_of_openais_ranges_say_why(
     }
     for path, body in bodies.items():
         r = await client.post(path, json={**body, **extra})
-        assert r.status_code == 422, r.text
+        assert r.status_code == 400, r.text
         assert says in r.json()["error"]["message"]
 
 
@@ -388,7 +388,7 @@ async def test_n_choices_of_a_chat_and_of_each_prompt(client: httpx.AsyncClient)
     texts = [(c["index"], c["text"]) for c in r.json()["choices"]]
     assert texts == [(0, "a "), (1, "a "), (2, "b c "), (3, "b c ")]
     r = await client.post("/v1/chat/completions", json={**body, "messages": messages, "n": 17})
-    assert r.status_code == 422
+    assert r.status_code == 400
 
 
 async def test_a_streamed_chat_of_n_choices_streams_each_by_index(
@@ -448,15 +448,15 @@ async def test_legacy_completions_stream_each_prompts_pieces_by_index(
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [
-        ({"model": "chat", "prompt": ""}, 422, "must not be empty"),
-        ({"model": "chat", "prompt": []}, 422, "prompt"),
-        ({"model": "chat", "prompt": [1, 2, 3]}, 422, "send the text"),
-        ({"model": "chat", "prompt": "x", "logprobs": 1}, 422, "does not give them"),
-        ({"model": "chat", "prompt": "x", "logprobs": 6}, 422, "less than or equal to 5"),
-        ({"model": "chat", "prompt": "x", "logprobs": 1, "echo": True}, 422, "prompt's tokens"),
-        ({"model": "chat", "prompt": "x", "suffix": "y"}, 422, "not served"),
-        ({"model": "chat", "prompt": "x", "n": 17}, 422, "n"),
-        ({"model": "chat", "prompt": "x", "max_tokens": 0}, 422, "max_tokens"),
+        ({"model": "chat", "prompt": ""}, 400, "must not be empty"),
+        ({"model": "chat", "prompt": []}, 400, "prompt"),
+        ({"model": "chat", "prompt": [1, 2, 3]}, 400, "send the text"),
+        ({"model": "chat", "prompt": "x", "logprobs": 1}, 400, "does not give them"),
+        ({"model": "chat", "prompt": "x", "logprobs": 6}, 400, "less than or equal to 5"),
+        ({"model": "chat", "prompt": "x", "logprobs": 1, "echo": True}, 400, "prompt's tokens"),
+        ({"model": "chat", "prompt": "x", "suffix": "y"}, 400, "not served"),
+        ({"model": "chat", "prompt": "x", "n": 17}, 400, "n"),
+        ({"model": "chat", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
         ({"model": "embed", "prompt": "x"}, 400, "embed"),
         ({"model": "nope", "prompt": "x"}, 404, "nope"),
     ],
@@ -563,7 +563,7 @@ async def test_kserve_health_metadata_and_json_infer(client: httpx.AsyncClient) 
     assert out["shape"] == [2, FAKE_DIMS]
     np.testing.assert_allclose(out["data"][:FAKE_DIMS], fake_embedding("a"), rtol=1e-6)
     r = await client.post("/v2/models/embed/infer", json={"inputs": []})
-    assert r.status_code == 422
+    assert r.status_code == 400
     assert isinstance(r.json()["error"], str)
     # Only the outputs asked for come back, as Triton answers.
     text = {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a"]}
@@ -596,10 +596,10 @@ async def test_kserve_translate_and_rerank(client: httpx.AsyncClient) -> None:
         ([query, {**texts, "shape": [0], "data": []}], "at least one document"),
     ):
         r = await client.post("/v2/models/rerank/infer", json={"inputs": inputs})
-        assert r.status_code == 422, r.text
+        assert r.status_code == 400, r.text
         assert says in r.json()["error"]
     r = await client.post("/v2/models/embed/infer", json={"inputs": [query, texts]})
-    assert r.status_code == 422
+    assert r.status_code == 400
     assert "takes one input" in r.json()["error"]
 
 
@@ -627,7 +627,7 @@ async def test_kserve_config_index_and_errors_in_kserve_shape(client: httpx.Asyn
     assert r.json()["error"]["code"] == 404  # the OpenAI shape elsewhere
     body = {"model": "embed", "texts": ["x"], "embedding_types": ["int8"]}
     r = await client.post("/v2/embed", json=body)  # Cohere's v2, not KServe's
-    assert (r.status_code, r.json()["error"]["code"]) == (422, 422)
+    assert (r.status_code, r.json()["error"]["code"]) == (400, 400)
 
 
 async def test_admin_batches_reports_recent_batch_sizes_and_times(

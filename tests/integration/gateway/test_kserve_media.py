@@ -100,18 +100,18 @@ def test_pixels_are_taken_as_rgb_and_given_to_the_model_as_decoded_files_are() -
 @pytest.mark.parametrize(
     ("tensor", "parameters", "status", "says"),
     [
-        ({"datatype": "FP32", "shape": [1, 1, 3], "data": [0, 0, 0]}, {}, 422, "UINT8 pixels"),
-        ({"datatype": "UINT8", "shape": [3], "data": [0, 0, 0]}, {}, 422, "UINT8 pixels"),
-        ({"datatype": "BYTES", "shape": [1], "data": ["%%%"]}, {}, 422, "not valid base64"),
+        ({"datatype": "FP32", "shape": [1, 1, 3], "data": [0, 0, 0]}, {}, 400, "UINT8 pixels"),
+        ({"datatype": "UINT8", "shape": [3], "data": [0, 0, 0]}, {}, 400, "UINT8 pixels"),
+        ({"datatype": "BYTES", "shape": [1], "data": ["%%%"]}, {}, 400, "not valid base64"),
         ({"datatype": "BYTES", "shape": [1], "data": ["bm90IGFuIGltYWdl"]}, {}, 415, "decode"),
-        ({"datatype": "BYTES", "shape": [0], "data": []}, {}, 422, "at least one image"),
+        ({"datatype": "BYTES", "shape": [0], "data": []}, {}, 400, "at least one image"),
         (
             {"datatype": "BYTES", "shape": [1], "data": [PAGE]},
             {"mode": "word"},
-            422,
+            400,
             "page or line",
         ),
-        ({"datatype": "BYTES", "shape": [1], "data": [PAGE]}, {"zoom": 2}, 422, "no parameter"),
+        ({"datatype": "BYTES", "shape": [1], "data": [PAGE]}, {"zoom": 2}, 400, "no parameter"),
         ({"datatype": "BYTES", "shape": [1], "data": [PAGE]}, {"prompt": "hi"}, 400, "prompt"),
     ],
 )
@@ -151,7 +151,7 @@ async def test_speech_answers_samples_and_their_rate(client: httpx.AsyncClient) 
         r = await client.post(
             "/v2/models/tts/infer", json={"inputs": inputs, "parameters": parameters}
         )
-        assert r.status_code == 422, r.text
+        assert r.status_code == 400, r.text
         assert says in r.json()["error"]
 
 

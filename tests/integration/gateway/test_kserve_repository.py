@@ -40,12 +40,12 @@ async def test_load_makes_a_model_resident_and_unload_evicts_it(
 @pytest.mark.parametrize(
     ("action", "body", "status", "says"),
     [
-        ("load", {"parameters": {"config": "{}"}}, 422, "load takes no parameters"),
-        ("load", {"parameters": {"file:1/model.onnx": "AAAA"}}, 422, "card"),
-        ("unload", {"parameters": {"force": True}}, 422, "unload_dependents alone"),
-        ("load", {"model": "mt"}, 422, "empty"),
-        ("load", [1], 422, "empty"),
-        ("load", {"parameters": 3}, 422, "parameters must be a JSON object"),
+        ("load", {"parameters": {"config": "{}"}}, 400, "load takes no parameters"),
+        ("load", {"parameters": {"file:1/model.onnx": "AAAA"}}, 400, "card"),
+        ("unload", {"parameters": {"force": True}}, 400, "unload_dependents alone"),
+        ("load", {"model": "mt"}, 400, "empty"),
+        ("load", [1], 400, "empty"),
+        ("load", {"parameters": 3}, 400, "parameters must be a JSON object"),
     ],
 )
 async def test_what_a_load_or_unload_cannot_take_says_why(
@@ -67,7 +67,7 @@ async def test_unknown_or_failing_models_are_errors_in_kserves_shape(
     assert r.status_code == 503
     assert isinstance(r.json()["error"], str)
     r = await client.post("/v2/repository/models/mt/load", content=b"{nope")
-    assert (r.status_code, r.json()) == (422, {"error": "the body is not valid JSON"})
+    assert (r.status_code, r.json()) == (400, {"error": "the body is not valid JSON"})
 
 
 async def test_loads_and_unloads_need_an_admin_key(engine: Engine, tmp_path: Path) -> None:

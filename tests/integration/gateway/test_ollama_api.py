@@ -101,8 +101,8 @@ async def test_pulling_a_model_served_here_succeeds_at_once(client: httpx.AsyncC
     ("path", "body", "status", "says"),
     [
         ("/api/embed", {"model": "nope", "input": "x"}, 404, "nope"),
-        ("/api/embed", {"model": "embed", "input": ""}, 422, "empty"),
-        ("/api/chat", {"model": "chat", "messages": [], "stream": False}, 422, "messages"),
+        ("/api/embed", {"model": "embed", "input": ""}, 400, "empty"),
+        ("/api/chat", {"model": "chat", "messages": [], "stream": False}, 400, "messages"),
         (
             "/api/chat",
             {
@@ -111,7 +111,7 @@ async def test_pulling_a_model_served_here_succeeds_at_once(client: httpx.AsyncC
                 "format": "json",
                 "stream": False,
             },
-            422,
+            400,
             "JSON",
         ),
         (
@@ -121,18 +121,18 @@ async def test_pulling_a_model_served_here_succeeds_at_once(client: httpx.AsyncC
                 "messages": [{"role": "user", "content": "x", "images": ["not base64!"]}],
                 "stream": False,
             },
-            422,
+            400,
             "base64",
         ),
         (
             "/api/generate",
             {"model": "chat", "prompt": "x", "options": {"temperature": 3}},
-            422,
+            400,
             "temperature",
         ),
         ("/api/generate", {"model": "embed", "prompt": "x", "stream": False}, 400, "embed"),
         ("/api/show", {"model": "nope"}, 404, "nope"),
-        ("/api/show", {}, 422, "model is required"),
+        ("/api/show", {}, 400, "model is required"),
         ("/api/pull", {"model": "llama3:8b"}, 404, "llama3:8b"),
     ],
 )

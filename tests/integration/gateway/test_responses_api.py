@@ -130,7 +130,7 @@ def test_earlier_calls_and_their_outputs_are_turns_of_the_chat() -> None:
 
 async def test_a_chat_model_refuses_what_it_cannot_do(oai: openai.AsyncOpenAI) -> None:
     tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
-    with pytest.raises(openai.UnprocessableEntityError, match="cannot call tools"):
+    with pytest.raises(openai.BadRequestError, match="cannot call tools"):
         await oai.responses.create(model="chat", input="x", tools=[tool])  # type: ignore[list-item]
 
 
@@ -157,14 +157,14 @@ async def test_what_is_not_served_says_why(
 ) -> None:
     with pytest.raises(openai.APIStatusError, match=why) as refused:
         await oai.responses.create(**{"model": "chat", "input": "x", **fields})
-    assert refused.value.status_code in (400, 404, 422)
+    assert refused.value.status_code in (400, 404)
 
 
 async def test_an_image_must_come_as_a_data_url(oai: openai.AsyncOpenAI) -> None:
     image = {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "auto"}
-    with pytest.raises(openai.UnprocessableEntityError, match="data: URL"):
+    with pytest.raises(openai.BadRequestError, match="data: URL"):
         await oai.responses.create(model="chat", input=[{"role": "user", "content": [image]}])
-    with pytest.raises(openai.UnprocessableEntityError, match="file ids are not served"):
+    with pytest.raises(openai.BadRequestError, match="file ids are not served"):
         await oai.responses.create(
             model="chat",
             input=[{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}],
@@ -178,7 +178,7 @@ async def test_unless_the_server_keeps_them_no_response_is_kept(
     assert response.store is False
     with pytest.raises(openai.NotFoundError, match="not found"):
         await oai.responses.retrieve(response.id)
-    with pytest.raises(openai.UnprocessableEntityError, match="store_responses is off"):
+    with pytest.raises(openai.BadRequestError, match="store_responses is off"):
         await oai.responses.create(model="chat", input="y", previous_response_id=response.id)
 
 

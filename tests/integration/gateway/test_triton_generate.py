@@ -58,17 +58,17 @@ async def test_generate_answers_the_text_with_its_parameters(client: httpx.Async
 @pytest.mark.parametrize(
     ("body", "status", "says"),
     [
-        ({"text_input": "a", "parameters": {"foo": 1}}, 422, "foo: Extra inputs"),
-        ({"text_input": "a", "top_k": 5}, 422, "top-k sampling is not served"),
-        ({"text_input": "a", "beam_width": 2}, 422, "beam search is not served"),
-        ({"text_input": "a", "bad_words": ["x"]}, 422, "banning words is not served"),
-        ({"text_input": "a", "stop": "x", "stop_words": ["y"]}, 422, "not both"),
-        ({"text_input": "a", "max_tokens": 0}, 422, "max_tokens"),
-        ({"text_input": "a", "parameters": {"stream": True}}, 422, "generate_stream"),
-        ({"text_input": ""}, 422, "text_input[0] must not be empty"),
-        ({"parameters": {}}, 422, "text_input must be a string"),
-        ({"text_input": "a", "parameters": [1]}, 422, "parameters must be a JSON object"),
-        ([1], 422, "must be a JSON object"),
+        ({"text_input": "a", "parameters": {"foo": 1}}, 400, "foo: Extra inputs"),
+        ({"text_input": "a", "top_k": 5}, 400, "top-k sampling is not served"),
+        ({"text_input": "a", "beam_width": 2}, 400, "beam search is not served"),
+        ({"text_input": "a", "bad_words": ["x"]}, 400, "banning words is not served"),
+        ({"text_input": "a", "stop": "x", "stop_words": ["y"]}, 400, "not both"),
+        ({"text_input": "a", "max_tokens": 0}, 400, "max_tokens"),
+        ({"text_input": "a", "parameters": {"stream": True}}, 400, "generate_stream"),
+        ({"text_input": ""}, 400, "text_input[0] must not be empty"),
+        ({"parameters": {}}, 400, "text_input must be a string"),
+        ({"text_input": "a", "parameters": [1]}, 400, "parameters must be a JSON object"),
+        ([1], 400, "must be a JSON object"),
     ],
 )
 async def test_bad_generate_requests_say_why_in_kserves_shape(
@@ -81,7 +81,7 @@ async def test_bad_generate_requests_say_why_in_kserves_shape(
 
 async def test_generate_refuses_what_it_cannot_serve(client: httpx.AsyncClient) -> None:
     r = await client.post("/v2/models/chat/generate", content=b"{not json")
-    assert (r.status_code, r.json()) == (422, {"error": "the body is not valid JSON"})
+    assert (r.status_code, r.json()) == (400, {"error": "the body is not valid JSON"})
     r = await client.post("/v2/models/embed/generate", json={"text_input": "a"})
     assert r.status_code == 400
     assert "does embedding, not generate" in r.json()["error"]
@@ -105,7 +105,7 @@ async def test_generate_stream_sends_pieces_as_they_come(client: httpx.AsyncClie
     assert [event["text_output"] for event in sent] == ["x y "]
     # A request refused before it runs is an HTTP error, not an event.
     r = await client.post("/v2/models/chat/generate_stream", json={"text_input": "a", "top_k": 3})
-    assert r.status_code == 422
+    assert r.status_code == 400
     assert "top-k" in r.json()["error"]
 
 
@@ -167,11 +167,11 @@ async def test_infer_streams_a_generation_to_a_caller_that_accepts_events(
     two = {"inputs": [tensor("text_input", "BYTES", [2], ["a", "b"]), *body["inputs"][1:]]}
     r = await client.post("/v2/models/chat/infer", json=two, headers=accept)
     assert (r.status_code, r.json()["error"]) == (
-        422,
+        400,
         "a streamed generation takes one prompt, not 2",
     )
     r = await client.post("/v2/models/chat/infer", json=body)
-    assert r.status_code == 422
+    assert r.status_code == 400
     assert "infer answers once" in r.json()["error"]
 
 
@@ -190,7 +190,7 @@ async def test_bad_generation_infer_requests_say_why(
 ) -> None:
     body = {"inputs": [tensor("text_input", "BYTES", [1], ["hi"]), extra]}
     r = await client.post("/v2/models/chat/infer", json=body)
-    assert r.status_code == 422, r.text
+    assert r.status_code == 400, r.text
     assert says in r.json()["error"]
 
 
