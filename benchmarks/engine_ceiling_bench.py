@@ -4,6 +4,7 @@
         [--concurrency 256] [--models 1] [--holds H] [--zipf S] [--seconds 5] \
         [--swap-ms OUT,BACK] [--device CALLS,MS[,ROUND_CALLS,ROUND_MS]] \
         [--stack N [--lane-threads T ...]] [--forms engine core] \
+        [--engine-loops patient asyncio uvloop] \
         [--rounds 3] [--out benchmarks/results]
 
 What the server costs per request before any model runs, in two forms, in
@@ -38,7 +39,9 @@ lead is handed on, as a real round's wait for its vectors. On the H200 the
 a quarter of the time: waits for the lock, each torch call a chance for the
 engine's loop to run a slice of its work first. ``--lane-threads`` runs a
 stacked form for each count of the executor's threads for batches across
-models; in-process forms report the rounds' mean batches.
+models; in-process forms report the rounds' mean batches. ``--engine-loops``
+runs the core form once for each event loop of the engine process (its
+``engine_loop``, ``engine/loop.py``; default: the server's default alone).
 Writes ``OUT/engine-ceiling[-models]-DATE[-N].{md,json}``.
 """
 
@@ -65,6 +68,7 @@ from harness.driver import zipf_weights
 from harness.report import write_report
 from tessera import residency
 from tessera.engine import Engine, EngineConfig, ServingEngine
+from tessera.engine.loop import DEFAULT_ENGINE_LOOP, ENGINE_LOOPS, loop_factory
 from tessera.repository import ModelRepository
 from tessera.tasks.types import Task, TextInput
 
@@ -193,6 +197,7 @@ class Run:
     stack: int = 0  # the fakes' batches meet in rounds of up to this many (0: none)
     device: DeviceModel = None
     lane_threads: int | None = None  # the executor's threads for batches across models
+    engine_loop: str = DEFAULT_ENGINE_LOOP  # the engine process's event loop (core form)
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,7 @@ async def through_core(run: Run) -> Measured:
         socket_path = Path(tmp) / "engine.sock"
         command = [sys.executable, __file__, "--serve", str(socket_path)]
         command += ["--models", str(run.models), "--stack", str(run.stack)]
+        command += ["--serve-loop", run.engine_loop]
         if run.holds is not None:
             command += ["--holds", str(run.holds)]
         if run.swap_ms is not None:
@@ -322,7 +328,15 @@ def main() -> None:
     parser.add_argument(
         "--forms", nargs="*", choices=["engine", "core"], default=["engine", "core"]
     )
+    parser.add_argument(
+        "--engine-loops",
+        nargs="*",
+        choices=ENGINE_LOOPS,
+        default=[DEFAULT_ENGINE_LOOP],
+        help="the core form once with each of these event loops in the engine process",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-loop", default=DEFAULT_ENGINE_LOOP, help=argparse.SUPPRESS)
     parser.add_argument("--serve-lane-threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     load = Run(
@@ -336,18 +350,26 @@ def main() -> None:
     )
     if args.serve is not None:
         run = replace(load, stack=args.stack, lane_threads=args.serve_lane_threads)
-        asyncio.run(serve_core(args.serve, run))
+        with asyncio.Runner(loop_factory=loop_factory(args.serve_loop)) as runner:
+            runner.run(serve_core(args.serve, run))
         return
     runs: list[dict[str, Any]] = []
-    measures = {"engine": engine_only, "core": through_core}
-    forms = [(form, measures[form], load) for form in args.forms]
+    loads = [("", load)]
     if args.stack:
         for threads in args.lane_threads or [None]:
-            stacked = replace(load, stack=args.stack, lane_threads=threads)
-            label = f"stacked {args.stack}"
+            label = f", stacked {args.stack}"
             if threads is not None:
                 label += f", {threads} threads"
-            forms += [(f"{form}, {label}", measures[form], stacked) for form in args.forms]
+            loads.append((label, replace(load, stack=args.stack, lane_threads=threads)))
+    forms: list[tuple[str, Any, Run]] = []
+    for label, each_load in loads:
+        if "engine" in args.forms:
+            forms.append((f"engine{label}", engine_only, each_load))
+        if "core" in args.forms:
+            for loop in args.engine_loops:
+                named = f" (loop: {loop})" if args.engine_loops != [DEFAULT_ENGINE_LOOP] else ""
+                core_load = replace(each_load, engine_loop=loop)
+                forms.append((f"core{label}{named}", through_core, core_load))
     for round_ in range(1, args.rounds + 1):
         for form, measure, run in forms:
             got = asyncio.run(measure(run))
@@ -412,6 +434,8 @@ def main() -> None:
         rerun += " --device " + ",".join(f"{v:g}" for v in args.device)
     if args.forms != ["engine", "core"]:
         rerun += " --forms " + " ".join(args.forms)
+    if args.engine_loops != [DEFAULT_ENGINE_LOOP]:
+        rerun += " --engine-loops " + " ".join(args.engine_loops)
     if args.stack:
         rerun += f" --stack {args.stack}"
         if args.lane_threads:
@@ -420,6 +444,10 @@ def main() -> None:
             f"; the forms marked stacked with the fakes' option stack: {args.stack} (their"
             " batches meet in rounds, runtimes/stacking.Rendezvous, on the executor's"
             " threads for batches across models)"
+        )
+    if "core" in args.forms:
+        what += "; the core form's engine process on the event loop " + (
+            ", then ".join(f"`{loop}`" for loop in args.engine_loops) + " (its `engine_loop`)"
         )
     title = " under swaps" if args.holds is not None else " over many models" if many else ""
     lines = [
@@ -452,6 +480,7 @@ def main() -> None:
         "stack": args.stack,
         "device": args.device,
         "lane_threads": args.lane_threads,
+        "engine_loops": args.engine_loops,
         "runs": runs,
         "medians": medians,
     }

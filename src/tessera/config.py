@@ -74,6 +74,9 @@ A config file may hold any of::
     cluster_window: 32           # batches of each model a gateway has in flight there
     gateways: auto               # HTTP gateway processes in front of the engine process;
                                  # 0: one process; auto: 0 on a CPU, else one per 4 cores (2-4)
+    engine_loop: patient         # the engine process's event loop (with gateways): patient
+                                 # (asyncio's, polling at most every 0.2 ms while callbacks
+                                 # are ready) | asyncio | uvloop (see engine/loop.py)
     cluster_cpu_share: 1         # CPUs an engine actor takes on a node without GPUs
     cluster_routing:             # the router's targets (RoutingConfig); these are defaults
       report_interval_s: 0.25
@@ -100,6 +103,7 @@ import yaml
 from tessera.cluster.routing import RoutingConfig
 from tessera.engine import EngineConfig
 from tessera.engine.executor import ACROSS_MODELS_THREADS, LONG_WORK_MODES
+from tessera.engine.loop import DEFAULT_ENGINE_LOOP, ENGINE_LOOPS
 from tessera.errors import ConfigError
 from tessera.repository import ModelRepository, default_repository_path
 from tessera.scheduling import DEFAULT_TIERS, TierSpec, parse_tiers
@@ -158,6 +162,7 @@ class ServerConfig:
     cluster_cpu_share: float = 1.0
     cluster_routing: RoutingConfig = field(default_factory=RoutingConfig)
     gateways: int | None = None  # None: by the device (``gateway_processes``)
+    engine_loop: str = DEFAULT_ENGINE_LOOP  # the engine process's loop (``engine/loop.py``)
 
     def repository(self) -> ModelRepository:
         folders = [default_repository_path()] if self.include_default_models else []
@@ -244,6 +249,7 @@ _SERVER_KEYS = {
     "cluster_cpu_share",
     "cluster_routing",
     "gateways",
+    "engine_loop",
     *_MS_KEYS,
 }
 
@@ -361,7 +367,14 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         cluster_cpu_share=_seconds(values, "cluster_cpu_share", 1.0),
         cluster_routing=_routing(values.get("cluster_routing")),
         gateways=_gateways(values.get("gateways", "auto")),
+        engine_loop=_engine_loop(values.get("engine_loop", DEFAULT_ENGINE_LOOP)),
     )
+
+
+def _engine_loop(raw: object) -> str:
+    if raw not in ENGINE_LOOPS:
+        raise ConfigError(f"engine_loop must be one of {', '.join(ENGINE_LOOPS)}, not {raw!r}")
+    return str(raw)
 
 
 def _gateways(raw: object) -> int | None:

@@ -11,6 +11,12 @@ accept on it: each runs the app over a ``RemoteEngine``, so HTTP, keys,
 JSON and the audit are spread over N interpreters, and every request still
 meets one set of queues and tenant limits.
 
+The engine process runs ``engine_loop``'s event loop (``engine/loop.py``:
+by default asyncio's, polling its sockets at most every 0.2 ms while
+callbacks are ready, so that it keeps the interpreter lock from the compute
+workers for fewer hand-overs); the gateways run uvicorn's (uvloop's where it
+is installed).
+
 Signals: the engine process passes SIGTERM and SIGINT on to its gateways
 (their own session: a terminal's Ctrl-C reaches the engine process only).
 Each side drains as one process does (``gateway/server.py``); the engine
@@ -39,6 +45,7 @@ from fastapi import FastAPI
 from tessera.config import ServerConfig
 from tessera.engine import Engine
 from tessera.engine.core import EngineCore
+from tessera.engine.loop import uvicorn_loop
 from tessera.gateway.server import FLUSH_S, GatewayServer, http_config
 
 log = logging.getLogger(__name__)
@@ -171,7 +178,14 @@ def serve_split(
     with settings_file.open("wb") as f:
         pickle.dump((settings, log_level, core_socket, app_socket), f)
     core = EngineCore(engine, on_events=app.state.stats.on_request)
-    config = http_config(app, settings, log_level, trust_forwarded=True, uds=str(app_socket))
+    config = http_config(
+        app,
+        settings,
+        log_level,
+        trust_forwarded=True,
+        uds=str(app_socket),
+        loop=uvicorn_loop(settings.engine_loop),
+    )
     gateways = GatewayProcesses(settings_file, listener, num_gateways)
     server = EngineProcessServer(
         config, engine, settings.shutdown_grace_s, core, core_socket, gateways

@@ -42,3 +42,26 @@ def test_the_device_model_with_stacked_rounds(tmp_path: Path) -> None:
     assert all(r["req_per_s"] > 0 for r in forms.values())
     assert forms["engine"]["round_batches"] is None  # no stacking: no rounds
     assert forms["engine, stacked 4, 8 threads"]["round_batches"] >= 2  # 8 callers met
+
+
+def test_the_core_form_on_each_engine_loop(tmp_path: Path) -> None:
+    command = [sys.executable, str(BENCH), "--models", "4", "--concurrency", "4"]
+    command += ["--device", "1,0.1", "--forms", "core", "--engine-loops", "patient", "uvloop"]
+    command += ["--seconds", "0.5", "--rounds", "1", "--out", str(tmp_path)]
+    done = subprocess.run(
+        command,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=BENCH.parents[1],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (report,) = tmp_path.glob("engine-ceiling-models-device-*.json")
+    figures = json.loads(report.read_text())
+    assert figures["engine_loops"] == ["patient", "uvloop"]
+    forms = {r["form"]: r for r in figures["runs"]}
+    assert set(forms) == {"core (loop: patient)", "core (loop: uvloop)"}
+    assert all(r["req_per_s"] > 0 and r["loop_us"] > 0 for r in forms.values())
+    markdown = report.with_suffix(".md").read_text()
+    assert "--engine-loops patient uvloop" in markdown
