@@ -339,6 +339,7 @@ def server_tables(report: Part) -> list[str]:
     for label, key in (
         ("all resident", "many_all"),
         ("all resident, a variant", "many_variant"),
+        ("all resident, a second variant", "many_variant_2"),
         ("budget", "many_budget"),
     ):
         part = report.get(key) or {}

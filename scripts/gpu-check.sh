@@ -30,6 +30,9 @@
 #   GPU_CHECK_CARD          card options as JSON for the models of every many-model step
 #   GPU_CHECK_VARIANT_BUDGET=1  the variant step runs as many_budget does (the budget
 #                           that holds a fifth, round robin and Zipf) instead of all resident
+#   GPU_CHECK_VARIANT_2     server config keys as JSON for a second variant
+#                           ('{"engine_loop": "uvloop"}'): a step many_variant_2 runs the
+#                           all-resident load with them (about 50 s), its rows beside the rest
 #   GPU_CHECK_STEPS         the steps to run, by name, comma-separated (all); the others are
 #                           recorded as skipped: a second run in a lease's last minutes
 #   GPU_CHECK_PROFILE=1     py-spy samples the servers during each load of one_model (but c=1)
@@ -149,6 +152,10 @@ main() {
     step many_variant 150 "$PY" -m gpu_check many "${many[@]}" --label variant "${under[@]}" \
       --config-json "${GPU_CHECK_VARIANT:-$none}" --card-json "${GPU_CHECK_VARIANT_CARD:-$cards}" \
       --out "$P/many_variant.json"
+  fi
+  if [ -n "${GPU_CHECK_VARIANT_2:-}" ]; then
+    step many_variant_2 150 "$PY" -m gpu_check many "${many[@]}" --label variant-2 \
+      --config-json "$GPU_CHECK_VARIANT_2" --out "$P/many_variant_2.json"
   fi
   step many_budget 180 "$PY" -m gpu_check many "${many[@]}" --label budget --holds "$HOLDS" \
     --sizes-from "$P/many_all.json" --zipf 1.1 --out "$P/many_budget.json"

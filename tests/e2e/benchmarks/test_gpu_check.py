@@ -26,6 +26,7 @@ STEPS = (
     "one_model",
     "many_all",
     "many_variant",
+    "many_variant_2",
     "many_budget",
     "one_model_g0",
     "peer",
@@ -54,6 +55,8 @@ def test_quick_cpu_run_measures_every_step_and_reports_each_bar(tmp_path: Path) 
         # The all-resident load again: one worker, the cards stacking in rounds of two.
         "GPU_CHECK_VARIANT": '{"num_workers": 1}',
         "GPU_CHECK_VARIANT_CARD": '{"stack": 2}',
+        # And again through the process split, its engine process on asyncio's own loop.
+        "GPU_CHECK_VARIANT_2": '{"engine_loop": "asyncio", "gateways": 1}',
         "OUT": str(out),
     }
     command = ["bash", "scripts/gpu-check.sh"]
@@ -75,6 +78,9 @@ def test_quick_cpu_run_measures_every_step_and_reports_each_bar(tmp_path: Path) 
     assert report["many_variant"]["rr"]["failed"] == 0
     assert "stacked_rounds" in report["many_variant"]["rr"]["batches"]
     assert "card" not in report["many_all"]
+    assert report["many_variant_2"]["config"] == {"engine_loop": "asyncio", "gateways": 1}
+    assert report["many_variant_2"]["rr"]["ok"] > 0
+    assert report["many_variant_2"]["rr"]["failed"] == 0
     assert len(report["bars"]) == 9
     bars = {b["figure"]: b["status"] for b in report["bars"]}
     # The peer runs where make bench-peers installed LitServe, and is skipped elsewhere (CI).
@@ -90,5 +96,7 @@ def test_quick_cpu_run_measures_every_step_and_reports_each_bar(tmp_path: Path) 
     assert "| one model, p50 at c=1 |" in markdown
     assert "| one model (0 gateway processes), c=8 |" in markdown
     assert '| all resident, a variant ({"num_workers": 1}) (cards: {"stack": 2}): rr |' in markdown
+    second = '| all resident, a second variant ({"engine_loop": "asyncio", "gateways": 1}): rr |'
+    assert second in markdown
     assert "## Plain torch and transformers, no tessera (same run)" in markdown
     assert (out / "servers.log").stat().st_size > 0
