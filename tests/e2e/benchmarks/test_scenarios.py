@@ -84,6 +84,9 @@ def test_dedicated_and_static_partition_beside_shared(tmp_path: Path) -> None:
         assert set(step["per_tenant"]) == {"a", "b"}
         assert 0 < step["memory_utilization"] <= 1.0
     assert shared["reserved_bytes"] == 300 * 1024**2
+    # tessera held the scenario's two models only (about 120 MB), not the default
+    # models that a fill at start would have loaded into the budget (about 270 MiB).
+    assert max(shared["peak_used_bytes"].values()) < 200 * 2**20
     slices = results["configurations"]["static"]["settings"]["slices_bytes"]
     assert set(slices) == set(models)
     assert static["reserved_bytes"] == sum(slices.values())
