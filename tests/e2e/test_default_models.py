@@ -632,6 +632,20 @@ def test_speech_wav_and_mp3(oai: openai.OpenAI) -> None:
     info = soundfile.info(io.BytesIO(mp3.content))
     assert info.format == "MP3"
     assert abs(info.duration - seconds) < 0.2
+    # OpenAI's server-sent events, as its client asks for them: the same clip.
+    sse = oai.audio.speech.create(
+        model="piper-joe",
+        voice="joe",
+        input="Hello from tessera.",
+        response_format="wav",
+        stream_format="sse",
+    )
+    events = [json.loads(line[6:]) for line in sse.text.splitlines() if line.startswith("data: ")]
+    clip = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    with wave.open(io.BytesIO(clip)) as wav:
+        assert abs(wav.getnframes() / wav.getframerate() - seconds) < 0.2
+    assert events[-1]["type"] == "speech.audio.done"
+    assert events[-1]["usage"]["input_tokens"] == len("Hello from tessera.")
 
 
 def test_translate_both_directions(server: Server) -> None:

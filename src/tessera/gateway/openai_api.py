@@ -14,7 +14,7 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypedDict, TypeVar
 
@@ -879,6 +879,7 @@ class SpeechRequest(BaseModel):
     voice: str | None = None
     response_format: AudioFormat = "wav"
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
 
     @field_validator("response_format")
     @classmethod
@@ -894,7 +895,30 @@ async def speech(body: SpeechRequest, request: Request) -> Response:
     # mp3, flac and opus take milliseconds a second of speech: off the event loop.
     audio = await asyncio.to_thread(encoded, output, body.response_format)
     headers = {"x-sample-rate": str(audio.sample_rate)} if body.response_format == "pcm" else {}
+    if body.stream_format == "sse":
+        events = _speech_events(audio.data, max(1, len(body.input)))
+        headers["Cache-Control"] = "no-cache"
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     return Response(audio.data, media_type=audio.media_type, headers=headers)
+
+
+# Bytes of encoded audio a ``speech.audio.delta`` event carries (an even count:
+# pcm's 16-bit samples are never split).
+SPEECH_EVENT_BYTES = 32 * 1024
+
+
+def _speech_events(audio: bytes, characters: int) -> Iterator[str]:
+    """``stream_format: "sse"``, as OpenAI's: the clip (in ``response_format``)
+    in ``speech.audio.delta`` events of base64 pieces, then
+    ``speech.audio.done`` with the usage. The clip is made whole first (a
+    voice speaks each item in one batch), so the events come at once; the
+    usage's input is what the request was charged, its characters (tessera
+    meters speech by them), and it counts no output tokens."""
+    for start in range(0, len(audio), SPEECH_EVENT_BYTES):
+        piece = base64.b64encode(audio[start : start + SPEECH_EVENT_BYTES]).decode("ascii")
+        yield f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': piece})}\n\n"
+    usage = {"input_tokens": characters, "output_tokens": 0, "total_tokens": characters}
+    yield f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n"
 
 
 def _model_objects(request: Request) -> list[dict[str, Any]]:

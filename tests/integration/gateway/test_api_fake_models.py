@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tessera.engine import Engine
+from tessera.gateway import openai_api
 from tessera.gateway.openai_api import ChatRequest
 from tessera.runtimes.fake import FAKE_DIMS, fake_embedding
 from tessera.tasks.samples import sample_page
@@ -186,6 +187,32 @@ async def test_speech_returns_wav(client: httpx.AsyncClient) -> None:
     with wave.open(io.BytesIO(r.content)) as wav:
         assert wav.getframerate() == 22050
         assert wav.getnframes() == 500
+
+
+async def test_speech_as_server_sent_events(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(openai_api, "SPEECH_EVENT_BYTES", 128)  # the fake's clip: 1,000 bytes
+    body = {"model": "tts", "input": "hello", "response_format": "pcm"}
+    whole = await client.post("/v1/audio/speech", json=body)
+    events = []
+    async with client.stream(
+        "POST", "/v1/audio/speech", json={**body, "stream_format": "sse"}
+    ) as stream:
+        assert stream.status_code == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        assert stream.headers["x-sample-rate"] == "22050"
+        async for line in stream.aiter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    *deltas, done = events
+    assert len(deltas) == 8
+    assert {e["type"] for e in deltas} == {"speech.audio.delta"}
+    assert b"".join(base64.b64decode(e["audio"]) for e in deltas) == whole.content
+    assert done == {
+        "type": "speech.audio.done",
+        "usage": {"input_tokens": 5, "output_tokens": 0, "total_tokens": 5},
+    }
 
 
 @pytest.mark.parametrize(
