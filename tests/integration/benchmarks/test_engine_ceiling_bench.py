@@ -16,10 +16,10 @@ pytestmark = pytest.mark.slow
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "engine_ceiling_bench.py"
 
 
-def test_the_device_model_with_stacked_rounds(tmp_path: Path) -> None:
-    command = [sys.executable, str(BENCH), "--models", "8", "--concurrency", "8"]
-    command += ["--device", "2,0.1,3,0.2", "--stack", "4", "--lane-threads", "8"]
-    command += ["--seconds", "0.5", "--rounds", "1", "--out", str(tmp_path)]
+def run_bench(out: Path, *args: str) -> None:
+    """The bench with ``args``, half a second a form, one round, reports in ``out``."""
+    command = [sys.executable, str(BENCH), *args]
+    command += ["--seconds", "0.5", "--rounds", "1", "--out", str(out)]
     done = subprocess.run(
         command,
         env=dict(os.environ, HF_HUB_OFFLINE="1"),
@@ -29,6 +29,14 @@ def test_the_device_model_with_stacked_rounds(tmp_path: Path) -> None:
         cwd=BENCH.parents[1],
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_device_model_with_stacked_rounds(tmp_path: Path) -> None:
+    run_bench(
+        tmp_path,
+        *("--models", "8", "--concurrency", "8", "--device", "2,0.1,3,0.2"),
+        *("--stack", "4", "--lane-threads", "8"),
+    )
     (report,) = tmp_path.glob("engine-ceiling-models-device-stacked-*.json")
     figures = json.loads(report.read_text())
     assert figures["device"] == [2, 0.1, 3, 0.2]
@@ -45,18 +53,11 @@ def test_the_device_model_with_stacked_rounds(tmp_path: Path) -> None:
 
 
 def test_the_core_form_on_each_engine_loop(tmp_path: Path) -> None:
-    command = [sys.executable, str(BENCH), "--models", "4", "--concurrency", "4"]
-    command += ["--device", "1,0.1", "--forms", "core", "--engine-loops", "patient", "uvloop"]
-    command += ["--seconds", "0.5", "--rounds", "1", "--out", str(tmp_path)]
-    done = subprocess.run(
-        command,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=BENCH.parents[1],
+    run_bench(
+        tmp_path,
+        *("--models", "4", "--concurrency", "4", "--device", "1,0.1", "--forms", "core"),
+        *("--engine-loops", "patient", "uvloop"),
     )
-    assert done.returncode == 0, done.stderr[-2000:]
     (report,) = tmp_path.glob("engine-ceiling-models-device-*.json")
     figures = json.loads(report.read_text())
     assert figures["engine_loops"] == ["patient", "uvloop"]

@@ -31,11 +31,17 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     b.close()
 
 
-def test_a_poll_stands_while_callbacks_are_ready(pair: tuple[socket.socket, socket.socket]) -> None:
+def readable(pair: tuple[socket.socket, socket.socket], every_s: float) -> PatientSelector:
+    """A selector polling at most every ``every_s``, over a socket with a byte to read."""
     reader, writer = pair
-    selector = PatientSelector(every_s=3600.0)
+    selector = PatientSelector(every_s=every_s)
     selector.register(reader, selectors.EVENT_READ)
     writer.send(b"x")
+    return selector
+
+
+def test_a_poll_stands_while_callbacks_are_ready(pair: tuple[socket.socket, socket.socket]) -> None:
+    selector = readable(pair, 3600.0)
 
     assert len(selector.select(0)) == 1  # the first poll
     assert selector.select(0) == []  # the byte is there, but the last poll's answer stands
@@ -47,10 +53,7 @@ def test_a_poll_stands_while_callbacks_are_ready(pair: tuple[socket.socket, sock
 
 
 def test_a_poll_stands_no_longer_than_its_time(pair: tuple[socket.socket, socket.socket]) -> None:
-    reader, writer = pair
-    selector = PatientSelector(every_s=0.0)
-    selector.register(reader, selectors.EVENT_READ)
-    writer.send(b"x")
+    selector = readable(pair, 0.0)
 
     assert [len(selector.select(0)) for _ in range(3)] == [1, 1, 1]
     assert (selector.polls, selector.skipped) == (3, 0)
