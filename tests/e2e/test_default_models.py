@@ -477,6 +477,21 @@ def test_cohere_clients_rerank_and_embed(
             input_type="search_document",
             embedding_types=["int8"],
         )
+    packed = v2.embed(
+        model="all-minilm-l6-v2",
+        texts=[documents[0]],
+        input_type="search_document",
+        embedding_types=["float", "ubinary", "binary", "base64"],
+    ).embeddings
+    assert packed.float_ is not None
+    assert packed.ubinary is not None
+    assert packed.binary is not None
+    assert packed.base64 is not None
+    bits = np.array(packed.float_[0]) >= 0  # the same vector's: no bit flips near zero
+    assert np.array_equal(np.unpackbits(np.array(packed.ubinary[0], dtype=np.uint8)), bits)
+    assert [b + 128 for b in packed.binary[0]] == packed.ubinary[0]
+    from_base64 = np.frombuffer(base64.b64decode(packed.base64[0]), dtype="<f4")
+    assert cosine(from_base64.tolist(), reference.embedding) > 0.9999
     asked = ["I want to talk to a human agent", "What is your refund policy?"]
     classified = v2.classify(model="intent-minilm", inputs=asked).classifications
     own = httpx.post(

@@ -11,11 +11,13 @@ its few-shot ``examples`` are not served) in Cohere's shape, and tessera's own
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from typing import Annotated, Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -104,27 +106,62 @@ class CohereEmbedRequest(BaseModel):
     embedding_types: list[str] | None = None
 
 
+# Cohere's embedding types served: its int8 and uint8 scale each dimension by
+# ranges its models were trained with, which a model here does not have (vLLM's
+# Cohere embed serves the same four).
+EMBEDDING_TYPES = ("float", "binary", "ubinary", "base64")
+
+
 @router.post("/v1/embed")
 @router.post("/v2/embed")
 async def cohere_embed(body: CohereEmbedRequest, request: Request) -> JSONResponse:
-    """Cohere's embed: floats only (``embedding_types`` of ``float``); v1
-    answers a plain list of vectors unless types were asked for, v2 by type."""
+    """Cohere's embed, each of ``embedding_types`` as Cohere writes it:
+    ``float``; ``ubinary``, a bit a dimension (1 where it is not negative)
+    packed 8 to a byte from the highest bit, and ``binary``, those bytes less
+    128; ``base64``, each vector's float32 bytes (little-endian). v1 answers a
+    plain list of floats unless types were asked for, v2 by type."""
     kinds = body.embedding_types
-    if kinds is not None and set(kinds) != {"float"}:
-        raise InvalidInputError(f"embedding_types {kinds}: only 'float' is served")
+    if kinds is not None and (not kinds or not set(kinds) <= set(EMBEDDING_TYPES)):
+        raise InvalidInputError(
+            f"embedding_types {kinds}: served are {', '.join(EMBEDDING_TYPES)} (int8 and uint8"
+            " scale by ranges a model's own training sets, which these models do not have)"
+        )
     items = [TextInput(t) for t in texts_of(body.texts, "texts")]
     vectors = await run_task(request, body.model, Task.EMBEDDING, items)
-    floats = np.stack([np.asarray(v, dtype=np.float32) for v in vectors]).tolist()
+    matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
     by_type = kinds is not None or request.url.path.startswith("/v2/")
+    embeddings: Any = matrix.tolist()
+    if by_type:
+        embeddings = {kind: _embedding_type(matrix, kind) for kind in kinds or ["float"]}
     return JSONResponse(
         {
             "id": str(uuid.uuid4()),
             "texts": body.texts,
-            "embeddings": {"float": floats} if by_type else floats,
+            "embeddings": embeddings,
             "meta": {"api_version": {"version": "2" if by_type else "1"}},
             "response_type": "embeddings_by_type" if by_type else "embeddings_floats",
         }
     )
+
+
+def _embedding_type(matrix: npt.NDArray[np.float32], kind: str) -> list[Any]:
+    """``matrix``'s rows (one vector each) as Cohere's embedding type ``kind``."""
+    if kind == "float":
+        rows: list[Any] = matrix.tolist()
+        return rows
+    if kind == "base64":
+        little = matrix.astype("<f4")
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
+    if matrix.shape[1] % 8:
+        raise InvalidInputError(
+            f"{kind} embeddings pack 8 dimensions a byte; this model gives {matrix.shape[1]}"
+        )
+    packed = np.packbits(matrix >= 0, axis=1)
+    if kind == "binary":
+        signed: list[Any] = (packed.astype(np.int16) - 128).tolist()
+        return signed
+    unsigned: list[Any] = packed.tolist()
+    return unsigned
 
 
 class ClassifyRequest(BaseModel):

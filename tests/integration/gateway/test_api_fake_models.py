@@ -657,6 +657,26 @@ async def test_kserve_config_index_and_errors_in_kserve_shape(client: httpx.Asyn
     assert (r.status_code, r.json()["error"]["code"]) == (400, 400)
 
 
+async def test_cohere_embed_in_each_embedding_type(client: httpx.AsyncClient) -> None:
+    kinds = ["float", "binary", "ubinary", "base64"]
+    body = {"model": "embed", "texts": ["a cat", "a car"], "embedding_types": kinds}
+    r = await client.post("/v2/embed", json=body)
+    assert r.status_code == 200, r.text
+    embeddings = r.json()["embeddings"]
+    assert set(embeddings) == set(kinds)
+    floats = np.array(embeddings["float"], dtype=np.float32)
+    assert floats.shape == (2, FAKE_DIMS)
+    unsigned = np.array(embeddings["ubinary"])
+    assert unsigned.shape == (2, FAKE_DIMS // 8)
+    assert np.array_equal(np.unpackbits(unsigned.astype(np.uint8), axis=1), floats >= 0)
+    assert np.array_equal(np.array(embeddings["binary"]), unsigned - 128)
+    decoded = [np.frombuffer(base64.b64decode(b), dtype="<f4") for b in embeddings["base64"]]
+    assert np.array_equal(np.stack(decoded), floats)
+    r = await client.post("/v1/embed", json={**body, "embedding_types": ["uint8"]})
+    assert r.status_code == 400
+    assert "served are float, binary, ubinary, base64" in r.json()["error"]["message"]
+
+
 async def test_admin_batches_reports_recent_batch_sizes_and_times(
     client: httpx.AsyncClient,
 ) -> None:
