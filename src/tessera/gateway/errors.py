@@ -167,7 +167,7 @@ def _tei_path(path: str) -> bool:
 
 
 def _tei_runs(path: str) -> bool:
-    return not path.endswith(("/info", "/health"))
+    return not path.endswith(("/info", "/health", "/tokenize", "/decode"))
 
 
 def _ollama_path(path: str) -> bool:

@@ -15,20 +15,29 @@ token, as TEI's ``--api-key``):
 - ``POST /`` (and ``/invocations``): the route of the model's task, as TEI
   serves the one of its model's type (what ``huggingface_hub``'s
   ``InferenceClient`` calls for a URL);
+- ``POST /tokenize`` (``inputs``: a text or a list; ``add_special_tokens``,
+  default true): each text's tokens as the model's ``tokenizer.json`` makes
+  them, ``id``, ``text`` (a special token's own text, else the input's
+  characters from ``start`` to ``stop``, character offsets), ``special``;
+  ``POST /decode`` (``ids``: a list of ids, or of lists;
+  ``skip_special_tokens``, default true): the texts. Neither runs the model
+  or is metered; a model without a tokenizer file answers 422;
 - ``GET /info``, ``GET /health``.
 
 Errors read as TEI's, ``{"error": message, "error_type": kind}``
 (``gateway/errors.py``). What TEI serves and this does not: text pairs to
 ``/predict``, ``prompt_name``, ``raw_scores`` (a score is what the model's
 card makes of its output: a cross-encoder's sigmoid, a bi-encoder's cosine),
-sparse and per-token embeddings, ``/tokenize``; each is refused with a 422
-that says so, or not served at all.
+sparse and per-token embeddings; each is refused with a 422 that says so,
+or not served at all.
 ``truncate`` is taken and left to the card: a text over the model's window is
 cut or refused as the card's ``truncate`` says, whatever the request asks.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
@@ -40,6 +49,7 @@ from tessera.errors import InvalidInputError, TaskMismatchError
 from tessera.gateway.common import caller_of, engine_of, parsed, run_task
 from tessera.gateway.openai_api import embedding_matrix, texts_of, unit_rows
 from tessera.gateway.tasks_api import best_first, rerank_inputs
+from tessera.runtimes.tokens import TOKENIZER_FILE, tokenizer_file
 from tessera.tasks.types import ClassifyOutput, Task, TextInput
 
 router = APIRouter(prefix="/tei/{model}")
@@ -119,6 +129,86 @@ async def predict(model: str, body: TeiPredictRequest, request: Request) -> Resp
     outputs: list[ClassifyOutput] = await run_task(request, model, Task.CLASSIFY, items)
     predictions = [[{"score": s.score, "label": s.label} for s in o.labels] for o in outputs]
     return JSONResponse(predictions[0] if single else predictions)
+
+
+class TeiTokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    inputs: str | Annotated[list[str], Field(min_length=1)]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+class TeiDecodeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    ids: Annotated[list[int], Field(min_length=1)] | Annotated[list[list[int]], Field(min_length=1)]
+    skip_special_tokens: bool = True
+
+
+@router.post("/tokenize")
+async def tokenize(model: str, body: TeiTokenizeRequest, request: Request) -> Response:
+    if body.prompt_name is not None:
+        raise InvalidInputError("prompt_name: this model has no prompts")
+    tokenizer = _tokenizer(request, model)
+    texts = texts_of(body.inputs, "inputs")
+    encodings = await asyncio.to_thread(
+        tokenizer.encode_batch, texts, add_special_tokens=body.add_special_tokens
+    )
+    return JSONResponse([_tokens(text, e) for text, e in zip(texts, encodings, strict=True)])
+
+
+@router.post("/decode")
+async def decode(model: str, body: TeiDecodeRequest, request: Request) -> Response:
+    tokenizer = _tokenizer(request, model)
+    batch = _id_lists(body.ids)
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    for ids in batch:
+        wrong = [i for i in ids if not 0 <= i < size]
+        if wrong:
+            raise InvalidInputError(f"ids: {wrong[:5]} are not in the model's {size:,} tokens")
+    texts = await asyncio.to_thread(
+        tokenizer.decode_batch, batch, skip_special_tokens=body.skip_special_tokens
+    )
+    return JSONResponse(list(texts))
+
+
+def _id_lists(ids: list[int] | list[list[int]]) -> list[list[int]]:
+    """``ids``, one text's or a list of them, as a list of them."""
+    one = [i for i in ids if isinstance(i, int)]
+    return [one] if len(one) == len(ids) else [i for i in ids if isinstance(i, list)]
+
+
+def _tokenizer(request: Request, model: str) -> Any:
+    """``model``'s tokenizer (the caller may use it), without truncation or padding."""
+    caller_of(request, model)
+    spec = engine_of(request).spec(model)
+    path = tokenizer_file(spec)
+    if path is None:
+        raise InvalidInputError(f"model {model!r} has no {TOKENIZER_FILE} to tokenize with")
+    return _read_tokenizer(str(path.resolve()))
+
+
+@functools.lru_cache(maxsize=16)
+def _read_tokenizer(path: str) -> Any:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(path)
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def _tokens(text: str, encoding: Any) -> list[dict[str, Any]]:
+    """An encoding's tokens as TEI's ``SimpleToken``s."""
+    tokens = []
+    for token_id, token, (start, stop), special in zip(
+        encoding.ids, encoding.tokens, encoding.offsets, encoding.special_tokens_mask, strict=True
+    ):
+        own = {"text": token, "start": None, "stop": None}
+        read = {"text": text[start:stop], "start": start, "stop": stop}
+        tokens.append({"id": token_id, "special": bool(special), **(own if special else read)})
+    return tokens
 
 
 @router.post("")

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import httpx
 import numpy as np
 import pytest
 
+from builders import fake_engine
+from tessera.gateway import create_app
+from tessera.repository import default_repository_path, read_spec
 from tessera.runtimes.fake import FAKE_DIMS, fake_embedding
+from tessera.runtimes.tokens import tokenizer_file
 
 
 async def test_embed_a_text_or_a_list_normalized_or_not(client: httpx.AsyncClient) -> None:
@@ -106,3 +113,52 @@ async def test_errors_read_as_teis(
     assert set(error) == {"error", "error_type"}
     assert says in error["error"]
     assert error["error_type"] == "Validation"
+
+
+@pytest.fixture
+async def minilm_client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The app over a fake embedding model reading MiniLM's ``tokenizer.json``."""
+    path = tokenizer_file(read_spec(default_repository_path() / "all-minilm-l6-v2"))
+    assert path is not None
+    models = {"tok": {"task": "embedding", "options": {"tokenizer": str(path.parent)}}}
+    async with fake_engine(tmp_path / "repo", models) as engine:
+        transport = httpx.ASGITransport(app=create_app(engine))
+        async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
+            yield client
+
+
+async def test_tokenize_as_tei_does(minilm_client: httpx.AsyncClient) -> None:
+    r = await minilm_client.post("/tei/tok/tokenize", json={"inputs": "Hello world"})
+    assert r.status_code == 200, r.text
+    assert r.json() == [
+        [
+            {"id": 101, "special": True, "text": "[CLS]", "start": None, "stop": None},
+            {"id": 7592, "special": False, "text": "Hello", "start": 0, "stop": 5},
+            {"id": 2088, "special": False, "text": "world", "start": 6, "stop": 11},
+            {"id": 102, "special": True, "text": "[SEP]", "start": None, "stop": None},
+        ]
+    ]
+    long = " ".join(["word"] * 600)  # past the model's window: not truncated here
+    body = {"inputs": ["a", long], "add_special_tokens": False}
+    a, many = (await minilm_client.post("/tei/tok/tokenize", json=body)).json()
+    assert [t["text"] for t in a] == ["a"]
+    assert len(many) == 600
+
+
+async def test_decode_as_tei_does(minilm_client: httpx.AsyncClient) -> None:
+    r = await minilm_client.post("/tei/tok/decode", json={"ids": [101, 7592, 2088, 102]})
+    assert r.json() == ["hello world"]
+    body = {"ids": [[101, 7592, 102], [2088]], "skip_special_tokens": False}
+    assert (await minilm_client.post("/tei/tok/decode", json=body)).json() == [
+        "[CLS] hello [SEP]",
+        "world",
+    ]
+    r = await minilm_client.post("/tei/tok/decode", json={"ids": [7592, 10**9]})
+    assert r.status_code == 422
+    assert r.json()["error_type"] == "Validation"
+
+
+async def test_a_model_without_a_tokenizer_says_so(client: httpx.AsyncClient) -> None:
+    r = await client.post("/tei/embed/tokenize", json={"inputs": "a"})
+    assert r.status_code == 422
+    assert "no tokenizer.json" in r.json()["error"]

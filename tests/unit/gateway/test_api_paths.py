@@ -36,6 +36,8 @@ from tessera.gateway.errors import api_of, error_body_for, metered, status_of
         ("/tei/embed-model/embed", True),
         ("/tei/embed-model/info", False),
         ("/tei/embed-model/health", False),
+        ("/tei/embed-model/tokenize", False),  # the tokenizer's, no model run
+        ("/tei/embed-model/decode", False),
         ("/api/chat", True),
         ("/api/tags", False),
         ("/api/show", False),
