@@ -37,7 +37,6 @@ cut or refused as the card's ``truncate`` says, whatever the request asks.
 from __future__ import annotations
 
 import asyncio
-import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
@@ -49,7 +48,7 @@ from tessera.errors import InvalidInputError, TaskMismatchError
 from tessera.gateway.common import caller_of, engine_of, parsed, run_task
 from tessera.gateway.openai_api import embedding_matrix, texts_of, unit_rows
 from tessera.gateway.tasks_api import best_first, rerank_inputs
-from tessera.runtimes.tokens import TOKENIZER_FILE, tokenizer_file
+from tessera.runtimes.tokens import TOKENIZER_FILE, tokenizer_file, whole_tokenizer
 from tessera.tasks.types import ClassifyOutput, Task, TextInput
 
 router = APIRouter(prefix="/tei/{model}")
@@ -184,18 +183,9 @@ def _tokenizer(request: Request, model: str) -> Any:
     caller_of(request, model)
     spec = engine_of(request).spec(model)
     path = tokenizer_file(spec)
-    if path is None:
+    tokenizer = None if path is None else whole_tokenizer(str(path.resolve()))
+    if tokenizer is None:
         raise InvalidInputError(f"model {model!r} has no {TOKENIZER_FILE} to tokenize with")
-    return _read_tokenizer(str(path.resolve()))
-
-
-@functools.lru_cache(maxsize=16)
-def _read_tokenizer(path: str) -> Any:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(path)
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
     return tokenizer
 
 

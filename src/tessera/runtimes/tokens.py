@@ -74,16 +74,29 @@ def token_counter(spec: ModelSpec) -> TokenCounter | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _counter(path: str) -> TokenCounter | None:
+def whole_tokenizer(path: str) -> Any | None:
+    """The ``tokenizer.json`` at ``path``, cutting and padding nothing (every
+    token of a text, as the window check and TEI's ``/tokenize`` count them),
+    read once per process; None where it cannot be read (the log says why).
+    Only read after it is made, so one serves every thread."""
     try:
         from tokenizers import Tokenizer
 
         tokenizer: Any = Tokenizer.from_file(path)
-    except Exception as e:  # any parse failure: keep the estimate
-        log.warning("cannot read the tokenizer %s (%s): over-window texts are estimated", path, e)
+    except Exception as e:  # any parse failure
+        log.warning("cannot read the tokenizer %s: %s", path, e)
         return None
     tokenizer.no_truncation()
     tokenizer.no_padding()
+    return tokenizer
+
+
+@functools.lru_cache(maxsize=64)
+def _counter(path: str) -> TokenCounter | None:
+    tokenizer = whole_tokenizer(path)
+    if tokenizer is None:
+        log.info("%s unread: over-window texts are estimated", path)
+        return None
 
     def count(text: str) -> int:
         return len(tokenizer.encode(text).ids)
