@@ -185,8 +185,14 @@ def deploy_tessera(
     """One tessera serving every model of the scenario (``tessera``, ``fifo``, ``static``)."""
     data_dir = work / f"data-{configuration.name}"
     keys, admin = _prepare_tenants(data_dir, tiers)
-    config = dict(configuration.config)
+    # The scenario's models only, as each peer and dedicated process serves
+    # only its own: with the default models included, the fill at start
+    # loaded all nine (three-models' peak PSS 1,248 MiB against 607 before
+    # the fill; its three names share one encoder). A configuration may
+    # still include them (``include_default_models: true``).
+    config = {"include_default_models": False, **configuration.config}
     settings: dict[str, Any] = {}
+    caps: dict[str, int] | None = None
     extra: list[str] = []
     if configuration.kind == "static":
         if slices is None:
@@ -194,24 +200,15 @@ def deploy_tessera(
         # Each model preloaded into a fixed slice (its cap), the budget the slices
         # together, and no eviction: a batch that finds no room waits for it.
         caps = {m: int(b * SLICE_MARGIN) for m, b in slices.items()}
-        folder = work / f"repo-{configuration.name}"
-        repository = _write_repository(folder, scenario, list(scenario.models), caps)
-        config |= {"include_default_models": False, "eviction_policy": "none"}
+        config["eviction_policy"] = "none"
         settings["slices_bytes"] = caps
-        extra += ["--model-repository", str(repository), "--memory-budget", str(sum(caps.values()))]
+        extra += ["--memory-budget", str(sum(caps.values()))]
         extra += [a for m in scenario.models for a in ("--preload", m)]
-    else:
-        # The scenario's models only, as each peer and dedicated process serves
-        # only its own: with the default models included, the fill at start
-        # loaded all nine (three-models' peak PSS 1,248 MiB against 607 before
-        # the fill; its three names share one encoder). A configuration may
-        # still include them (``include_default_models: true``).
-        folder = work / f"repo-{configuration.name}"
-        repository = _write_repository(folder, scenario, list(scenario.models))
-        config = {"include_default_models": False, **config}
-        extra += ["--model-repository", str(repository)]
-        if scenario.memory_budget is not None:
-            extra += ["--memory-budget", scenario.memory_budget]
+    elif scenario.memory_budget is not None:
+        extra += ["--memory-budget", scenario.memory_budget]
+    folder = work / f"repo-{configuration.name}"
+    repository = _write_repository(folder, scenario, list(scenario.models), caps)
+    extra += ["--model-repository", str(repository)]
     args = [*_serve_args(scenario, replace(configuration, config=config), work), *extra]
     if configuration.kind == "fifo":
         args += ["--scheduling", "fifo"]
