@@ -51,6 +51,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import math
 import os
 import random
 import statistics
@@ -99,6 +100,7 @@ async def fake_engine(
     stack: int = 0,
     device: DeviceModel = None,
     lane_threads: int | None = None,
+    target_ms: float | None = None,
 ) -> AsyncIterator[Engine]:
     options: dict[str, object] = {"own_bytes": 1000}
     budget = 64 * 2**20
@@ -120,6 +122,8 @@ async def fake_engine(
         card: dict[str, object] = {"name": name, "task": "embedding", "runtime": "torch"}
         card["adapter"] = "fake"
         card.update(preload=holds is None, batching=BATCHING, options=options)
+        if target_ms is not None:
+            card["latency_target_ms"] = target_ms
         (folder / "model.yaml").write_text(json.dumps(card))
     repository = ModelRepository.from_folders([root / "repo"])
     config = EngineConfig(
@@ -158,30 +162,30 @@ def model_names(models: int) -> list[str]:
 
 async def drive(
     engine: ServingEngine, models: int, concurrency: int, seconds: float, zipf: float | None = None
-) -> float:
+) -> tuple[float, list[float]]:
     """Requests a second from ``concurrency`` callers for ``seconds``, each
     request for the next of ``models`` models, or (``zipf``) one drawn by
-    Zipf popularity."""
+    Zipf popularity; and each request's seconds."""
     names = model_names(models)
     if zipf is not None:
         names = random.Random(7).choices(names, zipf_weights(len(names), zipf), k=1 << 16)
     stop = time.perf_counter() + seconds
-    done = 0
     sent = 0
+    took: list[float] = []
 
     async def caller() -> None:
-        nonlocal done, sent
+        nonlocal sent
         items = [TextInput("hello world")]
-        while time.perf_counter() < stop:
+        while (asked := time.perf_counter()) < stop:
             name = names[sent % len(names)]
             sent += 1
             submission = await engine.asubmit(name, Task.EMBEDDING, items)
             await engine.wait(submission)
-            done += 1
+            took.append(time.perf_counter() - asked)
 
     began = time.perf_counter()
     await asyncio.gather(*(caller() for _ in range(concurrency)))
-    return done / (time.perf_counter() - began)
+    return len(took) / (time.perf_counter() - began), took
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,7 @@ class Run:
     device: DeviceModel = None
     lane_threads: int | None = None  # the executor's threads for batches across models
     engine_loop: str = DEFAULT_ENGINE_LOOP  # the engine process's event loop (core form)
+    target_ms: float | None = None  # the cards' latency target (None: the default's)
 
 
 @dataclass(frozen=True)
@@ -206,6 +211,16 @@ class Measured:
     swaps: float | None = None  # loads from the host tier a request (in process only)
     round_batches: float | None = None  # batches a stacked round (in process only)
     loop_us: float | None = None  # the engine process's loop thread's CPU a request (core only)
+    p50_ms: float = math.nan  # the requests' latency
+    p99_ms: float = math.nan
+
+
+def latency(took: list[float]) -> dict[str, float]:
+    """The p50 and p99 of ``took`` (seconds) in ms, as ``Measured`` fields."""
+    if len(took) < 2:
+        return {}
+    cuts = statistics.quantiles(took, n=100)
+    return {"p50_ms": cuts[49] * 1000, "p99_ms": cuts[98] * 1000}
 
 
 async def engine_only(run: Run) -> Measured:
@@ -213,19 +228,29 @@ async def engine_only(run: Run) -> Measured:
     stacked rounds' mean batches."""
     with tempfile.TemporaryDirectory() as tmp:
         engine_of = fake_engine(
-            Path(tmp), run.models, run.holds, run.swap_ms, run.stack, run.device, run.lane_threads
+            Path(tmp),
+            run.models,
+            run.holds,
+            run.swap_ms,
+            run.stack,
+            run.device,
+            run.lane_threads,
+            run.target_ms,
         )
         async with engine_of as engine:
             before = engine.snapshot()
             began = time.perf_counter()
-            rate = await drive(engine, run.models, run.concurrency, run.seconds, run.zipf)
+            rate, took = await drive(engine, run.models, run.concurrency, run.seconds, run.zipf)
             answered = rate * (time.perf_counter() - began)
             after = engine.snapshot()
             swaps = after.host_loads_total - before.host_loads_total
             rounds = after.stacked_rounds_total - before.stacked_rounds_total
             batches = after.stacked_batches_total - before.stacked_batches_total
             return Measured(
-                rate, swaps / answered if answered else None, batches / rounds if rounds else None
+                rate,
+                swaps / answered if answered else None,
+                batches / rounds if rounds else None,
+                **latency(took),
             )
 
 
@@ -235,7 +260,14 @@ async def serve_core(socket_path: Path, run: Run) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         engine_of = fake_engine(
-            Path(tmp), run.models, run.holds, run.swap_ms, run.stack, run.device, run.lane_threads
+            Path(tmp),
+            run.models,
+            run.holds,
+            run.swap_ms,
+            run.stack,
+            run.device,
+            run.lane_threads,
+            run.target_ms,
         )
         async with engine_of as engine:
             core = EngineCore(engine)
@@ -260,6 +292,8 @@ async def through_core(run: Run) -> Measured:
             command += ["--device", ",".join(map(str, run.device))]
         if run.lane_threads is not None:
             command += ["--serve-lane-threads", str(run.lane_threads)]
+        if run.target_ms is not None:
+            command += ["--target-ms", str(run.target_ms)]
         server = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
         try:
             assert server.stdout is not None
@@ -269,11 +303,11 @@ async def through_core(run: Run) -> Measured:
             try:
                 loop_s = thread_cpu_s(server.pid)
                 began = time.perf_counter()
-                rate = await drive(remote, run.models, run.concurrency, run.seconds, run.zipf)
+                rate, took = await drive(remote, run.models, run.concurrency, run.seconds, run.zipf)
                 answered = rate * (time.perf_counter() - began)
                 loop_us = (thread_cpu_s(server.pid) - loop_s) / answered * 1e6 if answered else None
                 # The engine's counters are the other process's.
-                return Measured(rate, loop_us=loop_us)
+                return Measured(rate, loop_us=loop_us, **latency(took))
             finally:
                 await remote.close()
         finally:
@@ -335,6 +369,12 @@ def main() -> None:
         default=[DEFAULT_ENGINE_LOOP],
         help="the core form once with each of these event loops in the engine process",
     )
+    parser.add_argument(
+        "--target-ms",
+        type=float,
+        help="the cards' latency target (the MiniLM card's: 200; default: none, the"
+        " engine's default target); under a budget, patience is a share of it",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--serve-loop", default=DEFAULT_ENGINE_LOOP, help=argparse.SUPPRESS)
     parser.add_argument("--serve-lane-threads", type=int, help=argparse.SUPPRESS)
@@ -347,6 +387,7 @@ def main() -> None:
         args.zipf,
         args.swap_ms,
         device=args.device,
+        target_ms=args.target_ms,
     )
     if args.serve is not None:
         run = replace(load, stack=args.stack, lane_threads=args.serve_lane_threads)
@@ -381,6 +422,8 @@ def main() -> None:
                     "swaps": got.swaps,
                     "round_batches": got.round_batches,
                     "loop_us": got.loop_us,
+                    "p50_ms": got.p50_ms,
+                    "p99_ms": got.p99_ms,
                 }
             )
             each = f" ({got.swaps:.3f} swaps a request)" if got.swaps is not None else ""
@@ -388,6 +431,7 @@ def main() -> None:
                 each += f" ({got.round_batches:.1f} batches a round)"
             if got.loop_us is not None:
                 each += f" (the engine's loop {got.loop_us:.0f} us a request)"
+            each += f" (p50 {got.p50_ms:.1f} ms, p99 {got.p99_ms:.1f} ms)"
             print(f"round {round_}, {form}: {got.rate:.0f} req/s{each}", flush=True)
     medians = {
         form: statistics.median(r["req_per_s"] for r in runs if r["form"] == form)
@@ -432,6 +476,9 @@ def main() -> None:
         rerun += " --swap-ms " + ",".join(f"{v:g}" for v in args.swap_ms)
     if args.device is not None:
         rerun += " --device " + ",".join(f"{v:g}" for v in args.device)
+    if args.target_ms is not None:
+        rerun += f" --target-ms {args.target_ms:g}"
+        what += f"; each card's latency target {args.target_ms:g} ms"
     if args.forms != ["engine", "core"]:
         rerun += " --forms " + " ".join(args.forms)
     if args.engine_loops != [DEFAULT_ENGINE_LOOP]:
@@ -456,11 +503,12 @@ def main() -> None:
         f"{what}, {args.concurrency} callers, {args.seconds:g} s a run. Rerun:",
         f"`HF_HUB_OFFLINE=1 .venv/bin/python {rerun}`.",
         "",
-        "| round | form | req/s | loads from the host tier a request | batches a stacked round |"
-        " the engine's loop, CPU us a request |",
-        "|---|---|---|---|---|---|",
+        "| round | form | req/s | p50 / p99 ms | loads from the host tier a request |"
+        " batches a stacked round | the engine's loop, CPU us a request |",
+        "|---|---|---|---|---|---|---|",
         *(
             f"| {r['round']} | {r['form']} | {r['req_per_s']:.0f} |"
+            f" {r['p50_ms']:.1f} / {r['p99_ms']:.1f} |"
             f" {'-' if r['swaps'] is None else format(r['swaps'], '.3f')} |"
             f" {'-' if r['round_batches'] is None else format(r['round_batches'], '.1f')} |"
             f" {'-' if r['loop_us'] is None else format(r['loop_us'], '.0f')} |"

@@ -870,6 +870,7 @@ class Engine(ModelLifecycle):
                 spec,
                 part.activation_bytes,
                 functools.partial(self._next_batch_s, spec, following),
+                expected_s,
             ) as lease:
                 run_items = with_stops(lease.model.run, part.requests)
                 run = await self._executor.run(

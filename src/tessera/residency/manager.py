@@ -208,6 +208,21 @@ class ResidencyStats:
     host_drops_total: int = 0  # copies dropped from it to make room
 
 
+class Patience:
+    """Until when a caller short of room waits for busy models that cost less
+    to evict than idle ones (``ResidencyManager._room_for``). Once it waits
+    for some whose batches' ends are predicted, it waits no longer than
+    those ends and as long again (``_bound_patience``): under Zipf at
+    saturation a new cheap model kept appearing, each just loaded and busy
+    with its first batch, and a caller waited its whole patience (half its
+    target) for one after another."""
+
+    __slots__ = ("until",)
+
+    def __init__(self, until: float) -> None:
+        self.until = until
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """A pinned, ready model and the activation bytes reserved for one batch."""
@@ -293,7 +308,10 @@ class ResidencyManager:
         # When each waiter in line stops waiting for others before itself
         # (its patience): until then a model with more batches queued may keep
         # its room from one batch to the next (``_hold``).
-        self._patience: dict[object, float] = {}
+        self._patience: dict[object, Patience] = {}
+        # Models running batches: the latest predicted end among them, and
+        # that batch's predicted run (``_busy``).
+        self._batch_ends: dict[str, tuple[float, float]] = {}
         # Batch rooms kept for their model's next batch, and their timers.
         self._held: dict[str, tuple[Reservation, Cancellable]] = {}
 
@@ -305,31 +323,40 @@ class ResidencyManager:
         spec: ModelSpec,
         activation_bytes: int = 0,
         next_batch_s: Callable[[], float | None] | None = None,
+        expected_s: float | None = None,
     ) -> AsyncIterator[Lease]:
-        """Hold ``spec``'s model ready and pinned, with room for one batch;
-        ``next_batch_s``, read at the end: the predicted seconds of its next
-        batch, None if none is queued (see ``release``)."""
-        lease = await self.acquire(spec, activation_bytes)
+        """Hold ``spec``'s model ready and pinned, with room for one batch
+        predicted to run ``expected_s``; ``next_batch_s``, read at the end:
+        the predicted seconds of its next batch, None if none is queued (see
+        ``release``)."""
+        lease = await self.acquire(spec, activation_bytes, expected_s)
         try:
             yield lease
         finally:
             self.release(lease, next_batch_s=next_batch_s() if next_batch_s else None)
 
-    async def acquire(self, spec: ModelSpec, activation_bytes: int = 0) -> Lease:
+    async def acquire(
+        self, spec: ModelSpec, activation_bytes: int = 0, expected_s: float | None = None
+    ) -> Lease:
+        """Pin ``spec``'s model with room for one batch of ``activation_bytes``,
+        predicted to run ``expected_s`` (what callers short of room read to
+        bound their patience; None: not known)."""
         now = self._clock.now()
         deadline = now + self._wait_s
         # Until then it waits for busy models that cost less to evict than idle
         # ones (``_room_for``): half its latency target unless configured.
-        patient_until = now + (_target_s(spec) or DEFAULT_TARGET_S) * self._patience_share
+        patience = Patience(now + (_target_s(spec) or DEFAULT_TARGET_S) * self._patience_share)
         waiter = object()  # this caller's place in line, once it waits for room
         try:
             while True:
                 entry = self.table.entry(spec.key, spec.max_bytes, _target_s(spec))
                 if entry.state is ModelState.READY:
                     lease = await self._reserve(
-                        spec, entry, activation_bytes, deadline, waiter, patient_until
+                        spec, entry, activation_bytes, deadline, waiter, patience
                     )
                     if lease is not None:
+                        if expected_s is not None:
+                            self._busy(spec.key, expected_s)
                         return lease
                 elif entry.state in (ModelState.LOADING, ModelState.UNLOADING):
                     await asyncio.shield(self._inflight[spec.key])
@@ -339,20 +366,30 @@ class ResidencyManager:
                     # meanwhile hands its place to the reload: behind its own
                     # place, the load would wait for itself.
                     await self._load(
-                        spec, deadline, activation_bytes, self._leave_line(waiter), patient_until
+                        spec, deadline, activation_bytes, self._leave_line(waiter), patience
                     )
         finally:
             self._leave_line(waiter)
+
+    def _busy(self, name: str, run_s: float) -> None:
+        """``name`` runs a batch from now, predicted to take ``run_s``: keep
+        the latest predicted end of its batches running (``_bound_patience``)."""
+        ends = self._clock.now() + run_s
+        known = self._batch_ends.get(name)
+        if known is None or known[0] < ends:
+            self._batch_ends[name] = (ends, run_s)
 
     def release(self, lease: Lease, *, next_batch_s: float | None = None) -> None:
         """End a lease. Given ``next_batch_s`` (another batch of the model is
         queued, predicted to run that long) its room may be kept for that
         batch (``_hold``)."""
+        name = lease.reservation.name
         if lease.passed:
             self._passed_bytes -= lease.reservation.num_bytes
         elif next_batch_s is not None and self._hold(lease.reservation, next_batch_s):
+            self._busy(name, next_batch_s)
             return
-        self.table.release(lease.reservation, self._clock.now())
+        self._release(lease.reservation)
         self._notify()
 
     async def ensure_loaded(self, spec: ModelSpec) -> None:
@@ -654,7 +691,7 @@ class ResidencyManager:
         activation_bytes: int,
         deadline: float,
         waiter: object,
-        patient_until: float,
+        patience: Patience,
     ) -> Lease | None:
         """Pin the model with room for one batch, or wait (or evict) and return None.
 
@@ -665,7 +702,7 @@ class ResidencyManager:
         not all fit) and short of room, it evicts what ``_short_of`` says only
         evictions can free, and waits for the rest: a budget that holds every
         model's weights and the batch never evicts for it. Until
-        ``patient_until`` it waits out of line instead of evicting idle models
+        ``patience`` it waits out of line instead of evicting idle models
         where busy ones would cost less to evict (``_cheaper_soon``).
         """
         self._check_fits(spec, entry.footprint, activation_bytes)
@@ -697,7 +734,7 @@ class ResidencyManager:
         if lined:
             self._waiting.setdefault(waiter, next(self._tickets))
             self._needs[waiter] = activation_bytes
-            self._patience[waiter] = patient_until
+            self._patience[waiter] = patience
         if lined and not self._in_turn(waiter, spec.key):
             await self._wait_change(deadline, spec.key)
             return None
@@ -705,7 +742,7 @@ class ResidencyManager:
             self._short_of(activation_bytes),
             spec.key,
             deadline,
-            patient_until,
+            patience,
             f"a batch of {spec.key} ({activation_bytes} bytes of activations)",
             leaving=waiter,
         )
@@ -728,7 +765,7 @@ class ResidencyManager:
         if not self._waiting and not self._change_waiters:
             return False  # no one would take the room meanwhile
         ends = self._clock.now() + next_batch_s
-        if any(until < ends for until in self._patience.values()):
+        if any(patience.until < ends for patience in self._patience.values()):
             return False
         spec = self._specs.get(name)
         wait_s = spec.batching.max_wait_ms / 1000 if spec is not None else 0.0
@@ -743,8 +780,15 @@ class ResidencyManager:
             return False
         reservation, timer = held
         timer.cancel()
-        self.table.release(reservation, self._clock.now())
+        self._release(reservation)
         return True
+
+    def _release(self, reservation: Reservation) -> None:
+        """Give a batch's room back; the model's batch end once none runs."""
+        self.table.release(reservation, self._clock.now())
+        entry = self.table.entries.get(reservation.name)
+        if entry is None or entry.pins == 0:
+            self._batch_ends.pop(reservation.name, None)
 
     def _let_go(self, name: str) -> None:
         """The kept room's time is up: free it for others."""
@@ -785,7 +829,7 @@ class ResidencyManager:
         short_bytes: int,
         name: str,
         deadline: float,
-        patient_until: float,
+        patience: Patience,
         reason: str,
         leaving: object | None = None,
         ahead_bytes: int = 0,
@@ -794,17 +838,17 @@ class ResidencyManager:
         """Evict idle models to free ``short_bytes`` for ``name`` (``reason``,
         said in the log), ``ahead_bytes`` more where idle ones hold them (for
         the loads next in line, ``_ahead_bytes``), or wait for a change: until
-        ``patient_until`` where busy models would free the room at a lower cost
+        ``patience`` ends where busy models would free the room at a lower cost
         (``_room_for``; out of line meanwhile, where ``leaving`` is the
         caller's place), or as long as nothing needs evicting or the policy
         finds too few. ``load``: the caller loads ``name`` (``_SOON_FOR_A_LOAD``)."""
-        victims, patient = self._room_for(short_bytes, name, patient_until, ahead_bytes, load)
+        victims, patient = self._room_for(short_bytes, name, patience, ahead_bytes, load)
         if ahead_bytes > 0:
             reason += f", and up to {ahead_bytes} bytes for the loads next in line"
         if patient:
             if leaving is not None:
                 self._leave_line(leaving)  # the line is not held up while it waits for them
-            await self._wait_change(deadline, name, patient_until)
+            await self._wait_change(deadline, name, patience.until)
         elif not await self._evict(victims, short_bytes, reason):
             await self._wait_change(deadline, name)
 
@@ -812,14 +856,14 @@ class ResidencyManager:
         self,
         short_bytes: int,
         name: str,
-        patient_until: float,
+        patience: Patience,
         ahead_bytes: int = 0,
         load: bool = False,
     ) -> tuple[list[str] | None, bool]:
         """For a caller short of ``short_bytes`` for ``name``: the idle models
         the policy would evict (None: nothing needs evicting, or too few), to
         free ``ahead_bytes`` more where they can, and whether to wait for busy
-        ones instead. A caller waits, before ``patient_until``, while models
+        ones instead. A caller waits, before its ``patience`` ends, while models
         that are busy now (running a batch, fresh, or for a batch loading) would free the room
         at a lower expected cost than the idle ones the policy would take. An
         OCR page that needs a little more than the room beside every model
@@ -835,11 +879,11 @@ class ResidencyManager:
         freed_by = self.table.freed_by
         entries = self.table.entries
         ordered: list[ModelEntry] | None = None  # busy and idle ones, while patient
-        if self._clock.now() < patient_until:
+        ready = ModelState.READY  # read once: an enum member's lookup costs a call
+        if self._clock.now() < patience.until:
             states = _SOON_FOR_A_LOAD if load else _SOON
             soon = [e for e in entries.values() if e.state in states and e.name not in protect]
             ordered = self._policy.order(soon)  # the idle ones among them too: one sort for both
-            ready = ModelState.READY  # read once: an enum member's lookup costs a call
             idle = [e for e in ordered if e.state is ready and e.pins == 0 and e.name not in fresh]
         else:
             idle = self._policy.order(self.table.evictable(protect | fresh))
@@ -854,10 +898,33 @@ class ResidencyManager:
                 return sum(expected_cost(entries[n], now) for n in names)
 
             if cost(later) < cost(victims):
-                return victims, True
+                busy = [
+                    n
+                    for n in later
+                    if entries[n].state is not ready or entries[n].pins or n in fresh
+                ]
+                if self._bound_patience(patience, busy):
+                    return victims, True
         if ahead_bytes > 0:
             victims = take(idle, short_bytes + ahead_bytes, freed_by) or victims
         return victims, False
+
+    def _bound_patience(self, patience: Patience, busy: list[str]) -> bool:
+        """Whether a caller still waits for the ``busy`` models it would evict
+        rather than idle ones: its ``patience`` ends no later than their
+        batches' predicted ends and as long again (a batch may run twice its
+        prediction), where each of them runs one (``_busy``). A model that
+        loads, or waits for its first batch, gives no end: the patience stands
+        until one does."""
+        latest = -math.inf
+        for name in busy:
+            known = self._batch_ends.get(name)
+            if known is None:
+                return self._clock.now() < patience.until
+            ends, run_s = known
+            latest = max(latest, ends + run_s)
+        patience.until = min(patience.until, latest)
+        return self._clock.now() < patience.until
 
     def _short_of(self, wanted_bytes: int) -> int:
         """Bytes that only evictions can free for ``wanted_bytes``. While every
@@ -983,13 +1050,15 @@ class ResidencyManager:
         deadline: float,
         activation_bytes: int = 0,
         ticket: int | None = None,
-        patient_until: float = -math.inf,
+        patience: Patience | None = None,
     ) -> None:
         """Load ``spec`` once there is room for it and for the caller's first
         batch (``activation_bytes``: a model loaded into a budget it fills has
         no room to run, and loads side by side could fill it so), waiting in
         line from ``ticket`` (a place the caller already held) or from now."""
         asked = self._clock.now()
+        if patience is None:
+            patience = Patience(-math.inf)
         expected = self._expected(spec)
         self._check_fits(spec, expected, activation_bytes)
         waiter = ("load", spec.key)  # callers loading one model share a place in line
@@ -1005,7 +1074,7 @@ class ResidencyManager:
                 or not self.table.begin_load(spec.key, expected)
             ):
                 self._waiting.setdefault(waiter, next(self._tickets))
-                self._patience.setdefault(waiter, patient_until)
+                self._patience.setdefault(waiter, patience)
                 extra = self.table.extra_bytes(spec.key, expected)
                 self._needs[waiter] = extra + activation_bytes
                 short = self._short_of(extra + activation_bytes)
@@ -1016,7 +1085,7 @@ class ResidencyManager:
                         short,
                         spec.key,
                         deadline,
-                        patient_until,
+                        patience,
                         f"loading {spec.key} ({extra} bytes,"
                         f" {activation_bytes} for its first batch)",
                         ahead_bytes=self._ahead_bytes(waiter) if short > 0 else 0,

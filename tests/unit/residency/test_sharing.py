@@ -160,6 +160,59 @@ async def test_patience_ends_at_its_share_of_the_target_and_then_the_idle_model_
     manager.release(answering)
 
 
+async def test_patience_for_a_batch_with_a_predicted_run_ends_after_twice_that_run() -> None:
+    # The chat model's batch is predicted to run 0.2 s: the page waits for it
+    # no longer than its predicted end and as long again (0.4 s), not its
+    # 1.5 s of patience, and then evicts the idle translation model.
+    manager, host, clock = make_manager(1000)
+    chat, trans, ocr = patience_models()
+    manager.register([chat, trans, ocr])
+    for spec in (trans, chat, ocr):
+        await use(manager, spec, times=3)
+    answering = await manager.acquire(chat, 50, expected_s=0.2)
+    asked = clock.now()
+    manager.release(await manager.acquire(ocr, 250))
+    assert host.on_unload == ["trans"]
+    assert clock.now() - asked == pytest.approx(0.4, abs=0.05)
+    manager.release(answering)
+
+
+async def test_a_batch_that_ends_as_predicted_is_still_waited_for() -> None:
+    manager, host, clock = make_manager(1000)
+    chat, trans, ocr = patience_models()
+    manager.register([chat, trans, ocr])
+    for spec in (trans, chat, ocr):
+        await use(manager, spec, times=3)
+    answering = await manager.acquire(chat, 50, expected_s=0.2)
+    page = asyncio.ensure_future(manager.acquire(ocr, 250))
+    await clock.sleep(0.2)
+    assert not page.done()
+    manager.release(answering)
+    manager.release(await page)
+    assert host.on_unload == ["chat"]
+
+
+async def test_a_later_batch_of_a_busy_model_does_not_lengthen_the_patience() -> None:
+    # Each time the page looks, a cheap model is busy again (as under Zipf at
+    # saturation, one new cheap model after another): its patience still ends
+    # at the first batch's predicted end and as long again.
+    manager, host, clock = make_manager(1000)
+    chat, trans, ocr = patience_models()
+    manager.register([chat, trans, ocr])
+    for spec in (trans, chat, ocr):
+        await use(manager, spec, times=3)
+    answering = await manager.acquire(chat, 10, expected_s=0.2)
+    asked = clock.now()
+    page = asyncio.ensure_future(manager.acquire(ocr, 250))
+    await clock.sleep(0.3)
+    again = await manager.acquire(chat, 10, expected_s=0.2)  # a second batch, overlapping
+    manager.release(answering)
+    manager.release(await page)
+    assert host.on_unload == ["trans"]
+    assert clock.now() - asked == pytest.approx(0.4, abs=0.05)
+    manager.release(again)
+
+
 async def test_of_models_used_alike_the_largest_frees_the_most_per_lost_use() -> None:
     manager, host, _ = make_manager(1000)
     for name, size in (("small", 200), ("large", 500)):
