@@ -97,15 +97,14 @@ class ModelBatcher:
                 f"queue of model {self.name!r} is full ({self.max_queue} requests)",
                 retry_after_s=self._retry_after_s(),
             )
-        wait_s = self.predicted_wait_s(request)
-        if wait_s is not None and request.deadline is not None:
-            left_s = request.deadline - request.arrival
-            if wait_s > left_s:
-                raise OverloadedError(
-                    f"model {self.name!r} has {wait_s:.3g}s of work before this request,"
-                    f" more than its {left_s:.3g}s deadline",
-                    retry_after_s=max(self._retry_after_s(), wait_s - left_s),
-                )
+        left_s = None if request.deadline is None else request.deadline - request.arrival
+        wait_s = self.predicted_wait_s(request, fits_s=left_s)
+        if wait_s is not None and left_s is not None and wait_s > left_s:
+            raise OverloadedError(
+                f"model {self.name!r} has {wait_s:.3g}s of work before this request,"
+                f" more than its {left_s:.3g}s deadline",
+                retry_after_s=max(self._retry_after_s(), wait_s - left_s),
+            )
         self._queue.push(request)
         self._arrived.set()
         if self._loop_task is None:
@@ -130,7 +129,7 @@ class ModelBatcher:
             units += request.units
         return units
 
-    def predicted_wait_s(self, request: QueuedRequest) -> float | None:
+    def predicted_wait_s(self, request: QueuedRequest, fits_s: float | None = None) -> float | None:
         """Seconds before ``request``'s batch would start if it were queued now:
         what is left of the batches running now (at most their predicted run)
         and the full batches of the work ahead of it (batches of its kind:
@@ -138,7 +137,10 @@ class ModelBatcher:
         of that work shares its batch), at the predicted run times, over the
         batches that run at once. None while the model's batch times are not
         known well enough (``MIN_SAMPLES`` measured batches): refusing on a
-        guess would turn requests away that would have been answered."""
+        guess would turn requests away that would have been answered. With
+        ``fits_s``, a wait that fits within it may be figured from all the work
+        queued (no more than ``fits_s`` either way; ``units_ahead``'s bound):
+        the count of a fair queue's work ahead scans every backlogged tenant."""
         predictor = self._predictor
         if predictor is None or predictor.num_samples < MIN_SAMPLES:
             return None
@@ -155,9 +157,14 @@ class ModelBatcher:
                 units = sum(r.units for r in batch.requests)
                 run_s = self._running_s[task] = predictor.predict(units) or 0.0
             running_s += max(0.0, batch.formed_at + run_s - now)
-        full = math.floor(self._queue.units_ahead(request) / batch_units)
-        ahead_s = full * (predictor.predict(batch_units) or 0.0)
-        return (running_s + ahead_s) / self.num_slots
+        per_batch_s = predictor.predict(batch_units) or 0.0
+        enough = 0.0  # units ahead below which the wait fits ``fits_s`` (none: count them)
+        spare_s = None if fits_s is None else fits_s * self.num_slots - running_s
+        if spare_s is not None and spare_s >= 0:
+            fitting = math.floor(spare_s / per_batch_s) if per_batch_s > 0 else math.inf
+            enough = (fitting + 1) * batch_units
+        full = math.floor(self._queue.units_ahead(request, enough) / batch_units)
+        return (running_s + full * per_batch_s) / self.num_slots
 
     def _retry_after_s(self) -> float:
         return max(1.0, self.batching.max_wait_ms / 1000)

@@ -30,9 +30,12 @@ class RequestQueue(Protocol):
 
     def oldest_arrival(self) -> float | None: ...
 
-    def units_ahead(self, request: QueuedRequest) -> float:
+    def units_ahead(self, request: QueuedRequest, enough: float = 0.0) -> float:
         """The work units this queue would serve before ``request`` if it
-        were pushed now (an estimate: arrivals after it may go first)."""
+        were pushed now (an estimate: arrivals after it may go first); where
+        all the units queued are fewer than ``enough`` (by default none are),
+        their total may stand for it (a bound the caller only compares with
+        ``enough``)."""
         ...
 
     def __len__(self) -> int: ...
@@ -79,7 +82,7 @@ class FifoQueue:
     def oldest_arrival(self) -> float | None:
         return self._items[0].arrival if self._items else None
 
-    def units_ahead(self, request: QueuedRequest) -> float:
+    def units_ahead(self, request: QueuedRequest, enough: float = 0.0) -> float:
         return self._units
 
     def __len__(self) -> int:

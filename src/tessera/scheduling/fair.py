@@ -29,10 +29,20 @@ Invariants:
   ``quantum_s``, and a tenant that arrives waits about one quantum for a
   worker, not one full batch (VTC gets the same from one decoding step). One
   tenant alone gets full batches. ``quantum_s=None`` turns the cap off.
+
+Cost: a pick is O(log T) in the backlogged tenants T, from two heaps (the
+backlogged tenants by their order key, those whose head has a latency target
+by its deadline) whose stale entries are skipped as they surface; only
+backlogged tenants are scanned anywhere (``units_ahead``, the oldest head).
+A scan of every tenant ever seen at each pick cost 26 us a request with a
+hundred tenants and 107 us with a thousand (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -41,6 +51,8 @@ from tessera.scheduling.predictor import BatchTimePredictor
 
 LATENCY_SHARE_IN_BATCH = 0.5
 LATENCY_SHARE_WHILE_ACTIVE = 0.25
+# Stale entries the heaps may hold beyond twice their live ones before a rebuild.
+REBUILD_SLACK = 64
 
 
 class FairQueue:
@@ -52,28 +64,45 @@ class FairQueue:
     ) -> None:
         self._predictor = predictor
         self._quantum_s = quantum_s
-        self._tenant_seen: dict[str, float] = {}  # tenant -> last arrival
+        # The last arrival of the tenant that arrived last, and of the last
+        # other one: two tenants are active while the second is recent.
+        self._last: tuple[str, float] | None = None
+        self._other_last = -math.inf
         self._latency_horizon_s = latency_horizon_s
-        self._queues: dict[str, deque[QueuedRequest]] = {}
+        self._queues: dict[str, deque[QueuedRequest]] = {}  # backlogged tenants only
         self._units: dict[str, float] = {}  # tenant -> units of its backlog
+        self._total_units = 0.0  # of every backlog
         self.counters: dict[str, float] = {}
         self._last_left = 0.0  # the counter of the last tenant served out of its backlog
         self._len = 0
         self._latency_seen: dict[float, float] = {}  # latency target -> last arrival
+        # Each backlogged tenant's order key, and a heap of keys (stale ones
+        # among them: a key is current while it is the tenant's in ``_keys``).
+        self._keys: dict[str, tuple[float, int, float, int]] = {}
+        self._order: list[tuple[float, int, float, int, str]] = []
+        # Heads with a latency target by deadline (current while still the head).
+        self._urgent: list[tuple[float, int, str, QueuedRequest]] = []
+        self._seq = itertools.count()  # ties in both heaps go to the earlier entry
 
     # -- RequestQueue -----------------------------------------------------
 
     def push(self, request: QueuedRequest) -> None:
         if request.latency_target_s is not None:
             self._latency_seen[request.latency_target_s] = request.arrival
-        self._tenant_seen[request.tenant] = request.arrival
-        queue = self._queues.get(request.tenant)
-        if not queue:
-            self._lift(request.tenant)
-            queue = self._queues.setdefault(request.tenant, deque())
+        tenant = request.tenant
+        last = self._last
+        if last is not None and last[0] != tenant:
+            self._other_last = last[1]
+        self._last = (tenant, request.arrival)
+        queue = self._queues.get(tenant)
+        if queue is None:
+            self._lift(tenant)
+            queue = self._queues[tenant] = deque()
         queue.append(request)
-        self._units[request.tenant] = self._units.get(request.tenant, 0.0) + request.units
+        self._units[tenant] = self._units.get(tenant, 0.0) + request.units
+        self._total_units += request.units
         self._len += 1
+        self._rekey(tenant, new_head=len(queue) == 1)
 
     def pop_batch(self, max_items: int, max_units: float, now: float) -> list[QueuedRequest]:
         batch: list[QueuedRequest] = []
@@ -105,36 +134,43 @@ class FairQueue:
 
     def remove_if(self, predicate: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]:
         removed: list[QueuedRequest] = []
-        for tenant, queue in self._queues.items():
+        for tenant, queue in list(self._queues.items()):
             kept = deque(r for r in queue if not predicate(r))
             if len(kept) != len(queue):
                 removed.extend(r for r in queue if predicate(r))
-                self._queues[tenant] = kept
-                self._units[tenant] = sum(r.units for r in kept)
+                if kept:
+                    self._queues[tenant] = kept
+                    self._units[tenant] = sum(r.units for r in kept)
+                else:
+                    self._empty(tenant)
+                self._rekey(tenant)
         self._len -= len(removed)
+        self._total_units = sum(self._units.values()) if self._len else 0.0
         return removed
 
     def oldest_arrival(self) -> float | None:
-        heads = [queue[0].arrival for queue in self._queues.values() if queue]
-        return min(heads, default=None)
+        return min((queue[0].arrival for queue in self._queues.values()), default=None)
 
-    def units_ahead(self, request: QueuedRequest) -> float:
+    def units_ahead(self, request: QueuedRequest, enough: float = 0.0) -> float:
         """Its tenant's backlog, and of each other backlogged tenant's what the
         weights serve before it: each of them up to the counter this tenant
         will have when ``request`` heads its backlog. (Latency-tier requests that arrive
-        later go first; they are not foreseen.)"""
+        later go first; they are not foreseen.) The queue's whole work where
+        that is fewer than ``enough`` units: the count is a scan of the
+        backlogged tenants, and its caller asks only whether the wait fits."""
+        if self._total_units < enough:
+            return self._total_units
         tenant = request.tenant
         weight = max(request.weight, 1e-9)
-        own = self._units.get(tenant, 0.0) if self._queues.get(tenant) else 0.0
+        own = self._units.get(tenant, 0.0) if tenant in self._queues else 0.0
         if own:
             start = self.counters[tenant]
         else:  # it would be lifted as it is pushed
-            others = [self.counters[t] for t in self._backlogged() if t != tenant]
-            floor = min(others, default=self._last_left)
+            floor = self._floor()
             start = max(self.counters.get(tenant, floor), floor)
         reached = start + own / weight  # its counter when it heads its tenant's queue
         ahead = own
-        for other in self._backlogged():
+        for other in self._queues:
             if other != tenant:
                 share = max(0.0, reached - self.counters[other]) * self._queues[other][0].weight
                 ahead += min(self._units[other], share)
@@ -153,39 +189,91 @@ class FairQueue:
         horizon = self._latency_horizon_s
         targets = [t for t, seen in self._latency_seen.items() if now - seen <= horizon]
         cap = min(targets) * LATENCY_SHARE_WHILE_ACTIVE if targets else None
-        if self._quantum_s is not None:
-            active = sum(1 for seen in self._tenant_seen.values() if now - seen <= horizon)
-            if active >= 2:
-                cap = _min_optional(cap, self._quantum_s)
+        if self._quantum_s is not None and now - self._other_last <= horizon:
+            cap = _min_optional(cap, self._quantum_s)
         return cap
 
-    def _backlogged(self) -> list[str]:
-        return [tenant for tenant, queue in self._queues.items() if queue]
+    def _floor(self) -> float:
+        """The smallest counter among the backlogged tenants, or the last
+        one served out of its backlog's when none is (a tenant's lift)."""
+        top = self._top()
+        return self._last_left if top is None else self.counters[top]
+
+    def _top(self) -> str | None:
+        """The backlogged tenant first in order (counter, backlog, head's
+        arrival), its heap's stale keys dropped on the way."""
+        order, keys = self._order, self._keys
+        while order:
+            counter, length, arrival, seq, tenant = order[0]
+            if keys.get(tenant) == (counter, length, arrival, seq):
+                return tenant
+            heapq.heappop(order)
+        return None
+
+    def _rekey(self, tenant: str, new_head: bool = True) -> None:
+        """File ``tenant`` under its order key now (its counter, backlog or
+        head changed), and a ``new_head`` by deadline if it has a latency
+        target. The heaps are rebuilt once mostly stale: a tenant served out
+        with a high counter leaves its keys deep in the order's heap."""
+        queue = self._queues.get(tenant)
+        if queue is None:
+            self._keys.pop(tenant, None)
+        else:
+            head = queue[0]
+            seq = next(self._seq)
+            key = (self.counters[tenant], len(queue), head.arrival, seq)
+            self._keys[tenant] = key
+            heapq.heappush(self._order, (*key, tenant))
+            if new_head and head.latency_target_s is not None:
+                heapq.heappush(self._urgent, (_deadline(head), seq, tenant, head))
+        if len(self._order) > 2 * len(self._keys) + REBUILD_SLACK:
+            self._order = [(*key, t) for t, key in self._keys.items()]
+            heapq.heapify(self._order)
+        if len(self._urgent) > 2 * len(self._queues) + REBUILD_SLACK:
+            self._urgent = [
+                entry
+                for entry in self._urgent
+                if (q := self._queues.get(entry[2])) is not None and q[0] is entry[3]
+            ]
+            heapq.heapify(self._urgent)
 
     def _lift(self, tenant: str) -> None:
-        others = [self.counters[t] for t in self._backlogged() if t != tenant]
-        floor = min(others, default=self._last_left)
+        floor = self._floor()
         self.counters[tenant] = max(self.counters.get(tenant, floor), floor)
 
     def _next_tenant(self) -> str:
-        backlogged = self._backlogged()
-        urgent = [t for t in backlogged if self._queues[t][0].latency_target_s is not None]
-        if urgent:
-            return min(urgent, key=lambda t: _deadline(self._queues[t][0]))
+        # Heads with a latency target first, earliest deadline first (stale
+        # entries: no longer a head, or their tenant's backlog changed).
+        urgent, queues = self._urgent, self._queues
+        while urgent:
+            _, _, tenant, head = urgent[0]
+            queue = queues.get(tenant)
+            if queue is not None and queue[0] is head:
+                return tenant
+            heapq.heappop(urgent)
         # Ties (a tenant just lifted to the smallest counter) go to the lighter
         # backlog: a newcomer with one request runs before a flooder's next one.
-        return min(
-            backlogged,
-            key=lambda t: (self.counters[t], len(self._queues[t]), self._queues[t][0].arrival),
-        )
+        top = self._top()
+        assert top is not None  # called only while requests are queued
+        return top
 
     def _take(self, tenant: str) -> None:
-        request = self._queues[tenant].popleft()
-        self._units[tenant] = self._units[tenant] - request.units if self._queues[tenant] else 0.0
+        queue = self._queues[tenant]
+        request = queue.popleft()
         self._len -= 1
+        self._total_units = self._total_units - request.units if self._len else 0.0
         self.counters[tenant] += request.units / max(request.weight, 1e-9)
-        if not self._queues[tenant]:
+        if queue:
+            self._units[tenant] -= request.units
+        else:
+            self._empty(tenant)
             self._last_left = self.counters[tenant]
+        self._rekey(tenant)
+
+    def _empty(self, tenant: str) -> None:
+        """``tenant``'s backlog is served out (or dropped): it is no longer backlogged."""
+        del self._queues[tenant]
+        del self._units[tenant]
 
     def _fits_budget(self, units: float, budget_s: float) -> bool:
         if self._predictor is None:

@@ -194,3 +194,35 @@ async def test_many_waiting_on_a_fast_model_are_not_an_overload() -> None:
     wait_s: Any = b.predicted_wait_s(request())
     assert wait_s < 0.05
     await close(b, queued)
+
+
+async def test_a_fair_queue_counts_the_work_ahead_only_where_the_whole_queue_is_too_much() -> None:
+    # A flood of 100 batches' work (1 s a batch): a quiet tenant's request with
+    # a 5 s deadline waits for none of it (lifted to the flood's counter), so
+    # it is admitted though the whole queue would take 100 s; the flood's next
+    # is refused, its Retry-After from its own backlog.
+    b = ModelBatcher(
+        "m",
+        BatchingSpec(max_batch_size=10, max_batch_units=1000, max_wait_ms=1.0),
+        answer,
+        FakeClock(),
+        max_queue=1000,
+        queue=FairQueue(),
+        predictor=measured(10.0, 1.0),
+    )
+    flood = [request(tenant="flood", units=10.0) for _ in range(100)]
+    for r in flood:
+        b.submit(r)
+    quiet = request(tenant="quiet", units=10.0, deadline=5.0)
+    assert b.predicted_wait_s(quiet, fits_s=5.0) == 0.0
+    b.submit(quiet)
+    late = request(tenant="flood", units=10.0, deadline=5.0)
+    with pytest.raises(OverloadedError) as refused:
+        b.submit(late)
+    assert refused.value.retry_after_s == pytest.approx(95.0)
+    # Where the whole queue fits, its total (10 batches of 10 s) stands for
+    # the count ahead, which is none for a newcomer.
+    other = request(tenant="other", units=10.0)
+    assert b.predicted_wait_s(other) == 0.0
+    assert b.predicted_wait_s(other, fits_s=1000.0) == 100.0
+    await close(b, [*flood, quiet])
