@@ -68,7 +68,9 @@ from typing import Any
 from harness.driver import zipf_weights
 from harness.report import write_report
 from tessera import residency
+from tessera.admission.limits import TenantLimits
 from tessera.engine import Engine, EngineConfig, ServingEngine
+from tessera.engine.engine import Caller
 from tessera.engine.loop import DEFAULT_ENGINE_LOOP, ENGINE_LOOPS, loop_factory
 from tessera.repository import ModelRepository
 from tessera.tasks.types import Task, TextInput
@@ -161,12 +163,20 @@ def model_names(models: int) -> list[str]:
 
 
 async def drive(
-    engine: ServingEngine, models: int, concurrency: int, seconds: float, zipf: float | None = None
+    engine: ServingEngine,
+    models: int,
+    concurrency: int,
+    seconds: float,
+    zipf: float | None = None,
+    tenants: int = 0,
 ) -> tuple[float, list[float]]:
     """Requests a second from ``concurrency`` callers for ``seconds``, each
     request for the next of ``models`` models, or (``zipf``) one drawn by
-    Zipf popularity; and each request's seconds."""
+    Zipf popularity, and (``tenants``) from the next of that many tenants
+    (none: no caller, as a server without tenants); and each request's seconds."""
     names = model_names(models)
+    callers: list[Caller | None] = [Caller(TenantLimits(f"tenant-{i}")) for i in range(tenants)]
+    callers = callers or [None]
     if zipf is not None:
         names = random.Random(7).choices(names, zipf_weights(len(names), zipf), k=1 << 16)
     stop = time.perf_counter() + seconds
@@ -178,8 +188,9 @@ async def drive(
         items = [TextInput("hello world")]
         while (asked := time.perf_counter()) < stop:
             name = names[sent % len(names)]
+            caller = callers[sent % len(callers)]
             sent += 1
-            submission = await engine.asubmit(name, Task.EMBEDDING, items)
+            submission = await engine.asubmit(name, Task.EMBEDDING, items, caller=caller)
             await engine.wait(submission)
             took.append(time.perf_counter() - asked)
 
@@ -203,6 +214,7 @@ class Run:
     lane_threads: int | None = None  # the executor's threads for batches across models
     engine_loop: str = DEFAULT_ENGINE_LOOP  # the engine process's event loop (core form)
     target_ms: float | None = None  # the cards' latency target (None: the default's)
+    tenants: int = 0  # requests from this many tenants in turn (0: no caller)
 
 
 @dataclass(frozen=True)
@@ -240,7 +252,9 @@ async def engine_only(run: Run) -> Measured:
         async with engine_of as engine:
             before = engine.snapshot()
             began = time.perf_counter()
-            rate, took = await drive(engine, run.models, run.concurrency, run.seconds, run.zipf)
+            rate, took = await drive(
+                engine, run.models, run.concurrency, run.seconds, run.zipf, run.tenants
+            )
             answered = rate * (time.perf_counter() - began)
             after = engine.snapshot()
             swaps = after.host_loads_total - before.host_loads_total
@@ -375,6 +389,13 @@ def main() -> None:
         help="the cards' latency target (the MiniLM card's: 200; default: none, the"
         " engine's default target); under a budget, patience is a share of it",
     )
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        default=0,
+        help="requests from this many tenants in turn, each a caller without limits"
+        " (default: none, requests without a caller)",
+    )
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--serve-loop", default=DEFAULT_ENGINE_LOOP, help=argparse.SUPPRESS)
     parser.add_argument("--serve-lane-threads", type=int, help=argparse.SUPPRESS)
@@ -388,6 +409,7 @@ def main() -> None:
         args.swap_ms,
         device=args.device,
         target_ms=args.target_ms,
+        tenants=args.tenants,
     )
     if args.serve is not None:
         run = replace(load, stack=args.stack, lane_threads=args.serve_lane_threads)
@@ -476,6 +498,9 @@ def main() -> None:
         rerun += " --swap-ms " + ",".join(f"{v:g}" for v in args.swap_ms)
     if args.device is not None:
         rerun += " --device " + ",".join(f"{v:g}" for v in args.device)
+    if args.tenants:
+        rerun += f" --tenants {args.tenants}"
+        what += f"; the requests from {args.tenants} tenants in turn"
     if args.target_ms is not None:
         rerun += f" --target-ms {args.target_ms:g}"
         what += f"; each card's latency target {args.target_ms:g} ms"
