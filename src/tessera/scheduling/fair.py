@@ -53,6 +53,8 @@ LATENCY_SHARE_IN_BATCH = 0.5
 LATENCY_SHARE_WHILE_ACTIVE = 0.25
 # Stale entries the heaps may hold beyond twice their live ones before a rebuild.
 REBUILD_SLACK = 64
+# Counters kept beyond twice those that mattered at the last prune (``_empty``).
+PRUNE_SLACK = 1024
 
 
 class FairQueue:
@@ -73,6 +75,7 @@ class FairQueue:
         self._units: dict[str, float] = {}  # tenant -> units of its backlog
         self._total_units = 0.0  # of every backlog
         self.counters: dict[str, float] = {}
+        self._prune_at = PRUNE_SLACK  # counters kept before the next prune (``_empty``)
         self._last_left = 0.0  # the counter of the last tenant served out of its backlog
         self._len = 0
         self._latency_seen: dict[float, float] = {}  # latency target -> last arrival
@@ -146,6 +149,7 @@ class FairQueue:
                 self._rekey(tenant)
         self._len -= len(removed)
         self._total_units = sum(self._units.values()) if self._len else 0.0
+        self._prune()
         return removed
 
     def oldest_arrival(self) -> float | None:
@@ -269,11 +273,26 @@ class FairQueue:
             self._empty(tenant)
             self._last_left = self.counters[tenant]
         self._rekey(tenant)
+        if not queue:
+            self._prune()
 
     def _empty(self, tenant: str) -> None:
         """``tenant``'s backlog is served out (or dropped): it is no longer backlogged."""
         del self._queues[tenant]
         del self._units[tenant]
+
+    def _prune(self) -> None:
+        """Past ``_prune_at`` counters, drop those of tenants not backlogged
+        and not above the floor (with every tenant filed under its key now):
+        the floor never falls (a lift is to it at least, and serving only
+        raises counters), so a returning tenant's lift gives it the floor with
+        or without its old counter, and a server that has met many tenants
+        does not keep one for each."""
+        if len(self.counters) <= self._prune_at:
+            return
+        floor, queues = self._floor(), self._queues
+        self.counters = {t: c for t, c in self.counters.items() if t in queues or c > floor}
+        self._prune_at = 2 * len(self.counters) + PRUNE_SLACK
 
     def _fits_budget(self, units: float, budget_s: float) -> bool:
         if self._predictor is None:
