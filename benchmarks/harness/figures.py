@@ -83,27 +83,49 @@ def cost_figures(cost: Cost, figures: dict[str, Any], seconds: float) -> dict[st
 
 
 def step_figures(
-    records: list[Record], seconds: float, targets_ms: dict[str, float | None], cost: Cost
+    records: list[Record],
+    seconds: float,
+    targets_ms: dict[str, float | None],
+    cost: Cost,
+    groups: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """A step's figures: overall, per tenant, per group of tenants (``groups``:
+    tenant -> group, the scenario's ``count`` entries: their requests pooled,
+    and the worst member's p99), per model, and each tenant's or group's
+    latencies (a group's pooled: one line of the plot, not one a member)."""
+    groups = groups or {}
     overall = latency_figures(records, seconds, targets_ms)
-    tenants = sorted({r.tenant for r in records})
+    by_tenant: dict[str, list[Record]] = {}
+    for r in records:
+        by_tenant.setdefault(r.tenant, []).append(r)
     models = sorted({r.model for r in records})
+    per_tenant = {t: latency_figures(by_tenant[t], seconds, targets_ms) for t in sorted(by_tenant)}
+    per_group: dict[str, dict[str, Any]] = {}
+    for group in sorted(set(groups.values())):
+        members = [t for t in by_tenant if groups.get(t) == group]
+        pooled = [r for t in members for r in by_tenant[t]]
+        worst = [per_tenant[t]["p99_ms"] for t in members if per_tenant[t]["p99_ms"] is not None]
+        per_group[group] = {
+            **latency_figures(pooled, seconds, targets_ms),
+            "tenants": len(members),
+            "members": sorted(members),
+            "worst_p99_ms": max(worst, default=None),
+        }
+    lines: dict[str, list[float]] = {}
+    for t, mine in by_tenant.items():
+        line = lines.setdefault(groups.get(t, t), [])
+        line.extend(round(1000 * r.latency_s, 1) for r in mine if r.ok)
     return {
         "seconds": round(seconds, 2),
         **overall,
         **cost_figures(cost, overall, seconds),
-        "per_tenant": {
-            t: latency_figures((r for r in records if r.tenant == t), seconds, targets_ms)
-            for t in tenants
-        },
+        "per_tenant": per_tenant,
+        "per_group": per_group,
         "per_model": {
             m: latency_figures((r for r in records if r.model == m), seconds, targets_ms)
             for m in models
         },
-        "latencies_ms": {
-            t: sorted(round(1000 * r.latency_s, 1) for r in records if r.tenant == t and r.ok)
-            for t in tenants
-        },
+        "latencies_ms": {who: sorted(lines[who]) for who in sorted(lines)},
         "memory_timeline": [
             [round(s.t_s, 2), s.used_bytes, s.budget_bytes, s.pss_bytes] for s in cost.samples
         ],

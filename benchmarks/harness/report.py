@@ -276,10 +276,19 @@ def _step_rows(results: dict[str, Any]) -> list[list[str]]:
 
 
 def _tenant_rows(results: dict[str, Any], key: str) -> list[list[str]]:
+    """A row for each of ``key``'s entries of each step; with ``per_tenant``,
+    each group of tenants (the scenario's ``count``) one row in place of its
+    members', its requests pooled, its worst member's p99 beside its name."""
     rows = []
     for name, outcome in results["configurations"].items():
         for s in outcome.get("steps", []):
-            for who, f in s[key].items():
+            entries = dict(s[key])
+            for group, f in s.get("per_group", {}).items() if key == "per_tenant" else ():
+                for member in f["members"]:
+                    entries.pop(member, None)
+                worst = _fmt(f["worst_p99_ms"])
+                entries[f"{group} ({f['tenants']} tenants; worst p99 {worst})"] = f
+            for who, f in entries.items():
                 rows.append([
                     name, _fmt(s["concurrency"]), who, str(f["requests"]), str(f["failed"]),
                     _fmt(f["req_per_s"]), _fmt(f["p50_ms"]), _fmt(f["p95_ms"]), _fmt(f["p99_ms"]),

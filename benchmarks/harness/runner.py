@@ -122,7 +122,9 @@ async def run_step(
     residency = {} if deployment.kind == "peer" else await _residency_now(deployment)
     peaks = {m: int(r["peak_used_bytes"]) for m, r in residency.items()}
     cost = Cost(cpu, sampler.samples, _reserved(deployment, residency))
-    figures = step_figures(result.records, result.seconds, latency_targets_ms(scenario), cost)
+    groups = {t.name: t.group for t in tenants if t.group is not None}
+    targets = latency_targets_ms(scenario)
+    figures = step_figures(result.records, result.seconds, targets, cost, groups)
     figures["concurrency"] = step
     figures["batch_size_histogram"] = histogram_delta(before, await _histograms(deployment))
     figures["peak_used_bytes"] = peaks
@@ -142,7 +144,7 @@ def _deployed(
     done: dict[str, Any],
     slices: dict[str, int] | None,
 ) -> Iterator[Deployment]:
-    tiers = {t.name: configuration.tiers.get(t.name, t.tier) for t in scenario.tenants}
+    tiers = {t.name: scenario.tier_of(configuration, t) for t in scenario.tenants}
     resolved = replace(configuration, config=resolve(configuration.config, done))
     if configuration.kind == "peer":
         with deploy_peer(scenario, resolved, work) as deployment:

@@ -15,6 +15,7 @@ A scenario is YAML (see ``benchmarks/scenarios/``)::
     tenants:
       - {name: quiet, tier: standard, rate: 10}          # open loop, Poisson arrivals
       - {name: flood, concurrency: 16, inputs: 8, background: true}  # closed loop
+      - {name: user, count: 200, rate: 0.25}         # 200 tenants alike, user-1 ... user-200
     configurations:
       - tessera                                      # a name that is also its kind
       - {name: vip, kind: tessera, tiers: {quiet: vip},
@@ -41,7 +42,9 @@ _SCENARIO_KEYS = {
     "name", "about", "models", "aliases", "popularity", "memory_budget", "requests",
     "duration_s", "warmup_requests", "sweep", "tenants", "configurations", "server_args",
 }  # fmt: skip
-_TENANT_KEYS = {"name", "tier", "rate", "concurrency", "inputs", "requests", "models", "background"}
+_TENANT_KEYS = {
+    "name", "tier", "rate", "concurrency", "inputs", "requests", "models", "background", "count",
+}  # fmt: skip
 _CONFIG_KEYS = {"name", "kind", "peer", "tenants", "tiers", "config", "args"}
 
 
@@ -61,6 +64,7 @@ class TenantLoad:
     requests: int | None = None  # this tenant's bound; else the scenario's
     models: tuple[str, ...] | None = None  # else the scenario's
     background: bool = False  # runs until the other tenants are done, unbounded itself
+    group: str | None = None  # the entry it came from, where one (``count``) made many
 
     @property
     def mode(self) -> str:
@@ -109,14 +113,22 @@ class Scenario:
         chosen = [
             t
             for t in self.tenants
-            if configuration.tenants is None or t.name in configuration.tenants
+            if configuration.tenants is None
+            or t.name in configuration.tenants
+            or t.group in configuration.tenants
         ]
         out = []
         for tenant in chosen:
-            tier = configuration.tiers.get(tenant.name, tenant.tier)
+            tier = self.tier_of(configuration, tenant)
             concurrency = step if step is not None and tenant.rate is None else tenant.concurrency
             out.append(replace(tenant, tier=tier, concurrency=concurrency))
         return out
+
+    def tier_of(self, configuration: Configuration, tenant: TenantLoad) -> str:
+        """The tenant's tier in ``configuration``: as the configuration names
+        it (or its group), else as the scenario does."""
+        tiers = configuration.tiers
+        return tiers.get(tenant.name, tiers.get(tenant.group or tenant.name, tenant.tier))
 
     def shortened(self, factor: float) -> Scenario:
         """The same scenario with its bounds scaled by ``factor`` (``--quick``)."""
@@ -137,6 +149,20 @@ def _unknown(kind: str, raw: dict[str, Any], known: set[str]) -> None:
     extra = sorted(set(raw) - known)
     if extra:
         raise ScenarioError(f"{kind}: unknown keys {extra} (known: {sorted(known)})")
+
+
+def _tenants(raw: Any) -> list[TenantLoad]:
+    """A tenant entry's tenants: itself, or with ``count: N`` N tenants alike
+    (``NAME-1`` to ``NAME-N``, each at the entry's rate or concurrency and
+    with its ``requests`` bound), reported together as group ``NAME``."""
+    tenant = _tenant(raw)
+    count = raw.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ScenarioError(f"tenant {tenant.name}: count must be a whole number, 1 or more")
+    if count == 1:
+        return [tenant]
+    name = tenant.name
+    return [replace(tenant, name=f"{name}-{i}", group=name) for i in range(1, count + 1)]
 
 
 def _tenant(raw: Any) -> TenantLoad:
@@ -191,7 +217,7 @@ def parse_scenario(raw: Any, path: Path | None = None) -> Scenario:
         models=tuple(str(m) for m in raw.get("models", ())),
         aliases={str(k): str(v) for k, v in (raw.get("aliases") or {}).items()},
         zipf=None if "zipf" not in popularity else float(popularity["zipf"]),
-        tenants=tuple(_tenant(t) for t in raw.get("tenants", ())),
+        tenants=tuple(t for entry in raw.get("tenants", ()) for t in _tenants(entry)),
         configurations=tuple(_configuration(c) for c in raw.get("configurations", ())),
         memory_budget=None if raw.get("memory_budget") is None else str(raw["memory_budget"]),
         requests=int(raw.get("requests", 1000)),
@@ -212,6 +238,7 @@ def _check(scenario: Scenario) -> None:
     if len(set(names)) != len(names):
         raise ScenarioError(f"{scenario.name}: configuration names repeat: {names}")
     tenant_names = {t.name for t in scenario.tenants}
+    tenant_names |= {t.group for t in scenario.tenants if t.group is not None}
     for configuration in scenario.configurations:
         unknown = set(configuration.tenants or ()) | set(configuration.tiers)
         if unknown - tenant_names:

@@ -177,3 +177,26 @@ def test_output_stem_never_overwrites(tmp_path: Path) -> None:
     first = output_stem(tmp_path, "2026-11-30", "x")
     first.with_suffix(".json").write_text("{}")
     assert output_stem(tmp_path, "2026-11-30", "x").name == "x-2026-11-30-2"
+
+
+def test_a_group_of_tenants_is_pooled_and_reported_as_one_row(tmp_path: Path) -> None:
+    recs = (
+        records("user-1", "m", [10, 20])
+        + records("user-2", "m", [30, 90])
+        + records("flood", "m", [50] * 4)
+    )
+    cost = Cost(2.0, samples([None, None], None, [0, 0]), None)
+    groups = {"user-1": "user", "user-2": "user"}
+    figures = step_figures(recs, 10.0, {"m": 100.0}, cost, groups)
+    group = figures["per_group"]["user"]
+    assert (group["requests"], group["tenants"], group["members"]) == (4, 2, ["user-1", "user-2"])
+    assert group["worst_p99_ms"] == 90.0
+    assert group["p50_ms"] == 30.0  # of the four pooled: 10, 20, 30, 90
+    assert sorted(figures["latencies_ms"]) == ["flood", "user"]  # a group is one line
+    assert figures["latencies_ms"]["user"] == [10.0, 20.0, 30.0, 90.0]
+    figures["concurrency"] = None
+    figures["batch_size_histogram"] = {}
+    markdown = render(results("many-tenants", {"fair": served("tessera", figures)}), [])
+    assert "| fair | - | user (2 tenants; worst p99 90.0) | 4 |" in markdown
+    assert "| user-1 |" not in markdown
+    assert "| fair | - | flood | 4 |" in markdown

@@ -106,3 +106,30 @@ def test_shipped_scenarios_parse_and_name_served_models(path: Path) -> None:
 def test_the_issue_scenarios_are_shipped() -> None:
     names = {p.stem for p in SCENARIOS.glob("*.yaml")}
     assert {"embed-saturation", "mixed-zipf", "noisy-neighbor", "shared-vs-dedicated"} <= names
+
+
+def test_a_tenant_entry_with_a_count_is_that_many_tenants_of_one_group() -> None:
+    raw = minimal(
+        tenants=[
+            {"name": "user", "count": 3, "rate": 0.5, "requests": 4},
+            {"name": "flood", "concurrency": 2, "background": True},
+        ],
+        configurations=[
+            {"name": "alone", "kind": "tessera", "tenants": ["user"]},
+            {"name": "vip", "kind": "tessera", "tiers": {"user": "vip", "user-2": "standard"}},
+        ],
+    )
+    scenario = parse_scenario(raw)
+    users = [t for t in scenario.tenants if t.group == "user"]
+    assert [t.name for t in users] == ["user-1", "user-2", "user-3"]
+    assert all((t.rate, t.requests) == (0.5, 4) for t in users)
+    alone, vip = scenario.configurations
+    assert [t.name for t in scenario.tenants_for(alone, None)] == ["user-1", "user-2", "user-3"]
+    tiers = {t.name: t.tier for t in scenario.tenants_for(vip, None)}
+    assert tiers == {"user-1": "vip", "user-2": "standard", "user-3": "vip", "flood": "standard"}
+
+
+@pytest.mark.parametrize("count", [0, -1, 1.5, True, "3"])
+def test_a_count_is_a_whole_number_of_one_or_more(count: object) -> None:
+    with pytest.raises(ScenarioError, match="count"):
+        parse_scenario(minimal(tenants=[{"name": "a", "concurrency": 1, "count": count}]))
