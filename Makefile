@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tessera-installed
 ARGS ?=
 PYTEST_ARGS ?=
-SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-neighbor
+SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-neighbor many-tenants
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
