@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import math
@@ -235,20 +236,25 @@ def latency(took: list[float]) -> dict[str, float]:
     return {"p50_ms": cuts[49] * 1000, "p99_ms": cuts[98] * 1000}
 
 
+def run_engine(root: Path, run: Run) -> contextlib.AbstractAsyncContextManager[Engine]:
+    """``fake_engine`` for ``run``'s load, its folders under ``root``."""
+    return fake_engine(
+        root,
+        run.models,
+        run.holds,
+        run.swap_ms,
+        run.stack,
+        run.device,
+        run.lane_threads,
+        run.target_ms,
+    )
+
+
 async def engine_only(run: Run) -> Measured:
     """Requests a second, loads from the host tier a request (swaps), and the
     stacked rounds' mean batches."""
     with tempfile.TemporaryDirectory() as tmp:
-        engine_of = fake_engine(
-            Path(tmp),
-            run.models,
-            run.holds,
-            run.swap_ms,
-            run.stack,
-            run.device,
-            run.lane_threads,
-            run.target_ms,
-        )
+        engine_of = run_engine(Path(tmp), run)
         async with engine_of as engine:
             before = engine.snapshot()
             began = time.perf_counter()
@@ -273,16 +279,7 @@ async def serve_core(socket_path: Path, run: Run) -> None:
     from tessera.engine.core import EngineCore
 
     with tempfile.TemporaryDirectory() as tmp:
-        engine_of = fake_engine(
-            Path(tmp),
-            run.models,
-            run.holds,
-            run.swap_ms,
-            run.stack,
-            run.device,
-            run.lane_threads,
-            run.target_ms,
-        )
+        engine_of = run_engine(Path(tmp), run)
         async with engine_of as engine:
             core = EngineCore(engine)
             await core.start(socket_path)

@@ -96,6 +96,20 @@ async def test_a_reload_counts_against_the_models_latency_target() -> None:
     assert embed_now.eviction_score == pytest.approx(expected)
 
 
+async def patience_setup(
+    **options: float,
+) -> tuple[ResidencyManager, FakeModelHost, FakeClock, tuple[ModelSpec, ModelSpec, ModelSpec]]:
+    """``patience_models`` registered and each used three times, in a budget
+    of 1,000 bytes that holds them all (800) and no more."""
+    manager, host, clock = make_manager(1000, **options)
+    models = patience_models()
+    manager.register(list(models))
+    chat, trans, ocr = models
+    for spec in (trans, chat, ocr):
+        await use(manager, spec, times=3)
+    return manager, host, clock, models
+
+
 def patience_models() -> tuple[ModelSpec, ModelSpec, ModelSpec]:
     """A chat model (a reload is a tenth of its target), a translation model
     (a reload is three times its target) and an OCR model; 800 bytes together."""
@@ -106,11 +120,7 @@ def patience_models() -> tuple[ModelSpec, ModelSpec, ModelSpec]:
 
 
 async def test_a_batch_short_of_room_waits_for_a_busy_model_cheaper_to_evict() -> None:
-    manager, host, clock = make_manager(1000)
-    chat, trans, ocr = patience_models()
-    manager.register([chat, trans, ocr])
-    for spec in (trans, chat, ocr):
-        await use(manager, spec, times=3)
+    manager, host, clock, (chat, _, ocr) = await patience_setup()
     answering = await manager.acquire(chat, 50)
     page = asyncio.ensure_future(manager.acquire(ocr, 250))  # 50 bytes short
     await clock.sleep(0.5)
@@ -147,11 +157,7 @@ async def test_patience_ends_at_its_share_of_the_target_and_then_the_idle_model_
     # The default share, half the page's 3 s target; eviction_patience: 0
     # (the config's knob): the idle translation model goes at once rather
     # than after waiting for the chat model's batch.
-    manager, host, clock = make_manager(1000, patience_share=share)
-    chat, trans, ocr = patience_models()
-    manager.register([chat, trans, ocr])
-    for spec in (trans, chat, ocr):
-        await use(manager, spec, times=3)
+    manager, host, clock, (chat, _, ocr) = await patience_setup(patience_share=share)
     answering = await manager.acquire(chat, 50)
     asked = clock.now()
     manager.release(await manager.acquire(ocr, 250))
@@ -164,11 +170,7 @@ async def test_patience_for_a_batch_with_a_predicted_run_ends_after_twice_that_r
     # The chat model's batch is predicted to run 0.2 s: the page waits for it
     # no longer than its predicted end and as long again (0.4 s), not its
     # 1.5 s of patience, and then evicts the idle translation model.
-    manager, host, clock = make_manager(1000)
-    chat, trans, ocr = patience_models()
-    manager.register([chat, trans, ocr])
-    for spec in (trans, chat, ocr):
-        await use(manager, spec, times=3)
+    manager, host, clock, (chat, _, ocr) = await patience_setup()
     answering = await manager.acquire(chat, 50, expected_s=0.2)
     asked = clock.now()
     manager.release(await manager.acquire(ocr, 250))
@@ -178,11 +180,7 @@ async def test_patience_for_a_batch_with_a_predicted_run_ends_after_twice_that_r
 
 
 async def test_a_batch_that_ends_as_predicted_is_still_waited_for() -> None:
-    manager, host, clock = make_manager(1000)
-    chat, trans, ocr = patience_models()
-    manager.register([chat, trans, ocr])
-    for spec in (trans, chat, ocr):
-        await use(manager, spec, times=3)
+    manager, host, clock, (chat, _, ocr) = await patience_setup()
     answering = await manager.acquire(chat, 50, expected_s=0.2)
     page = asyncio.ensure_future(manager.acquire(ocr, 250))
     await clock.sleep(0.2)
@@ -196,11 +194,7 @@ async def test_a_later_batch_of_a_busy_model_does_not_lengthen_the_patience() ->
     # Each time the page looks, a cheap model is busy again (as under Zipf at
     # saturation, one new cheap model after another): its patience still ends
     # at the first batch's predicted end and as long again.
-    manager, host, clock = make_manager(1000)
-    chat, trans, ocr = patience_models()
-    manager.register([chat, trans, ocr])
-    for spec in (trans, chat, ocr):
-        await use(manager, spec, times=3)
+    manager, host, clock, (chat, _, ocr) = await patience_setup()
     answering = await manager.acquire(chat, 10, expected_s=0.2)
     asked = clock.now()
     page = asyncio.ensure_future(manager.acquire(ocr, 250))
