@@ -55,16 +55,14 @@ def measure(tenants: int, requests: int, seen_before: int = 0, exact: bool = Fal
         for i in range(seen_before):
             queue.push(made(i, f"before-{i}"))
             queue.pop_batch(BATCH, 1e12, float(i))
-        made_ = [made(seen_before + i, f"t{i % tenants}") for i in range(requests)]
+        timed = [made(seen_before + i, f"t{i % tenants}") for i in range(requests)]
+        enough = (math.inf,) if bounded else ()  # a tree before the bound takes none
         began = time.perf_counter()
         pushed = served = 0
         while served < requests:
             while pushed < requests and len(queue) < DEPTH:
-                queue.push(made_[pushed])
-                if bounded:
-                    queue.units_ahead(made_[pushed], math.inf)
-                else:
-                    queue.units_ahead(made_[pushed])
+                queue.push(timed[pushed])
+                queue.units_ahead(timed[pushed], *enough)
                 pushed += 1
             served += len(queue.pop_batch(BATCH, 1e12, float(seen_before + pushed)))
         return (time.perf_counter() - began) / requests * 1e6

@@ -283,7 +283,8 @@ def _tenant_rows(results: dict[str, Any], key: str) -> list[list[str]]:
     for name, outcome in results["configurations"].items():
         for s in outcome.get("steps", []):
             entries = dict(s[key])
-            for group, f in s.get("per_group", {}).items() if key == "per_tenant" else ():
+            groups = s.get("per_group", {}) if key == "per_tenant" else {}
+            for group, f in groups.items():
                 for member in f["members"]:
                     entries.pop(member, None)
                 worst = _fmt(f["worst_p99_ms"])

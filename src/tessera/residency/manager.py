@@ -701,8 +701,8 @@ class ResidencyManager:
         waiter (``_may_pass``). In its turn (or always, when the models do
         not all fit) and short of room, it evicts what ``_short_of`` says only
         evictions can free, and waits for the rest: a budget that holds every
-        model's weights and the batch never evicts for it. Until
-        ``patience`` it waits out of line instead of evicting idle models
+        model's weights and the batch never evicts for it. Until its
+        ``patience`` ends it waits out of line instead of evicting idle models
         where busy ones would cost less to evict (``_cheaper_soon``).
         """
         self._check_fits(spec, entry.footprint, activation_bytes)

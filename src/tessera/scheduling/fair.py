@@ -34,8 +34,9 @@ Cost: a pick is O(log T) in the backlogged tenants T, from two heaps (the
 backlogged tenants by their order key, those whose head has a latency target
 by its deadline) whose stale entries are skipped as they surface; only
 backlogged tenants are scanned anywhere (``units_ahead``, the oldest head).
-A scan of every tenant ever seen at each pick cost 26 us a request with a
-hundred tenants and 107 us with a thousand (docs/benchmarks.md).
+A scan of every tenant ever seen at each pick cost 57 us a request with a
+hundred tenants and 189 us with a thousand (``benchmarks/fair_queue_bench.py``,
+docs/benchmarks.md); now 3-4 us.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ LATENCY_SHARE_IN_BATCH = 0.5
 LATENCY_SHARE_WHILE_ACTIVE = 0.25
 # Stale entries the heaps may hold beyond twice their live ones before a rebuild.
 REBUILD_SLACK = 64
-# Counters kept beyond twice those that mattered at the last prune (``_empty``).
+# Counters kept beyond twice those that mattered at the last prune (``_prune``).
 PRUNE_SLACK = 1024
 
 
@@ -75,7 +76,7 @@ class FairQueue:
         self._units: dict[str, float] = {}  # tenant -> units of its backlog
         self._total_units = 0.0  # of every backlog
         self.counters: dict[str, float] = {}
-        self._prune_at = PRUNE_SLACK  # counters kept before the next prune (``_empty``)
+        self._prune_at = PRUNE_SLACK  # counters kept before the next prune (``_prune``)
         self._last_left = 0.0  # the counter of the last tenant served out of its backlog
         self._len = 0
         self._latency_seen: dict[float, float] = {}  # latency target -> last arrival
