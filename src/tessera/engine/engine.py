@@ -83,6 +83,10 @@ from .lifecycle import (
 
 log = logging.getLogger(__name__)
 
+# The longest a request may wait for its answer, whatever its caller asks
+# (``x-request-timeout: 1e308`` made a deadline no clock or prediction can hold).
+MAX_TIMEOUT_S = 86400.0
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -741,6 +745,7 @@ class Engine(ModelLifecycle):
             raise ShuttingDownError("the server is shutting down: no new requests")
         now = self.clock.now()
         timeout = timeout_s if timeout_s is not None else self.config.default_timeout_s
+        timeout = min(timeout, MAX_TIMEOUT_S)
         future: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
         # Submitted while serving the request: the log's context has its id.
         request_id = request_id_var.get()

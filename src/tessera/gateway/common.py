@@ -4,6 +4,7 @@ awaiting, and the body size limit."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -117,7 +118,7 @@ def timeout_of(request: Request) -> float | None:
         value = float(raw)
     except ValueError:
         return None
-    return value if value > 0 else None
+    return value if math.isfinite(value) and value > 0 else None
 
 
 async def _disconnected(request: Request) -> None:

@@ -410,7 +410,7 @@ def _timeout(payload: dict[str, Any]) -> float | None:
     value = payload.get("timeout")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise InvalidInputError("timeout must be a positive number of seconds")
     return float(value)
 

@@ -540,6 +540,22 @@ async def test_deadline_and_full_queue(client: httpx.AsyncClient) -> None:
     assert r.status_code == 504
 
 
+async def test_a_timeout_no_clock_can_hold_is_the_default_or_a_day(
+    client: httpx.AsyncClient,
+) -> None:
+    # Enough batches that the model's waits are predicted (and were overflowed).
+    for _ in range(10):
+        r = await client.post("/v1/embeddings", json={"model": "embed", "input": "x"})
+        assert r.status_code == 200
+    for timeout in ("inf", "1e308", "-1", "nan", "soon"):
+        r = await client.post(
+            "/v1/embeddings",
+            json={"model": "embed", "input": "x"},
+            headers={"x-request-timeout": timeout},
+        )
+        assert r.status_code == 200, (timeout, r.text)
+
+
 async def test_full_queue_sets_retry_after(client: httpx.AsyncClient) -> None:
     slow = [
         asyncio.ensure_future(client.post("/v1/embeddings", json={"model": "slow", "input": "x"}))
