@@ -417,6 +417,12 @@ def _check_item(
         case OcrInput(image=image):
             _check_ocr_sides(int(image.shape[0]), int(image.shape[1]), limits)
             return
+        case SpeechInput(text=text) if "\x00" in text:
+            # espeak-ng reads a C string: a NUL failed the voice (a 500).
+            raise InvalidInputError(
+                f"input[{index}] holds a NUL character (at character {text.index(chr(0))}):"
+                " speech reads text without one"
+            )
         case _:
             return
     window = limits.text_window

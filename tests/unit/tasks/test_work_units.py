@@ -159,3 +159,12 @@ def test_the_card_gives_the_limits(tmp_path: Path) -> None:
         parse_spec(card("embedding", truncate="no"), tmp_path)
     with pytest.raises(ConfigError, match="max_length"):
         parse_spec(card("embedding", max_length=0), tmp_path)
+
+
+def test_a_speech_text_with_a_nul_is_refused_and_other_tasks_take_one() -> None:
+    with pytest.raises(
+        InvalidInputError, match=r"input\[0\] holds a NUL character \(at character 1\)"
+    ):
+        request_units([SpeechInput("a\x00b")], InputLimits())
+    assert request_units([TranslateInput("a\x00b")], InputLimits()) == 3
+    assert request_units([TextInput("a\x00b")], InputLimits()) > 0
