@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from tessera.errors import TenantError
+from tessera.errors import InvalidTenantError, TenantError
 from tessera.tenants.audit import AuditLog, parse_time, start_of_day_utc
 from tessera.tenants.store import DEFAULT_TIER, ApiKey, Tenant, TenantStore
 
@@ -26,7 +26,7 @@ router = APIRouter(prefix="/admin", tags=["admin"])
 class TenantCreate(BaseModel):
     """POST /admin/tenants. Unset limits mean unlimited; ``models`` null = all."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str
     tier: str = DEFAULT_TIER
@@ -40,7 +40,7 @@ class TenantCreate(BaseModel):
 class TenantPatch(BaseModel):
     """PATCH /admin/tenants/{name}: only the fields present change; null lifts a limit."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     tier: str | None = None
     qps: float | None = None
@@ -53,7 +53,7 @@ class TenantPatch(BaseModel):
 class KeyCreate(BaseModel):
     """POST /admin/keys."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     tenant: str
     admin: bool = False
@@ -89,8 +89,17 @@ def list_tenants(request: Request) -> JSONResponse:
     return JSONResponse({"tenants": [tenant_json(t) for t in tenants]})
 
 
+def _check_tier(request: Request, tier: str | None) -> None:
+    """A tier this server knows (its config's ``tiers``): any other would be
+    served quietly at weight 1 with no latency target."""
+    known = getattr(request.app.state, "tiers", None)
+    if tier is not None and known is not None and tier not in known:
+        raise InvalidTenantError(f"unknown tier {tier!r}: this server's are {', '.join(known)}")
+
+
 @router.post("/tenants", status_code=201)
 def create_tenant(body: TenantCreate, request: Request) -> JSONResponse:
+    _check_tier(request, body.tier)
     tenant = _store(request).add_tenant(**body.model_dump())
     return JSONResponse(tenant_json(tenant), status_code=201)
 
@@ -102,6 +111,7 @@ def get_tenant(name: str, request: Request) -> JSONResponse:
 
 @router.patch("/tenants/{name}")
 def update_tenant(name: str, body: TenantPatch, request: Request) -> JSONResponse:
+    _check_tier(request, body.tier)
     tenant = _store(request).update_tenant(name, **body.model_dump(exclude_unset=True))
     return JSONResponse(tenant_json(tenant))
 

@@ -57,6 +57,8 @@ SECRET_FILE = "secret.key"
 SECRET_ENV = "TESSERA_KEY_SECRET"
 DEFAULT_TIER = "standard"
 KNOWN_TIERS = ("vip", "standard", "batch")
+# The largest integer limit: SQLite's and PostgreSQL's BIGINT.
+MAX_LIMIT = 2**63 - 1
 BOOTSTRAP_TENANT = "default"
 
 KEY_SCHEME = "tsk"
@@ -488,8 +490,10 @@ def _positive_int(field: str, value: object) -> int | None:
         return None
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidTenantError(f"{field} must be a positive integer or unset, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise InvalidTenantError(
+            f"{field} must be a positive integer up to {MAX_LIMIT} or unset, not {value!r}"
+        )
     return value
 
 

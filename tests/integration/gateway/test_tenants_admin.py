@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from tessera.gateway import tenants_admin
 from tessera.gateway.errors import install_error_handlers
+from tessera.scheduling.tiers import DEFAULT_TIERS
 from tessera.tenants import AuditLog, AuditRecord, TenantStore
 
 
@@ -22,6 +23,7 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     app.include_router(tenants_admin.router)
     app.state.tenant_store = TenantStore(tmp_path)
     app.state.audit_log = AuditLog(tmp_path)
+    app.state.tiers = dict(DEFAULT_TIERS)
     yield app
     await app.state.audit_log.close()
     app.state.tenant_store.close()
@@ -78,6 +80,14 @@ async def test_tenant_crud(admin: httpx.AsyncClient) -> None:
         ("PATCH", "/admin/tenants/nope", {"qps": 1}, 404),
         ("PATCH", "/admin/tenants/acme", {"burst": 0}, 422),
         ("PATCH", "/admin/tenants/acme", {"tier": None}, 422),
+        # A tier this server has no weights for, a number past the store's
+        # integers (a 500 before), a "yes" or a true taken for a flag or a rate.
+        ("POST", "/admin/tenants", {"name": "x", "tier": "platinum"}, 422),
+        ("PATCH", "/admin/tenants/acme", {"tier": "gold"}, 422),
+        ("POST", "/admin/tenants", {"name": "x", "burst": 10**30}, 422),
+        ("PATCH", "/admin/tenants/acme", {"max_concurrency": 2**64}, 422),
+        ("POST", "/admin/tenants", {"name": "x", "qps": True}, 422),
+        ("POST", "/admin/keys", {"tenant": "acme", "admin": "yes"}, 422),
         ("DELETE", "/admin/tenants/nope", None, 404),
         ("POST", "/admin/keys", {"tenant": "nope"}, 404),
         ("POST", "/admin/keys", {}, 422),
