@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from tessera.errors import ModelNotFoundError
 from tessera.gateway.common import engine_of, visible_models
 
 router = APIRouter()
@@ -34,5 +35,10 @@ async def model_ready(name: str, request: Request, version: str | None = None) -
     engine = engine_of(request)
     if name not in visible_models(request):
         return Response(status_code=404)
+    if version is not None:
+        try:
+            engine.spec(f"{name}@{version}")
+        except ModelNotFoundError:  # a version not served is not ready (KServe: 4xx)
+            return Response(status_code=404)
     model = engine.snapshot().model(name)
     return Response(status_code=503 if model is not None and model.state == "failed" else 200)

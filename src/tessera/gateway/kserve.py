@@ -496,7 +496,8 @@ class InferRequest:
     inputs: dict[str, Tensor]
     request_id: str | None
     outputs: frozenset[str]  # outputs named in the request (none: all of them)
-    binary_outputs: frozenset[str]  # outputs asked for as binary tensor data
+    # Outputs whose ``binary_data`` is given: it overrides ``binary_by_default``.
+    binary_outputs: dict[str, bool]
     binary_by_default: bool  # ``parameters.binary_data_output``
     parameters: dict[str, Any] = field(default_factory=dict)  # the request's own
 
@@ -648,26 +649,25 @@ def _tensor_of(tensor: dict[str, Any], binary: bytes) -> tuple[str, Tensor, int]
     return name, Tensor(datatype, tuple(shape), values), size
 
 
-def _outputs(outputs: object) -> tuple[frozenset[str], frozenset[str]]:
-    """The requested outputs, and those that want binary data."""
+def _outputs(outputs: object) -> tuple[frozenset[str], dict[str, bool]]:
+    """The requested outputs, and whether each that says so wants binary data."""
     if outputs is None:
-        return frozenset(), frozenset()
+        return frozenset(), {}
     if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
         raise InvalidInputError("outputs must be a list of objects")
-    names, binary = set(), set()
+    names: set[str] = set()
+    binary: dict[str, bool] = {}
     for output in outputs:
         name = output.get("name")
         if not isinstance(name, str):
             raise InvalidInputError("output name must be a string")
-        wants = _mapping(output.get("parameters"), f"output {name!r} parameters").get(
-            "binary_data", False
-        )
-        if not isinstance(wants, bool):
+        wants = _mapping(output.get("parameters"), f"output {name!r} parameters").get("binary_data")
+        if wants is not None and not isinstance(wants, bool):
             raise InvalidInputError(f"output {name!r} binary_data must be true or false")
         names.add(name)
-        if wants:
-            binary.add(name)
-    return frozenset(names), frozenset(binary)
+        if wants is not None:
+            binary[name] = wants
+    return frozenset(names), binary
 
 
 def _parse_request(body: bytes, header_length: str | None) -> InferRequest:
@@ -724,7 +724,8 @@ def _encode_output(
     request: InferRequest, name: str, array: np.ndarray[Any, Any], datatype: str
 ) -> tuple[dict[str, Any], bytes]:
     out: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-    if name in request.binary_outputs or request.binary_by_default:
+    # An output's own binary_data overrides binary_data_output (Triton's binary data extension).
+    if request.binary_outputs.get(name, request.binary_by_default):
         raw = binary_data(datatype, array)
         out["parameters"] = {"binary_data_size": len(raw)}
         return out, raw

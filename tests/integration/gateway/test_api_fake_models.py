@@ -596,7 +596,9 @@ async def test_kserve_health_metadata_and_json_infer(client: httpx.AsyncClient) 
     meta = (await client.get("/v2/models/embed")).json()
     assert meta["outputs"][0]["datatype"] == "FP32"
     assert (await client.get("/v2/models/embed/ready")).status_code == 200
+    assert (await client.get("/v2/models/embed/versions/1/ready")).status_code == 200
     assert (await client.get("/v2/models/nope/ready")).status_code == 404
+    assert (await client.get("/v2/models/embed/versions/999/ready")).status_code == 404
     r = await client.post(
         "/v2/models/embed/infer",
         json={"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]},

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tessera.errors import InvalidInputError
-from tessera.gateway.kserve import MAX_TENSOR_RANK, _parse_request
+from tessera.gateway.kserve import MAX_TENSOR_RANK, _encode_output, _parse_request
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6)
 JSON = st.recursive(
@@ -93,7 +93,26 @@ def test_a_valid_binary_tensor_parses() -> None:
     parsed = _parse_request(head + blob, str(len(head)))
     assert parsed.texts == ["hello", "wörld"]
     assert parsed.request_id == "r1"
-    assert parsed.binary_outputs == frozenset({"EMBEDDING"})
+    assert parsed.binary_outputs == {"EMBEDDING": True}
+
+
+def test_an_outputs_own_binary_data_overrides_the_requests_default() -> None:
+    text = {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a"]}
+    head = {
+        "inputs": [text],
+        "parameters": {"binary_data_output": True},
+        "outputs": [
+            {"name": "EMBEDDING", "parameters": {"binary_data": False}},
+            {"name": "TOKENS"},
+        ],
+    }
+    parsed = _parse_request(json.dumps(head).encode(), None)
+    values = np.ones((1, 2), dtype=np.float32)
+    as_json, raw = _encode_output(parsed, "EMBEDDING", values, "FP32")
+    assert (as_json["data"], raw) == ([1.0, 1.0], b"")
+    as_binary, raw = _encode_output(parsed, "TOKENS", values, "FP32")
+    assert as_binary["parameters"] == {"binary_data_size": 8}
+    assert raw == values.tobytes()
 
 
 def test_inputs_read_their_binary_data_in_turn() -> None:
