@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tessera import __version__
 from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
@@ -58,6 +58,7 @@ from tessera.gateway.openai_api import (
     Pieces,
     Sampling,
     chat_task,
+    check_json_schema,
     embedding_matrix,
     listeners,
     pieces_of,
@@ -162,6 +163,13 @@ class Generation(BaseModel):
     stream: bool = True
     format: Literal["json"] | dict[str, Any] | None = None
     options: Options = Field(default_factory=Options)
+
+    @field_validator("format")
+    @classmethod
+    def _bounded(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if isinstance(value, dict):
+            check_json_schema(value)
+        return value
 
     def item(self, **fields: Any) -> ChatInput:
         limit = self.options.num_predict

@@ -56,6 +56,7 @@ from tessera.gateway.openai_api import (
     ResponseFormat,
     Sampling,
     chat_task,
+    check_json_schema,
     check_tools,
     image_of,
     listeners,
@@ -138,6 +139,7 @@ class TextFormat(BaseModel):
     def _schema_given(self) -> TextFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("type json_schema needs a schema")
+        check_json_schema(self.json_schema)
         return self
 
     def constraint(self) -> str | None:

@@ -307,6 +307,48 @@ async def chat_refused(
     return body
 
 
+def nested_schema(levels: int) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def enum_schema(values: int) -> dict[str, object]:
+    return {"type": "string", "enum": [f"v{i}" for i in range(values)]}
+
+
+def as_format(schema: dict[str, object]) -> dict[str, object]:
+    return {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    }
+
+
+def as_tool(schema: dict[str, object]) -> dict[str, object]:
+    return {"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (as_format(nested_schema(130)), "nests deeper than 64"),  # a 500 before
+        (as_format(enum_schema(5000)), "over 1000 enum values"),  # held the model 25 s
+        (as_tool(enum_schema(1001)), "over 1000 enum values"),
+        (as_format({"type": "object", "properties": {f"p{i}": {} for i in range(5001)}}), "5000"),
+    ],
+)
+async def test_a_schema_past_openais_bounds_says_why(
+    client: httpx.AsyncClient, extra: dict[str, object], says: str
+) -> None:
+    await chat_refused(client, extra, says)
+
+
+async def test_a_schema_within_the_bounds_is_taken(client: httpx.AsyncClient) -> None:
+    # The fake model cannot hold an answer to JSON: it says so, past the bounds' check.
+    await chat_refused(client, as_format(nested_schema(20)), "cannot hold an answer to JSON")
+    await chat_refused(client, as_format(enum_schema(1000)), "cannot hold an answer to JSON")
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [

@@ -134,6 +134,9 @@ async def test_a_chat_model_refuses_what_it_cannot_do(oai: openai.AsyncOpenAI) -
         await oai.responses.create(model="chat", input="x", tools=[tool])  # type: ignore[list-item]
 
 
+ENUM_1001 = {"enum": list(range(1001))}
+
+
 @pytest.mark.parametrize(
     ("fields", "why"),
     [
@@ -147,6 +150,14 @@ async def test_a_chat_model_refuses_what_it_cannot_do(oai: openai.AsyncOpenAI) -
         ({"tools": [{"type": "web_search"}]}, "'function'"),
         ({"tool_choice": "required"}, "tool_choice needs tools"),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "needs a schema"),
+        (
+            {
+                "text": {
+                    "format": {"type": "json_schema", "name": "x", "schema": {"enum": [0] * 1001}}
+                }
+            },
+            "over 1000 enum values",
+        ),
         ({"max_output_tokens": 0}, "greater than or equal to 1"),
         ({"model": "embed"}, "does embedding, not generate"),
         ({"model": "nope"}, "not found"),
