@@ -14,7 +14,7 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypedDict, TypeVar
 
@@ -26,7 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
-from tessera.gateway.common import engine_of, run_task, started_task, visible_models
+from tessera.gateway.common import (
+    engine_of,
+    run_task,
+    started_task,
+    unless_disconnected,
+    visible_models,
+)
 from tessera.gateway.errors import OPENAI, error_body, status_of
 from tessera.tasks.audio import AudioFormat, check_format, encoded
 from tessera.tasks.image import decode_base64, decode_image
@@ -639,16 +645,53 @@ def _chunk(
     return _event("chat.completion.chunk", completion_id, created, model, choices, usage)
 
 
-async def pieces_of(work: asyncio.Future[list[Any]], pieces: asyncio.Queue[T]) -> AsyncIterator[T]:
+async def pieces_of(
+    work: asyncio.Future[list[Any]], pieces: asyncio.Queue[T]
+) -> AsyncGenerator[T, None]:
     """Each streamed piece as it comes, until ``work`` is done and all are read."""
     while not work.done() or not pieces.empty():
         getter = asyncio.ensure_future(pieces.get())
         waiting: set[asyncio.Future[Any]] = {getter, work}
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also where the stream closed meanwhile (its caller left)
+            if not getter.done():
+                getter.cancel()  # no getter left pending
         if getter.done():
             yield getter.result()
-        else:
-            getter.cancel()
+
+
+async def first_pieces(
+    request: Request, work: asyncio.Future[list[Any]], pieces: asyncio.Queue[T]
+) -> AsyncIterator[T]:
+    """``pieces_of`` once its first piece has come, or its work has ended: a
+    work that failed before its first piece (a prompt over the model's
+    context, a schema its engine would not compile) raises here, so that the
+    caller answers an HTTP status, as OpenAI's and vLLM's servers do, where
+    a stream of 200 would end in an error event that clients do not take for
+    a refused request. Its caller leaving meanwhile cancels the work."""
+    stream = pieces_of(work, pieces)
+    try:
+        first = await unless_disconnected(request, anext(stream, _NO_PIECE))
+    except BaseException:
+        await stream.aclose()
+        work.cancel()
+        raise
+    if first is _NO_PIECE:
+        error = None if work.cancelled() else work.exception()
+        if isinstance(error, TesseraError):
+            raise error
+    return _after(first, stream)
+
+
+_NO_PIECE: Any = object()
+
+
+async def _after(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    if first is not _NO_PIECE:
+        yield first
+    async for piece in rest:
+        yield piece
 
 
 def _error_event(error: TesseraError) -> str:
@@ -683,14 +726,14 @@ async def _streamed(
     ``pieces`` (``started_task``: a refusal is an HTTP status, not a stream event)."""
     work = await started_task(request, model, task, items)
     return StreamingResponse(
-        _stream(work, pieces, events),
+        _stream(work, await first_pieces(request, work, pieces), events),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
     )
 
 
 async def _stream(
-    work: asyncio.Future[list[Any]], pieces: Pieces, events: _StreamEvents
+    work: asyncio.Future[list[Any]], pieces: AsyncIterator[Piece], events: _StreamEvents
 ) -> AsyncIterator[str]:
     """The opening events, each piece as it comes (with its tokens' logprobs),
     each choice's end (with those not streamed), the usage where asked for,
@@ -699,7 +742,7 @@ async def _stream(
     try:
         for event in events.opening:
             yield event
-        async for piece in pieces_of(work, pieces):
+        async for piece in pieces:
             told[piece.index] = told.get(piece.index, 0) + len(piece.logprobs)
             yield events.piece(piece)
         try:

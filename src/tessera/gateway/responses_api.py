@@ -52,15 +52,16 @@ from tessera.gateway.openai_api import (
     MAX_TOOLS,
     FunctionIn,
     NamedFunction,
+    Piece,
     Pieces,
     ResponseFormat,
     Sampling,
     chat_task,
     check_json_schema,
     check_tools,
+    first_pieces,
     image_of,
     listeners,
-    pieces_of,
     tool_fields,
 )
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput, ToolCall
@@ -462,7 +463,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     pieces: Pieces = asyncio.Queue()
     work = await started_task(request, body.model, task, [body.item(conversation, pieces)])
     return StreamingResponse(
-        _events(answer, work, pieces),
+        _events(answer, work, await first_pieces(request, work, pieces)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache"},
     )
@@ -530,7 +531,7 @@ class _Sequence:
 
 
 async def _events(
-    answer: _Answer, work: asyncio.Future[list[Any]], pieces: Pieces
+    answer: _Answer, work: asyncio.Future[list[Any]], pieces: AsyncIterator[Piece]
 ) -> AsyncIterator[str]:
     """The response in progress, its message's text as it comes (the message
     opened at its first piece), then the rest of its items whole, and the
@@ -548,7 +549,7 @@ async def _events(
         for kind in ("response.created", "response.in_progress"):
             yield event(kind, response=answer.response("in_progress", []))
         streamed = ""
-        async for piece in pieces_of(work, pieces):
+        async for piece in pieces:
             for opened in opening() if not streamed else ():
                 yield opened
             streamed += piece.text

@@ -9,7 +9,8 @@ Its descriptor's ``options`` set what it reports and does::
       fail_load: false       # raise on load
       load_s: 0.0            # seconds a load sleeps (integration tests only)
       fail_run: false        # raise on every batch
-      fail_on: poison        # raise on a batch with an input whose text holds this (optional)
+      fail_on: poison        # raise on a batch with an input whose text (a chat's prompt or
+                             # messages) holds this (optional)
       abort_on: crash        # os.abort() the process on such a batch (a native crash;
                              # for a model with isolation: process)
       max_batch_chars: 1000  # raise MemoryError on a batch of longer texts together (optional)
@@ -90,6 +91,14 @@ from tessera.tasks.types import (
 )
 
 FAKE_DIMS = 8
+
+
+def _text_of(item: object) -> str:
+    """An item's text: a chat's, its prompt and its messages' contents."""
+    if isinstance(item, ChatInput):
+        return "\n".join([item.prompt or "", *(m.content for m in item.messages)])
+    text = getattr(item, "text", "")
+    return text if isinstance(text, str) else ""
 
 
 def fake_embedding(text: str) -> np.ndarray[Any, np.dtype[np.float32]]:
@@ -217,7 +226,7 @@ class FakeModel:
         if crash and any(crash in getattr(item, "text", "") for item in items):
             os.abort()
         marker = self.spec.options.get("fail_on")
-        if marker and any(marker in getattr(item, "text", "") for item in items):
+        if marker and any(marker in _text_of(item) for item in items):
             raise RuntimeError(f"fake model failure on an input holding {marker!r}")
         max_chars = self.spec.options.get("max_batch_chars")
         num_chars = sum(len(getattr(item, "text", "")) for item in items)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ MODELS: dict[str, dict[str, Any]] = {
     },
     # Raises on every input sent (its warm-up's sentence excepted, or it would not load).
     "broken": {"task": "embedding", "options": {"fail_on": "#"}, "batching": GATHER},
+    # Fails a chat that holds "poison", before its first token.
+    "picky-chat": {"task": "generate", "options": {"fail_on": "poison"}},
     "missing": {
         "task": "embedding",
         "runtime": "onnx",
@@ -168,3 +170,29 @@ async def test_a_caller_gone_from_a_failed_batch_is_charged_nothing(engine: Engi
     assert isinstance(results[1], Exception)
     assert leaving.request.charge.units == 0.0
     assert poisoned.request.charge.units == 0.0
+
+
+def chat(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", lambda text: {"prompt": text}),
+        ("/v1/responses", lambda text: {"input": text}),
+    ],
+)
+async def test_a_stream_that_fails_before_its_first_piece_is_an_http_error(
+    client: httpx.AsyncClient, path: str, body: Callable[[str], dict[str, Any]]
+) -> None:
+    """As OpenAI's and vLLM's servers answer a prompt over the context: a
+    status the client raises as such, not 200 and an error event."""
+    r = await client.post(path, json={"model": "picky-chat", "stream": True, **body("poison")})
+    assert r.status_code == 500, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["error"]["type"] == "inference_error"
+    r = await client.post(path, json={"model": "picky-chat", "stream": True, **body("hi")})
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
