@@ -325,13 +325,15 @@ class Sampling(BaseModel):
                 raise ValueError(f'keys are token ids ("50256"), got {key!r}')
         return value
 
-    def sampling(self) -> dict[str, Any]:
-        """These fields as ``ChatInput`` takes them."""
+    def sampling(self, choice: int = 0) -> dict[str, Any]:
+        """These fields as ``ChatInput`` takes them, for the ``choice``-th
+        answer to a prompt: its seed is the next after the one before's (the
+        request is reproducible, and its ``n`` choices are not all alike)."""
         return {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "stop": (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
-            "seed": self.seed,
+            "seed": None if self.seed is None else self.seed + choice,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
             "logit_bias": tuple(
@@ -476,13 +478,13 @@ def chat_inputs(body: ChatRequest, pieces: Pieces | None = None) -> list[ChatInp
         ChatInput(
             messages=messages,
             max_tokens=body.max_completion_tokens or body.max_tokens or 128,
-            **body.sampling(),
+            **body.sampling(choice),
             **body.tool_setup(),
             **stream,
             response_format=None if response_format is None else response_format.constraint(),
             logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         )
-        for stream in listeners(pieces, body.n)
+        for choice, stream in enumerate(listeners(pieces, body.n))
     ]
 
 
@@ -493,9 +495,10 @@ def chat_task(engine: ServingEngine, model: str) -> Task:
     return spec.task if spec.inputs.vision is not None else Task.GENERATE
 
 
-def usage_of(*outputs: ChatOutput) -> dict[str, int]:
-    """The tokens of one answer, or of several together."""
-    prompt = sum(o.prompt_tokens for o in outputs)
+def usage_of(*outputs: ChatOutput, choices: int = 1) -> dict[str, int]:
+    """The tokens of one answer, or of several together: ``choices`` in turn
+    answer one prompt, counted once (as OpenAI and vLLM count it for ``n``)."""
+    prompt = sum(o.prompt_tokens for o in outputs[:: max(1, choices)])
     completion = sum(o.completion_tokens for o in outputs)
     return {
         "prompt_tokens": prompt,
@@ -581,7 +584,7 @@ def completion_body(
             }
             for index, output in enumerate(outputs)
         ],
-        "usage": usage_of(*outputs),
+        "usage": usage_of(*outputs, choices=len(outputs)),
     }
 
 
@@ -708,6 +711,7 @@ class _StreamEvents:
     # A choice's index and its output, with the logprobs not streamed yet (if any).
     end: Callable[[int, ChatOutput], str]
     usage: Callable[[dict[str, int]], str] | None  # the usage, where asked for
+    choices: int  # a prompt's (``n``): its tokens are counted once
 
 
 def _wants_usage(options: StreamOptions | None) -> bool:
@@ -753,7 +757,7 @@ async def _stream(
         for index, output in enumerate(outputs):
             yield events.end(index, _not_told(output, told.get(index, 0)))
         if events.usage is not None:
-            yield events.usage(usage_of(*outputs))
+            yield events.usage(usage_of(*outputs, choices=events.choices))
         yield "data: [DONE]\n\n"
     finally:
         if not work.done():
@@ -798,6 +802,7 @@ def _chat_events(body: ChatRequest, completion_id: str, created: int) -> _Stream
         ),
         end=end,
         usage=(lambda tokens: chunk(None, tokens)) if _wants_usage(body.stream_options) else None,
+        choices=body.n,
     )
 
 
@@ -854,11 +859,13 @@ def completion_inputs(body: CompletionRequest, pieces: Pieces | None = None) -> 
             messages=(),
             prompt=prompt,
             max_tokens=body.max_tokens,
-            **body.sampling(),
+            **body.sampling(index % body.n),
             **stream,
             logprobs=body.logprobs,
         )
-        for prompt, stream in zip(prompts, listeners(pieces, len(prompts)), strict=True)
+        for index, (prompt, stream) in enumerate(
+            zip(prompts, listeners(pieces, len(prompts)), strict=True)
+        )
     ]
 
 
@@ -925,7 +932,7 @@ def text_completion_body(
             )
             for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True))
         ],
-        "usage": usage_of(*outputs),
+        "usage": usage_of(*outputs, choices=body.n),
     }
 
 
@@ -956,6 +963,7 @@ def _completion_events(body: CompletionRequest, completion_id: str, created: int
         piece=piece,
         end=end,
         usage=(lambda tokens: event([], tokens)) if _wants_usage(body.stream_options) else None,
+        choices=body.n,
     )
 
 

@@ -452,10 +452,15 @@ async def test_n_choices_of_a_chat_and_of_each_prompt(client: httpx.AsyncClient)
         (2, "one two "),
     ]
     assert r.json()["usage"]["completion_tokens"] == 6
+    # The prompt is counted once, as OpenAI and vLLM count it, not once a choice.
+    one = await client.post("/v1/chat/completions", json={**body, "n": 1})
+    assert r.json()["usage"]["prompt_tokens"] == one.json()["usage"]["prompt_tokens"] > 0
     body = {"model": "chat", "prompt": ["a", "b c"], "n": 2}
     r = await client.post("/v1/completions", json=body)
     texts = [(c["index"], c["text"]) for c in r.json()["choices"]]
     assert texts == [(0, "a "), (1, "a "), (2, "b c "), (3, "b c ")]
+    one = await client.post("/v1/completions", json={**body, "n": 1})
+    assert r.json()["usage"]["prompt_tokens"] == one.json()["usage"]["prompt_tokens"] > 0
     r = await client.post("/v1/chat/completions", json={**body, "messages": messages, "n": 17})
     assert r.status_code == 400
 
