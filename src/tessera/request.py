@@ -104,8 +104,10 @@ class QueuedRequest:
     stop: StopFlag = field(default_factory=StopFlag)  # see the module notes
     charge: Charge = field(default_factory=Charge)
     request_id: str | None = None  # the gateway's x-request-id, for log lines
-    # The units of each of its items that its runtime runs alone, one after
-    # another (``runtimes.base.ItemsApart``); the rest of ``units`` run together.
+    # Of its items that its runtime runs apart, one after another, each alone
+    # (``runtimes.base.ItemsApart``): their work units in all, and each one's
+    # peak units (a spoken text's longest sentence); the rest of ``units`` run together.
+    apart_units: float = 0.0
     alone_units: tuple[float, ...] = ()
 
     @property

@@ -658,11 +658,11 @@ class Engine(ModelLifecycle):
             )
         self._residency.raise_if_failed(name)
         units = request_units(items, spec.inputs, self._token_counter(spec))
-        alone = self._alone_units(spec, items)
-        self._residency.raise_if_never_fits(spec, items_peak_units(units, alone))
+        apart, alone = self._alone_units(spec, items)
+        self._residency.raise_if_never_fits(spec, items_peak_units(units, alone, apart))
         admission = self._admission.admit(caller.limits, units) if caller is not None else None
         try:
-            request = self._queue(spec, list(items), units, alone, timeout_s, caller)
+            request = self._queue(spec, list(items), units, (apart, alone), timeout_s, caller)
         except BaseException:
             if admission is not None:
                 self._admission.release(admission)
@@ -672,14 +672,21 @@ class Engine(ModelLifecycle):
         counters.num_items += len(items)
         return Submission(name, request, admission, spec.version_label)
 
-    def _alone_units(self, spec: ModelSpec, items: Sequence[Any]) -> tuple[float, ...]:
-        """The units of each of ``items`` that ``spec``'s runtime runs alone."""
+    def _alone_units(
+        self, spec: ModelSpec, items: Sequence[Any]
+    ) -> tuple[float, tuple[float, ...]]:
+        """Of ``items``, those ``spec``'s runtime runs apart, each alone: their
+        work units in all, and each one's peak units (``ItemsApart``)."""
         loader = self._host.items_apart(spec)
         if loader is None:
-            return ()
-        return tuple(
-            work_units(item, spec.inputs) for item in items if loader.runs_alone(spec, item)
-        )
+            return 0.0, ()
+        apart, alone = 0.0, []
+        for item in items:
+            peak = loader.alone_units(spec, item)
+            if peak is not None:
+                apart += work_units(item, spec.inputs)
+                alone.append(peak)
+        return apart, tuple(alone)
 
     def _token_counter(self, spec: ModelSpec) -> TokenCounter | None:
         """The model's token count, for a card that refuses over-window texts."""
@@ -737,10 +744,11 @@ class Engine(ModelLifecycle):
         spec: ModelSpec,
         items: list[Any],
         units: float,
-        alone_units: tuple[float, ...],
+        apart: tuple[float, tuple[float, ...]],
         timeout_s: float | None,
         caller: Caller | None,
     ) -> QueuedRequest:
+        apart_units, alone_units = apart
         if self._draining:
             raise ShuttingDownError("the server is shutting down: no new requests")
         now = self.clock.now()
@@ -757,6 +765,7 @@ class Engine(ModelLifecycle):
                 future,
                 deadline=now + timeout,
                 request_id=request_id,
+                apart_units=apart_units,
                 alone_units=alone_units,
             )
         else:
@@ -771,6 +780,7 @@ class Engine(ModelLifecycle):
                 weight=caller.weight,
                 latency_target_s=caller.latency_target_s,
                 request_id=request_id,
+                apart_units=apart_units,
                 alone_units=alone_units,
             )
         self._batcher(spec).submit(request)

@@ -33,16 +33,18 @@ class BatchPart:
     peak_units: float
 
 
-def items_peak_units(units: float, alone_units: Sequence[float]) -> float:
-    """The peak units of items of ``units`` in all, of which those of
-    ``alone_units`` run alone."""
-    return max(units - sum(alone_units), max(alone_units, default=0.0))
+def items_peak_units(units: float, alone_units: Sequence[float], apart_units: float) -> float:
+    """The peak units of items of ``units`` in all, of which ``apart_units``
+    run apart, each alone, at the peak units of ``alone_units``."""
+    return max(units - apart_units, max(alone_units, default=0.0))
 
 
 def peak_units(requests: Sequence[QueuedRequest]) -> float:
     """The work units whose activations ``requests`` hold at once, run as one batch."""
     return items_peak_units(
-        sum(r.units for r in requests), [u for r in requests for u in r.alone_units]
+        sum(r.units for r in requests),
+        [u for r in requests for u in r.alone_units],
+        sum(r.apart_units for r in requests),
     )
 
 

@@ -112,8 +112,10 @@ class ItemsApart(Protocol):
     """A loader whose runtime runs some items one after another, each alone:
     their activations are freed before the next one's are taken."""
 
-    def runs_alone(self, spec: ModelSpec, item: object) -> bool:
-        """Whether ``item`` runs on its own, not beside the batch's other items."""
+    def alone_units(self, spec: ModelSpec, item: object) -> float | None:
+        """The work units whose activations ``item`` holds at its peak if it
+        runs on its own (its own units, or fewer where it runs in parts, one
+        after another); None where it runs beside the batch's other items."""
         ...
 
 

@@ -378,8 +378,8 @@ class FakeLoader:
     def shared_keys(self, spec: ModelSpec) -> tuple[str, ...]:
         return tuple(spec.options.get("shared", {}))
 
-    def runs_alone(self, spec: ModelSpec, item: object) -> bool:
-        return bool(spec.options.get("items_alone"))
+    def alone_units(self, spec: ModelSpec, item: object) -> float | None:
+        return work_units(item, spec.inputs) if spec.options.get("items_alone") else None
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> FakeModel:
         load_s = float(spec.options.get("load_s", 0.0))

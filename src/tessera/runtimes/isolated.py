@@ -281,9 +281,11 @@ class IsolatedLoader:
     def shared_keys(self, spec: ModelSpec) -> tuple[str, ...]:
         return ()  # a worker shares nothing with the server's models
 
-    def runs_alone(self, spec: ModelSpec, item: object) -> bool:
+    def alone_units(self, spec: ModelSpec, item: object) -> float | None:
         """As the adapter runs it in the worker."""
-        return isinstance(self._inner, ItemsApart) and self._inner.runs_alone(spec, item)
+        if isinstance(self._inner, ItemsApart):
+            return self._inner.alone_units(spec, item)
+        return None
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> IsolatedModel:
         model = IsolatedModel(spec, ctx)

@@ -37,7 +37,7 @@ from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes
 from tessera.runtimes.ort_graphs import cpu_only, optimized_graph
 from tessera.step import step_boundary
-from tessera.tasks.types import OcrInput, OcrLine, OcrOutput
+from tessera.tasks.types import OcrInput, OcrLine, OcrOutput, work_units
 
 if TYPE_CHECKING:
     import numpy as np
@@ -267,9 +267,11 @@ class RapidOcrLoader:
     def shared_keys(self, spec: ModelSpec) -> tuple[str, ...]:
         return ()
 
-    def runs_alone(self, spec: ModelSpec, item: object) -> bool:
+    def alone_units(self, spec: ModelSpec, item: object) -> float | None:
         """Pages run one after another (line crops go through the recognizer together)."""
-        return isinstance(item, OcrInput) and item.mode == "page"
+        if isinstance(item, OcrInput) and item.mode == "page":
+            return work_units(item, spec.inputs)
+        return None
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> RapidOcrModel:
         files = _model_files(spec)

@@ -27,7 +27,14 @@ from tessera.runtimes.memory import start_peak, trim_heap
 from tessera.runtimes.ocr import RapidOcrModel
 from tessera.runtimes.registry import get_loader
 from tessera.step import stepping
-from tessera.tasks.types import OcrInput, OcrOutput, SpeechInput, SpeechOutput, TranslateInput
+from tessera.tasks.types import (
+    OcrInput,
+    OcrOutput,
+    SpeechInput,
+    SpeechOutput,
+    TranslateInput,
+    work_units,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -162,8 +169,8 @@ def test_ocr_pages_of_a_batch_peak_at_one_pages_activations(ocr: LoadedModel) ->
     loader = get_loader(spec.adapter)
     page = OcrInput(render(["TOTAL 12.50", "THANK YOU", "RECEIPT 0042"] * 4), "page")
     assert isinstance(loader, ItemsApart)
-    assert loader.runs_alone(spec, page)
-    assert not loader.runs_alone(spec, OcrInput(blank(48, 300), "line"))
+    assert loader.alone_units(spec, page) == work_units(page, spec.inputs)
+    assert loader.alone_units(spec, OcrInput(blank(48, 300), "line")) is None
     peaks = []
     for num_pages in (1, 2, 6):  # the first run's one-off costs are left out
         # Freed heap handed back first: pages still resident from earlier

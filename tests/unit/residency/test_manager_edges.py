@@ -231,12 +231,21 @@ def test_items_run_alone_count_the_largest_of_them_not_their_sum(
     pages = []
     for units in (2.0, 5.0, 3.0):
         future: asyncio.Future[RequestResult] = loop.create_future()
-        pages.append(QueuedRequest([0], units, 0.0, future, alone_units=(units,)))
+        page = QueuedRequest([0], units, 0.0, future, apart_units=units, alone_units=(units,))
+        pages.append(page)
     (together,) = requests(loop, [4])
-    mixed = QueuedRequest([0, 1], 3.0, 0.0, loop.create_future(), alone_units=(1.0,))
+    mixed = QueuedRequest(
+        [0, 1], 3.0, 0.0, loop.create_future(), apart_units=1.0, alone_units=(1.0,)
+    )
     assert peak_units([*pages, together]) == 5
     assert peak_units([pages[0], together, mixed]) == 6  # 4 and mixed's 2 together
-    assert items_peak_units(3.0, ()) == 3
+    assert items_peak_units(3.0, (), 0.0) == 3
+    # A text of 300 characters spoken a sentence at a time, its longest of 40:
+    # it holds 40 units' activations at its peak, beside 4 run together.
+    speech = QueuedRequest(
+        [0], 300.0, 0.0, loop.create_future(), apart_units=300.0, alone_units=(40.0,)
+    )
+    assert peak_units([speech, together]) == 40
     parts = split_to_fit([*pages, together], lambda units: int(units * 10), room_bytes=50)
     assert len(parts) == 1
     assert (parts[0].units, parts[0].peak_units, parts[0].activation_bytes) == (14, 5, 50)
