@@ -19,6 +19,7 @@ the same way: an assistant's calls as that JSON, a tool's result as a
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -130,12 +131,14 @@ def _arguments(call: ToolCall) -> Any:
 
 
 def read_generic(text: str) -> tuple[str, tuple[ToolCall, ...]]:
-    """An answer held to ``generic_schema``: its text, and its calls. A text
-    that is not such JSON (cut short at ``max_tokens``) is returned as it is."""
+    """An answer held to ``generic_schema``: its text, and its calls. One cut
+    short at ``max_tokens`` is not whole JSON: a text answer's text so far is
+    its text, a call cut short is none (the held JSON's scaffold is never
+    shown as the answer: it was, ``{"tool_calls":`` with finish_reason length)."""
     try:
         answer = json.loads(text)
     except ValueError:
-        return text, ()
+        return _cut_short(text), ()
     if not isinstance(answer, dict):
         return text, ()
     if isinstance(answer.get("response"), str):
@@ -151,6 +154,28 @@ def read_generic(text: str) -> tuple[str, tuple[ToolCall, ...]]:
         )
         for c in calls
     )
+
+
+_RESPONSE_START = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+# The longest tail a JSON string cut short may end in that does not decode:
+# a backslash and part of a \uXXXX escape.
+_CUT_ESCAPE = 6
+
+
+def _cut_short(text: str) -> str:
+    """The text so far of a ``{"response": "..."}`` answer cut short; "" for
+    any other JSON cut short (a call's)."""
+    start = _RESPONSE_START.match(text)
+    if start is None:
+        return ""
+    rest = text[start.end() :]
+    for end in range(len(rest), max(-1, len(rest) - _CUT_ESCAPE - 1), -1):
+        try:
+            decoded = json.loads(f'"{rest[:end]}"')
+        except ValueError:
+            continue
+        return decoded if isinstance(decoded, str) else ""
+    return ""
 
 
 def native_message(m: ChatMessage, content: Any) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from builders import WEATHER_TOOL
 from tessera.runtimes.tool_calls import (
     generic_messages,
@@ -74,9 +76,25 @@ def test_answers_read_back_as_calls_or_text() -> None:
     assert call_id.startswith("call_")
     assert (name, json.loads(arguments)) == ("get_weather", {"city": "Paris"})
     assert read_generic('{"response": "It is sunny."}') == ("It is sunny.", ())
-    cut = '{"tool_calls": [{"name": "get_wea'
-    assert read_generic(cut) == (cut, ())
     assert read_generic("[1, 2]") == ("[1, 2]", ())
+
+
+@pytest.mark.parametrize(
+    ("cut", "text"),
+    [
+        # A call cut short at max_tokens: no call, and not its scaffold as the answer.
+        ('{"tool_calls": [{"name": "get_wea', ""),
+        ('{\n  "tool_calls":', ""),
+        # A text answer cut short: its text so far, escapes decoded.
+        ('{"response": "It is sun', "It is sun"),
+        ('{ "response" : "Line one\\nLine', "Line one\nLine"),
+        ('{"response": "caf\\u00e9 and \\u00', "café and "),
+        ('{"response": "ends on a backslash \\', "ends on a backslash "),
+        ('{"response": ', ""),
+    ],
+)
+def test_an_answer_cut_short_shows_its_text_so_far_never_its_json(cut: str, text: str) -> None:
+    assert read_generic(cut) == (text, ())
 
 
 def test_openais_own_fields_for_an_engine_that_calls_tools() -> None:
