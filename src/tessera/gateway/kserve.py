@@ -66,8 +66,8 @@ from tessera.errors import (
 )
 from tessera.gateway.common import engine_of, run_task, started_task, visible_models
 from tessera.gateway.errors import KSERVE, error_headers, reject_reason, status_of
-from tessera.gateway.openai_api import Pieces
-from tessera.gateway.tasks_api import OcrOptions, ocr_item
+from tessera.gateway.openai_api import Pieces, texts_of
+from tessera.gateway.tasks_api import OcrOptions, ocr_item, rerank_inputs
 from tessera.gateway.triton_llm import (
     EXTRA_OUTPUTS,
     PROMPT,
@@ -89,7 +89,6 @@ from tessera.tasks.types import (
     ClassifyOutput,
     OcrLine,
     OcrOutput,
-    RerankInput,
     SpeechInput,
     SpeechOutput,
     Task,
@@ -363,6 +362,7 @@ async def repository_index(request: Request) -> Response:
     current version, and ``READY`` for one resident now, else ``UNAVAILABLE``
     (it loads on its first request). Loads and unloads are the admin API's."""
     allowed = set(visible_models(request))
+    ready_only = await _ready_only(request)
     return JSONResponse(
         [
             {
@@ -371,9 +371,27 @@ async def repository_index(request: Request) -> Response:
                 "state": "READY" if model.state == "ready" else "UNAVAILABLE",
             }
             for model in engine_of(request).snapshot().models
-            if model.name in allowed and model.current
+            if model.name in allowed
+            and model.current
+            and (model.state == "ready" or not ready_only)
         ]
     )
+
+
+async def _ready_only(request: Request) -> bool:
+    """The index request's ``ready`` (Triton's: only the models ready now); an
+    empty or absent body asks for every model."""
+    body = await request.body()
+    if not body.strip():
+        return False
+    try:
+        asked = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise InvalidInputError("the index request must be a JSON object") from e
+    ready = _mapping(asked, "the index request").get("ready", False)
+    if not isinstance(ready, bool):
+        raise InvalidInputError("ready must be true or false")
+    return ready
 
 
 @router.post("/v2/repository/models/{name}/load", response_model=None)
@@ -661,7 +679,15 @@ def _outputs(outputs: object) -> tuple[frozenset[str], dict[str, bool]]:
         name = output.get("name")
         if not isinstance(name, str):
             raise InvalidInputError("output name must be a string")
-        wants = _mapping(output.get("parameters"), f"output {name!r} parameters").get("binary_data")
+        asked = _mapping(output.get("parameters"), f"output {name!r} parameters")
+        if asked.get("classification") is not None:
+            # Triton's classification extension (tritonclient's class_count): not
+            # served, and its shape ("score:index:label" strings) not the one answered.
+            raise InvalidInputError(
+                f"output {name!r}: the classification extension is not served;"
+                " a classifier's LABEL and SCORE outputs hold its top labels"
+            )
+        wants = asked.get("binary_data")
         if wants is not None and not isinstance(wants, bool):
             raise InvalidInputError(f"output {name!r} binary_data must be true or false")
         names.add(name)
@@ -744,23 +770,25 @@ def _work(spec: ModelSpec, parsed: InferRequest) -> Work:
     if spec.task is Task.OCR:
         return _pages(spec, parsed)
     if spec.task is Task.RERANK:
+        unexpected = sorted(set(parsed.inputs) - {"QUERY", "TEXT"})
+        if unexpected:
+            raise InvalidInputError(f"a reranker takes inputs QUERY and TEXT, not {unexpected}")
         queries, documents = parsed.named("QUERY"), parsed.named("TEXT")
         if len(queries) != 1:
             raise InvalidInputError(f"QUERY holds one query, not {len(queries)}")
         if not documents:
             raise InvalidInputError("TEXT must hold at least one document")
-        return [RerankInput(queries[0], document) for document in documents], _scores
+        return rerank_inputs(queries[0], documents), _scores  # as /v1/rerank checks them
     texts = parsed.texts
-    if not texts:
-        raise InvalidInputError("input must not be empty")
+    if spec.task is Task.TTS:
+        return _speech(parsed, texts)
+    texts = texts_of(texts, "TEXT")  # none blank, as the HTTP routes refuse them
     if spec.task is Task.TRANSLATE:
         return [TranslateInput(t) for t in texts], _translations
     if spec.task is Task.EMBEDDING:
         return [TextInput(t) for t in texts], _embeddings
     if spec.task is Task.CLASSIFY:
         return [TextInput(t) for t in texts], _labels
-    if spec.task is Task.TTS:
-        return _speech(parsed, texts)
     raise InvalidInputError(f"infer does not serve {spec.task} models")
 
 
@@ -778,6 +806,9 @@ def _pages(
     with C 1). A vision-language model's prompt fields and ``mode`` come as
     the request's parameters, as the OCR route's form fields."""
     if "IMAGE" in parsed.inputs:
+        if len(parsed.inputs) > 1:
+            others = sorted(set(parsed.inputs) - {"IMAGE"})
+            raise InvalidInputError(f"an OCR model takes input IMAGE alone, not {others} too")
         tensor = parsed.inputs["IMAGE"]
     elif len(parsed.inputs) == 1:
         (tensor,) = parsed.inputs.values()

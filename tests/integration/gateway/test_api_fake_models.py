@@ -704,6 +704,11 @@ async def test_kserve_config_index_and_errors_in_kserve_shape(client: httpx.Asyn
     states = {entry["name"]: entry["state"] for entry in index}
     assert states["embed"] == "READY"  # preloaded
     assert states["mt"] == "UNAVAILABLE"
+    ready = (await client.post("/v2/repository/index", json={"ready": True})).json()
+    assert "embed" in {e["name"] for e in ready}
+    assert {e["state"] for e in ready} == {"READY"}  # Triton's ready: those ready now
+    r = await client.post("/v2/repository/index", json={"ready": "yes"})
+    assert r.status_code == 400
     # Every error under /v2 reads {"error": MESSAGE}, as tritonclient parses it:
     # a model, a route and a method it does not know, a body that does not validate.
     for method, path in (
@@ -720,6 +725,47 @@ async def test_kserve_config_index_and_errors_in_kserve_shape(client: httpx.Asyn
     body = {"model": "embed", "texts": ["x"], "embedding_types": ["int8"]}
     r = await client.post("/v2/embed", json=body)  # Cohere's v2, not KServe's
     assert (r.status_code, r.json()["error"]["code"]) == (400, 400)
+
+
+def tensor(name: str, texts: list[str]) -> dict[str, object]:
+    return {"name": name, "datatype": "BYTES", "shape": [len(texts)], "data": texts}
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "says"),
+    [
+        # Inputs Triton would answer 400 for, not ignore.
+        (
+            "rerank",
+            {"inputs": [tensor("QUERY", ["q"]), tensor("TEXT", ["d"]), tensor("FOO", ["x"])]},
+            "not ['FOO']",
+        ),
+        ("ocr", {"inputs": [tensor("IMAGE", ["x"]), tensor("FOO", ["x"])]}, "IMAGE alone"),
+        # Blank texts, as the HTTP routes refuse them.
+        (
+            "rerank",
+            {"inputs": [tensor("QUERY", [" "]), tensor("TEXT", ["d"])]},
+            "query must not be blank",
+        ),
+        ("intent", {"inputs": [tensor("TEXT", [""])]}, "TEXT[0] must not be an empty string"),
+        ("embed", {"inputs": [tensor("TEXT", ["a", " "])]}, "TEXT[1] must not be an empty string"),
+        # tritonclient's class_count: an extension not served, not a shape of another's.
+        (
+            "intent",
+            {
+                "inputs": [tensor("TEXT", ["hi"])],
+                "outputs": [{"name": "LABEL", "parameters": {"classification": 3}}],
+            },
+            "classification extension is not served",
+        ),
+    ],
+)
+async def test_kserve_refuses_what_triton_and_the_http_routes_refuse(
+    client: httpx.AsyncClient, model: str, body: dict[str, object], says: str
+) -> None:
+    r = await client.post(f"/v2/models/{model}/infer", json=body)
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]
 
 
 async def test_cohere_embed_in_each_embedding_type(client: httpx.AsyncClient) -> None:
