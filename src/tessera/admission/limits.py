@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tessera.clock import Clock
-from tessera.errors import RateLimitedError
+from tessera.errors import PayloadTooLargeError, RateLimitedError
 
 DAY_S = 86_400.0
 
@@ -89,6 +89,17 @@ class Admission:
     day: int = -1  # the UTC day it was charged to
 
 
+def refuse_over_quota(limits: TenantLimits, units: float) -> None:
+    """A request larger than its tenant's whole daily quota can never be
+    admitted: 413 that says so, not a 429 whose Retry-After (the next day)
+    its client would wait out to be refused again."""
+    if limits.daily_units is not None and units > limits.daily_units:
+        raise PayloadTooLargeError(
+            f"this request needs {units:g} work units, more than tenant"
+            f" {limits.name!r}'s whole daily quota of {limits.daily_units:g}"
+        )
+
+
 class AdmissionControl(Protocol):
     """Admission as the engine asks for it: this process's counters
     (``AdmissionController``) or counters shared by many gateways
@@ -149,6 +160,7 @@ class AdmissionController:
 
     def admit(self, limits: TenantLimits, units: float) -> Admission:
         """Admit one request of ``units`` work units, or raise ``RateLimitedError``."""
+        refuse_over_quota(limits, units)
         state = self._state(limits)
         now = self._clock.now()
         today = self._today()

@@ -39,7 +39,7 @@ import secrets
 import threading
 from typing import TYPE_CHECKING, Any
 
-from tessera.admission.limits import Admission, TenantLimits, default_burst
+from tessera.admission.limits import Admission, TenantLimits, default_burst, refuse_over_quota
 from tessera.errors import RateLimitedError, TenantError
 
 if TYPE_CHECKING:
@@ -249,6 +249,7 @@ class RedisAdmissionController:
 
     def admit(self, limits: TenantLimits, units: float) -> Admission:
         """Admit one request of ``units`` work units, or raise ``RateLimitedError``."""
+        refuse_over_quota(limits, units)
         rate = limits.qps if limits.qps is not None else -1.0
         burst = max(1.0, default_burst(limits)) if limits.qps is not None else 1.0
         args = (

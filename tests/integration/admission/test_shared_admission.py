@@ -17,7 +17,7 @@ from services import redis_prefix, redis_url
 from tessera.admission import Admission, AdmissionController, TenantLimits
 from tessera.admission.shared import RedisAdmissionController
 from tessera.clock import FakeClock
-from tessera.errors import RateLimitedError
+from tessera.errors import PayloadTooLargeError, RateLimitedError
 
 LEASE_S = 1.0
 
@@ -184,6 +184,10 @@ def test_the_same_refusals_as_the_in_process_controller(
         "ok",
         "rate",
     ]
+    # A request over the whole quota: the same 413 from both, nothing charged.
+    for controller in (local, gateways[0]):
+        with pytest.raises(PayloadTooLargeError, match="whole daily quota of 50"):
+            controller.admit(limits, 51)
 
 
 def redis_now(client: redis.Redis) -> float:

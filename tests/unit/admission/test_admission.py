@@ -6,7 +6,7 @@ import pytest
 
 from builders import make_admission
 from tessera.admission import TenantLimits
-from tessera.errors import RateLimitedError
+from tessera.errors import PayloadTooLargeError, RateLimitedError
 
 
 def test_token_bucket_allows_burst_then_refills_at_rate() -> None:
@@ -51,6 +51,14 @@ def test_daily_quota_in_work_units_resets_at_utc_midnight() -> None:
     assert info.value.reset_s == pytest.approx(day - 100)
     wall.now = 11 * day + 1
     controller.admit(limits, 90)
+
+
+def test_a_request_over_the_whole_quota_is_too_large_not_early() -> None:
+    controller, _, _ = make_admission()
+    limits = TenantLimits("t", daily_units=5)
+    with pytest.raises(PayloadTooLargeError, match="needs 7 work units, more than"):
+        controller.admit(limits, 7)
+    controller.admit(limits, 5)  # nothing was charged for it
 
 
 def test_quota_seeded_from_audit_after_restart() -> None:
