@@ -16,11 +16,12 @@ MAX_IMAGE_PIXELS = 40_000_000
 
 
 def decode_base64(data: str) -> bytes:
-    """Plain base64 or a ``data:image/...;base64,`` URL."""
+    """Plain base64 or a ``data:image/...;base64,`` URL; line breaks and
+    spaces in it are left out (the ``base64`` tool's output wraps at 76)."""
     if data.startswith("data:"):
         _, _, data = data.partition(",")
     try:
-        return base64.b64decode(data, validate=True)
+        return base64.b64decode("".join(data.split()), validate=True)
     except (binascii.Error, ValueError) as e:
         raise InvalidInputError("image is not valid base64") from e
 
@@ -45,7 +46,12 @@ def decode_image(raw: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray[A
             raise PayloadTooLargeError(
                 f"image is over the limit of {max_pixels:,} pixels: {e}"
             ) from e
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        except UnidentifiedImageError as e:
+            # PIL's message names the buffer object and its address: not the caller's.
+            raise UnsupportedMediaError(
+                "cannot decode image: not a format it reads (PNG, JPEG, WebP, BMP, TIFF, GIF...)"
+            ) from e
+        except (OSError, SyntaxError, ValueError) as e:
             raise UnsupportedMediaError(f"cannot decode image: {e}") from e
         width, height = image.size
         if width * height > max_pixels:
