@@ -211,6 +211,14 @@ class Submission:
     request: QueuedRequest
     admission: Admission | None
     version: str = "1"
+    # A request of more items than a batch holds is queued as these parts,
+    # a batch's worth each; ``request`` is their whole (``_joined``).
+    parts: tuple[QueuedRequest, ...] = ()
+
+    @property
+    def started(self) -> bool:
+        """Whether any of its work began to run."""
+        return self.request.charge.started or any(p.charge.started for p in self.parts)
 
 
 class Engine(ModelLifecycle):
@@ -658,19 +666,40 @@ class Engine(ModelLifecycle):
             )
         self._residency.raise_if_failed(name)
         units = request_units(items, spec.inputs, self._token_counter(spec))
-        apart, alone = self._alone_units(spec, items)
-        self._residency.raise_if_never_fits(spec, items_peak_units(units, alone, apart))
+        size = max(1, spec.batching.max_batch_size)
+        chunks = [list(items[i : i + size]) for i in range(0, len(items), size)]
+        shapes = []  # each chunk's units, and those of its items run apart
+        for chunk in chunks:
+            chunk_units = units if len(chunks) == 1 else work_units_of(chunk, spec)
+            apart, alone = self._alone_units(spec, chunk)
+            self._residency.raise_if_never_fits(spec, items_peak_units(chunk_units, alone, apart))
+            shapes.append((chunk_units, (apart, alone)))
         admission = self._admission.admit(caller.limits, units) if caller is not None else None
+        parts: list[QueuedRequest] = []
         try:
-            request = self._queue(spec, list(items), units, (apart, alone), timeout_s, caller)
+            if len(chunks) == 1:
+                ((_, apart_alone),) = shapes
+                request = self._request(spec, list(items), units, apart_alone, timeout_s, caller)
+                self._enqueue(spec, request)
+            else:
+                request = self._request(spec, list(items), units, (0.0, ()), timeout_s, caller)
+                for chunk, (chunk_units, apart_alone) in zip(chunks, shapes, strict=True):
+                    part = self._request(
+                        spec, chunk, chunk_units, apart_alone, timeout_s, caller, whole=request
+                    )
+                    self._enqueue(spec, part)
+                    parts.append(part)
+                _joined(request, parts)
         except BaseException:
+            for part in parts:  # queued already: dropped before they run
+                part.future.cancel()
             if admission is not None:
                 self._admission.release(admission)
             raise
         counters = self._counters[name]
         counters.num_requests += 1
         counters.num_items += len(items)
-        return Submission(name, request, admission, spec.version_label)
+        return Submission(name, request, admission, spec.version_label, tuple(parts))
 
     def _alone_units(
         self, spec: ModelSpec, items: Sequence[Any]
@@ -732,14 +761,14 @@ class Engine(ModelLifecycle):
                 timer.cancel()
             if result is None:
                 request.stop.set()
-                if not request.charge.started:
+                if not submission.started:
                     request.charge.settle(0.0)
             if submission.admission is not None:
                 self._admission.release(submission.admission)
             if trace is not None:
                 trace.record(request, result)
 
-    def _queue(
+    def _request(
         self,
         spec: ModelSpec,
         items: list[Any],
@@ -747,10 +776,30 @@ class Engine(ModelLifecycle):
         apart: tuple[float, tuple[float, ...]],
         timeout_s: float | None,
         caller: Caller | None,
+        *,
+        whole: QueuedRequest | None = None,
     ) -> QueuedRequest:
+        """A request for ``spec``'s queue; a part of ``whole`` shares its
+        arrival, deadline and stop flag (the caller's, which it sets as it goes)."""
         apart_units, alone_units = apart
         if self._draining:
             raise ShuttingDownError("the server is shutting down: no new requests")
+        if whole is not None:
+            return QueuedRequest(
+                items,
+                units,
+                whole.arrival,
+                asyncio.get_running_loop().create_future(),
+                deadline=whole.deadline,
+                tenant=whole.tenant,
+                tier=whole.tier,
+                weight=whole.weight,
+                latency_target_s=whole.latency_target_s,
+                stop=whole.stop,
+                request_id=whole.request_id,
+                apart_units=apart_units,
+                alone_units=alone_units,
+            )
         now = self.clock.now()
         timeout = timeout_s if timeout_s is not None else self.config.default_timeout_s
         timeout = min(timeout, MAX_TIMEOUT_S)
@@ -758,7 +807,7 @@ class Engine(ModelLifecycle):
         # Submitted while serving the request: the log's context has its id.
         request_id = request_id_var.get()
         if caller is None:
-            request = QueuedRequest(
+            return QueuedRequest(
                 items,
                 units,
                 now,
@@ -768,26 +817,26 @@ class Engine(ModelLifecycle):
                 apart_units=apart_units,
                 alone_units=alone_units,
             )
-        else:
-            request = QueuedRequest(
-                items,
-                units,
-                now,
-                future,
-                deadline=now + timeout,
-                tenant=caller.tenant,
-                tier=caller.tier,
-                weight=caller.weight,
-                latency_target_s=caller.latency_target_s,
-                request_id=request_id,
-                apart_units=apart_units,
-                alone_units=alone_units,
-            )
+        return QueuedRequest(
+            items,
+            units,
+            now,
+            future,
+            deadline=now + timeout,
+            tenant=caller.tenant,
+            tier=caller.tier,
+            weight=caller.weight,
+            latency_target_s=caller.latency_target_s,
+            request_id=request_id,
+            apart_units=apart_units,
+            alone_units=alone_units,
+        )
+
+    def _enqueue(self, spec: ModelSpec, request: QueuedRequest) -> None:
         self._batcher(spec).submit(request)
         self._pending.add(request)
         self._pending_by_key.setdefault(spec.key, set()).add(request)
-        future.add_done_callback(functools.partial(self._forget, spec.key, request))
-        return request
+        request.future.add_done_callback(functools.partial(self._forget, spec.key, request))
 
     async def _execute(self, spec: ModelSpec, batch: Batch) -> None:
         """Plan a batch (residency: whole, or parts that fit), run each part, report."""
@@ -1010,3 +1059,56 @@ def _units_run(request: QueuedRequest, outputs: list[Any]) -> float:
     if outputs and all(isinstance(o, ChatOutput) for o in outputs):
         return float(sum(o.prompt_tokens + o.completion_tokens for o in outputs))
     return request.units
+
+
+def work_units_of(items: Sequence[Any], spec: ModelSpec) -> float:
+    """The work units of items already checked against ``spec``'s limits."""
+    return sum(work_units(item, spec.inputs) for item in items)
+
+
+def _joined(whole: QueuedRequest, parts: list[QueuedRequest]) -> None:
+    """Answer ``whole`` from its ``parts``: their outputs in order once every
+    one is answered, the first failure as soon as one fails (the rest are
+    then dropped, or stop at their next step: they share its stop flag); its
+    charge is theirs, settled once every one's is. The caller cancelling
+    ``whole`` drops the parts not yet run."""
+    answered: list[RequestResult | None] = [None] * len(parts)
+    charged: list[float | None] = [None] * len(parts)
+
+    def part_done(index: int, future: asyncio.Future[RequestResult]) -> None:
+        if whole.future.done():
+            return
+        if future.cancelled():
+            whole.future.cancel()
+        elif (error := future.exception()) is not None:
+            whole.future.set_exception(error)
+        else:
+            answered[index] = future.result()
+            if all(result is not None for result in answered):
+                results = [r for r in answered if r is not None]
+                began = min(r.queued_s for r in results)  # its first batch formed
+                whole.future.set_result(
+                    RequestResult(
+                        [output for r in results for output in r.outputs],
+                        began,
+                        max(r.queued_s + r.run_s for r in results) - began,  # to its last's end
+                        max(r.batch_size for r in results),
+                    )
+                )
+
+    def part_charged(index: int, units: float) -> None:
+        charged[index] = units
+        if all(units is not None for units in charged):
+            whole.charge.settle(sum(u for u in charged if u is not None))
+
+    def whole_done(future: asyncio.Future[RequestResult]) -> None:
+        for part in parts:
+            if not part.future.done():
+                part.future.cancel()  # dropped before it runs; one running stops at its step
+            if not part.charge.started:
+                part.charge.settle(0.0)  # never ran: costs nothing (as ``wait`` settles a whole)
+
+    for index, part in enumerate(parts):
+        part.future.add_done_callback(functools.partial(part_done, index))
+        part.charge.when_settled(functools.partial(part_charged, index))
+    whole.future.add_done_callback(whole_done)

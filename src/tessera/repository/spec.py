@@ -117,7 +117,7 @@ class ModelSpec:
     max_bytes: int | None = None
     preload: bool = False
     latency_target_ms: float | None = None
-    max_inputs: int = 256
+    max_inputs: int = 2048
     options: dict[str, Any] = field(default_factory=dict)
     inputs: InputLimits = field(default_factory=InputLimits)
     description: str = ""
@@ -342,7 +342,7 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         max_bytes=parse_bytes(max_bytes) if max_bytes is not None else None,
         preload=bool(raw.get("preload", False)),
         latency_target_ms=_number(raw, "latency_target_ms", None, where),
-        max_inputs=_int(raw, "max_inputs", 256, where),
+        max_inputs=_int(raw, "max_inputs", 2048, where),
         options=options,
         inputs=parse_inputs(task, options, where),
         description=str(raw.get("description", "")).strip(),
