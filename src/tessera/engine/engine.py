@@ -781,55 +781,43 @@ class Engine(ModelLifecycle):
     ) -> QueuedRequest:
         """A request for ``spec``'s queue; a part of ``whole`` shares its
         arrival, deadline and stop flag (the caller's, which it sets as it goes)."""
-        apart_units, alone_units = apart
         if self._draining:
             raise ShuttingDownError("the server is shutting down: no new requests")
+        who: dict[str, Any]  # whose it is, as the queue sees it
         if whole is not None:
-            return QueuedRequest(
-                items,
-                units,
-                whole.arrival,
-                asyncio.get_running_loop().create_future(),
-                deadline=whole.deadline,
-                tenant=whole.tenant,
-                tier=whole.tier,
-                weight=whole.weight,
-                latency_target_s=whole.latency_target_s,
-                stop=whole.stop,
-                request_id=whole.request_id,
-                apart_units=apart_units,
-                alone_units=alone_units,
-            )
-        now = self.clock.now()
-        timeout = timeout_s if timeout_s is not None else self.config.default_timeout_s
-        timeout = min(timeout, MAX_TIMEOUT_S)
+            arrival, deadline = whole.arrival, whole.deadline
+            who = {
+                "tenant": whole.tenant,
+                "tier": whole.tier,
+                "weight": whole.weight,
+                "latency_target_s": whole.latency_target_s,
+                "stop": whole.stop,
+                "request_id": whole.request_id,
+            }
+        else:
+            arrival = self.clock.now()
+            timeout = timeout_s if timeout_s is not None else self.config.default_timeout_s
+            deadline = arrival + min(timeout, MAX_TIMEOUT_S)
+            # Submitted while serving the request: the log's context has its id.
+            who = {"request_id": request_id_var.get()}
+            if caller is not None:
+                who |= {
+                    "tenant": caller.tenant,
+                    "tier": caller.tier,
+                    "weight": caller.weight,
+                    "latency_target_s": caller.latency_target_s,
+                }
         future: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
-        # Submitted while serving the request: the log's context has its id.
-        request_id = request_id_var.get()
-        if caller is None:
-            return QueuedRequest(
-                items,
-                units,
-                now,
-                future,
-                deadline=now + timeout,
-                request_id=request_id,
-                apart_units=apart_units,
-                alone_units=alone_units,
-            )
+        apart_units, alone_units = apart
         return QueuedRequest(
             items,
             units,
-            now,
+            arrival,
             future,
-            deadline=now + timeout,
-            tenant=caller.tenant,
-            tier=caller.tier,
-            weight=caller.weight,
-            latency_target_s=caller.latency_target_s,
-            request_id=request_id,
+            deadline=deadline,
             apart_units=apart_units,
             alone_units=alone_units,
+            **who,
         )
 
     def _enqueue(self, spec: ModelSpec, request: QueuedRequest) -> None:
