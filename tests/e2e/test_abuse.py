@@ -6,6 +6,7 @@ in the quota and the audit."""
 
 from __future__ import annotations
 
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,10 +194,17 @@ def test_a_client_that_hangs_up_stops_its_generation_and_pays_what_ran(
         # some, far from all.
         assert 1 < float(units) < 1 + WORDS / 2, request_id
     # The quota holds what the audit holds (not the estimates admitted): the
-    # refusal of a request over the day's units says how many were used.
+    # refusal of a request over the day's units says how many were used. (One
+    # over the whole quota is 413, which no wait would admit: it says its units.)
     used = sum(float(units) for _, units in rows.values())
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         r = client.post("/v1/chat/completions", json=chat_body(max_tokens=4096), headers=metered)
+        assert r.status_code == 413
+        needs = re.search(r"needs (\d+) work units, more than", r.json()["error"]["message"])
+        assert needs is not None, r.text
+        prompt_units = int(needs.group(1)) - 4096
+        whole_day = chat_body(max_tokens=1000 - prompt_units)  # the quota's 1,000 units
+        r = client.post("/v1/chat/completions", json=whole_day, headers=metered)
         assert r.status_code == 429
         message = r.json()["error"]["message"]
         assert f"({used:g} used" in message, message
