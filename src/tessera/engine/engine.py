@@ -693,7 +693,8 @@ class Engine(ModelLifecycle):
         except BaseException:
             for part in parts:  # queued already: dropped before they run
                 part.future.cancel()
-            if admission is not None:
+            if admission is not None:  # refused after admission (503): it costs nothing
+                self._admission.settle(admission, 0.0)
                 self._admission.release(admission)
             raise
         counters = self._counters[name]
