@@ -5,7 +5,10 @@
 - daily quota: work units per UTC day, charged at admission with the
   request's estimate (for chat: prompt plus maximum new tokens), then
   ``settle``d to what the request is finally charged (what ran; nothing for a
-  request that never ran), the figure its audit row records too.
+  request that never ran), the figure its audit row records too. A refusal
+  that only the estimates of the tenant's requests in flight make (they
+  hold them until they settle, most for less) says so, with a Retry-After of
+  a second, not of the next day (``quota_refusal``).
 
 The controller is plain Python over a ``Clock`` (monotonic, for the bucket)
 and a wall-clock function (for the day boundary), so tests fake both.
@@ -76,6 +79,7 @@ class _TenantState:
     in_flight: int = 0
     day: int = -1
     units_today: float = 0.0
+    held: float = 0.0  # of ``units_today``: estimates of requests not yet settled
     limits: TenantLimits = field(default_factory=lambda: TenantLimits(""))
 
 
@@ -98,6 +102,42 @@ def refuse_over_quota(limits: TenantLimits, units: float) -> None:
             f"this request needs {units:g} work units, more than tenant"
             f" {limits.name!r}'s whole daily quota of {limits.daily_units:g}"
         )
+
+
+# The Retry-After of a quota refusal that requests in flight may lift as they settle.
+HELD_RETRY_S = 1.0
+
+
+def quota_refusal(
+    limits: TenantLimits, units: float, used: float, held: float, reset_s: float
+) -> RateLimitedError:
+    """The refusal of ``units`` that would pass the tenant's daily quota:
+    ``used`` counted today, ``held`` of it the estimates of requests still in
+    flight. Without those estimates the request fits: a retry once they settle
+    (most for less than they hold) may be admitted, so its wait is a second,
+    not the day's end."""
+    daily = limits.daily_units if limits.daily_units is not None else math.inf
+    if held > 0 and used - held + units <= daily:
+        message = (
+            f"tenant {limits.name!r} is at its daily quota of {daily:g} work units while"
+            f" its requests in flight hold {held:g} of the {used:g} counted until they end"
+            f" (this request needs {units:g}); retry as they do"
+        )
+        retry_after_s = HELD_RETRY_S
+    else:
+        message = (
+            f"tenant {limits.name!r} has used its daily quota of {daily:g}"
+            f" work units ({used:g} used, this request needs {units:g})"
+        )
+        retry_after_s = reset_s
+    return RateLimitedError(
+        message,
+        reason="quota",
+        retry_after_s=retry_after_s,
+        limit=limits.daily_units,
+        remaining=max(0.0, daily - used),
+        reset_s=reset_s,
+    )
 
 
 class AdmissionControl(Protocol):
@@ -152,11 +192,17 @@ class AdmissionController:
     def seed_usage(self, tenant: str, units_today: float) -> None:
         """Start the day's count from what the audit log recorded (after a restart)."""
         state = self._tenants.setdefault(tenant, _TenantState(limits=TenantLimits(tenant)))
-        state.day = self._today()
+        self._roll(state, self._today())
         state.units_today = units_today
 
     def _today(self) -> int:
         return int(self._wall_time() // DAY_S)
+
+    @staticmethod
+    def _roll(state: _TenantState, today: int) -> None:
+        """Start a new day's count (and its held estimates) if ``today`` is one."""
+        if state.day != today:
+            state.day, state.units_today, state.held = today, 0.0, 0.0
 
     def admit(self, limits: TenantLimits, units: float) -> Admission:
         """Admit one request of ``units`` work units, or raise ``RateLimitedError``."""
@@ -164,8 +210,7 @@ class AdmissionController:
         state = self._state(limits)
         now = self._clock.now()
         today = self._today()
-        if state.day != today:
-            state.day, state.units_today = today, 0.0
+        self._roll(state, today)
         if limits.max_concurrency is not None and state.in_flight >= limits.max_concurrency:
             raise RateLimitedError(
                 f"tenant {limits.name!r} has {state.in_flight} requests in flight,"
@@ -176,16 +221,9 @@ class AdmissionController:
                 remaining=0,
             )
         if limits.daily_units is not None and state.units_today + units > limits.daily_units:
+            held = state.held if state.in_flight else 0.0
             reset = (today + 1) * DAY_S - self._wall_time()
-            raise RateLimitedError(
-                f"tenant {limits.name!r} has used its daily quota of {limits.daily_units:g}"
-                f" work units ({state.units_today:g} used, this request needs {units:g})",
-                reason="quota",
-                retry_after_s=reset,
-                limit=limits.daily_units,
-                remaining=max(0.0, limits.daily_units - state.units_today),
-                reset_s=reset,
-            )
+            raise quota_refusal(limits, units, state.units_today, held, reset)
         bucket = state.bucket
         if bucket is not None and not bucket.try_take(now):
             raise RateLimitedError(
@@ -198,6 +236,7 @@ class AdmissionController:
             )
         state.in_flight += 1
         state.units_today += units
+        state.held += units
         return Admission(limits.name, units, today)
 
     def settle(self, admission: Admission, units: float) -> None:
@@ -208,10 +247,10 @@ class AdmissionController:
         if state is None:
             return
         today = self._today()
-        if state.day != today:
-            state.day, state.units_today = today, 0.0
+        self._roll(state, today)
         charged = admission.units if admission.day == today else 0.0
         state.units_today = max(0.0, state.units_today + units - charged)
+        state.held = max(0.0, state.held - charged)
 
     def remaining(self, limits: TenantLimits) -> float | None:
         state = self._tenants.get(limits.name)

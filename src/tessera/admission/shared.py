@@ -20,10 +20,14 @@ Design notes (the invariants first):
   tenant's counts: a dead gateway's slots come back after ``lease_s``. A
   gateway that finds its count dropped while it lives writes it back.
 - The day's units are a hash of UTC day -> units, which expires two days
-  after its last write; ``seed_usage`` (from the audit log, at a gateway's
-  start) only fills a day that Redis does not hold yet, so a restarted
-  gateway never overwrites what the others counted.
-- Keys are ``<prefix>{<tenant>}:bucket|flight|units``: the hash tag keeps one
+  after its last write; beside it, of those units, the estimates of requests
+  not yet settled (``held``, UTC day -> units), which a quota refusal reads
+  while the tenant has requests in flight (``quota_refusal``: a second's
+  wait, not the next day's, where only they stand in the way);
+  ``seed_usage`` (from the audit log, at a gateway's start) only fills a day
+  that Redis does not hold yet, so a restarted gateway never overwrites what
+  the others counted.
+- Keys are ``<prefix>{<tenant>}:bucket|flight|units|held``: the hash tag keeps one
   tenant's keys in one slot of a Redis Cluster, and each script names every
   key it touches.
 - Redis unreachable: ``admit`` raises ``TenantError`` (503), refusing rather
@@ -39,7 +43,13 @@ import secrets
 import threading
 from typing import TYPE_CHECKING, Any
 
-from tessera.admission.limits import Admission, TenantLimits, default_burst, refuse_over_quota
+from tessera.admission.limits import (
+    Admission,
+    TenantLimits,
+    default_burst,
+    quota_refusal,
+    refuse_over_quota,
+)
 from tessera.errors import RateLimitedError, TenantError
 
 if TYPE_CHECKING:
@@ -82,9 +92,9 @@ local function live_in_flight(key)
 end
 """
 
-# KEYS: bucket, flight, units. ARGV: gateway, lease_s, max_concurrency (-1: none),
+# KEYS: bucket, flight, units, held. ARGV: gateway, lease_s, max_concurrency (-1: none),
 # daily_units (-1: none), units, rate (-1: none), burst.
-# Returns {'ok', day} or {'concurrency', in_flight} or {'quota', used, reset_s}
+# Returns {'ok', day} or {'concurrency', in_flight} or {'quota', used, reset_s, held}
 # or {'rate', wait_s, reset_s}; numbers as strings (Lua numbers would be cut to integers).
 _ADMIT = (
     _COMMON
@@ -98,7 +108,9 @@ if max_concurrency >= 0 and in_flight >= max_concurrency then
 end
 local used = tonumber(redis.call('HGET', KEYS[3], day) or '0')
 if daily >= 0 and used + units > daily then
-  return {'quota', tostring(used), tostring((day + 1) * 86400 - now)}
+  local held = 0
+  if in_flight > 0 then held = tonumber(redis.call('HGET', KEYS[4], day) or '0') end
+  return {'quota', tostring(used), tostring((day + 1) * 86400 - now), tostring(held)}
 end
 if rate >= 0 then
   local b = redis.call('HMGET', KEYS[1], 'tokens', 'updated', 'rate', 'burst')
@@ -120,10 +132,12 @@ end
 redis.call('HINCRBY', KEYS[2], 'n:' .. gw, 1)
 redis.call('HSET', KEYS[2], 'u:' .. gw, tostring(now + lease))
 redis.call('PEXPIRE', KEYS[2], math.ceil(lease * 2000))
-redis.call('HINCRBYFLOAT', KEYS[3], day, units)
-redis.call('EXPIRE', KEYS[3], 2 * 86400)
-for _, field in ipairs(redis.call('HKEYS', KEYS[3])) do
-  if tonumber(field) < day - 1 then redis.call('HDEL', KEYS[3], field) end
+for _, key in ipairs({KEYS[3], KEYS[4]}) do
+  redis.call('HINCRBYFLOAT', key, day, units)
+  redis.call('EXPIRE', key, 2 * 86400)
+  for _, field in ipairs(redis.call('HKEYS', key)) do
+    if tonumber(field) < day - 1 then redis.call('HDEL', key, field) end
+  end
 end
 return {'ok', tostring(day)}
 """
@@ -155,12 +169,17 @@ return 0
 """
 )
 
-# KEYS: units. ARGV: the day admitted, the estimate charged then, the final charge.
+# KEYS: units, held. ARGV: the day admitted, the estimate charged then, the final charge.
 _SETTLE = (
     _COMMON
     + """
 local charged = 0
-if tonumber(ARGV[1]) == day then charged = tonumber(ARGV[2]) end
+if tonumber(ARGV[1]) == day then
+  charged = tonumber(ARGV[2])
+  local held = tonumber(redis.call('HGET', KEYS[2], day) or '0') - charged
+  if held > 1e-9 then redis.call('HSET', KEYS[2], day, tostring(held))
+  else redis.call('HDEL', KEYS[2], day) end
+end
 local used = tonumber(redis.call('HGET', KEYS[1], day) or '0')
 redis.call('HSET', KEYS[1], day, tostring(math.max(0, used + tonumber(ARGV[3]) - charged)))
 redis.call('EXPIRE', KEYS[1], 2 * 86400)
@@ -287,7 +306,8 @@ class RedisAdmissionController:
         """Charge ``units`` in place of the estimate admitted (to today, Redis's
         UTC day, if the request ends on a later day than it was admitted)."""
         args = (admission.day, admission.units, units)
-        self._quietly("settle", self._settle, [self._key(admission.tenant, "units")], args)
+        keys = [self._key(admission.tenant, kind) for kind in ("units", "held")]
+        self._quietly("settle", self._settle, keys, args)
 
     def seed_usage(self, tenant: str, units_today: float) -> None:
         """Start today's count from the audit log's, unless Redis holds it already."""
@@ -325,7 +345,7 @@ class RedisAdmissionController:
         return f"{self.prefix}{{{tenant}}}:{kind}"
 
     def _keys(self, tenant: str) -> list[str]:
-        return [self._key(tenant, kind) for kind in ("bucket", "flight", "units")]
+        return [self._key(tenant, kind) for kind in ("bucket", "flight", "units", "held")]
 
     def _run(self, script: Script, keys: list[str], args: tuple[str | int | float, ...]) -> Any:
         import redis
@@ -364,17 +384,8 @@ def _refusal(
             remaining=0,
         )
     if reason == "quota":
-        used, reset = figures
-        daily = limits.daily_units if limits.daily_units is not None else math.inf
-        return RateLimitedError(
-            f"tenant {limits.name!r} has used its daily quota of {daily:g}"
-            f" work units ({used:g} used, this request needs {units:g})",
-            reason="quota",
-            retry_after_s=reset,
-            limit=limits.daily_units,
-            remaining=max(0.0, daily - used),
-            reset_s=reset,
-        )
+        used, reset, held = figures
+        return quota_refusal(limits, units, used, held, reset)
     wait, reset = figures
     return RateLimitedError(
         f"tenant {limits.name!r} is over its rate of {limits.qps:g} requests/s",

@@ -128,6 +128,18 @@ def test_concurrency_and_daily_units_hold_across_two_gateways(
     fourth = b.admit(limits, 30)  # 100: exactly the quota
     a.release(third)
     a.settle(third, 30)
+    # Over the quota only by the estimate the fourth holds in flight: a retry
+    # once it settles may fit, so the wait is a second, not the day's end.
+    held = try_admit(a, limits, 1)
+    assert isinstance(held, RateLimitedError)
+    assert (held.reason, held.limit, held.remaining, held.retry_after_s) == (
+        "quota",
+        100,
+        0.0,
+        1.0,
+    )
+    assert "hold 30 of the 100 counted" in str(held)
+    b.settle(fourth, 30)  # it ran whole, still in flight: 100 used, none held
     over = try_admit(a, limits, 1)
     assert isinstance(over, RateLimitedError)
     assert (over.reason, over.limit, over.remaining) == ("quota", 100, 0.0)
@@ -136,8 +148,6 @@ def test_concurrency_and_daily_units_hold_across_two_gateways(
     assert over.reset_s is not None
     assert 0 < over.reset_s <= 86_400
     b.release(fourth)
-    b.settle(fourth, 0)  # a request that never ran costs nothing
-    assert isinstance(a.admit(limits, 30), Admission)
 
 
 def test_seeding_fills_only_a_day_redis_does_not_hold(
@@ -188,6 +198,34 @@ def test_the_same_refusals_as_the_in_process_controller(
     for controller in (local, gateways[0]):
         with pytest.raises(PayloadTooLargeError, match="whole daily quota of 50"):
             controller.admit(limits, 51)
+
+
+def test_the_same_refusals_while_requests_in_flight_hold_their_estimates(
+    gateways: list[RedisAdmissionController],
+) -> None:
+    limits = TenantLimits("acme", daily_units=100)
+    local = AdmissionController(FakeClock(), wall_time=lambda: 1_700_000_000.0)
+    for controller in (local, gateways[0]):
+        first = controller.admit(limits, 80)  # a chat's prompt and max_tokens, say
+        held = try_admit(controller, limits, 30)
+        assert isinstance(held, RateLimitedError)
+        assert (held.reason, held.retry_after_s, held.remaining) == ("quota", 1.0, 20)
+        assert "hold 80 of the 80 counted" in str(held)
+        assert held.reset_s is not None
+        assert held.reset_s > 1.0
+        controller.settle(first, 20)  # it ran 20: the retry fits
+        second = controller.admit(limits, 30)
+        # 50 counted, 30 of them held: 90 more would not fit even without them.
+        over = try_admit(controller, limits, 90)
+        assert isinstance(over, RateLimitedError)
+        assert over.retry_after_s == over.reset_s
+        assert "(50 used, this request needs 90)" in str(over)
+        controller.release(first)
+        controller.release(second)
+        # Nothing in flight: an estimate never settled (a gateway that died) is used.
+        over = try_admit(controller, limits, 60)
+        assert isinstance(over, RateLimitedError)
+        assert over.retry_after_s == over.reset_s
 
 
 def redis_now(client: redis.Redis) -> float:

@@ -96,3 +96,18 @@ def test_settle_charges_what_ran_in_place_of_the_estimate() -> None:
     with pytest.raises(RateLimitedError) as info:
         controller.admit(limits, 71)
     assert "(30 used" in str(info.value)
+
+
+def test_a_quota_refusal_made_by_estimates_in_flight_says_to_retry_soon() -> None:
+    controller, _, _ = make_admission()
+    limits = TenantLimits("t", daily_units=100)
+    chat = controller.admit(limits, 90)  # a prompt and its max_tokens, held in flight
+    with pytest.raises(RateLimitedError) as info:
+        controller.admit(limits, 20)
+    assert info.value.retry_after_s == 1.0
+    assert info.value.reset_s is not None
+    assert info.value.reset_s > 1.0
+    assert "hold 90 of the 90 counted" in str(info.value)
+    controller.settle(chat, 12)  # it wrote 12 tokens, not 90
+    controller.admit(limits, 20)
+    controller.release(chat)

@@ -224,7 +224,7 @@ def test_concurrency_refusal_figures() -> None:
 def test_quota_refusal_figures() -> None:
     controller, _, wall = make_admission(wall_start=5 * DAY_S + 600.0)
     limits = TenantLimits("t", daily_units=100)
-    controller.admit(limits, 70)
+    controller.settle(controller.admit(limits, 70), 70)  # ran whole, still in flight
     error = refusal(controller, limits, 40)
     assert error.remaining == pytest.approx(30.0)
     assert error.limit == 100
