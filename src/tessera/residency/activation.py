@@ -1,37 +1,71 @@
 """Sliding-window statistics of measured activation peaks, per model.
 
-Each measured batch contributes its peak bytes per work unit; a batch of ``u``
-units reserves ``ceil(max(window) * u)`` bytes, so a reservation is never
-below what a recent batch really used per unit. (A fixed part of a batch's
-peak is spread over its units: it is over-reserved for batches larger than
-the measured ones and under-reserved for smaller ones.) Until a model has a
-measurement, it reserves nothing extra (its warm-up batch is measured right
-after load).
+Each measured batch contributes its peak bytes and its work units. A batch of
+``u`` units reserves the most that a reading near its size scaled to ``u``
+says (``reserve_bytes``): each reading's peak times ``u`` over its units, over
+the readings no smaller than half the largest one of at most ``u`` units (all
+of them where none is that small). So a reservation is never below what a
+recent batch of about its size used per unit. Readings much smaller than one
+nearer the size are left out: a batch's peak has a fixed part, which a
+reading of a few units spreads over those few, and scaled up to hundreds of
+units a two-token batch's reading made a 120-token text "need" 1.8 GB where a
+55-token reading says 0.2. (A fixed part is still over-reserved above the
+nearest reading and under-reserved below it; and a text's attention grows with
+the square of its length, which a linear scale from a shorter one leaves out.)
+Until a model has a measurement, it reserves nothing extra (its warm-up batch
+is measured right after load).
 
 A model's first readings settle before they count: the warm-up's reading and
-then each lower one replaces the last, until a reading is no lower than the one
-before (or ``SETTLING_READINGS`` were taken); from then on every reading goes
-into the window. A first run carries one-off costs the runs after it do not:
-PP-OCRv6 on CPU read 148 MiB a page-unit at its warm-up, then 103, 83, 70.3,
-and 70-71 for every page after those. As the window's maximum the first
-readings would hold that excess for the next 64 batches: under a budget that
-cannot hold every model and one such batch beside them, every page evicted
-twice the bytes it needed.
+then each lower one (per unit) replaces the last, until a reading is no lower
+than the one before (or ``SETTLING_READINGS`` were taken); from then on every
+reading goes into the window. A first run carries one-off costs the runs
+after it do not: PP-OCRv6 on CPU read 148 MiB a page-unit at its warm-up, then
+103, 83, 70.3, and 70-71 for every page after those. As the window's maximum
+the first readings would hold that excess for the next 64 batches: under a
+budget that cannot hold every model and one such batch beside them, every page
+evicted twice the bytes it needed.
+
+What refuses a request for good (413: it could never run) is not that
+estimate but ``proven_bytes``: what two real batches of no more units each
+peaked at, at least (the lower of the two highest). A peak only grows with a
+batch's units, so such a request needs as much; an extrapolation, a warm-up's
+reading or a single first run with its one-off costs refused every OCR page
+after the first under a budget of 300 MiB, for good (no batch ran to correct
+it). A reservation over the room a batch may have is cut to that room
+(``ResidencyManager.plan_batch``): the batch runs, and its reading is the
+next estimate's.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
+from typing import NamedTuple
 
 # The most readings a model's first, falling readings may take to settle.
 SETTLING_READINGS = 8
 
 
+class _Reading(NamedTuple):
+    units: float
+    peak_bytes: int
+    provisional: bool  # a warm-up's (``observe``)
+
+    @property
+    def per_unit(self) -> float:
+        return self.peak_bytes / self.units
+
+
+# A reservation scales the readings of at least this share of the largest
+# reading's units at or below its own (``reserve_bytes``).
+NEAR_SHARE = 0.5
+
+
 class ActivationStats:
     def __init__(self, window: int = 64) -> None:
-        self._per_unit: deque[float] = deque(maxlen=window)
-        self._settling: float | None = None  # the last of the first, falling readings
+        self._window: deque[_Reading] = deque(maxlen=window)
+        self._settling: _Reading | None = None  # the last of the first, falling readings
         self._settling_readings = 0
         self.num_samples = 0
 
@@ -41,26 +75,39 @@ class ActivationStats:
         if peak_bytes < 0 or units <= 0:
             return
         self.num_samples += 1
-        value = peak_bytes / units
-        if self._per_unit:
+        reading = _Reading(units, peak_bytes, provisional)
+        if self._window:
             if not provisional:
-                self._per_unit.append(value)
+                self._window.append(reading)
             return
         last = self._settling
         self._settling_readings += 1
-        if last is None or value < last:
-            self._settling = value
+        if last is None or reading.per_unit < last.per_unit:
+            self._settling = reading
         elif not provisional:
-            self._per_unit.extend((last, value))
-        if self._settling_readings >= SETTLING_READINGS and not self._per_unit:
-            self._per_unit.append(self._settling if self._settling is not None else value)
+            self._window.extend((last, reading))
+        if self._settling_readings >= SETTLING_READINGS and not self._window:
+            self._window.append(self._settling if self._settling is not None else reading)
 
     def reserve_bytes(self, units: float) -> int:
-        if self._per_unit:
-            return math.ceil(max(self._per_unit) * units)
-        if self._settling is not None:
-            return math.ceil(self._settling * units)
-        return 0
+        """The bytes a batch of ``units`` reserves (see the module notes)."""
+        readings: Sequence[_Reading] = self._window
+        if not readings:
+            if self._settling is None:
+                return 0
+            readings = (self._settling,)
+        below = [r.units for r in readings if r.units <= units]
+        near = max(below) * NEAR_SHARE if below else 0.0
+        return math.ceil(max(r.per_unit for r in readings if r.units >= near) * units)
+
+    def proven_bytes(self, units: float) -> int:
+        """The least a batch of ``units`` must need: the lower of the two
+        highest peaks of real batches of no more units (0 with fewer than two)."""
+        peaks = sorted(
+            (r.peak_bytes for r in self._window if r.units <= units and not r.provisional),
+            reverse=True,
+        )
+        return peaks[1] if len(peaks) > 1 else 0
 
 
 class ActivationBook:

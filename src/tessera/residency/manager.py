@@ -677,12 +677,12 @@ class ResidencyManager:
     def raise_if_never_fits(self, spec: ModelSpec, units: float) -> None:
         """``RequestTooLargeError`` for a request whose own batch, of ``units``
         peak units (``plan.peak_units``), could never fit beside the model's
-        measured weights (nothing is known, and nothing refused, before the
-        model's first load and warm-up)."""
+        measured weights: batches of no more units were measured to need more
+        (``ActivationStats.proven_bytes``). An estimate refuses nothing: a
+        request over it runs in the room there is, and is measured."""
         measured = self._measured.get(spec.key)
-        stats = self.activations.of(spec.key)
-        if measured is not None and stats.num_samples:
-            self._check_fits(spec, measured, stats.reserve_bytes(units))
+        if measured is not None:
+            self._check_fits(spec, measured, self.activations.of(spec.key).proven_bytes(units))
 
     async def _reserve(
         self,

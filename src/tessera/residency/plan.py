@@ -1,10 +1,12 @@
 """How a batch is run within the budget: whole, or in parts that each fit.
 
-Invariant: a part's activation reservation (measured peak per unit x its peak
-units) fits the room the model could have beside its own weights, unless the
-part is a single request, which is never split (the reservation then decides
-whether it waits for room or fails as too large). Parts keep the batch's
-order, so a request is answered by exactly one part.
+Invariant: a part's activation reservation (``ActivationStats.reserve_bytes``
+of its peak units) fits the room the model could have beside its own weights.
+A single request is never split: where its estimate is over the room, it
+reserves the room, runs, and its measured peak is the next estimate's (what
+refuses a request for good, 413, is what batches of its size were measured to
+need, ``ActivationStats.proven_bytes``, not an estimate). Parts keep the
+batch's order, so a request is answered by exactly one part.
 
 A part's *peak units* are the work units whose activations it holds at once:
 all of them, except for items its runtime runs alone, one after another
@@ -53,7 +55,8 @@ def split_to_fit(
     reserve_bytes: Callable[[float], int],
     room_bytes: int,
 ) -> list[BatchPart]:
-    """Halve ``requests`` until each part's reservation fits ``room_bytes``."""
+    """Halve ``requests`` until each part's reservation fits ``room_bytes``
+    (a single request's cut to it)."""
     peak = peak_units(requests)
     need = reserve_bytes(peak)
     if len(requests) > 1 and need > room_bytes:
@@ -61,4 +64,5 @@ def split_to_fit(
         return split_to_fit(requests[:half], reserve_bytes, room_bytes) + split_to_fit(
             requests[half:], reserve_bytes, room_bytes
         )
+    need = min(need, max(0, room_bytes))
     return [BatchPart(tuple(requests), sum(r.units for r in requests), need, peak)]

@@ -87,27 +87,36 @@ def test_the_activation_book_forgets_a_model() -> None:
     assert book.of("b").reserve_bytes(10) == 50
 
 
-async def test_a_batch_that_could_never_fit_is_refused_once_the_model_is_measured() -> None:
+async def test_a_batch_is_refused_for_good_once_two_of_no_more_units_needed_more() -> None:
     manager, _host, _clock = make_manager(1000)
     spec = make_spec("m", 600)
     manager.raise_if_never_fits(spec, 1_000_000)  # nothing known yet: nothing refused
     await manager.ensure_loaded(spec)
     manager.raise_if_never_fits(spec, 1_000_000)  # weights known, no batch measured yet
     manager.observe_batch("m", 100, 10)  # 10 bytes a unit
-    manager.raise_if_never_fits(spec, 40)  # 600 + 400 = the budget: fits
+    # An estimate (10,000,000 bytes) refuses nothing: the batch runs in the room there is.
+    manager.raise_if_never_fits(spec, 1_000_000)
+    manager.observe_batch("m", 500, 40)  # one batch of 40 units over the room of 400 ...
+    manager.raise_if_never_fits(spec, 40)  # ... may have been its first run's one-off cost
+    manager.observe_batch("m", 450, 40)  # a second one: 40 units need 450 at least
     with pytest.raises(RequestTooLargeError) as refused:
-        manager.raise_if_never_fits(spec, 41)  # 600 + 410 > 1000
-    assert refused.value.activation_bytes == 410
+        manager.raise_if_never_fits(spec, 40)  # 600 + 450 > 1000
+    assert refused.value.activation_bytes == 450
+    with pytest.raises(RequestTooLargeError):
+        manager.raise_if_never_fits(spec, 1_000)  # more units need no less
+    manager.raise_if_never_fits(spec, 39)  # of 39 units, one batch of 10 is all that is known
 
 
 async def test_a_models_own_cap_refuses_the_batch_before_the_budget_does() -> None:
     manager, _host, _clock = make_manager(10_000)
     spec = make_spec("capped", 600, max_bytes=700)
     await manager.ensure_loaded(spec)
-    manager.observe_batch("capped", 100, 10)
-    manager.raise_if_never_fits(spec, 10)
+    for peak in (100, 100, 120):
+        manager.observe_batch("capped", peak, 10)
+    manager.raise_if_never_fits(spec, 10)  # 600 + 100: exactly its cap
+    manager.observe_batch("capped", 101, 10)
     with pytest.raises(RequestTooLargeError, match="its cap"):
-        manager.raise_if_never_fits(spec, 11)
+        manager.raise_if_never_fits(spec, 10)
 
 
 async def test_weights_over_the_cap_are_too_large_not_a_request_too_large() -> None:

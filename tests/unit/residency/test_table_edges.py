@@ -3,6 +3,7 @@ figure: plain synchronous calls, no manager, no host."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -330,3 +331,31 @@ def test_a_choice_among_some_candidates_is_the_order_of_all_less_the_others(
     some = [e for e in entries if e.name in idle]
     ordered = [e for e in policy.order(entries) if e.name in idle]
     assert take(ordered, need, freed(entries)) == policy.choose(some, need, freed(entries))
+
+
+def test_a_reservation_scales_the_readings_near_its_size_not_the_smallest() -> None:
+    # all-minilm-l6-v2-int8 on CPU, about: two-token batches peak at their fixed
+    # part (30 MB), a 55-token one at 60 MB.
+    stats = ActivationStats()
+    for peak, units in ((30_000_000, 2), (30_000_000, 2), (60_000_000, 55)):
+        stats.observe(peak, units)
+    # 160 tokens: scaled from the 55-token reading, not 15 MB a token from the two-token ones.
+    assert stats.reserve_bytes(160) == pytest.approx(60_000_000 * 160 / 55, abs=1)
+    assert stats.reserve_bytes(2) == 30_000_000  # its own size's readings
+    assert stats.reserve_bytes(40) == 30_000_000 * 20  # nothing nearer than 2 at or below 40
+    # Readings at least half the nearest one's units count too (noise at about one size).
+    stats.observe(40_000_000, 30)
+    assert stats.reserve_bytes(60) == math.ceil(max(40_000_000 / 30, 60_000_000 / 55) * 60)
+    assert stats.reserve_bytes(31) == math.ceil(max(40_000_000 / 30, 60_000_000 / 55) * 31)
+
+
+def test_only_two_real_readings_prove_what_a_size_needs() -> None:
+    stats = ActivationStats()
+    stats.observe(5_000, 10, provisional=True)  # a warm-up's, with one-off costs
+    stats.observe(6_000, 10)  # a first run's: no lower, the window begins
+    assert stats.proven_bytes(10) == 0  # the warm-up's and one real reading prove nothing
+    stats.observe(900, 10)
+    assert stats.proven_bytes(10) == 900  # the lower of the two highest real ones
+    assert stats.proven_bytes(9) == 0  # nothing of 9 units or fewer was measured
+    stats.observe(1_000, 5)
+    assert stats.proven_bytes(100) == 1_000
