@@ -68,7 +68,7 @@ from tessera.runtimes.memory import freeze_heap
 from tessera.runtimes.stacking import stacked_totals
 from tessera.runtimes.tokens import TokenCounter, token_counter
 from tessera.scheduling import BatchTimePredictor
-from tessera.tasks.types import ChatOutput, Task, request_units, work_units
+from tessera.tasks.types import ChatOutput, Task, cut_to_window, request_units, work_units
 
 from .counters import ModelCounters
 from .executor import ACROSS_MODELS_THREADS, BatchRun, ComputeExecutor, default_workers
@@ -665,6 +665,7 @@ class Engine(ModelLifecycle):
                 f" model {name!r} takes at most {spec.max_inputs}"
             )
         self._residency.raise_if_failed(name)
+        items = cut_to_window(items, spec.inputs)
         units = request_units(items, spec.inputs, self._token_counter(spec))
         size = max(1, spec.batching.max_batch_size)
         chunks = [list(items[i : i + size]) for i in range(0, len(items), size)]

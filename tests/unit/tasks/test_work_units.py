@@ -11,6 +11,7 @@ import pytest
 from tessera.errors import ConfigError, InvalidInputError, PayloadTooLargeError
 from tessera.repository.spec import parse_spec
 from tessera.tasks.types import (
+    MAX_CHARS_PER_TOKEN,
     ChatInput,
     ChatMessage,
     InputLimits,
@@ -19,6 +20,7 @@ from tessera.tasks.types import (
     SpeechInput,
     TextInput,
     TranslateInput,
+    cut_to_window,
     request_units,
     work_units,
 )
@@ -76,6 +78,21 @@ def test_text_counts_at_most_its_window() -> None:
     assert work_units(TextInput("four"), InputLimits(text_window=256)) == 1
     pair = RerankInput("q" * 40, chunk)  # each side cut to the window
     assert work_units(pair, InputLimits(text_window=256)) == 10 + 256
+
+
+def test_texts_over_a_truncating_window_are_cut_before_the_tokenizer_sees_them() -> None:
+    limits = InputLimits(text_window=256)
+    most = 256 * MAX_CHARS_PER_TOKEN
+    short = [TextInput("word " * 100), RerankInput("q", "d")]
+    assert cut_to_window(short, limits) is short  # nothing to cut: the same items
+    huge = "word " * 3_000_000  # 15 MB of text, for 256 tokens
+    cut = cut_to_window([TextInput(huge), RerankInput(huge, "d"), TextInput("x")], limits)
+    assert cut == [TextInput(huge[:most]), RerankInput(huge[:most], "d"), TextInput("x")]
+    assert work_units(cut[0], limits) == work_units(TextInput(huge), limits) == 256
+    # Where the card refuses over-window texts, or knows no window, none is cut.
+    for kept in (InputLimits(text_window=256, truncate=False), InputLimits()):
+        items = [TextInput(huge)]
+        assert cut_to_window(items, kept) is items
 
 
 def test_truncate_false_refuses_an_over_window_text_with_the_limit() -> None:
