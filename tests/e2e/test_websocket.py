@@ -25,6 +25,7 @@ from tessera.gateway.websocket import MAX_IN_FLIGHT
 from tessera.tenants import TenantStore
 
 MAX_MESSAGE_BYTES = 64 * 1024
+HEADER_TIMEOUT_S = 2
 WS_COLUMNS = "tenant, model, status, units"  # the audit columns these tests read
 WORDS = 200  # the chatty model's answer: a word every 50 ms, 10 s in all
 MODELS = {
@@ -63,6 +64,7 @@ def server(data_dir: Path, key: str) -> Iterator[Server]:
         "include_default_models": False,
         "model_repositories": [str(repo)],
         "max_body_bytes": MAX_MESSAGE_BYTES,
+        "header_timeout_s": HEADER_TIMEOUT_S,  # a socket's wait for its key too
     }
     config.write_text(yaml.safe_dump(settings))
     process, server = start_server(
@@ -237,6 +239,28 @@ def test_authentication_by_first_message(server: Server, key: str) -> None:
     assert error["error"]["code"] == 401
 
 
+def test_a_socket_that_sends_no_key_is_closed_after_the_header_timeout(server: Server) -> None:
+    with open_socket(server, None) as ws:
+        code, error = closed_with(ws)
+    assert code == 1008
+    assert error is not None
+    assert error["error"]["code"] == 408
+    assert f"no key within {HEADER_TIMEOUT_S} s" in error["error"]["message"]
+
+
+def test_a_later_auth_message_changes_the_key(server: Server, key: str) -> None:
+    with open_socket(server, key) as ws:
+        ask(ws, {"type": "auth", "key": key})  # once authenticated, a key again
+        assert answer(ws) == {"type": "auth", "tenant": "acme"}
+        ask(ws, {"id": "1", "type": "translate", "model": "tr", "input": "ab"})
+        assert result_of(ws, "1")["type"] == "result"
+        ask(ws, {"type": "auth", "key": "tsk_not_a_key"})
+        code, error = closed_with(ws)
+    assert code == 1008
+    assert error is not None
+    assert error["error"]["code"] == 401
+
+
 def test_a_wrong_key_is_refused_with_1008(server: Server, data_dir: Path) -> None:
     with open_socket(server, "tsk_nothere0_" + "x" * 43, "ws-wrongkey") as ws:
         code, error = closed_with(ws)
@@ -303,6 +327,31 @@ def test_bad_fields_and_unknown_types_are_errors_for_their_id(server: Server, ke
         assert result_of(ws, "f")["error"]["code"] == 400
         ask(ws, {"id": "ok", "type": "embeddings", "model": "embed", "input": "x"})
         assert result_of(ws, "ok")["type"] == "result"  # the socket is still open
+
+
+def test_an_id_in_flight_is_refused_again_and_the_first_keeps_it(server: Server, key: str) -> None:
+    words = " ".join(f"w{i}" for i in range(20))  # a word every 50 ms: 1 s
+    chat = {"type": "chat", "model": "chatty", "messages": [{"role": "user", "content": words}]}
+    with open_socket(server, key) as ws:
+        ask(ws, {"id": "d", **chat})
+        ask(ws, {"id": "d", **chat})
+        replies = [answer(ws)]  # the second refused ...
+        ask(ws, {"id": "d", **chat})  # ... and the id still the first's after it
+        replies += [answer(ws) for _ in range(2)]
+    assert [r["type"] for r in replies] == ["error", "error", "result"]
+    for refused in replies[:2]:
+        assert refused["error"]["code"] == 400
+        assert "in flight already" in refused["error"]["message"]
+
+
+def test_an_ocr_page_that_fails_is_its_own_status_not_a_500(server: Server, key: str) -> None:
+    pages = [png_b64(4, 4), png_b64(5, 4)]
+    with open_socket(server, key) as ws:
+        ask(ws, {"id": "late", "type": "ocr", "model": "reader", "images": pages, "timeout": 1e-6})
+        reply = result_of(ws, "late")
+    assert reply["type"] == "error"
+    assert reply["error"]["code"] in (503, 504), reply  # past its deadline: queued or not
+    assert "internal" not in reply["error"]["message"]
 
 
 def test_more_than_the_bound_in_flight_is_refused_for_its_id(server: Server, key: str) -> None:

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 
 from tessera import __version__
-from tessera.config import DEFAULT_MAX_BODY_BYTES
+from tessera.config import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 from tessera.engine import PreloadProgress, ServingEngine
 from tessera.gateway import (
     admin,
@@ -54,6 +54,7 @@ def create_app(
     engine: ServingEngine,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     tenant_store: TenantStore | None = None,
     audit_log: AuditLog | None = None,
     tiers: dict[str, TierSpec] | None = None,
@@ -141,6 +142,7 @@ def create_app(
     app.state.tiers = tiers or dict(DEFAULT_TIERS)
     install_error_handlers(app)
     app.state.max_body_bytes = max_body_bytes  # the WebSocket's message bound too
+    app.state.header_timeout_s = header_timeout_s  # and a WebSocket's wait for its key
     routers = (
         health,
         openai_api,

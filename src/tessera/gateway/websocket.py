@@ -22,8 +22,10 @@ finishes, through the engine's ``submit``/``wait`` under the tenant's caller
 (admission, fair scheduling, deadlines), with one audit row and one request
 event per engine request, as HTTP's. Authentication: the same API keys, in
 the handshake's ``Authorization``/``x-api-key`` header, or in a first message
-``{"type": "auth", "key"}`` (answered ``{"type": "auth", "tenant"}``), under
-the HTTP throttle of failed keys; the key is checked again at every message,
+``{"type": "auth", "key"}`` (answered ``{"type": "auth", "tenant"}``) within
+the server's ``header_timeout_s`` of the handshake (as an HTTP request's head
+must come), under the HTTP throttle of failed keys; a later
+``auth`` message (no ``id``) changes the socket's key; the key is checked again at every message,
 as HTTP checks it at every request, so a revoked key closes its sockets (1008)
 at their next message and a changed tenant's limits apply at once.
 Backpressure: at most ``MAX_IN_FLIGHT`` messages in flight on a socket; one
@@ -59,7 +61,7 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, Field
 from starlette.websockets import WebSocketDisconnect
 
-from tessera.config import DEFAULT_MAX_BODY_BYTES
+from tessera.config import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError, RequestCancelledError, TesseraError
 from tessera.gateway.common import caller_of
@@ -187,17 +189,35 @@ class _Session:
 
     async def _read(self) -> None:
         while True:
-            message = await self.ws.receive()
+            message = await self._receive()
             if message["type"] == "websocket.disconnect":
                 return
             payload = self._payload(message)
-            if self.store is not None and self.principal is None:
+            anew = payload.get("type") == "auth" and "id" not in payload
+            if self.store is not None and (self.principal is None or anew):
                 self._first_message(payload)
                 await self.send({"type": "auth", "tenant": self._tenant()})
                 continue
             if self.store is not None:
                 self._authenticate(self._key)  # as HTTP does at each request
             self._dispatch(payload)
+
+    async def _receive(self) -> MutableMapping[str, Any]:
+        """The next message; before a key, within the server's ``header_timeout_s``
+        (else a 1008 close)."""
+        if self.store is None or self.principal is not None:
+            return await self.ws.receive()
+        wait_s = getattr(self.app_state, "header_timeout_s", DEFAULT_HEADER_TIMEOUT_S)
+        try:
+            async with asyncio.timeout(wait_s):
+                return await self.ws.receive()
+        except TimeoutError:
+            raise _Close(
+                POLICY_VIOLATION,
+                f'no key within {wait_s:g} s: send {{"type": "auth", "key": KEY}} first',
+                408,
+                "request_timeout",
+            ) from None
 
     def _payload(self, message: MutableMapping[str, Any]) -> dict[str, Any]:
         text = message.get("text")
@@ -276,9 +296,9 @@ class _Session:
                 "invalid_request_error",
             )
         message = _Message(message_id, f"{self.connection_id}/{message_id}")
-        if message_id in self.in_flight:
+        if message_id in self.in_flight:  # refused untracked: the first keeps its id
             error = InvalidInputError(f"a message of id {message_id!r} is in flight already")
-            self._spawn(message, self._refuse(message, error))
+            self._spawn(message, self._refuse(message, error), track=False)
             return
         if len(self.in_flight) >= MAX_IN_FLIGHT:
             self._spawn(message, self._too_many(message), track=False)
@@ -523,10 +543,19 @@ async def _ocr(session: _Session, message: _Message, payload: dict[str, Any]) ->
             {"id": message.id, "type": "page", "index": index, "data": bodies[index]}
         )
 
-    async with asyncio.TaskGroup() as group:
-        for index in range(len(items)):
-            group.create_task(page(index))
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index in range(len(items)):
+                group.create_task(page(index))
+    except ExceptionGroup as failed:  # a page's failure is the message's, as it is
+        raise _first_leaf(failed) from None
     await session.result(message, {"model": body.model, "pages": bodies})
+
+
+def _first_leaf(group: BaseExceptionGroup[Exception]) -> Exception:
+    """The first exception of ``group`` that is not a group itself."""
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 _Handler = Callable[[_Session, _Message, dict[str, Any]], Awaitable[None]]
