@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.clock import Clock, MonotonicClock
 from tessera.engine import RequestTrace
-from tessera.gateway.errors import error_body_for, metered
+from tessera.gateway.errors import api_of, error_body_for, metered
 from tessera.logs import request_id as request_id_var
 from tessera.metrics import RequestEvent, StatsSink
 from tessera.tenants import AuditRecord, Principal
@@ -251,8 +251,10 @@ def audit_request(
 
 
 async def _respond(send: Send, refusal: _Refusal, path: str) -> None:
-    status = refusal.status
-    kind = {401: "authentication_error", 403: "permission_denied"}.get(status, "rate_limited")
+    status = api_of(path).status(refusal.status, None)
+    kind = {401: "authentication_error", 403: "permission_denied"}.get(
+        refusal.status, "rate_limited"
+    )
     payload = error_body_for(path, status, refusal.message, kind)
     headers = [(b"content-type", b"application/json")]
     if status == 401:

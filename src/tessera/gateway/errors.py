@@ -145,17 +145,34 @@ def _deepl_error(status: int, message: str, kind: str) -> dict[str, object]:
     return {"message": message}
 
 
+def _deepl_status(status: int, reason: str | None) -> int:
+    """DeepL's own statuses, which its clients act on: a key refused is 403
+    (``AuthorizationException``), the quota used up 456
+    (``QuotaExceededException``: a 429 its client retries for 16 s first)."""
+    if status == 401:
+        return 403
+    if status == 429 and reason == "quota":
+        return 456
+    return status
+
+
+def _same_status(status: int, reason: str | None) -> int:
+    return status
+
+
 @dataclass(frozen=True)
 class ApiPaths:
     """The paths of one API: the shape its clients read errors in, which of
     its requests are metered (an audit row and a request event each; its
     listings, probes and metadata are not, unless refused for their key),
-    and the status it answers an invalid request with."""
+    and the status it answers an invalid request with; ``status`` turns a
+    status (and a refusal's reason) into the API's own."""
 
     owns: Callable[[str], bool]
     metered: Callable[[str], bool]
     error: Callable[[int, str, str], dict[str, object]]
     invalid: int
+    status: Callable[[int, str | None], int] = _same_status
 
 
 _DEEPL_PATHS = frozenset({"/v2/translate", "/v2/languages", "/v2/usage"})
@@ -184,7 +201,13 @@ def _not_a_listing(path: str) -> bool:
 
 KSERVE = ApiPaths(kserve_path, lambda path: path.startswith("/v2/models"), _message_error, 400)
 TEI = ApiPaths(_tei_path, _tei_runs, _tei_error, 422)
-DEEPL = ApiPaths(_DEEPL_PATHS.__contains__, lambda path: path == "/v2/translate", _deepl_error, 400)
+DEEPL = ApiPaths(
+    _DEEPL_PATHS.__contains__,
+    lambda path: path == "/v2/translate",
+    _deepl_error,
+    400,
+    _deepl_status,
+)
 OLLAMA = ApiPaths(_ollama_path, _OLLAMA_METERED.__contains__, _message_error, 400)
 OPENAI = ApiPaths(_v1_or_v2, _not_a_listing, error_body, 400)  # Cohere's and tessera's own too
 # The first that owns a path is its API; the rest of the server (admin,
@@ -212,7 +235,8 @@ def status_of(error: TesseraError, api: ApiPaths) -> tuple[int, str]:
     """The HTTP status and error type of an engine error on ``api``'s routes."""
     for cls, status, kind in _STATUS:
         if isinstance(error, cls):
-            return (api.invalid if status is None else status), kind
+            status = api.invalid if status is None else status
+            return api.status(status, getattr(error, "reason", None)), kind
     return 500, "internal_error"
 
 

@@ -12,6 +12,7 @@ import pytest
 from builders import fake_engine
 from tessera.gateway import create_app
 from tessera.gateway.context import api_key
+from tessera.tenants import TenantStore
 
 MODELS = {
     "en-pt": {"task": "translate", "options": {"direction": "en-pt"}},
@@ -100,3 +101,31 @@ def test_deepls_key_scheme_is_a_key() -> None:
     assert api_key([(b"authorization", b"DeepL-Auth-Key tsk_1")]) == "tsk_1"
     assert api_key([(b"authorization", b"Bearer tsk_2")]) == "tsk_2"
     assert api_key([(b"authorization", b"Basic abc")]) is None
+
+
+async def test_a_refused_key_is_403_and_a_used_up_quota_456_as_deepl_answers(
+    tmp_path: Path,
+) -> None:
+    # DeepL's clients act on these: AuthorizationException, QuotaExceededException
+    # (a 429 the Python client retried for 16 s before it gave up).
+    with TenantStore(tmp_path / "data") as store:
+        store.add_tenant("small", daily_units=5)
+        key = store.create_key("small").key
+        async with fake_engine(tmp_path / "repo", MODELS) as engine:
+            app = create_app(engine, tenant_store=store)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                body = {"text": ["abc"], "target_lang": "PT-BR"}
+                bad = {"Authorization": "DeepL-Auth-Key tsk_not_a_key"}
+                r = await client.post("/v2/translate", json=body, headers=bad)
+                assert r.status_code == 403, r.text
+                good = {"Authorization": f"DeepL-Auth-Key {key}"}
+                r = await client.post("/v2/translate", json=body, headers=good)
+                assert r.status_code == 200, r.text  # 3 of its 5 characters
+                r = await client.post("/v2/translate", json=body, headers=good)
+                assert r.status_code == 456, r.text
+                assert "daily quota" in r.json()["message"]
+                r = await client.post(  # elsewhere a quota is 429, a key 401
+                    "/v1/translate", json={"model": "en-pt", "input": "abc"}, headers=good
+                )
+                assert r.status_code == 429
