@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tessera.errors import InvalidInputError, TaskMismatchError
 from tessera.gateway.common import engine_of, parsed, run_task
-from tessera.gateway.openai_api import texts_of, usage_of
+from tessera.gateway.openai_api import shortened, texts_of, usage_of
 from tessera.repository import ModelSpec
 from tessera.tasks.image import decode_base64, decode_image
 from tessera.tasks.prompts import OcrTask, ocr_prompt, parse_fields
@@ -104,6 +104,8 @@ class CohereEmbedRequest(BaseModel):
     texts: Annotated[list[str], Field(min_length=1)]
     input_type: str | None = None  # a symmetric model embeds queries and documents alike
     embedding_types: list[str] | None = None
+    # Cohere's Matryoshka sizes; here any size up to the model's, as OpenAI's ``dimensions``.
+    output_dimension: int | None = Field(default=None, ge=1)
 
 
 # Cohere's embedding types served: its int8 and uint8 scale each dimension by
@@ -129,6 +131,8 @@ async def cohere_embed(body: CohereEmbedRequest, request: Request) -> JSONRespon
     items = [TextInput(t) for t in texts_of(body.texts, "texts")]
     vectors = await run_task(request, body.model, Task.EMBEDDING, items)
     matrix = np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
+    if body.output_dimension is not None:
+        matrix = shortened(matrix, body.output_dimension)
     by_type = kinds is not None or request.url.path.startswith("/v2/")
     embeddings: Any = matrix.tolist()
     if by_type:

@@ -788,6 +788,25 @@ async def test_cohere_embed_in_each_embedding_type(client: httpx.AsyncClient) ->
     assert "served are float, binary, ubinary, base64" in r.json()["error"]["message"]
 
 
+async def test_cohere_embed_output_dimension_shortens_as_openais_dimensions(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {"model": "embed", "texts": ["a b", "c"], "embedding_types": ["float"]}
+    full = (await client.post("/v2/embed", json=body)).json()["embeddings"]["float"]
+    r = await client.post("/v2/embed", json={**body, "output_dimension": 4})
+    assert r.status_code == 200, r.text
+    short = np.array(r.json()["embeddings"]["float"])
+    assert short.shape == (2, 4)
+    expected = np.array(full)[:, :4]
+    norms = np.linalg.norm(np.array(full), axis=1)
+    if np.allclose(norms, 1.0, atol=1e-3):  # unit rows stay unit rows
+        expected = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+    np.testing.assert_allclose(short, expected, rtol=1e-5, atol=1e-6)
+    r = await client.post("/v2/embed", json={**body, "output_dimension": FAKE_DIMS + 1})
+    assert r.status_code == 400
+    assert f"embeddings have {FAKE_DIMS}" in r.json()["error"]["message"]
+
+
 async def test_admin_batches_reports_recent_batch_sizes_and_times(
     client: httpx.AsyncClient,
 ) -> None:
