@@ -72,7 +72,6 @@ from tessera.residency.policy import (
     take,
 )
 from tessera.residency.table import (
-    HOLDING,
     ModelEntry,
     ModelState,
     Reservation,
@@ -541,19 +540,9 @@ class ResidencyManager:
     def stats(self) -> ResidencyStats:
         now = self._clock.now()
         entries = list(self.table.entries.values())
-        holders: dict[str, int] = {}
-        for e in entries:
-            if e.state in HOLDING:
-                for key in e.footprint.shared_bytes:
-                    holders[key] = holders.get(key, 0) + 1
-
-        def share(e: ModelEntry) -> int:
-            if e.state not in HOLDING:
-                return 0
-            split = sum(num // holders[key] for key, num in e.footprint.shared_bytes.items())
-            return e.footprint.own_bytes + e.activation_bytes + split
-
         tier = self.host_tier
+        device = self.table.shares()
+        host = tier.table.shares() if tier is not None else {}
         return ResidencyStats(
             budget_bytes=self.table.budget_bytes,
             used_bytes=self.table.used_bytes(),
@@ -568,7 +557,7 @@ class ResidencyManager:
                 ModelResidency(
                     name=e.name,
                     state=e.state.value,
-                    bytes=share(e),
+                    bytes=device.get(e.name, 0),
                     weights_bytes=e.weights_bytes,
                     last_used=e.last_used,
                     loads=e.loads,
@@ -581,7 +570,7 @@ class ResidencyManager:
                     uses=e.uses_at(now),
                     eviction_score=eviction_score(e, now),
                     host_tier=tier is not None and tier.holds(e.name),
-                    host_bytes=tier.bytes_of(e.name) if tier is not None else 0,
+                    host_bytes=host.get(e.name, 0),
                     files_load_s=e.files_load_s,
                     host_load_s=e.host_load_s,
                     host_loads=e.host_loads,

@@ -148,6 +148,22 @@ class ResidencyTable:
     def used_bytes(self) -> int:
         return self._held_own + self._shared_total
 
+    def shares(self) -> dict[str, int]:
+        """Each held model's part of ``used_bytes``: its own bytes and
+        activation room, and an equal part of each component it shares with
+        other models held (so the parts sum to about the whole)."""
+        held = [e for e in self.entries.values() if e.state in HOLDING]
+        holders: dict[str, int] = {}
+        for e in held:
+            for key in e.footprint.shared_bytes:
+                holders[key] = holders.get(key, 0) + 1
+        return {
+            e.name: e.footprint.own_bytes
+            + e.activation_bytes
+            + sum(num // holders[key] for key, num in e.footprint.shared_bytes.items())
+            for e in held
+        }
+
     def weight_bytes(self) -> int:
         """Bytes held by models themselves: what is used less the activation
         room running batches hold for now."""

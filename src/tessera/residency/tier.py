@@ -28,7 +28,7 @@ from __future__ import annotations
 from tessera.clock import Clock
 from tessera.footprint import Footprint
 from tessera.residency.policy import EvictionPolicy
-from tessera.residency.table import HOLDING, ModelEntry, ModelState, ResidencyTable
+from tessera.residency.table import ModelEntry, ModelState, ResidencyTable
 
 
 class HostTier:
@@ -54,11 +54,6 @@ class HostTier:
         """Whether ``name`` waits in the tier now (not coming in, not leaving)."""
         entry = self.table.entries.get(name)
         return entry is not None and entry.state is ModelState.READY
-
-    def bytes_of(self, name: str) -> int:
-        """The host bytes ``name`` holds (its shared components whole), else 0."""
-        entry = self.table.entries.get(name)
-        return entry.weights_bytes if entry is not None and entry.state in HOLDING else 0
 
     def make_room(self, entry: ModelEntry, footprint: Footprint) -> list[str] | None:
         """The copies to drop, in order, so that the model of ``entry`` (its
