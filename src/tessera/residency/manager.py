@@ -509,21 +509,27 @@ class ResidencyManager:
         fits it never needs an eviction, whichever models load meanwhile (it
         may wait for other batches' bytes). Otherwise the budget less
         ``spec``'s own weights. Within its cap."""
-        expected = self._expected(spec)
         total = self.catalogue_bytes()
         if total is not None and total <= self.table.budget_bytes:
-            room = self.table.budget_bytes - total
-        else:
-            room = self.table.budget_bytes - expected.total_bytes
+            return min(self.table.budget_bytes - total, self.most_activation_room(spec))
+        return self.most_activation_room(spec)
+
+    def most_activation_room(self, spec: ModelSpec) -> int:
+        """The most activation bytes a batch of ``spec`` could ever have: the
+        budget, and its cap, less its own weights."""
+        expected = self._expected(spec)
+        room = self.table.budget_bytes - expected.total_bytes
         if spec.max_bytes is not None:
             room = min(room, spec.max_bytes - expected.total_bytes)
         return room
 
     def plan_batch(self, spec: ModelSpec, requests: list[QueuedRequest]) -> list[BatchPart]:
         """The parts a batch runs in: whole when its measured activation need
-        fits ``activation_room``, else halves that each fit."""
+        fits ``activation_room``, else halves that each fit (a single
+        request's need cut to ``most_activation_room``)."""
         stats = self.activations.of(spec.key)
-        return split_to_fit(requests, stats.reserve_bytes, self.activation_room(spec))
+        room, most = self.activation_room(spec), self.most_activation_room(spec)
+        return split_to_fit(requests, stats.reserve_bytes, room, most)
 
     def activation_bytes_per_unit(self, name: str) -> int | None:
         """The most activation bytes per work unit measured in the window."""

@@ -251,14 +251,16 @@ def test_items_run_alone_count_the_largest_of_them_not_their_sum(
     assert (parts[0].units, parts[0].peak_units, parts[0].activation_bytes) == (14, 5, 50)
 
 
-def test_a_single_request_is_never_split_and_reserves_at_most_the_room(
+def test_a_single_request_is_never_split_and_reserves_at_most_the_most_room(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     (only,) = requests(loop, [50])
     parts = split_to_fit([only], lambda units: int(units * 10), room_bytes=20)
     assert len(parts) == 1
     assert parts[0].requests == (only,)
-    assert parts[0].activation_bytes == 20  # estimated 500: it runs in the room, measured
+    assert parts[0].activation_bytes == 500  # over the pool: it evicts for its estimate
+    (part,) = split_to_fit([only], lambda units: int(units * 10), room_bytes=20, most_bytes=100)
+    assert part.activation_bytes == 100  # estimated 500: it runs in the most there is, measured
 
 
 def test_footprint_is_a_read_only_copy() -> None:
