@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -127,12 +128,12 @@ class RequestContextMiddleware:
         token = request_id_var.set(request_id)
         info = state["audit"] = AuditInfo()
         started = time.monotonic()
-        status = 500
+        status, answered = 500, False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, answered = message["status"], True
                 message["headers"] = [
                     *message.get("headers", []),
                     (b"x-request-id", request_id.encode("latin-1")),
@@ -149,6 +150,10 @@ class RequestContextMiddleware:
                 await _respond(send_with_id, refusal, scope["path"])
                 return
             await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            if not answered:  # cancelled by its server (a gRPC call's client left): 499
+                status = 499
+            raise
         finally:
             audit_request(app_state, state, info, status, started, scope["path"])
             request_id_var.reset(token)

@@ -7,6 +7,7 @@ import asyncio
 import queue
 from collections.abc import AsyncIterator
 
+import httpx
 import numpy as np
 import pytest
 
@@ -252,6 +253,40 @@ async def test_errors_take_their_grpc_status_and_message(
             await client.infer(model, [texts_input(["x"])])
     assert error.value.status() == status
     assert says in str(error.value.message())
+
+
+async def test_a_call_its_client_cancels_is_counted_499_as_http_counts_it(
+    engine: Engine,
+) -> None:
+    app = create_app(engine, max_body_bytes=64 * 1024)
+    port = free_port()
+    server = await start_grpc(app, "127.0.0.1", port)
+    try:
+        request = service_pb2.ModelInferRequest(model_name="slow")  # a batch runs 0.1 s
+        tensor = request.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
+        tensor.contents.bytes_contents.append(b"x")
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
+            await asyncio.sleep(0.03)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            for _ in range(200):  # recorded once the batch it was in ends
+                metrics = (await client.get("/metrics")).text
+                counted = [
+                    line
+                    for line in metrics.splitlines()
+                    if line.startswith("tessera_requests_total") and 'model="slow"' in line
+                ]
+                if counted:
+                    break
+                await asyncio.sleep(0.01)
+        assert any('status="499"' in line for line in counted), counted
+        assert not any('status="500"' in line for line in counted)
+    finally:
+        await server.stop(None)
 
 
 async def test_metadata_config_readiness_and_the_index(address: str) -> None:
