@@ -198,6 +198,7 @@ class OllamaGenerateRequest(Generation):
     prompt: Annotated[str, Field(min_length=1)]
     system: str | None = None
     raw: bool = False
+    images: list[str] | None = None
 
 
 def _images(encoded: list[str] | None) -> tuple[Any, ...]:
@@ -234,9 +235,11 @@ async def chat(request: Request) -> Response:
 async def generate(request: Request) -> Response:
     body = parsed(OllamaGenerateRequest, await request.body())
     if body.raw:
+        if body.images:
+            raise InvalidInputError("images go with the model's template: not with raw")
         return await _answer(request, body, "response", messages=(), prompt=body.prompt)
     system = (ChatMessage("system", body.system),) if body.system else ()
-    messages = (*system, ChatMessage("user", body.prompt))
+    messages = (*system, ChatMessage("user", body.prompt, _images(body.images)))
     return await _answer(request, body, "response", messages=messages)
 
 

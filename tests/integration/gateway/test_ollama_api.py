@@ -131,6 +131,18 @@ async def test_pulling_a_model_served_here_succeeds_at_once(client: httpx.AsyncC
             "temperature",
         ),
         ("/api/generate", {"model": "embed", "prompt": "x", "stream": False}, 400, "embed"),
+        (  # a generation's images are read as a chat's (they were ignored)
+            "/api/generate",
+            {"model": "chat", "prompt": "x", "images": ["not base64!"], "stream": False},
+            400,
+            "base64",
+        ),
+        (
+            "/api/generate",
+            {"model": "chat", "prompt": "x", "images": ["aGk="], "raw": True, "stream": False},
+            400,
+            "not with raw",
+        ),
         ("/api/show", {"model": "nope"}, 404, "nope"),
         ("/api/show", {}, 400, "model is required"),
         ("/api/pull", {"model": "llama3:8b"}, 404, "llama3:8b"),
