@@ -567,15 +567,29 @@ async def start_grpc(app: FastAPI, host: str, port: int) -> grpc.aio.Server:
     """A started gRPC server of KServe v2 over ``app`` on ``host:port``."""
     try:
         import grpc
-        from tritonclient.grpc import service_pb2_grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
     except ImportError as e:  # grpcio, or tritonclient's grpc part
         raise ConfigError(_INSTALL_HINT) from e
 
-    class Servicer(KServeService, service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-        pass
+    # The calls not served answer UNIMPLEMENTED themselves: the generated
+    # servicer's raise NotImplementedError, which grpcio logged with its
+    # traceback at every call.
+    def unimplemented(name: str) -> Callable[..., Awaitable[None]]:
+        async def call(self: KServeService, request: Any, context: Any) -> None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not served")
 
+        return call
+
+    service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    missing = {
+        method.name: unimplemented(method.name)
+        for method in service.methods
+        if not hasattr(KServeService, method.name)
+    }
+    bases = (KServeService, service_pb2_grpc.GRPCInferenceServiceServicer)
+    servicer = type("Servicer", bases, missing)(app)
     server = grpc.aio.server()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Servicer(app), server)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if server.add_insecure_port(address) == 0:
         raise ConfigError(f"cannot listen for gRPC on {address}")

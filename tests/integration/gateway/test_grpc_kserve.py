@@ -302,12 +302,18 @@ async def test_metadata_config_readiness_and_the_index(address: str) -> None:
         assert {"embed", "intent"} <= {m.name for m in index.models}
 
 
-async def test_what_is_not_served_is_unimplemented(address: str) -> None:
+async def test_what_is_not_served_is_unimplemented(
+    address: str, caplog: pytest.LogCaptureFixture
+) -> None:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest())
-    assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        with pytest.raises(grpc.aio.AioRpcError) as traced:
+            await stub.TraceSetting(service_pb2.TraceSettingRequest())
+    assert error.value.code() == traced.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "SystemSharedMemoryStatus is not served" in str(error.value.details())
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no traceback a call
 
 
 class Context:
