@@ -190,7 +190,7 @@ class ClassifyRequest(BaseModel):
     def texts(self) -> list[str]:
         if self.inputs is not None:
             return texts_of(self.inputs, "inputs")
-        return texts_of(self.input or "")
+        return texts_of(self.input if self.input is not None else "")
 
 
 @router.post("/v1/classify")

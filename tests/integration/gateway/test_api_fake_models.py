@@ -126,6 +126,7 @@ async def test_rerank_classify_translate(client: httpx.AsyncClient) -> None:
         ({"model": "intent", "input": "a", "inputs": ["a"]}, "one of them"),
         ({"model": "intent", "inputs": ["a"], "examples": [{"text": "a", "label": "b"}]}, "few"),
         ({"model": "intent", "inputs": []}, "must not be empty"),
+        ({"model": "intent", "input": []}, "input must not be empty"),  # not "input[0]"
     ):
         r = await client.post("/v1/classify", json=body)
         assert r.status_code == 400, r.text
