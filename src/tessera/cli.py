@@ -219,7 +219,14 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the owner's alone
+    if not _can_listen(settings.host, settings.port):  # before a key is made and printed
+        typer.echo(f"error: cannot listen on {settings.host}:{settings.port}: in use", err=True)
+        raise typer.Exit(3)
+    try:
+        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the owner's alone
+    except OSError as e:
+        typer.echo(f"error: data folder {settings.data_dir}: {e.strerror or e}", err=True)
+        raise typer.Exit(2) from e
     ray_engines: RayEngines | None = None
     if settings.cluster is not None:
         engine, ray_engines = _cluster_engine(settings, repository, start_engines)
@@ -231,7 +238,11 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
             f" budget {stats.budget_bytes} bytes, host tier {stats.host_budget_bytes},"
             f" {stats.num_workers} workers x {stats.threads_per_worker} threads"
         )
-    store, audit_log = _tenancy(settings, engine) if settings.auth else (None, None)
+    try:
+        store, audit_log = _tenancy(settings, engine) if settings.auth else (None, None)
+    except ConfigError as e:  # a data folder's database it cannot read
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
     app_ = create_app(
         engine,
         max_body_bytes=settings.max_body_bytes,
@@ -316,6 +327,20 @@ def _cluster_engine(
         loaders={CLUSTER_RUNTIME: ClusterLoader(ray_engines)},
     )
     return engine, ray_engines
+
+
+def _can_listen(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be listened on now (port 0: any free one)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, AuditLog]:
