@@ -53,7 +53,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from tessera.errors import ConfigError
 from tessera.gateway.kserve import EVENT_STREAM, HEADER_LENGTH, binary_data
@@ -103,14 +103,16 @@ class _Answer:
 def _scope(
     method: str, path: str, headers: Sequence[tuple[str, str]], body: bytes, client: tuple[str, int]
 ) -> dict[str, Any]:
+    """An HTTP request's scope; ``path`` URL-encoded, as a client sends it
+    (a model's name quoted within it), decoded in ``path`` as ASGI has it."""
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
         "method": method,
         "scheme": "http",
-        "path": path,
-        "raw_path": quote(path).encode(),
+        "path": unquote(path),
+        "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
         "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]

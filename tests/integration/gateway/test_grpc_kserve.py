@@ -241,6 +241,7 @@ async def test_tritonclient_loads_and_unloads_over_grpc(address: str) -> None:
     ("model", "status", "says"),
     [
         ("nope", "StatusCode.NOT_FOUND", "'nope' not found"),
+        ("a b", "StatusCode.NOT_FOUND", "'a b' not found"),  # named as HTTP names it
         ("chat", "StatusCode.INVALID_ARGUMENT", "'text_input' is missing"),
         ("broken", "StatusCode.UNAVAILABLE", "broken"),
     ],
