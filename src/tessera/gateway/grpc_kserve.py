@@ -272,6 +272,8 @@ class KServeService:
     async def ModelReady(self, request: Any, context: Any) -> Any:
         path = _model_path(request.name, request.version, "/ready")
         answer = await self._get(context, "GET", path)
+        if answer.status in (401, 403, 429):  # the key's refusal, not the model's state
+            await _abort(context, answer)
         return self.pb.ModelReadyResponse(ready=answer.status == 200)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import queue
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -15,6 +16,7 @@ from serverproc import free_port
 from tessera.engine import Engine
 from tessera.gateway import create_app
 from tessera.runtimes.fake import fake_classify, fake_embedding
+from tessera.tenants import TenantStore
 
 grpc = pytest.importorskip("grpc")
 triton = pytest.importorskip("tritonclient.grpc.aio")
@@ -288,6 +290,27 @@ async def test_a_call_its_client_cancels_is_counted_499_as_http_counts_it(
         assert not any('status="500"' in line for line in counted)
     finally:
         await server.stop(None)
+
+
+async def test_readiness_asked_without_a_key_is_unauthenticated_not_unready(
+    engine: Engine, tmp_path: Path
+) -> None:
+    with TenantStore(tmp_path / "data") as store:
+        store.add_tenant("acme")
+        key = store.create_key("acme").key
+        app = create_app(engine, tenant_store=store)
+        port = free_port()
+        server = await start_grpc(app, "127.0.0.1", port)
+        try:
+            async with triton.InferenceServerClient(f"127.0.0.1:{port}") as client:
+                assert await client.is_model_ready(
+                    "embed", headers={"authorization": f"Bearer {key}"}
+                )
+                with pytest.raises(InferenceServerException) as refused:
+                    await client.is_model_ready("embed")
+            assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
+        finally:
+            await server.stop(None)
 
 
 async def test_metadata_config_readiness_and_the_index(address: str) -> None:
