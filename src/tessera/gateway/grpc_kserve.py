@@ -361,6 +361,11 @@ class KServeService:
         await self._ok(context, "POST", path, body)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
+        problem = _raw_problem(request)
+        if problem is not None:
+            import grpc
+
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         head, blob, path = _infer_call(request)
         length = [(HEADER_LENGTH, str(len(head)))]
         return _infer_response(self.pb, await self._ok(context, "POST", path, head + blob, length))
@@ -397,6 +402,13 @@ class KServeService:
     async def _stream_answers(
         self, request: Any, context: Any, answers: asyncio.Queue[Any]
     ) -> None:
+        problem = _raw_problem(request)
+        if problem is not None:
+            about = _about(self.pb, request)
+            answers.put_nowait(
+                self.pb.ModelStreamInferResponse(error_message=problem, infer_response=about)
+            )
+            return
         head, blob, path = _infer_call(request)
         headers = [*_headers(context), (HEADER_LENGTH, str(len(head))), ("accept", EVENT_STREAM)]
         answer, body, events = _Answer(500, {}, b""), b"", b""
@@ -445,6 +457,24 @@ class KServeService:
         for name, value in found.get("parameters", {}).items():
             response.parameters[name].bool_param = bool(value)
         return stream(infer_response=response)
+
+
+def _raw_problem(request: Any) -> str | None:
+    """What is wrong with a request's ``raw_input_contents``, as Triton refuses
+    it: they are given for every input or none, and an input given them has no
+    ``contents`` beside."""
+    raw = len(request.raw_input_contents)
+    if not raw:
+        return None
+    if raw != len(request.inputs):
+        return (
+            f"raw_input_contents has {raw} entries for {len(request.inputs)} inputs:"
+            " give one for each input, or none"
+        )
+    for given in request.inputs:
+        if given.HasField("contents"):
+            return f"input {given.name!r} has both contents and raw_input_contents"
+    return None
 
 
 def _infer_call(request: Any) -> tuple[bytes, bytes, str]:

@@ -82,6 +82,23 @@ async def test_texts_in_bytes_contents_are_read_as_in_raw_contents(address: str)
     np.testing.assert_allclose(vectors, [fake_embedding("a b"), fake_embedding("c")], rtol=1e-6)
 
 
+async def test_raw_contents_are_for_every_input_or_none_as_triton_holds(address: str) -> None:
+    both = service_pb2.ModelInferRequest(model_name="embed")
+    tensor = both.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.append(b"a")
+    both.raw_input_contents.append(b"\x01\x00\x00\x00b")
+    extra = service_pb2.ModelInferRequest(model_name="embed")
+    extra.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
+    extra.raw_input_contents.extend([b"\x01\x00\x00\x00b", b"\x01\x00\x00\x00c"])
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for request, says in ((both, "both contents and raw"), (extra, "2 entries for 1")):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.ModelInfer(request)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert says in str(refused.value.details())
+
+
 async def test_image_files_in_bytes_contents_stay_bytes(address: str) -> None:
     import io
 
