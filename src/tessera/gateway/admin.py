@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from tessera.errors import ConfigError, InvalidInputError
 from tessera.gateway.common import engine_of
 from tessera.gateway.errors import error_body
+from tessera.repository import read_versions
 
 router = APIRouter(prefix="/admin")
 
@@ -128,8 +129,9 @@ async def add_model(body: AddModelRequest, request: Request) -> JSONResponse:
         raise InvalidInputError("give either path, or model_yaml and weights")
     engine = engine_of(request)
     rollouts = await engine.add_model(folder)
-    name = rollouts[-1].model if rollouts else None
-    served = [] if name is None else [v.version_label for v in engine.versions(name)]
+    # Nothing new to roll out: the folder's model, as it serves already.
+    name = rollouts[-1].model if rollouts else read_versions(folder)[0].name
+    served = [v.version_label for v in engine.versions(name)]
     return JSONResponse(
         {
             "name": name,

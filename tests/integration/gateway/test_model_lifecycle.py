@@ -219,6 +219,9 @@ async def test_a_model_registered_while_serving_answers_at_once_and_gives_its_by
     added = await client.post("/admin/models", json={"path": str(folder / "new")})
     assert added.status_code == 201, added.text
     assert added.json()["rollouts"][0]["state"] == "done"
+    again = await client.post("/admin/models", json={"path": str(folder / "new")})
+    assert again.status_code == 200, again.text  # nothing new: named as it serves
+    assert again.json() == {"name": "new", "versions": ["1"], "rollouts": []}
     answer = await client.post("/v1/embeddings", json={"model": "new", "input": "hi"})
     assert answer.status_code == 200
     assert (await client.get("/admin/residency")).json()["used_bytes"] == before + 5000
