@@ -405,11 +405,10 @@ class Engine(ModelLifecycle):
         with contextlib.suppress(TimeoutError):
             await self.clock.wait_for(self._drained.wait(), grace_s)
         left = [r for r in self._pending if not r.future.done()]
+        grace = f"{grace_s:g}s grace" if grace_s > 0 else "its grace cut short"
         for request in left:
             request.future.set_exception(
-                ShuttingDownError(
-                    f"the server stopped before this request finished ({grace_s:g}s grace)"
-                )
+                ShuttingDownError(f"the server stopped before this request finished ({grace})")
             )
         return len(left)
 
