@@ -213,7 +213,9 @@ def test_sigterm_stops_every_process_with_status_0(tmp_path: Path) -> None:
     assert not alive
 
 
-def test_a_port_in_use_is_one_line_and_status_1(tmp_path: Path) -> None:
+def test_a_port_in_use_is_one_line_and_status_3(tmp_path: Path) -> None:
+    # 3 as a single process's (uvicorn's start-up failure), found before any
+    # process is started or any tenant made.
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -222,6 +224,6 @@ def test_a_port_in_use_is_one_line_and_status_1(tmp_path: Path) -> None:
         command += ["--port", str(port), "--data-dir", str(tmp_path / "data")]
         command += ["--preload", "nothing-at-all", "--no-fill"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 1
+    assert done.returncode == 3
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
     assert "Traceback" not in done.stderr
