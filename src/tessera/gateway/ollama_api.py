@@ -11,6 +11,10 @@ LangChain's ``OllamaEmbeddings`` and ``ChatOllama``).
   ``top_k`` and ``num_ctx``, are the model card's), ``format`` (``json`` or a
   schema) and ``tools`` go where the OpenAI API's would (llama.cpp, vLLM),
   and images (base64) to a vision-language model;
+- a chat with no messages, or a generation with no prompt, loads the model
+  (``done_reason`` ``load``), as Ollama's clients ask before they use one;
+  with ``keep_alive`` 0 it unloads it (``unload``), for an admin key only:
+  for a tenant's the server keeps or evicts models for all of them (403);
 - ``GET /api/tags`` (the models the caller may use), ``GET /api/ps`` (those
   resident now, their bytes), ``POST /api/show`` (a model's details and
   ``capabilities``: ``completion``, ``tools`` and ``vision`` where its runtime
@@ -45,10 +49,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tessera import __version__
-from tessera.errors import InvalidInputError, ModelNotFoundError, TesseraError
+from tessera.errors import (
+    InvalidInputError,
+    ModelNotFoundError,
+    PermissionDeniedError,
+    TesseraError,
+)
 from tessera.gateway.common import (
+    caller_of,
     engine_of,
     parsed,
+    principal_of,
     run_task,
     started_task,
     visible_models,
@@ -161,6 +172,7 @@ class Generation(BaseModel):
 
     model: str
     stream: bool = True
+    keep_alive: float | str | None = None  # 0 with nothing to answer: unload the model
     format: Literal["json"] | dict[str, Any] | None = None
     options: Options = Field(default_factory=Options)
 
@@ -190,12 +202,12 @@ class Generation(BaseModel):
 
 
 class OllamaChatRequest(Generation):
-    messages: Annotated[list[OllamaMessage], Field(min_length=1)]
+    messages: list[OllamaMessage] = Field(default_factory=list)  # none: load the model
     tools: list[dict[str, Any]] | None = None
 
 
 class OllamaGenerateRequest(Generation):
-    prompt: Annotated[str, Field(min_length=1)]
+    prompt: str = ""  # none: load the model
     system: str | None = None
     raw: bool = False
     images: list[str] | None = None
@@ -226,6 +238,8 @@ def _message(message: OllamaMessage) -> ChatMessage:
 @router.post("/chat", response_model=None)
 async def chat(request: Request) -> Response:
     body = parsed(OllamaChatRequest, await request.body())
+    if not body.messages:
+        return await _load_or_unload(request, body, "message")
     tools = {"tools": json.dumps(body.tools), "tool_choice": "auto"} if body.tools else {}
     messages = tuple(_message(m) for m in body.messages)
     return await _answer(request, body, "message", messages=messages, **tools)
@@ -234,6 +248,8 @@ async def chat(request: Request) -> Response:
 @router.post("/generate", response_model=None)
 async def generate(request: Request) -> Response:
     body = parsed(OllamaGenerateRequest, await request.body())
+    if not body.prompt and not body.images:
+        return await _load_or_unload(request, body, "response")
     if body.raw:
         if body.images:
             raise InvalidInputError("images go with the model's template: not with raw")
@@ -241,6 +257,37 @@ async def generate(request: Request) -> Response:
     system = (ChatMessage("system", body.system),) if body.system else ()
     messages = (*system, ChatMessage("user", body.prompt, _images(body.images)))
     return await _answer(request, body, "response", messages=messages)
+
+
+async def _load_or_unload(request: Request, body: Generation, field: str) -> JSONResponse:
+    """Ollama's load (a chat or generation of nothing), or its unload
+    (``keep_alive`` 0): the model resident now, or evicted (an admin key's)."""
+    model = _name(body.model)
+    caller_of(request, model)  # 403 where the key may not use it
+    engine = engine_of(request)
+    engine.spec_for(model, chat_task(engine, model))  # 404: no such model; 400: no chat
+    if _zero(body.keep_alive):
+        principal = principal_of(request)
+        if principal is not None and not principal.admin:
+            raise PermissionDeniedError(
+                "unloading a model takes an admin key: the server keeps or evicts"
+                " models for every tenant"
+            )
+        await engine.unload(model)
+        reason = "unload"
+    else:
+        await engine.load(model)
+        reason = "load"
+    empty: Any = {"role": "assistant", "content": ""} if field == "message" else ""
+    answer = {"model": body.model, "created_at": _now(), field: empty, "done": True}
+    return JSONResponse({**answer, "done_reason": reason})
+
+
+def _zero(keep_alive: Any) -> bool:
+    """Whether Ollama's ``keep_alive`` (seconds, or a duration such as "0s") is 0."""
+    if isinstance(keep_alive, int | float) and not isinstance(keep_alive, bool):
+        return keep_alive == 0
+    return isinstance(keep_alive, str) and keep_alive.strip() in ("0", "0s", "0m", "0h")
 
 
 async def _answer(request: Request, body: Generation, field: str, **fields: Any) -> Response:

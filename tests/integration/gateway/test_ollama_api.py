@@ -4,12 +4,17 @@ streamed a line a piece), tags, ps; errors in Ollama's shape."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from tessera.engine import Engine
+from tessera.gateway import create_app
 from tessera.runtimes.fake import fake_embedding
+from tessera.tenants import TenantStore
 
 
 async def test_embed_gives_unit_vectors_and_the_older_route_one(
@@ -97,12 +102,63 @@ async def test_pulling_a_model_served_here_succeeds_at_once(client: httpx.AsyncC
     assert [line["status"] for line in lines] == ["pulling manifest", "success"]
 
 
+async def test_a_chat_or_generation_of_nothing_loads_and_keep_alive_0_unloads(
+    client: httpx.AsyncClient,
+) -> None:
+    def resident() -> Awaitable[httpx.Response]:
+        return client.get("/api/ps")
+
+    r = await client.post("/api/generate", json={"model": "chat"})  # Ollama's load
+    assert r.status_code == 200, r.text
+    assert (r.json()["response"], r.json()["done"], r.json()["done_reason"]) == ("", True, "load")
+    assert "chat" in [m["name"] for m in (await resident()).json()["models"]]
+    r = await client.post("/api/chat", json={"model": "chat", "messages": [], "keep_alive": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["message"] == {"role": "assistant", "content": ""}
+    assert r.json()["done_reason"] == "unload"
+    assert "chat" not in [m["name"] for m in (await resident()).json()["models"]]
+    r = await client.post("/api/chat", json={"model": "chat", "messages": [], "keep_alive": "5m"})
+    assert r.json()["done_reason"] == "load"
+
+
+async def test_only_an_admin_key_unloads_through_ollamas_api(
+    engine: Engine, tmp_path: Path
+) -> None:
+    with TenantStore(tmp_path / "data") as store:
+        store.add_tenant("ops")
+        store.add_tenant("acme")
+        keys = {
+            "admin": store.create_key("ops", admin=True).key,
+            "acme": store.create_key("acme").key,
+        }
+        transport = httpx.ASGITransport(app=create_app(engine, tenant_store=store))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            unload = {"model": "chat", "keep_alive": "0s"}
+            for who, status in (("acme", 403), ("admin", 200)):
+                headers = {"Authorization": f"Bearer {keys[who]}"}
+                r = await client.post("/api/generate", json={"model": "chat"}, headers=headers)
+                assert r.json()["done_reason"] == "load"  # any key that may use it loads it
+                r = await client.post("/api/generate", json=unload, headers=headers)
+                assert r.status_code == status, r.text
+            assert (
+                "admin key"
+                in (
+                    await client.post(
+                        "/api/generate",
+                        json=unload,
+                        headers={"Authorization": f"Bearer {keys['acme']}"},
+                    )
+                ).json()["error"]
+            )
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "says"),
     [
         ("/api/embed", {"model": "nope", "input": "x"}, 404, "nope"),
         ("/api/embed", {"model": "embed", "input": ""}, 400, "empty"),
-        ("/api/chat", {"model": "chat", "messages": [], "stream": False}, 400, "messages"),
+        ("/api/chat", {"model": "embed", "messages": []}, 400, "embed"),  # a load: no chat
+        ("/api/generate", {"model": "nope"}, 404, "nope"),
         (
             "/api/chat",
             {
