@@ -31,13 +31,14 @@ peaked at, at least (the lower of the two highest). A peak only grows with a
 batch's units, so such a request needs as much; an extrapolation, a warm-up's
 reading or a single first run with its one-off costs refused every OCR page
 after the first under a budget of 300 MiB, for good (no batch ran to correct
-it). A reservation over the room a batch may have is cut to that room
-(``ResidencyManager.plan_batch``): the batch runs, and its reading is the
-next estimate's.
+it). A single request's reservation over the most room its model could ever
+have beside its weights is cut to that room (``ResidencyManager.plan_batch``):
+the batch runs, and its reading is the next estimate's.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -103,9 +104,8 @@ class ActivationStats:
     def proven_bytes(self, units: float) -> int:
         """The least a batch of ``units`` must need: the lower of the two
         highest peaks of real batches of no more units (0 with fewer than two)."""
-        peaks = sorted(
-            (r.peak_bytes for r in self._window if r.units <= units and not r.provisional),
-            reverse=True,
+        peaks = heapq.nlargest(
+            2, (r.peak_bytes for r in self._window if r.units <= units and not r.provisional)
         )
         return peaks[1] if len(peaks) > 1 else 0
 

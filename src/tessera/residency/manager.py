@@ -509,10 +509,15 @@ class ResidencyManager:
         fits it never needs an eviction, whichever models load meanwhile (it
         may wait for other batches' bytes). Otherwise the budget less
         ``spec``'s own weights. Within its cap."""
+        return self._pool_within(self.most_activation_room(spec))
+
+    def _pool_within(self, most: int) -> int:
+        """``most`` bytes of activation room, or the pool beside every model's
+        weights where those all fit and it is less."""
         total = self.catalogue_bytes()
         if total is not None and total <= self.table.budget_bytes:
-            return min(self.table.budget_bytes - total, self.most_activation_room(spec))
-        return self.most_activation_room(spec)
+            return min(self.table.budget_bytes - total, most)
+        return most
 
     def most_activation_room(self, spec: ModelSpec) -> int:
         """The most activation bytes a batch of ``spec`` could ever have: the
@@ -528,8 +533,8 @@ class ResidencyManager:
         fits ``activation_room``, else halves that each fit (a single
         request's need cut to ``most_activation_room``)."""
         stats = self.activations.of(spec.key)
-        room, most = self.activation_room(spec), self.most_activation_room(spec)
-        return split_to_fit(requests, stats.reserve_bytes, room, most)
+        most = self.most_activation_room(spec)
+        return split_to_fit(requests, stats.reserve_bytes, self._pool_within(most), most)
 
     def activation_bytes_per_unit(self, name: str) -> int | None:
         """The most activation bytes per work unit measured in the window."""
