@@ -21,6 +21,7 @@ Core code raises these; only ``gateway/`` maps them to HTTP statuses.
     ├── DeadlineExceededError       the deadline passed before it ran (504)
     ├── RequestCancelledError       the caller went away; nobody reads the answer
     ├── InferenceError              the model raised while running a batch (500, JSON)
+    │   └── ModelOutputError        it answered numbers that are not finite (NaN, inf) (500)
     └── TenantError                 the tenant store failed (its database) (503)
         ├── TenantNotFoundError     no such tenant (404)
         ├── TenantExistsError       a tenant of that name exists already (409)
@@ -142,6 +143,15 @@ class RequestCancelledError(TesseraError):
 
 class InferenceError(TesseraError):
     """The model raised while running a batch."""
+
+
+class ModelOutputError(InferenceError):
+    """The model answered numbers that are not finite (NaN or infinity): broken
+    weights, or an input that overflows it. Never served as an answer."""
+
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(f"model {name!r} answered {detail}; the answer is withheld")
+        self.name = name
 
 
 class AuthenticationError(TesseraError):

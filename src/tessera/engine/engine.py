@@ -69,6 +69,7 @@ from tessera.runtimes.stacking import stacked_totals
 from tessera.runtimes.tokens import TokenCounter, token_counter
 from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.types import ChatOutput, Task, cut_to_window, request_units, work_units
+from tessera.tasks.finiteness import finite_run
 
 from .counters import ModelCounters
 from .executor import ACROSS_MODELS_THREADS, BatchRun, ComputeExecutor, default_workers
@@ -925,7 +926,7 @@ class Engine(ModelLifecycle):
                 functools.partial(self._next_batch_s, spec, following),
                 expected_s,
             ) as lease:
-                run_items = with_stops(lease.model.run, part.requests)
+                run_items = finite_run(spec.key, with_stops(lease.model.run, part.requests))
                 run = await self._executor.run(
                     run_items,
                     items,

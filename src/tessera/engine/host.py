@@ -47,6 +47,7 @@ from tessera.runtimes.hostcopy import PINNED_POOL
 from tessera.runtimes.isolated import IsolatedLoader
 from tessera.runtimes.memory import Measured, collect_all, freeze_heap
 from tessera.runtimes.registry import get_loader
+from tessera.tasks.finiteness import check_finite
 from tessera.tasks.samples import warmup_items
 from tessera.tasks.types import Task, work_units
 
@@ -82,6 +83,7 @@ class EngineHost:
         max_concurrent_loads: int = 2,
         cache_dir: Path | None = None,
         loaders: Mapping[str, ModelLoader] | None = None,
+        trusted_pickle_dirs: tuple[Path, ...] = (),
     ):
         self.device = device
         self.executor = executor
@@ -117,6 +119,7 @@ class EngineHost:
             shared=self.shared,
             measure=executor.measure_exclusive,
             cache_dir=cache_dir,
+            trusted_pickle_dirs=trusted_pickle_dirs,
         )
         # Reloads are not measured again (the residency manager keeps the first
         # load's figures), so a reload never holds running batches back, nor
@@ -263,6 +266,9 @@ class EngineHost:
         items = warmup_items(spec.task, 1 if spec.task in ONE_ITEM_WARMUP else num_items)
         try:
             measured = self.executor.measure_exclusive(lambda: model.run(items))
+            # Weights that load but answer NaN fail here, as a load that raised:
+            # the model is failed (``failed_models``), never served.
+            check_finite(spec.key, measured.value)
         except BaseException:
             model.unload()
             raise

@@ -24,6 +24,8 @@ Its descriptor's ``options`` set what it reports and does::
       items_alone: false     # true: items run one after another, each with its own
                              # scratch, freed before the next (ItemsApart)
       scale: 1.0             # embeddings of this norm (tells two versions apart)
+      nan_on: poison         # NaN embeddings (scores) for inputs whose text holds this
+                             # ("": every input, its warm-up's too: weights gone NaN)
       stack: 0               # N: its batches meet other such models' in rounds of up to N
                              # (runtimes/stacking.Rendezvous; a round runs them one after
                              # another in its leader's thread, and a failure fails the
@@ -243,6 +245,12 @@ class FakeModel:
         scale = float(self.spec.options.get("scale", 1.0))
         if scale != 1.0 and self.spec.task is Task.EMBEDDING:
             outputs = [np.asarray(output) * np.float32(scale) for output in outputs]
+        nan_on = self.spec.options.get("nan_on")
+        if nan_on is not None:
+            outputs = [
+                _nan_like(output) if nan_on in _text_of(item) else output
+                for item, output in zip(items, outputs, strict=True)
+            ]
         return outputs
 
     def memory(self) -> Footprint:
@@ -396,3 +404,12 @@ def make_fake_model(spec: ModelSpec, ctx: LoadContext | None = None) -> FakeMode
     if spec.options.get("host_tier"):
         return FakeOffloadingModel(spec, ctx)
     return FakeModel(spec, ctx)
+
+
+def _nan_like(output: Any) -> Any:
+    """``output`` with its numbers NaN (an embedding's, a score)."""
+    if isinstance(output, np.ndarray):
+        return np.full_like(output, np.nan, dtype=np.float32)
+    if isinstance(output, float):
+        return math.nan
+    return output
