@@ -91,6 +91,9 @@ class Admission:
     tenant: str
     units: float = 0.0  # the estimate charged at admission
     day: int = -1  # the UTC day it was charged to
+    # Admitted on a gateway's own share while the shared store was lost
+    # (``admission.shared``): released and settled there.
+    local: bool = False
 
 
 def refuse_over_quota(limits: TenantLimits, units: float) -> None:
@@ -167,6 +170,11 @@ class AdmissionControl(Protocol):
 
     def in_flight(self, tenant: str) -> int:
         """The tenant's requests admitted and not yet released."""
+        ...
+
+    @property
+    def degraded(self) -> bool:
+        """Admission's shared store is lost: limits are kept on this process's share."""
         ...
 
 
@@ -267,3 +275,17 @@ class AdmissionController:
     def in_flight(self, tenant: str) -> int:
         state = self._tenants.get(tenant)
         return state.in_flight if state is not None else 0
+
+    @property
+    def degraded(self) -> bool:
+        return False  # its counters are this process's: never out of reach
+
+    def take_units(self) -> dict[str, float]:
+        """Each tenant's units counted today, counted from zero again (a
+        shared store taking them over)."""
+        taken = {}
+        for tenant, state in self._tenants.items():
+            if state.day == self._today() and state.units_today > 0:
+                taken[tenant] = state.units_today
+            state.units_today, state.held = 0.0, 0.0
+        return taken

@@ -30,26 +30,39 @@ Design notes (the invariants first):
 - Keys are ``<prefix>{<tenant>}:bucket|flight|units|held``: the hash tag keeps one
   tenant's keys in one slot of a Redis Cluster, and each script names every
   key it touches.
-- Redis unreachable: ``admit`` raises ``TenantError`` (503), refusing rather
-  than admitting without limits; ``release`` and ``settle`` log and go on
-  (the lease returns the slot; the audit log keeps the true charge).
+- Each gateway writes a heartbeat (``<prefix>gateways``: its id -> its
+  lease's end) with every lease renewal, and reads how many gateways live.
+- Redis lost (a command fails to reach it): this gateway admits on its own
+  share of every limit (``gateway_share``: the limit divided by the gateways
+  it last saw live), in its own memory, and says so (``degraded``; readiness
+  says ``degraded``), logging the loss once. Together the gateways then keep
+  about the limits, and no tenant is refused for the store's fault. The
+  renewer thread tries Redis every ``retry_s``; once it answers, admission is
+  shared again and the units admitted meanwhile are added to the tenants'
+  days there. Requests admitted on the share are released and settled on it.
+  ``release`` and ``settle`` of a shared admission that cannot reach Redis log
+  and go on (the lease returns the slot; the audit log keeps the true charge).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import secrets
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from tessera.admission.limits import (
     Admission,
+    AdmissionController,
     TenantLimits,
     default_burst,
     quota_refusal,
     refuse_over_quota,
 )
+from tessera.clock import Clock, MonotonicClock
 from tessera.errors import RateLimitedError, TenantError
 
 if TYPE_CHECKING:
@@ -60,6 +73,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "tessera:"
 DEFAULT_LEASE_S = 30.0
+# How often a gateway that lost Redis tries it again.
+DEFAULT_RETRY_S = 1.0
 
 # Shared by the scripts: Redis time, and the live in-flight count of a tenant
 # (dropping the counts whose lease lapsed). Fields of KEYS flight: n:<gateway>
@@ -215,6 +230,40 @@ return tostring(burst)
 # KEYS: flight.
 _IN_FLIGHT = _COMMON + "return live_in_flight(KEYS[1])"
 
+# KEYS: gateways. ARGV: gateway, lease_s. This gateway's heartbeat; returns
+# how many gateways live (their heartbeats not lapsed; lapsed ones dropped).
+_HEARTBEAT = (
+    _COMMON
+    + """
+redis.call('HSET', KEYS[1], ARGV[1], tostring(now + tonumber(ARGV[2])))
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2]) * 2000))
+local live = 0
+local fields = redis.call('HGETALL', KEYS[1])
+for i = 1, #fields, 2 do
+  if tonumber(fields[i + 1]) < now then redis.call('HDEL', KEYS[1], fields[i])
+  else live = live + 1 end
+end
+return live
+"""
+)
+
+
+def gateway_share(limits: TenantLimits, num_gateways: int) -> TenantLimits:
+    """One gateway's share of ``limits`` among ``num_gateways``: each limit
+    divided among them (a burst and a concurrency at least 1)."""
+    n = max(1, num_gateways)
+    if n == 1:
+        return limits
+    return TenantLimits(
+        limits.name,
+        qps=limits.qps / n if limits.qps is not None else None,
+        burst=max(1, default_burst(limits) // n) if limits.qps is not None else limits.burst,
+        max_concurrency=(
+            max(1, limits.max_concurrency // n) if limits.max_concurrency is not None else None
+        ),
+        daily_units=limits.daily_units / n if limits.daily_units is not None else None,
+    )
+
 
 class RedisAdmissionController:
     """``AdmissionControl`` over Redis; see the module notes. ``close`` stops
@@ -227,9 +276,11 @@ class RedisAdmissionController:
         prefix: str = DEFAULT_PREFIX,
         lease_s: float = DEFAULT_LEASE_S,
         gateway_id: str | None = None,
+        retry_s: float = DEFAULT_RETRY_S,
+        clock: Clock | None = None,
     ) -> None:
-        if not lease_s > 0:
-            raise ValueError("lease_s must be positive")
+        if not lease_s > 0 or not retry_s > 0:
+            raise ValueError("lease_s and retry_s must be positive")
         self._client = client
         self.prefix = prefix
         self.lease_s = lease_s
@@ -241,6 +292,13 @@ class RedisAdmissionController:
         self._seed = client.register_script(_SEED)
         self._tokens = client.register_script(_TOKENS)
         self._in_flight = client.register_script(_IN_FLIGHT)
+        self._heartbeat = client.register_script(_HEARTBEAT)
+        self.retry_s = retry_s
+        # While Redis is lost (``_lost_since`` set, under ``_lock``): this
+        # gateway's share of the limits, in its own memory (module notes).
+        self._local = AdmissionController(clock or MonotonicClock())
+        self._lost_since: float | None = None
+        self._num_gateways = 1  # gateways live at the last heartbeat
         # This gateway's requests in flight by tenant: whose leases to renew.
         self._mine: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -252,23 +310,49 @@ class RedisAdmissionController:
 
     @classmethod
     def from_url(
-        cls, url: str, *, prefix: str = DEFAULT_PREFIX, lease_s: float = DEFAULT_LEASE_S
+        cls,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        lease_s: float = DEFAULT_LEASE_S,
+        retry_s: float = DEFAULT_RETRY_S,
     ) -> RedisAdmissionController:
         import redis
 
         client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
-        return cls(client, prefix=prefix, lease_s=lease_s)
+        return cls(client, prefix=prefix, lease_s=lease_s, retry_s=retry_s)
 
     def close(self) -> None:
         self._closing.set()
         self._renewer.join()
         self._client.close()
 
+    @property
+    def degraded(self) -> bool:
+        """Redis is lost: this gateway admits on its share of the limits."""
+        return self._lost_since is not None
+
+    @property
+    def num_gateways(self) -> int:
+        """Gateways live at this one's last heartbeat (its share's divisor)."""
+        return self._num_gateways
+
     # -- the AdmissionControl interface ---------------------------------------
 
     def admit(self, limits: TenantLimits, units: float) -> Admission:
         """Admit one request of ``units`` work units, or raise ``RateLimitedError``."""
         refuse_over_quota(limits, units)
+        with self._lock:
+            if self._lost_since is None:
+                try:
+                    return self._admit_shared(limits, units)
+                except TenantError as e:
+                    self._lose(e)
+            share = gateway_share(limits, self._num_gateways)
+            return dataclasses.replace(self._local.admit(share, units), local=True)
+
+    def _admit_shared(self, limits: TenantLimits, units: float) -> Admission:
+        """``admit`` by the script (``_lock`` held); ``TenantError``: Redis failed."""
         rate = limits.qps if limits.qps is not None else -1.0
         burst = max(1.0, default_burst(limits)) if limits.qps is not None else 1.0
         args = (
@@ -280,15 +364,19 @@ class RedisAdmissionController:
             rate,
             burst,
         )
-        with self._lock:  # counted here before any renewal can read the count
-            reply = self._run(self._admit, self._keys(limits.name), args)
-            verdict = _text(reply[0])
-            if verdict == "ok":
-                self._mine[limits.name] = self._mine.get(limits.name, 0) + 1
-                return Admission(limits.name, units, int(_text(reply[1])))
+        # Counted under the lock before any renewal can read the count.
+        reply = self._run(self._admit, self._keys(limits.name), args)
+        verdict = _text(reply[0])
+        if verdict == "ok":
+            self._mine[limits.name] = self._mine.get(limits.name, 0) + 1
+            return Admission(limits.name, units, int(_text(reply[1])))
         raise _refusal(limits, units, verdict, [float(_text(r)) for r in reply[1:]])
 
     def release(self, admission: Admission) -> None:
+        if admission.local:
+            with self._lock:
+                self._local.release(admission)
+            return
         with self._lock:
             held = self._mine.get(admission.tenant, 0)
             if held <= 1:
@@ -305,30 +393,68 @@ class RedisAdmissionController:
     def settle(self, admission: Admission, units: float) -> None:
         """Charge ``units`` in place of the estimate admitted (to today, Redis's
         UTC day, if the request ends on a later day than it was admitted)."""
+        if admission.local:
+            with self._lock:
+                self._local.settle(admission, units)
+            return
         args = (admission.day, admission.units, units)
         keys = [self._key(admission.tenant, kind) for kind in ("units", "held")]
         self._quietly("settle", self._settle, keys, args)
 
     def seed_usage(self, tenant: str, units_today: float) -> None:
-        """Start today's count from the audit log's, unless Redis holds it already."""
-        self._run(self._seed, [self._key(tenant, "units")], (units_today,))
+        """Start today's count from the audit log's, unless Redis holds it
+        already (Redis lost: this gateway's share of it, in its own count)."""
+        if not self.degraded:
+            try:
+                self._run(self._seed, [self._key(tenant, "units")], (units_today,))
+                return
+            except TenantError as e:
+                with self._lock:
+                    self._lose(e)
+        with self._lock:
+            self._local.seed_usage(tenant, units_today / self._num_gateways)
 
     def remaining(self, limits: TenantLimits) -> float | None:
         if limits.qps is None:
             return None
-        args = (limits.qps, max(1.0, default_burst(limits)))
-        return math.floor(
-            float(_text(self._run(self._tokens, [self._key(limits.name, "bucket")], args)))
-        )
+        if not self.degraded:
+            args = (limits.qps, max(1.0, default_burst(limits)))
+            try:
+                tokens = self._run(self._tokens, [self._key(limits.name, "bucket")], args)
+                return math.floor(float(_text(tokens)))
+            except TenantError as e:
+                with self._lock:
+                    self._lose(e)
+        with self._lock:
+            return self._local.remaining(gateway_share(limits, self._num_gateways))
 
     def in_flight(self, tenant: str) -> int:
-        """Requests of ``tenant`` in flight on every live gateway."""
-        return int(self._run(self._in_flight, [self._key(tenant, "flight")], ()))
+        """Requests of ``tenant`` in flight on every live gateway (Redis
+        lost: on this one, its share's)."""
+        if not self.degraded:
+            try:
+                return int(self._run(self._in_flight, [self._key(tenant, "flight")], ()))
+            except TenantError as e:
+                with self._lock:
+                    self._lose(e)
+        with self._lock:
+            return self._local.in_flight(tenant)
 
     # -- leases ------------------------------------------------------------------
 
     def renew(self) -> None:
-        """Renew this gateway's leases on the tenants it has requests in flight for."""
+        """Beat this gateway's heartbeat (counting the gateways live) and renew
+        its leases on the tenants it has requests in flight for; Redis lost:
+        admission goes on this gateway's share."""
+        try:
+            live = self._run(
+                self._heartbeat, [self.prefix + "gateways"], (self.gateway_id, self.lease_s)
+            )
+        except TenantError as e:
+            with self._lock:
+                self._lose(e)
+            return
+        self._num_gateways = max(1, int(live))
         with self._lock:
             mine = dict(self._mine)
         for tenant, count in mine.items():
@@ -336,8 +462,47 @@ class RedisAdmissionController:
             self._quietly("renew", self._renew, [self._key(tenant, "flight")], args)
 
     def _renew_until_closed(self) -> None:
-        while not self._closing.wait(self.lease_s / 3):
-            self.renew()
+        wait_s = 0.0  # the first heartbeat at once: the count of gateways
+        while not self._closing.wait(wait_s):
+            if self.degraded:
+                self.try_return()
+            else:
+                self.renew()
+            wait_s = self.retry_s if self.degraded else self.lease_s / 3
+
+    def try_return(self) -> bool:
+        """Redis lost: if it answers again, share admission there once more,
+        adding the units this gateway admitted meanwhile to the tenants' days."""
+        try:
+            live = self._run(
+                self._heartbeat, [self.prefix + "gateways"], (self.gateway_id, self.lease_s)
+            )
+        except TenantError:
+            return False
+        with self._lock:
+            if self._lost_since is None:
+                return True
+            usage = self._local.take_units()
+            lost_s = time.monotonic() - self._lost_since
+            self._lost_since = None
+            self._num_gateways = max(1, int(live))
+        for tenant, units in usage.items():
+            keys = [self._key(tenant, kind) for kind in ("units", "held")]
+            self._quietly("return", self._settle, keys, (-1, 0.0, units))
+        log.warning("admission store back after %.1f s: limits are shared again", lost_s)
+        return True
+
+    def _lose(self, error: TenantError) -> None:
+        """Redis failed (``_lock`` held): admit on this gateway's share until it returns."""
+        if self._lost_since is not None:
+            return
+        self._lost_since = time.monotonic()
+        log.warning(
+            "admission store lost (%s): this gateway admits on its share of each limit"
+            " (1/%d) until it returns",
+            error.__cause__ or error,
+            self._num_gateways,
+        )
 
     # -- internals -----------------------------------------------------------------
 

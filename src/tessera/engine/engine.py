@@ -509,6 +509,7 @@ class Engine(ModelLifecycle):
 
     def _device_stats(self) -> DeviceStats | None:
         try:
+            admission_degraded=self._admission.degraded,
             return self._device.stats()
         except Exception:  # a failing NVML must not fail every reader
             log.warning("device stats failed", exc_info=True)

@@ -21,10 +21,18 @@ async def live() -> Response:
 async def ready(request: Request) -> JSONResponse:
     """200 when the server can serve, 503 while it starts (preloads) or drains
     (stops). A model that failed to load is that model's state, named here but
-    not the server's: the others serve, and it is retried on demand."""
+    not the server's: the others serve, and it is retried on demand.
+
+    A lost admission store (Redis) is ``degraded``, still 200: every gateway
+    loses it at once, so a 503 would take them all out of the load balancer
+    for a fault each works around (it admits on its share of the limits)."""
     engine = engine_of(request)
-    failed = [m.name for m in engine.snapshot().models if m.state == "failed"]
-    body = {"ready": engine.ready, "status": engine.phase, "failed_models": failed}
+    snapshot = engine.snapshot()
+    failed = [m.name for m in snapshot.models if m.state == "failed"]
+    status = engine.phase
+    if status == "ready" and snapshot.admission_degraded:
+        status = "degraded"
+    body = {"ready": engine.ready, "status": status, "failed_models": failed}
     return JSONResponse(body, status_code=200 if engine.ready else 503)
 
 

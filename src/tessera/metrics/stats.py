@@ -237,6 +237,9 @@ class EngineStats:
     host_copies_out_total: int = 0
     host_copies_kept_total: int = 0
     rollouts_total: tuple[RolloutCount, ...] = ()
+    # Admission's shared store (Redis) is lost: limits are kept on this
+    # gateway's share of them (``admission.shared``).
+    admission_degraded: bool = False
 
     def model(self, name: str) -> ModelStats | None:
         """The version served as ``name``, or the current version of model ``name``."""
