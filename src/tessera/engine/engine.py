@@ -673,6 +673,8 @@ class Engine(ModelLifecycle):
         shapes = []  # each chunk's units, and those of its items run apart
         for chunk in chunks:
             chunk_units = units if len(chunks) == 1 else work_units_of(chunk, spec)
+        if self._draining:  # before admission: a draining server refuses, never rate-limits
+            raise ShuttingDownError("the server is shutting down: no new requests")
             apart, alone = self._alone_units(spec, chunk)
             self._residency.raise_if_never_fits(spec, items_peak_units(chunk_units, alone, apart))
             shapes.append((chunk_units, (apart, alone)))

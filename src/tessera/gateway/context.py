@@ -118,6 +118,27 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+    kind: str | None = None  # the error type (else by status)
+
+
+# New work while the server drains: 503 at once with a second's Retry-After.
+DRAINING_REFUSAL = _Refusal(
+    503,
+    "the server is shutting down: no new requests",
+    "shutting_down",
+    retry_after_s=1.0,
+    kind="shutting_down",
+)
+
+
+def _draining_refusal(app_state: Any, path: str) -> _Refusal | None:
+    """A model's request while the server drains is refused before its key is
+    checked and before any limit: a rate limit's 429 would tell its client to
+    retry here, where a 503 sends it to another server."""
+    engine = getattr(app_state, "engine", None)
+    if engine is None or engine.phase != "draining" or not metered(path):
+        return None
+    return DRAINING_REFUSAL
         app_state = scope["app"].state
         state: dict[str, Any] = scope.setdefault("state", {})
         headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
@@ -144,7 +165,9 @@ class RequestContextMiddleware:
             await send(message)
 
         try:
-            refusal = self._authenticate(scope, app_state, state, headers)
+            refusal = _draining_refusal(app_state, scope["path"]) or self._authenticate(
+                scope, app_state, state, headers
+            )
             if refusal is not None:
                 info.reason = refusal.reason
                 await _respond(send_with_id, refusal, scope["path"])
@@ -257,7 +280,7 @@ def audit_request(
 
 async def _respond(send: Send, refusal: _Refusal, path: str) -> None:
     status = api_of(path).status(refusal.status, None)
-    kind = {401: "authentication_error", 403: "permission_denied"}.get(
+    kind = refusal.kind or {401: "authentication_error", 403: "permission_denied"}.get(
         refusal.status, "rate_limited"
     )
     payload = error_body_for(path, status, refusal.message, kind)

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from builders import fake_engine
+from tessera.admission import TenantLimits
+from tessera.engine import Caller
 from tessera.errors import ShuttingDownError
+from tessera.gateway import create_app
 from tessera.tasks.types import Task, TextInput
+from tessera.tenants import TenantStore
 
 MODELS = {
     "slow": {
@@ -37,3 +42,29 @@ async def test_what_a_drain_cuts_says_which_grace_ended(
                 messages.append(str(e))
         assert len(messages) >= 2
         assert all(says in message for message in messages), messages
+
+
+async def test_a_draining_server_answers_503_before_any_rate_limit(tmp_path: Path) -> None:
+    models = {"embed": {"task": "embedding", "preload": True}}
+    async with fake_engine(tmp_path / "repo", models) as engine:
+        with TenantStore(tmp_path / "data") as store:
+            store.add_tenant("acme", qps=0.001, burst=1)  # one request, then 429s
+            key = store.create_key("acme").key
+            transport = httpx.ASGITransport(app=create_app(engine, tenant_store=store))
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                body = {"model": "embed", "input": "a"}
+                auth = {"authorization": f"Bearer {key}"}
+                assert (await client.post("/v1/embeddings", json=body, headers=auth)).is_success
+                limited = await client.post("/v1/embeddings", json=body, headers=auth)
+                assert limited.status_code == 429
+                await engine.drain(0)
+                for headers in (auth, {}):  # over its rate, and without a key
+                    r = await client.post("/v1/embeddings", json=body, headers=headers)
+                    assert r.status_code == 503, r.text
+                    assert r.json()["error"]["type"] == "shutting_down"
+                    assert r.headers["retry-after"] == "1"
+                assert (await client.get("/v2/health/live")).status_code == 200
+        # The engine's own order, for callers that do not pass the gateway (the WebSocket).
+        caller = Caller(TenantLimits("acme", qps=0.001, burst=1))
+        with pytest.raises(ShuttingDownError):
+            engine.submit("embed", Task.EMBEDDING, [TextInput("a")], caller=caller)
