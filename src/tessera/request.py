@@ -109,6 +109,10 @@ class QueuedRequest:
     # peak units (a spoken text's longest sentence); the rest of ``units`` run together.
     apart_units: float = 0.0
     alone_units: tuple[float, ...] = ()
+    # A part of a request queued in parts (more work than one fair quantum, or
+    # more items than a batch): throughput work, which the executor runs as
+    # long work, so that short batches step past it.
+    bulk: bool = False
 
     @property
     def gone(self) -> bool:

@@ -21,6 +21,16 @@ p50 of 4.5-5.8 ms against the issue's 5 ms) for company a closed loop of one
 never brings. While it runs, the next batch gathers as above. Requests whose
 caller has gone or whose deadline passed are dropped before the batch is
 formed; the deadline ones fail with 504.
+
+A tenant never waits for a slot that other tenants' work holds
+(``step_past``): while every slot is busy, a request of a tenant none of
+whose requests run now starts a batch beyond the slots (of such tenants'
+requests only; at most ``num_slots`` beyond). The compute executor then
+shares the cores between the batches, short work first (long work and parts
+of large requests step aside), so a tenant's wait is bounded by a part of
+work, not by whatever another tenant's requests hold. Off where the card
+fixes ``max_concurrent_batches`` (an engine with that many slots) and for a
+FIFO queue (no fairness).
 """
 
 from __future__ import annotations
@@ -62,6 +72,7 @@ class ModelBatcher:
         max_concurrent_batches: int = 1,
         predictor: BatchTimePredictor | None = None,
         gather_idle: bool = True,
+        step_past: bool = False,
     ) -> None:
         self.name = name
         self.gather_idle = gather_idle  # false: with nothing running, close at once
@@ -72,7 +83,11 @@ class ModelBatcher:
         self._queue: RequestQueue = queue if queue is not None else FifoQueue()
         self._arrived = asyncio.Event()
         self.num_slots = batching.max_concurrent_batches or max_concurrent_batches
-        self._slots = asyncio.Semaphore(self.num_slots)
+        # Batches beyond the slots for tenants with nothing running (module notes).
+        self.step_past = step_past and not batching.max_concurrent_batches
+        self._num_in_slots = 0
+        self._num_beyond = 0
+        self.num_stepped_past = 0  # batches started beyond the slots so far
         self._predictor = predictor
         self._loop_task: asyncio.Task[None] | None = None
         # Batches running now: their task, and when each formed.
@@ -184,16 +199,13 @@ class ModelBatcher:
 
     async def _loop(self) -> None:
         while True:
-            await self._slots.acquire()
-            try:
-                batch = await self._next_batch()
-            except BaseException:
-                self._slots.release()
-                raise
-            if batch is None:
-                self._slots.release()
-                continue
-            task = asyncio.get_running_loop().create_task(self._run(batch))
+            batch, beyond = await self._next_batch()
+            if beyond:
+                self._num_beyond += 1
+                self.num_stepped_past += 1
+            else:
+                self._num_in_slots += 1
+            task = asyncio.get_running_loop().create_task(self._run(batch, beyond))
             self._running[task] = batch
             task.add_done_callback(self._finished)
 
@@ -275,33 +287,56 @@ class ModelBatcher:
         oldest = min(b.formed_at for b in self._running.values())
         return oldest + self._batch_s / 2 - self._clock.now()
 
-    async def _next_batch(self) -> Batch | None:
+    def _past_batch(self) -> Batch | None:
+        """While every slot is busy: a batch of the tenants none of whose
+        requests run now, if one waits and fewer than ``num_slots`` run beyond."""
+        if not self.step_past or self._num_beyond >= self.num_slots:
+            return None
+        running = frozenset(r.tenant for b in self._running.values() for r in b.requests)
+        if not self._queue.has_other_than(running):
+            return None
+        self._drop_stale()
+        now = self._clock.now()
+        requests = self._queue.pop_batch(
+            self.batching.max_batch_size, self.batching.max_batch_units, now, skip=running
+        )
+        return Batch(requests, now) if requests else None
+
+    async def _next_batch(self) -> tuple[Batch, bool]:
+        """The next batch to run, and whether it runs beyond the slots."""
         while True:
+            if self._num_in_slots >= self.num_slots:
+                past = self._past_batch()
+                if past is not None:
+                    return past, True
+                await self._wait_arrival(None)  # an arrival, or a batch's end
+                continue
             self._drop_stale()
             oldest = self._queue.oldest_arrival()
             if oldest is None:
                 await self._wait_arrival(None)
                 continue
             items, units = self._queued()
-            if self._full(items, units):
-                break
             remaining = oldest + self._max_wait_s(units) - self._clock.now()
             idle = not self.gather_idle and not self._running
-            if (remaining <= 0 or idle) and self._gathered(items):
-                break
+            if self._full(items, units) or ((remaining <= 0 or idle) and self._gathered(items)):
+                now = self._clock.now()
+                requests = self._queue.pop_batch(
+                    self.batching.max_batch_size, self.batching.max_batch_units, now
+                )
+                if requests:
+                    return Batch(requests, now), False
+                continue
             # Past its wait, a batch that has not gathered waits for an arrival,
             # a running batch to end (``_finished``) or the time to overlap it.
             await self._wait_arrival(remaining if remaining > 0 else self._overlap_in_s())
-        self._drop_stale()
-        now = self._clock.now()
-        requests = self._queue.pop_batch(
-            self.batching.max_batch_size, self.batching.max_batch_units, now
-        )
-        return Batch(requests, now) if requests else None
 
-    async def _run(self, batch: Batch) -> None:
+    async def _run(self, batch: Batch, beyond: bool) -> None:
         try:
             self.num_batches += 1
             await self._execute(batch)
         finally:
-            self._slots.release()
+            if beyond:
+                self._num_beyond -= 1
+            else:
+                self._num_in_slots -= 1

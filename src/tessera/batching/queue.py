@@ -21,9 +21,16 @@ if TYPE_CHECKING:
 class RequestQueue(Protocol):
     def push(self, request: QueuedRequest) -> None: ...
 
-    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[QueuedRequest]:
+    def pop_batch(
+        self, max_items: int, max_units: float, now: float, skip: frozenset[str] = frozenset()
+    ) -> list[QueuedRequest]:
         """Remove and return whole requests for one batch within the limits
-        (the first request is always taken, even alone over a limit)."""
+        (the first request is always taken, even alone over a limit), none of
+        them of a tenant in ``skip``."""
+        ...
+
+    def has_other_than(self, tenants: frozenset[str]) -> bool:
+        """Whether a request of a tenant not in ``tenants`` waits."""
         ...
 
     def remove_if(self, predicate: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]: ...
@@ -59,7 +66,11 @@ class FifoQueue:
         self._items.append(request)
         self._units += request.units
 
-    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[QueuedRequest]:
+    def pop_batch(
+        self, max_items: int, max_units: float, now: float, skip: frozenset[str] = frozenset()
+    ) -> list[QueuedRequest]:
+        if skip:
+            return self._pop_skipping(max_items, max_units, skip)
         batch: list[QueuedRequest] = []
         num_items, units = 0, 0.0
         while self._items:
@@ -71,6 +82,31 @@ class FifoQueue:
             units += head.units
         self._units = self._units - units if self._items else 0.0
         return batch
+
+    def _pop_skipping(
+        self, max_items: int, max_units: float, skip: frozenset[str]
+    ) -> list[QueuedRequest]:
+        """``pop_batch`` over the requests of tenants not in ``skip``, in
+        arrival order (a scan of the queue: the batcher asks it only while
+        every slot of the model is busy)."""
+        batch: list[QueuedRequest] = []
+        num_items, units = 0, 0.0
+        for request in self._items:
+            if request.tenant in skip:
+                continue
+            if batch and not request.fits(num_items, units, max_items, max_units):
+                break
+            batch.append(request)
+            num_items += len(request.items)
+            units += request.units
+        if batch:
+            taken = set(map(id, batch))
+            self._items = deque(r for r in self._items if id(r) not in taken)
+            self._units = sum(r.units for r in self._items)
+        return batch
+
+    def has_other_than(self, tenants: frozenset[str]) -> bool:
+        return any(r.tenant not in tenants for r in self._items)
 
     def remove_if(self, predicate: Callable[[QueuedRequest], bool]) -> list[QueuedRequest]:
         removed = [r for r in self._items if predicate(r)]

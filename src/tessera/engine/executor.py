@@ -169,6 +169,7 @@ class ComputeExecutor:
         activation_bytes: int | None = None,
         *,
         across_models: bool = False,
+        bulk: bool = False,
     ) -> BatchRun:
         """Run ``fn(items)`` on a worker; ``expected_s``, the predicted run time,
         makes it long when it is at least ``long_batch_s``; with
@@ -176,12 +177,12 @@ class ComputeExecutor:
         ``across_models``: a batch that may run in one forward with other
         models' (``runtimes/stacking.py``); unless long, it runs on one of
         ``across_models_threads`` threads of its own, without a compute slot
-        (a round's batches wait for its one leader, which computes for them)."""
+        (a round's batches wait for its one leader, which computes for them).
+        ``bulk``: parts of large requests, long work whatever their length
+        (short batches step past them)."""
         pool = self._pool
-        long = (
-            self.long_batch_s is not None
-            and expected_s is not None
-            and expected_s >= self.long_batch_s
+        long = self.long_batch_s is not None and (
+            bulk or (expected_s is not None and expected_s >= self.long_batch_s)
         )
         if long and self._long_pool is not None:
             pool = self._long_pool
@@ -191,7 +192,7 @@ class ComputeExecutor:
         loop = asyncio.get_running_loop()
         quiet = self._quiet(expected_s, activation_bytes)
         return await loop.run_in_executor(
-            pool, self._run_sync, fn, items, expected_s, quiet, slotless
+            pool, self._run_sync, fn, items, expected_s, quiet and not long, slotless, long
         )
 
     def _quiet(self, expected_s: float | None, activation_bytes: int | None) -> bool:
@@ -211,6 +212,7 @@ class ComputeExecutor:
         expected_s: float | None,
         quiet: bool = False,
         slotless: bool = False,
+        long: bool = False,
     ) -> BatchRun:
         with self._cond:
             while not quiet and (self._exclusive or self._exclusive_waiting):
@@ -222,7 +224,7 @@ class ComputeExecutor:
             alone = self._active == 1 and self._loading == 0
         hook: _SlotHook | None = None
         try:
-            hook = None if slotless else self._take_slot(expected_s)
+            hook = None if slotless else self._take_slot(expected_s, long)
             measure = self._start_peak() if alone else None
             start = time.perf_counter()
             with stepping(hook) if hook is not None else contextlib.nullcontext():
@@ -247,13 +249,14 @@ class ComputeExecutor:
                 self._active_loud -= not quiet
                 self._cond.notify_all()
 
-    def _take_slot(self, expected_s: float | None) -> _SlotHook | None:
-        """Wait for a compute slot for a batch about to run; its hook for the
-        batch's step boundaries (None: no slots, ``long_work: lane``)."""
+    def _take_slot(self, expected_s: float | None, long: bool) -> _SlotHook | None:
+        """Wait for a compute slot for a batch about to run (``long``: as long
+        work); its hook for the batch's step boundaries (None: no slots,
+        ``long_work: lane``)."""
         if self._slots is None:
             return None
         with self._cond:
-            claim = self._slots.claim(expected_s, time.monotonic())
+            claim = self._slots.claim(expected_s, time.monotonic(), long=long)
             _wait_for_slot(self._cond, claim)
         return _SlotHook(self._cond, self._slots, claim)
 

@@ -28,7 +28,14 @@ Invariants:
   ``latency_horizon_s``), a batch's predicted run time is capped at
   ``quantum_s``, and a tenant that arrives waits about one quantum for a
   worker, not one full batch (VTC gets the same from one decoding step). One
-  tenant alone gets full batches. ``quantum_s=None`` turns the cap off.
+  tenant alone gets full batches. ``quantum_s=None`` turns the cap off. The
+  first request of a batch is taken whole, so the engine queues a request of
+  more work than a quantum as parts of about a quantum each: the cap then
+  holds for large requests too, and one tenant alone still gets full batches
+  of its parts.
+- ``pop_batch(skip=...)`` fills a batch from the tenants not in ``skip``
+  only, in the same order: the batcher's batch for tenants none of whose
+  work runs now, started while the model's slots are busy with others'.
 
 Cost: a pick is O(log T) in the backlogged tenants T, from two heaps (the
 backlogged tenants by their order key, those whose head has a latency target
@@ -108,14 +115,18 @@ class FairQueue:
         self._len += 1
         self._rekey(tenant, new_head=len(queue) == 1)
 
-    def pop_batch(self, max_items: int, max_units: float, now: float) -> list[QueuedRequest]:
+    def pop_batch(
+        self, max_items: int, max_units: float, now: float, skip: frozenset[str] = frozenset()
+    ) -> list[QueuedRequest]:
         batch: list[QueuedRequest] = []
         num_items, units = 0, 0.0
         # The batch's run-time budget: a share of the tightest active target,
         # then of the smallest remaining budget of a latency request in it.
         budget_s = self._active_cap(now)
         while self._len:
-            tenant = self._next_tenant()
+            tenant = self._next_tenant() if not skip else self._next_tenant_but(skip)
+            if tenant is None:
+                break
             head = self._queues[tenant][0]
             if batch and not head.fits(num_items, units, max_items, max_units):
                 break
@@ -152,6 +163,9 @@ class FairQueue:
         self._total_units = sum(self._units.values()) if self._len else 0.0
         self._prune()
         return removed
+
+    def has_other_than(self, tenants: frozenset[str]) -> bool:
+        return any(tenant not in tenants for tenant in self._queues)
 
     def oldest_arrival(self) -> float | None:
         return min((queue[0].arrival for queue in self._queues.values()), default=None)
@@ -261,6 +275,15 @@ class FairQueue:
         top = self._top()
         assert top is not None  # called only while requests are queued
         return top
+
+    def _next_tenant_but(self, skip: frozenset[str]) -> str | None:
+        """``_next_tenant`` among the backlogged tenants not in ``skip`` (a
+        scan of them: asked only for a batch that steps past running ones)."""
+        others = [t for t in self._queues if t not in skip]
+        urgent = [t for t in others if self._queues[t][0].latency_target_s is not None]
+        if urgent:
+            return min(urgent, key=lambda t: _deadline(self._queues[t][0]))
+        return min(others, key=self._keys.__getitem__, default=None)
 
     def _take(self, tenant: str) -> None:
         queue = self._queues[tenant]

@@ -25,6 +25,14 @@ Invariants (a unit test checks them after every call):
   waits and this one has held the slot for ``quantum_s``: long batches take
   turns of at least a quantum, and one that gave its slot up waits behind
   those already waiting.
+- Long work is not starved: a long batch that has waited for a slot more than
+  ``quantum_s`` longer than it has computed is *owed*. An owed batch that
+  waits is granted the next free slot before short batches; one that holds
+  a slot keeps it at its boundaries; and while one holds a slot, short
+  batches take no slot beyond it (they wait for a free one). So under a
+  stream of short work a long batch still computes about half the time of a
+  slot (a page of OCR is not held for seconds behind other models' short
+  batches), and a short batch waits for long work only while it is owed.
 
 Plain state, no threads and no clock: callers pass the time and wait for a
 grant themselves (``engine/executor.py``), so the policy is tested by calls.
@@ -43,6 +51,20 @@ class SlotClaim:
     long: bool
     held_since: float | None = None  # since when it holds a slot; None while it waits
     started: float | None = None  # when it first held one
+    waiting_since: float | None = None  # since when it waits in line; None otherwise
+    ran_s: float = 0.0  # seconds it held a slot, up to its last grant's end
+    waited_s: float = 0.0  # seconds it waited in line, up to its last grant
+
+    def owed(self, now: float, grace_s: float) -> bool:
+        """Long work that has waited more than ``grace_s`` longer than it ran."""
+        if not self.long:
+            return False
+        ran, waited = self.ran_s, self.waited_s
+        if self.held_since is not None:
+            ran += now - self.held_since
+        if self.waiting_since is not None:
+            waited += now - self.waiting_since
+        return waited > ran + grace_s
 
     @property
     def holding(self) -> bool:
@@ -66,22 +88,23 @@ class ComputeSlots:
 
     # -- the calls -----------------------------------------------------------
 
-    def claim(self, expected_s: float | None, now: float) -> SlotClaim:
-        """A batch predicted to run ``expected_s`` wants a slot: granted now if
-        the rules allow (``holding``), else it waits in line."""
-        claim = SlotClaim(long=expected_s is not None and expected_s >= self.long_s)
+    def claim(self, expected_s: float | None, now: float, *, long: bool = False) -> SlotClaim:
+        """A batch predicted to run ``expected_s`` wants a slot (``long``: as
+        long work, whatever its prediction): granted now if the rules allow
+        (``holding``), else it waits in line."""
+        claim = SlotClaim(long=long or (expected_s is not None and expected_s >= self.long_s))
         self.resume(claim, now)
         return claim
 
     def release(self, claim: SlotClaim, now: float) -> None:
         """The batch has ended (or gave up waiting): its slot goes to the next."""
         if claim in self._holders:
-            self._holders.remove(claim)
+            self._unhold(claim, now)
         else:
             for line in (self._short_waiting, self._long_waiting):
                 if claim in line:
                     line.remove(claim)
-        claim.held_since = None
+            claim.waiting_since = None
         self._grant(now)
 
     def boundary(self, claim: SlotClaim, now: float) -> bool:
@@ -89,11 +112,11 @@ class ComputeSlots:
         when it has given the slot up and must wait until ``holding`` again."""
         if not claim.long and claim.started is not None and now - claim.started >= self.long_s:
             claim.long = True  # it ran as long as long work does: it takes turns now
-            self._grant(now)  # its slot no longer counts as short work's
+        self._grant(now)  # its slot may no longer count as short work's, or as owed
         if not claim.long or not self._must_yield(claim, now):
             return False
-        self._holders.remove(claim)
-        claim.held_since = None
+        self._unhold(claim, now)
+        claim.waiting_since = now
         self._long_waiting.append(claim)
         self.num_yields += 1
         self._grant(now)
@@ -102,13 +125,13 @@ class ComputeSlots:
     def suspend(self, claim: SlotClaim, now: float) -> None:
         """``claim``'s batch waits for another batch (a lock), not computing: its
         slot goes to the next; ``resume`` puts it back in line."""
-        self._holders.remove(claim)
-        claim.held_since = None
+        self._unhold(claim, now)
         self._grant(now)
 
     def resume(self, claim: SlotClaim, now: float) -> None:
         """A suspended batch wants its slot again: granted now if the rules
         allow, else it waits at the back of its line."""
+        claim.waiting_since = now
         (self._long_waiting if claim.long else self._short_waiting).append(claim)
         self._grant(now)
 
@@ -131,16 +154,30 @@ class ComputeSlots:
         return len(self._short_waiting)
 
     def _must_yield(self, claim: SlotClaim, now: float) -> bool:
+        if claim.owed(now, self.quantum_s):
+            return False  # it has waited out its share: it computes on
         if len(self._holders) > self.num_slots:
             return True  # a short batch took a slot beyond ours: ours goes back
         held_since = claim.held_since if claim.held_since is not None else now
         return bool(self._long_waiting) and now - held_since >= self.quantum_s
 
     def _grant(self, now: float) -> None:
-        """Hand slots out: short batches while they hold fewer than every slot
-        (long ones' slots count as free to them), then long ones while any slot
-        is free, each line in arrival order."""
+        """Hand slots out: owed long batches while any slot is free; short
+        batches while they hold fewer than every slot (long ones' slots count
+        as free to them, unless an owed one holds a slot); then long ones while
+        any slot is free, each line in arrival order."""
+        grace_s = self.quantum_s
+        if self._long_waiting and len(self._holders) < self.num_slots:
+            for claim in [c for c in self._long_waiting if c.owed(now, grace_s)]:
+                if len(self._holders) >= self.num_slots:
+                    break
+                self._long_waiting.remove(claim)
+                self._hold(claim, now)
         while self._short_waiting and self.num_short_holding < self.num_slots:
+            if len(self._holders) >= self.num_slots and any(
+                c.owed(now, grace_s) for c in self._holders
+            ):
+                break  # owed long work keeps its slot: no short batch beyond it
             self._hold(self._short_waiting.popleft(), now)
         while self._long_waiting and len(self._holders) < self.num_slots:
             self._hold(self._long_waiting.popleft(), now)
@@ -150,4 +187,13 @@ class ComputeSlots:
         claim.held_since = now
         if claim.started is None:
             claim.started = now
+        if claim.waiting_since is not None:
+            claim.waited_s += now - claim.waiting_since
+            claim.waiting_since = None
         self._holders.append(claim)
+
+    def _unhold(self, claim: SlotClaim, now: float) -> None:
+        self._holders.remove(claim)
+        if claim.held_since is not None:
+            claim.ran_s += now - claim.held_since
+        claim.held_since = None

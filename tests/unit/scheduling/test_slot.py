@@ -17,13 +17,16 @@ SHORT = 0.01
 LONG = 3.0
 
 
-def check(slots: ComputeSlots, claims: list[SlotClaim]) -> None:
-    """The invariants that hold between calls."""
+def check(slots: ComputeSlots, claims: list[SlotClaim], now: float = 0.0) -> None:
+    """The invariants that hold between calls (``now``: the last call's time)."""
     holding = [c for c in claims if c.holding]
     assert slots.num_holding == len(holding)
     assert slots.num_short_holding <= slots.num_slots
-    if slots.num_short_waiting:  # short batches wait only for one another
-        assert slots.num_short_holding == slots.num_slots
+    if slots.num_short_waiting:  # short batches wait only for one another, or owed long work
+        owed = any(c.owed(now, slots.quantum_s) for c in holding)
+        assert slots.num_short_holding == slots.num_slots or (
+            owed and slots.num_holding >= slots.num_slots
+        )
     if slots.num_waiting > slots.num_short_waiting:  # a long one waits only for a slot
         assert slots.num_holding >= slots.num_slots
 
@@ -148,6 +151,34 @@ def test_a_claim_released_while_it_waits_leaves_the_line() -> None:
     assert slots.num_holding == 0
 
 
+def test_long_work_that_waited_out_its_share_is_not_starved_by_short_work() -> None:
+    """Short batches one after another on the only slot: a long batch waits
+    until it has waited a quantum longer than it ran, then takes the next
+    free slot before them, keeps it at its boundaries, and no short batch
+    takes one beyond it until it has computed as long as it waited."""
+    slots = ComputeSlots(1, LONG_S)
+    short = slots.claim(SHORT, now=0.0)
+    long = slots.claim(LONG, now=0.0)
+    now = 0.0
+    while not long.holding:
+        now += 0.1
+        waiting = slots.claim(SHORT, now)  # short work keeps coming
+        slots.release(short, now)
+        short = waiting
+        check(slots, [short, long], now)
+    assert now == pytest.approx(LONG_S + 0.1)  # owed at its first grant after a quantum
+    assert not short.holding  # the owed long batch went first
+    assert not slots.boundary(long, now + 0.05)  # still owed: it computes on
+    assert not short.holding  # and no short batch takes a slot beyond it
+    # Once it has computed as long as it waited (less a quantum), short work
+    # goes first again: long work gets about half the slot under a stream of it.
+    assert slots.boundary(long, now + 0.3)
+    assert short.holding
+    slots.release(short, now + 0.8)
+    slots.release(long, now + 0.8)
+    assert slots.num_holding == slots.num_waiting == 0
+
+
 def test_slots_are_at_least_one() -> None:
     with pytest.raises(ValueError, match="num_slots"):
         ComputeSlots(0, LONG_S)
@@ -178,7 +209,7 @@ def test_random_calls_keep_the_invariants(num_slots: int) -> None:
             suspended.append(claim)
         elif suspended:
             slots.resume(suspended.pop(0), now)
-        check(slots, claims)
+        check(slots, claims, now)
     for claim in list(claims):
         slots.release(claim, now)
     assert slots.num_holding == slots.num_waiting == 0

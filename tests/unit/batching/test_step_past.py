@@ -1,0 +1,131 @@
+"""A tenant with nothing running steps past a model's busy slots (``step_past``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tessera.batching import ModelBatcher
+from tessera.batching.queue import FifoQueue
+from tessera.clock import FakeClock
+from tessera.repository.spec import BatchingSpec
+from tessera.request import QueuedRequest
+from tessera.scheduling.fair import FairQueue
+
+from .test_batcher import Recorder, make_request
+
+
+def make_past_batcher(
+    clock: FakeClock, recorder: Recorder, *, step_past: bool = True, **batching: object
+) -> ModelBatcher:
+    spec = BatchingSpec(**{"max_batch_size": 8, "max_wait_ms": 0.0, **batching})  # type: ignore[arg-type]
+    return ModelBatcher(
+        "m",
+        spec,
+        recorder,
+        clock,
+        queue=FairQueue(),
+        max_concurrent_batches=2,
+        step_past=step_past,
+    )
+
+
+async def settle() -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def fill_slots(clock: FakeClock, batcher: ModelBatcher, tenant: str) -> list[QueuedRequest]:
+    """Two batches of ``tenant`` holding both slots, and one more of it queued."""
+    held = []
+    for i in range(3):
+        request = make_request(clock, [f"{tenant}{i}"], tenant=tenant)
+        batcher.submit(request)
+        held.append(request)
+        await settle()
+    return held
+
+
+async def test_a_tenant_with_nothing_running_starts_a_batch_beyond_busy_slots() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_past_batcher(clock, recorder)
+    flood = await fill_slots(clock, batcher, "flood")
+    assert [r[0].tenant for r in recorder.batches] == ["flood", "flood"]  # the third waits
+    quiet = make_request(clock, ["q"], tenant="quiet")
+    batcher.submit(quiet)
+    await settle()
+    # The quiet tenant's batch started while both slots still ran the flood's,
+    # of its own requests only; the flood's third request still waits.
+    assert [[r.tenant for r in b] for b in recorder.batches] == [["flood"], ["flood"], ["quiet"]]
+    assert batcher.num_stepped_past == 1
+    assert batcher.depth == 1
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in [*flood, quiet]))
+    await batcher.close()
+
+
+async def test_a_tenant_already_running_waits_for_a_slot() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_past_batcher(clock, recorder)
+    flood = await fill_slots(clock, batcher, "flood")
+    more = make_request(clock, ["f9"], tenant="flood")
+    batcher.submit(more)
+    await settle()
+    assert len(recorder.batches) == 2
+    assert batcher.num_stepped_past == 0
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in [*flood, more]))
+    await batcher.close()
+
+
+async def test_at_most_num_slots_batches_run_beyond() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_past_batcher(clock, recorder)
+    flood = await fill_slots(clock, batcher, "flood")
+    others = [make_request(clock, [t], tenant=t) for t in ("a", "b", "c")]
+    for request in others:
+        batcher.submit(request)
+        await settle()
+    assert batcher.num_stepped_past == 2  # a and b beyond the two slots; c waits
+    assert batcher.depth == 2  # the flood's third and c
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in [*flood, *others]))
+    await batcher.close()
+
+
+async def test_no_batch_beyond_where_the_card_fixes_its_slots_or_step_past_is_off() -> None:
+    for step_past, fixed in ((True, 2), (False, None)):
+        clock, recorder = FakeClock(), Recorder()
+        recorder.gate = asyncio.Event()
+        batcher = make_past_batcher(
+            clock, recorder, step_past=step_past, max_concurrent_batches=fixed
+        )
+        flood = await fill_slots(clock, batcher, "flood")
+        quiet = make_request(clock, ["q"], tenant="quiet")
+        batcher.submit(quiet)
+        await settle()
+        assert len(recorder.batches) == 2
+        assert batcher.num_stepped_past == 0
+        recorder.gate.set()
+        await asyncio.gather(*(r.future for r in [*flood, quiet]))
+        await batcher.close()
+
+
+async def test_queues_pop_only_tenants_not_skipped_in_their_order() -> None:
+    clock = FakeClock()
+    for queue in (FairQueue(), FifoQueue()):
+        requests = [
+            make_request(clock, [f"{t}{i}"], tenant=t) for i in range(2) for t in ("a", "b", "c")
+        ]
+        for request in requests:
+            queue.push(request)
+        assert queue.has_other_than(frozenset({"a", "b"}))
+        assert not queue.has_other_than(frozenset({"a", "b", "c"}))
+        batch = queue.pop_batch(8, 100.0, clock.now(), skip=frozenset({"a"}))
+        assert {r.tenant for r in batch} == {"b", "c"}
+        assert len(batch) == 4
+        assert len(queue) == 2
+        assert [r.tenant for r in queue.pop_batch(8, 100.0, clock.now())] == ["a", "a"]
+        assert queue.pop_batch(8, 100.0, clock.now(), skip=frozenset({"a"})) == []
