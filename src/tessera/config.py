@@ -56,6 +56,14 @@ A config file may hold any of::
     header_timeout_s: 10         # a request's head must arrive within this
     body_timeout_s: 60           # its whole body within this of the head
     keep_alive_s: 75             # an idle kept-alive connection is closed after this
+    max_url_bytes: 8KiB          # a request's URL (414 over it); each cap below is
+                                 # counted as the bytes arrive, and the connection closed
+    max_header_bytes: 16KiB      # one header line, name and value (431 over it)
+    max_head_bytes: 64KiB        # a request's whole head (431 over it)
+    max_num_headers: 100         # headers in one head (431 over it)
+    max_num_opening_connections: 32  # per client address, connections open 1 s or more
+                                 # without a whole head; one more is closed at once (429);
+                                 # trusted_proxies are not bound; null: no bound
     tenant_store: null           # postgresql://host/db: tenants, keys and the audit shared
                                  # by many gateways; default: SQLite files in data_dir
     key_secret_file: null        # the API keys' HMAC secret (default <data_dir>/secret.key;
@@ -123,6 +131,14 @@ DEFAULT_BODY_TIMEOUT_S = 60.0
 # balancers 60 s): at uvicorn's 5 s a client could send on a connection in the
 # moment the server closed it, and get a connection error for a sound request.
 DEFAULT_KEEP_ALIVE_S = 75.0
+# A request head's caps (gateway/head.py): nginx's 8 KiB request line, h11's
+# 16 KiB for a header, room for many such in a head, and 100 headers (as
+# Python's http.client reads at most).
+DEFAULT_MAX_URL_BYTES = 8 * 1024
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+DEFAULT_MAX_HEAD_BYTES = 64 * 1024
+DEFAULT_MAX_NUM_HEADERS = 100
+DEFAULT_MAX_NUM_OPENING_CONNECTIONS = 32
 
 
 @dataclass(frozen=True)
@@ -149,6 +165,11 @@ class ServerConfig:
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     keep_alive_s: float = DEFAULT_KEEP_ALIVE_S
+    max_url_bytes: int = DEFAULT_MAX_URL_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
+    max_num_headers: int = DEFAULT_MAX_NUM_HEADERS
+    max_num_opening_connections: int | None = DEFAULT_MAX_NUM_OPENING_CONNECTIONS
     tenant_store: str | None = None
     key_secret_file: Path | None = None
     admission_store: str | None = None
@@ -236,6 +257,11 @@ _SERVER_KEYS = {
     "header_timeout_s",
     "body_timeout_s",
     "keep_alive_s",
+    "max_url_bytes",
+    "max_header_bytes",
+    "max_head_bytes",
+    "max_num_headers",
+    "max_num_opening_connections",
     "tenant_store",
     "key_secret_file",
     "admission_store",
@@ -354,6 +380,13 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         header_timeout_s=_seconds(values, "header_timeout_s", DEFAULT_HEADER_TIMEOUT_S),
         body_timeout_s=_seconds(values, "body_timeout_s", DEFAULT_BODY_TIMEOUT_S),
         keep_alive_s=_seconds(values, "keep_alive_s", DEFAULT_KEEP_ALIVE_S),
+        max_url_bytes=_size(values, "max_url_bytes", DEFAULT_MAX_URL_BYTES),
+        max_header_bytes=_size(values, "max_header_bytes", DEFAULT_MAX_HEADER_BYTES),
+        max_head_bytes=_size(values, "max_head_bytes", DEFAULT_MAX_HEAD_BYTES),
+        max_num_headers=_positive_int(values, "max_num_headers", DEFAULT_MAX_NUM_HEADERS),
+        max_num_opening_connections=_bound(
+            values, "max_num_opening_connections", DEFAULT_MAX_NUM_OPENING_CONNECTIONS
+        ),
         tenant_store=_optional_str(values, "tenant_store"),
         key_secret_file=_optional_path(values, "key_secret_file"),
         admission_store=_optional_str(values, "admission_store"),
@@ -432,6 +465,25 @@ def _addresses(values: dict[str, Any], key: str) -> tuple[str, ...]:
     if not isinstance(raw, list | tuple) or not all(isinstance(a, str) and a for a in raw):
         raise ConfigError(f"{key} must be a list of addresses, not {raw!r}")
     return tuple(raw)
+
+
+def _bound(values: dict[str, Any], key: str, default: int) -> int | None:
+    """A whole number above 0, or null (given so) for no bound."""
+    if key in values and values[key] is None:
+        return None
+    return _positive_int(values, key, default)
+
+
+def _size(values: dict[str, Any], key: str, default: int) -> int:
+    """A size in bytes (a number or ``64KiB``), above 0."""
+    raw = values.get(key, default)
+    try:
+        size = parse_bytes(raw)
+    except (TypeError, ValueError, ConfigError) as e:
+        raise ConfigError(f"{key} must be a size in bytes, not {raw!r}") from e
+    if size < 1:
+        raise ConfigError(f"{key} must be above 0 bytes, not {raw!r}")
+    return size
 
 
 def _optional_str(values: dict[str, Any], key: str) -> str | None:

@@ -20,12 +20,22 @@ must arrive within ``header_timeout_s`` of its first byte (or of the
 connection), the whole body within ``body_timeout_s`` of the head. Either
 gets a 408 JSON answer where nothing has been answered yet, and the
 connection is closed.
+
+Nor does it bound a head's size: it buffered a URL or a header as long as
+the client streamed it, and joined a URL's pieces at a cost that grows with
+its square, on the one event loop every request shares. ``TimedHttpProtocol``
+counts a head's bytes before the parser sees them (``gateway/head.py``): a
+URL over ``max_url_bytes`` gets 414, a header over ``max_header_bytes``, more
+than ``max_num_headers`` or a head over ``max_head_bytes`` 431, and the
+connection is closed; and an address holding ``max_num_opening_connections``
+connections that have sent no head for a second has its next one closed (429).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import http
 import json
 import logging
 import math
@@ -33,17 +43,22 @@ import signal
 from collections.abc import Callable, Generator
 from typing import Any
 
+import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from tessera.config import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, ServerConfig
 from tessera.engine import ServingEngine
 from tessera.gateway.errors import error_body_for
+from tessera.gateway.head import HeadLimits, HeadRefusal, OpeningConnections
 
 log = logging.getLogger(__name__)
 
 # After the drain, how long uvicorn waits for answers still being written.
 FLUSH_S = 5
+WS_SLACK_BYTES = 64 * 1024
+# A request line's method, spaces and version around its URL, and a line's CRLF.
+_REQUEST_LINE_SLACK_BYTES = 64
 
 
 class GatewayConfig(uvicorn.Config):
@@ -55,11 +70,16 @@ class GatewayConfig(uvicorn.Config):
         *,
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+        head_limits: HeadLimits | None = None,
+        opening: OpeningConnections | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(app, http=TimedHttpProtocol, timeout_graceful_shutdown=FLUSH_S, **kwargs)
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
+        self.head_limits = head_limits or HeadLimits()
+        # One per server: its connections share it (one event loop, no lock).
+        self.opening = opening or OpeningConnections(None)
 
 
 def http_config(
@@ -80,6 +100,20 @@ def http_config(
         access_log=settings.access_log,
         header_timeout_s=settings.header_timeout_s,
         body_timeout_s=settings.body_timeout_s,
+        head_limits=HeadLimits(
+            max_url_bytes=settings.max_url_bytes,
+            max_header_bytes=settings.max_header_bytes,
+            max_head_bytes=settings.max_head_bytes,
+            max_num_headers=settings.max_num_headers,
+        ),
+        # The engine process's own socket (trust_forwarded) hears only its gateways.
+        opening=OpeningConnections(
+            None if trust_forwarded else settings.max_num_opening_connections,
+            settings.trusted_proxies,
+        ),
+        # websockets' bound on a message it reads whole: the app answers one over
+        # max_body_bytes itself (1009 with its message); far over, the library cuts.
+        ws_max_size=settings.max_body_bytes + WS_SLACK_BYTES,
         timeout_keep_alive=math.ceil(settings.keep_alive_s),
         # The client's address is the peer's unless a trusted proxy says otherwise:
         # uvicorn would take X-Forwarded-For from any local caller by default.
@@ -90,26 +124,105 @@ def http_config(
 
 
 class TimedHttpProtocol(HttpToolsProtocol):
-    """Uvicorn's httptools protocol with deadlines on reading a request.
+    """Uvicorn's httptools protocol with deadlines on reading a request, and
+    caps on what a client sends before its request is known (``gateway/head.py``).
 
     One timer at a time: the head's from the connection (or the request's
     first byte) to the end of its headers, then the body's to its last byte."""
 
     def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
-        timed = config if isinstance(config, GatewayConfig) else None
-        self._header_timeout_s = timed.header_timeout_s if timed else DEFAULT_HEADER_TIMEOUT_S
-        self._body_timeout_s = timed.body_timeout_s if timed else DEFAULT_BODY_TIMEOUT_S
+        gateway = config if isinstance(config, GatewayConfig) else None
+        self._header_timeout_s = gateway.header_timeout_s if gateway else DEFAULT_HEADER_TIMEOUT_S
+        self._body_timeout_s = gateway.body_timeout_s if gateway else DEFAULT_BODY_TIMEOUT_S
+        self._limits = gateway.head_limits if gateway else HeadLimits()
+        self._opening = gateway.opening if gateway else None
         self._deadline: asyncio.TimerHandle | None = None
         self._head_begun = False
+        self._head_bytes = 0  # of the head being read, as given to the parser
+        self._line_bytes = 0  # of its last line, unfinished
+        # A header line, or the request line (whose URL on_url caps first).
+        self._max_line_bytes = max(
+            self._limits.max_header_bytes, self._limits.max_url_bytes + _REQUEST_LINE_SLACK_BYTES
+        )
+        self._num_heads = 0  # heads read whole on this connection
+        self._in_body = False
+        self._upgraded = False
+        self._refusal: HeadRefusal | None = None  # set by a parser callback over a cap
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        opening = self._opening
+        if opening is not None and not opening.admit(self._peer(), id(self), self.loop.time()):
+            refusal = HeadRefusal.opening(opening.max_num_per_address or 0)
+            self._refuse(refusal, retry_after_s=1)
+            return
         self._arm(self._header_timeout_s, self._head_timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._release()
         super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # Invariant: at most max_head_bytes of one head reach the parser (and
+        # uvicorn's own buffers), whatever the client streams: each piece
+        # given is at most the room left, and a head still not whole once its
+        # room is gone is refused. Body bytes are the app's to bound.
+        while data and not self._upgraded and not self.transport.is_closing():
+            if self._in_body:
+                self._feed(data)
+                return
+            room = self._limits.max_head_bytes - self._head_bytes
+            piece, data = data[:room], data[room:]
+            num_heads = self._num_heads
+            self._head_bytes += len(piece)
+            if piece:
+                self._feed(piece)
+            if self.transport.is_closing() or self._upgraded:
+                return
+            if self._num_heads != num_heads or self._in_body:
+                self._line_bytes = 0  # the piece's end was a body's or a next head's
+            elif self._line_too_long(piece):
+                self._refuse(HeadRefusal.header(self._limits))
+                return
+            elif data:
+                self._refuse(HeadRefusal.head(self._limits))
+                return
+
+    def _line_too_long(self, piece: bytes) -> bool:
+        """Whether a line of the head still being read is over a line's cap.
+        The parser tells of a header only once the next one begins: one
+        streamed for ever would meet only the head's cap."""
+        if b"\n" not in piece:
+            self._line_bytes += len(piece)
+            return self._line_bytes > self._max_line_bytes
+        lengths = [len(line) for line in piece.split(b"\n")]
+        lengths[0] += self._line_bytes
+        self._line_bytes = lengths[-1]
+        return max(lengths) > self._max_line_bytes
+
+    def _feed(self, data: bytes) -> None:
+        """Uvicorn's ``data_received``, with a cap's own answer for a callback's refusal."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._refusal is not None:
+                self._refuse(self._refusal)
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
+    def handle_websocket_upgrade(self) -> None:
+        self._upgraded = True  # the WebSocket's protocol reads from here on
+        super().handle_websocket_upgrade()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -117,16 +230,59 @@ class TimedHttpProtocol(HttpToolsProtocol):
         if self._deadline is None:  # a later request on a kept-alive connection
             self._arm(self._header_timeout_s, self._head_timed_out)
 
+    def on_url(self, url: bytes) -> None:
+        if len(self.url) + len(url) > self._limits.max_url_bytes:
+            raise self._refused(HeadRefusal.url(self._limits))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) > self._limits.max_header_bytes:
+            raise self._refused(HeadRefusal.header(self._limits))
+        if len(self.headers) >= self._limits.max_num_headers:
+            raise self._refused(HeadRefusal.num_headers(self._limits))
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
         self._disarm()
         self._head_begun = False
+        self._num_heads += 1
+        self._head_bytes = 0
+        self._in_body = True
+        self._release()
         super().on_headers_complete()
         if _has_body(self.headers) and self.cycle is not None:
             self._arm(self._body_timeout_s, self._body_timed_out, self.cycle)
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._in_body = False
         super().on_message_complete()
+
+    def _refused(self, refusal: HeadRefusal) -> _HeadRefused:
+        """Kept for ``_feed``: httptools wraps what a callback raises."""
+        self._refusal = refusal
+        return _HeadRefused(refusal.message)
+
+    def _refuse(self, refusal: HeadRefusal, retry_after_s: int | None = None) -> None:
+        """Answer ``refusal`` (unless a response is being written) and close."""
+        log.info("closing a connection from %s: %s", self._client(), refusal.message)
+        running = self.cycle is not None and not self.cycle.response_complete
+        if not running:
+            url = getattr(self, "url", b"")  # set from a request's first byte
+            path = url.partition(b"?")[0].decode("latin-1") if refusal.status != 414 else ""
+            headers = [] if retry_after_s is None else [(b"retry-after", str(retry_after_s))]
+            self._write_error(
+                refusal.status, refusal.message, refusal.kind, path=path, extra=headers
+            )
+        self.transport.close()
+
+    def _release(self) -> None:
+        if self._opening is not None:
+            self._opening.release(self._peer(), id(self))
+
+    def _peer(self) -> str | None:
+        """The socket's peer address (never X-Forwarded-For: no head is read yet)."""
+        return self.client[0] if self.client else None
 
     def _arm(self, seconds: float, callback: Callable[..., None], *args: object) -> None:
         self._disarm()
@@ -150,7 +306,8 @@ class TimedHttpProtocol(HttpToolsProtocol):
         # Nothing sent at all (an idle connection) is closed without an answer,
         # as is a head trickling behind a request still being answered.
         if self._head_begun and not running:
-            self._write_408(f"request headers not received within {self._header_timeout_s:g}s")
+            message = f"request headers not received within {self._header_timeout_s:g}s"
+            self._write_error(408, message, "request_timeout")
         self.transport.close()
 
     def _body_timed_out(self, cycle: RequestResponseCycle) -> None:
@@ -164,8 +321,10 @@ class TimedHttpProtocol(HttpToolsProtocol):
         )
         if not cycle.response_started:
             request_id = cycle.scope.get("state", {}).get("request_id")
-            self._write_408(
+            self._write_error(
+                408,
                 f"request body not received within {self._body_timeout_s:g}s",
+                "request_timeout",
                 request_id,
                 cycle.scope.get("path", ""),
             )
@@ -177,19 +336,32 @@ class TimedHttpProtocol(HttpToolsProtocol):
     def _client(self) -> str:
         return f"{self.client[0]}:{self.client[1]}" if self.client else "?"
 
-    def _write_408(self, message: str, request_id: str | None = None, path: str = "") -> None:
-        """A 408 written on the transport; in the shape of ``path``'s API where
-        its head was read (not for a head that never came whole)."""
-        body = json.dumps(error_body_for(path, 408, message, "request_timeout")).encode()
+    def _write_error(
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        request_id: str | None = None,
+        path: str = "",
+        extra: list[tuple[bytes, str]] | None = None,
+    ) -> None:
+        """An error answer written on the transport, closing the connection; in
+        the shape of ``path``'s API where its head was read."""
+        body = json.dumps(error_body_for(path, status, message, kind)).encode()
         head = [
-            b"HTTP/1.1 408 Request Timeout",
+            f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}".encode(),
             b"content-type: application/json",
             b"content-length: " + str(len(body)).encode(),
             b"connection: close",
         ]
         if request_id is not None:
             head.append(b"x-request-id: " + request_id.encode("latin-1"))
+        head += [name + b": " + value.encode("latin-1") for name, value in extra or ()]
         self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+
+
+class _HeadRefused(Exception):
+    """Raised in a parser callback to stop at a cap (``_refusal`` says which)."""
 
 
 def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
