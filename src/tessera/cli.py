@@ -246,6 +246,7 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
     app_ = create_app(
         engine,
         max_body_bytes=settings.max_body_bytes,
+        image_limits=settings.image_limits,
         header_timeout_s=settings.header_timeout_s,
         tenant_store=store,
         audit_log=audit_log,

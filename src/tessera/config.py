@@ -25,6 +25,9 @@ A config file may hold any of::
                                  # whose batch would start after its deadline gets 503
     default_timeout_s: 60
     max_body_bytes: 16MiB
+    max_request_pixels: 120000000  # a request's images, width x height summed, read from
+                                 # their headers before any is decoded (413 over it)
+    max_request_pages: 64        # a request's images (OCR pages, chat images), 413 over it
     model_repositories: [./my-models]
     include_default_models: true
     preload: [all-minilm-l6-v2]  # default: the models whose model.yaml says preload
@@ -115,6 +118,11 @@ from tessera.engine.loop import DEFAULT_ENGINE_LOOP, ENGINE_LOOPS
 from tessera.errors import ConfigError
 from tessera.repository import ModelRepository, default_repository_path
 from tessera.scheduling import DEFAULT_TIERS, TierSpec, parse_tiers
+from tessera.tasks.image import (
+    DEFAULT_MAX_REQUEST_PAGES,
+    DEFAULT_MAX_REQUEST_PIXELS,
+    RequestImageLimits,
+)
 from tessera.units import parse_bytes
 
 if TYPE_CHECKING:
@@ -148,6 +156,7 @@ class ServerConfig:
     data_dir: Path = Path("data")
     engine: EngineConfig = field(default_factory=EngineConfig)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    image_limits: RequestImageLimits = field(default_factory=RequestImageLimits)
     model_repositories: tuple[Path, ...] = ()
     include_default_models: bool = True
     tiers: dict[str, TierSpec] = field(default_factory=lambda: dict(DEFAULT_TIERS))
@@ -239,6 +248,8 @@ _SERVER_KEYS = {
     "memory_budget",
     "host_memory_budget",
     "max_body_bytes",
+    "max_request_pixels",
+    "max_request_pages",
     "model_repositories",
     "include_default_models",
     "preload",
@@ -363,6 +374,10 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         data_dir=data_dir,
         engine=engine,
         max_body_bytes=parse_bytes(values.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)),
+        image_limits=RequestImageLimits(
+            _positive_int(values, "max_request_pixels", DEFAULT_MAX_REQUEST_PIXELS),
+            _positive_int(values, "max_request_pages", DEFAULT_MAX_REQUEST_PAGES),
+        ),
         model_repositories=tuple(Path(p) for p in values.get("model_repositories", ())),
         include_default_models=bool(values.get("include_default_models", True)),
         tiers=parse_tiers(values.get("tiers")),

@@ -38,6 +38,7 @@ from tessera.gateway.observability import install_observability
 from tessera.metrics import StatsSink
 from tessera.repository.watch import RepositoryWatcher
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
+from tessera.tasks.image import RequestImageLimits
 from tessera.tenants import AuditLog, TenantStore
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ def create_app(
     engine: ServingEngine,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    image_limits: RequestImageLimits | None = None,
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     tenant_store: TenantStore | None = None,
     audit_log: AuditLog | None = None,
@@ -80,7 +82,8 @@ def create_app(
     socket of the engine process's app, which answers ``/admin``, ``/metrics``
     and the live page, and ``request_events``, where its answered requests
     are counted instead of here. A ``response_store`` keeps Responses API
-    answers (``tenants/responses.py``)."""
+    answers (``tenants/responses.py``). ``image_limits`` bound a request's
+    images (pixels and pages) from their headers."""
 
     async def watch_after(preload: asyncio.Task[None], watcher: RepositoryWatcher) -> None:
         await asyncio.wait({preload})  # over, whatever its outcome
@@ -142,6 +145,7 @@ def create_app(
     app.state.tiers = tiers or dict(DEFAULT_TIERS)
     install_error_handlers(app)
     app.state.max_body_bytes = max_body_bytes  # the WebSocket's message bound too
+    app.state.image_limits = image_limits or RequestImageLimits()
     app.state.header_timeout_s = header_timeout_s  # and a WebSocket's wait for its key
     routers = (
         health,

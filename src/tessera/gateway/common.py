@@ -19,7 +19,8 @@ from tessera.engine import Caller, ServingEngine, Submission
 from tessera.errors import PermissionDeniedError, RequestCancelledError
 from tessera.gateway.errors import error_body_for
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
-from tessera.tasks.types import Task
+from tessera.tasks.image import RequestImageLimits, check_request_images
+from tessera.tasks.types import Task, item_images
 from tessera.tenants import Principal
 
 T = TypeVar("T")
@@ -78,9 +79,11 @@ async def submit_task(request: Request, model: str, task: Task, items: list[Any]
     """Admit and queue a request for ``model`` (``model@version`` for that
     version; refusals raise here). The response names the version that
     answers (``x-model-version``), as the audit row does (``model@version``
-    for a model with version folders)."""
+    for a model with version folders). Its images, read from their headers and
+    not decoded yet, are bounded first (``check_request_images``, 413)."""
     info = request.state.audit
     info.model, info.task = model, task.value
+    check_request_images(item_images(items), image_limits_of(request))
     caller = caller_of(request, model)
     submission = await engine_of(request).asubmit(
         model, task, items, timeout_s=timeout_of(request), caller=caller
@@ -107,6 +110,12 @@ async def started_task(
     submission = await submit_task(request, model, task, items)
     engine = engine_of(request)
     return asyncio.ensure_future(engine.wait(submission, request.state.audit.trace))
+
+
+def image_limits_of(request: HTTPConnection) -> RequestImageLimits:
+    """The app's bounds on a request's images (``create_app``'s ``image_limits``)."""
+    limits: RequestImageLimits | None = getattr(request.app.state, "image_limits", None)
+    return limits or RequestImageLimits()
 
 
 def timeout_of(request: Request) -> float | None:

@@ -83,7 +83,7 @@ from tessera.gateway.triton_llm import (
 )
 from tessera.metrics.stats import Durations, ModelStats
 from tessera.repository.spec import ModelSpec
-from tessera.tasks.image import MAX_IMAGE_PIXELS, decode_base64, decode_image
+from tessera.tasks.image import MAX_IMAGE_PIXELS, EncodedImage, decode_base64, read_image
 from tessera.tasks.types import (
     ChatOutput,
     ClassifyOutput,
@@ -835,10 +835,11 @@ def _pages(
     return [ocr_item(spec, image, mode, ask) for image in images], _read
 
 
-def _images(tensor: Tensor) -> list[np.ndarray[Any, Any]]:
-    """The pages of an image tensor, each H x W x 3 BGR (as ``decode_image``)."""
+def _images(tensor: Tensor) -> list[EncodedImage] | list[np.ndarray[Any, Any]]:
+    """The pages of an image tensor: image files, their headers read (decoded
+    when they run), or pixels, each H x W x 3 BGR (as ``decode_image``)."""
     if tensor.datatype == "BYTES":
-        return [decode_image(blob) for blob in tensor.blobs()]
+        return [read_image(blob) for blob in tensor.blobs()]
     if tensor.datatype != "UINT8" or len(tensor.shape) not in (3, 4):
         raise InvalidInputError(
             "IMAGE is BYTES (image files) or UINT8 pixels [H, W, C] or [N, H, W, C],"

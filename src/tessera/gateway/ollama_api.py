@@ -77,7 +77,7 @@ from tessera.gateway.openai_api import (
     unit_rows,
 )
 from tessera.repository.spec import ModelSpec
-from tessera.tasks.image import decode_image
+from tessera.tasks.image import read_image
 from tessera.tasks.types import (
     ChatInput,
     ChatMessage,
@@ -217,7 +217,7 @@ def _images(encoded: list[str] | None) -> tuple[Any, ...]:
     images = []
     for i, text in enumerate(encoded or ()):
         try:
-            images.append(decode_image(base64.b64decode(text, validate=True)))
+            images.append(read_image(base64.b64decode(text, validate=True)))
         except (binascii.Error, ValueError) as e:
             raise InvalidInputError(f"images[{i}] is not base64: {e}") from e
     return tuple(images)

@@ -35,7 +35,7 @@ from tessera.gateway.common import (
 )
 from tessera.gateway.errors import OPENAI, error_body, status_of
 from tessera.tasks.audio import AudioFormat, check_format, encoded
-from tessera.tasks.image import decode_base64, decode_image
+from tessera.tasks.image import decode_base64, read_image
 from tessera.tasks.types import (
     ChatInput,
     ChatMessage,
@@ -467,7 +467,7 @@ def image_of(image_url: Any) -> Any:
         raise InvalidInputError(
             "image_url must be a data: URL (data:image/png;base64,...): the server fetches nothing"
         )
-    return decode_image(decode_base64(url))
+    return read_image(decode_base64(url))
 
 
 def chat_inputs(body: ChatRequest, pieces: Pieces | None = None) -> list[ChatInput]:

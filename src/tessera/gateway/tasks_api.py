@@ -26,7 +26,7 @@ from tessera.errors import InvalidInputError, TaskMismatchError
 from tessera.gateway.common import engine_of, parsed, run_task
 from tessera.gateway.openai_api import shortened, texts_of, usage_of
 from tessera.repository import ModelSpec
-from tessera.tasks.image import decode_base64, decode_image
+from tessera.tasks.image import decode_base64, read_image
 from tessera.tasks.prompts import OcrTask, ocr_prompt, parse_fields
 from tessera.tasks.types import (
     ChatOutput,
@@ -315,7 +315,7 @@ async def _ocr(
     request: Request, model: str, raw: bytes, mode: Literal["page", "line"], ask: OcrOptions
 ) -> JSONResponse:
     spec = engine_of(request).spec_for(model, Task.OCR)
-    item = ocr_item(spec, decode_image(raw), mode, ask)
+    item = ocr_item(spec, read_image(raw), mode, ask)
     (output,) = await run_task(request, model, Task.OCR, [item])
     return JSONResponse(ocr_body(model, output, ask.task))
 

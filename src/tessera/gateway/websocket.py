@@ -64,7 +64,7 @@ from starlette.websockets import WebSocketDisconnect
 from tessera.config import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError, RequestCancelledError, TesseraError
-from tessera.gateway.common import caller_of
+from tessera.gateway.common import caller_of, image_limits_of
 from tessera.gateway.context import AuditInfo, api_key, audit_request
 from tessera.gateway.errors import (
     api_of,
@@ -103,8 +103,8 @@ from tessera.gateway.tasks_api import (
 )
 from tessera.logs import request_id as request_id_var
 from tessera.tasks.audio import encoded
-from tessera.tasks.image import decode_base64, decode_image
-from tessera.tasks.types import SpeechInput, Task, TextInput, TranslateInput
+from tessera.tasks.image import check_request_images, decode_base64, read_image
+from tessera.tasks.types import SpeechInput, Task, TextInput, TranslateInput, item_images
 from tessera.tenants import Principal
 from tessera.tenants.throttle import AuthThrottle
 
@@ -386,6 +386,7 @@ class _Session:
         message.audited = True
         try:
             caller = caller_of(self.ws, model)
+            check_request_images(item_images(items), image_limits_of(self.ws))
             submission = await self.engine.asubmit(
                 model, task, items, timeout_s=timeout_s, caller=caller
             )
@@ -529,7 +530,9 @@ async def _ocr(session: _Session, message: _Message, payload: dict[str, Any]) ->
         raise InvalidInputError("give 'image' or 'images' (a list of pages), one of them")
     spec = session.engine.spec_for(body.model, Task.OCR)
     pages = [body.image] if body.image is not None else list(body.images or ())
-    items = [ocr_item(spec, decode_image(decode_base64(p)), body.mode, body) for p in pages]
+    items = [ocr_item(spec, read_image(decode_base64(p)), body.mode, body) for p in pages]
+    # The message's pages, bounded together before any runs (each runs as a request).
+    check_request_images(item_images(items), image_limits_of(session.ws))
     bodies: list[dict[str, Any] | None] = [None] * len(items)
     timeout = _timeout(payload)
 

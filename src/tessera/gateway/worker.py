@@ -63,6 +63,7 @@ def main(argv: list[str]) -> int:
     app = create_app(
         engine,
         max_body_bytes=settings.max_body_bytes,
+        image_limits=settings.image_limits,
         header_timeout_s=settings.header_timeout_s,
         tenant_store=store,
         audit_log=audit_log,

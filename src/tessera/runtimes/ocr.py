@@ -5,6 +5,12 @@ recognition; a *line crop* runs recognition alone, and the line crops of a
 batch go through the recognizer together (padded ONNX batches of
 ``rec_batch_num``, the card's ``max_batch_size``).
 
+An image that came as a file (``EncodedImage``) is decoded here, as its page
+begins, and let go when the page is read: a batch of pages holds one page's
+pixels at a time, inside the memory it reserved (its work units count the
+decode, ``tasks/types.py``). Line crops are decoded and brought to the
+recognizer's height one by one, before they go through it together.
+
 A batch runs in steps with a step boundary between them
 (``step.step_boundary``), where the batch may step aside while short batches
 of other models run: each page's detection, its line classification, and each recognizer
@@ -37,6 +43,7 @@ from tessera.runtimes.base import LoadContext
 from tessera.runtimes.memory import files_bytes
 from tessera.runtimes.ort_graphs import cpu_only, optimized_graph
 from tessera.step import step_boundary
+from tessera.tasks.image import EncodedImage, pixels
 from tessera.tasks.types import OcrInput, OcrLine, OcrOutput, work_units
 
 if TYPE_CHECKING:
@@ -45,6 +52,7 @@ if TYPE_CHECKING:
 
     from tessera.device import Device
     from tessera.repository.spec import ModelSpec
+    from tessera.tasks.types import ItemImage
 
 _MODEL_OPTIONS = {
     "det_model": "PP-OCRv6_det_small.onnx",
@@ -122,8 +130,9 @@ def _check_item(item: object) -> OcrInput:
         raise InvalidInputError(f"OCR expects OcrInput items, got {type(item).__name__}")
     image = item.image
     shape: tuple[int, ...] = tuple(getattr(image, "shape", ()))
-    if getattr(image, "dtype", None) != "uint8" or len(shape) != 3 or shape[2] != 3:
-        raise InvalidInputError("OCR image must be an H x W x 3 uint8 (BGR) array")
+    uint8 = isinstance(image, EncodedImage) or getattr(image, "dtype", None) == "uint8"
+    if not uint8 or len(shape) != 3 or shape[2] != 3:
+        raise InvalidInputError("OCR image must be an H x W x 3 uint8 (BGR) array or an image file")
     if shape[0] < 1 or shape[1] < 1:
         raise InvalidInputError("OCR image is empty")
     if item.mode not in ("page", "line"):
@@ -131,7 +140,7 @@ def _check_item(item: object) -> OcrInput:
     return item
 
 
-def _whole_image_box(image: npt.NDArray[np.uint8]) -> tuple[tuple[float, float], ...]:
+def _whole_image_box(image: ItemImage) -> tuple[tuple[float, float], ...]:
     height, width = float(image.shape[0]), float(image.shape[1])
     return ((0.0, 0.0), (width, 0.0), (width, height), (0.0, height))
 
@@ -160,13 +169,13 @@ class RapidOcrModel:
                 outputs[i] = self._page(item.image, steps)
         return outputs
 
-    def _page(self, image: npt.NDArray[np.uint8], steps: _Steps) -> OcrOutput:
+    def _page(self, image: ItemImage, steps: _Steps) -> OcrOutput:
         """Detection, classification and recognition, each a step (see the module notes)."""
         from rapidocr.ch_ppocr_cls import TextClsOutput
         from rapidocr.main import RapidOCRError
 
         engine = self.engine
-        original = engine.load_img(image)
+        original = engine.load_img(pixels(image))
         prepared, record = engine.preprocess_img(original)
         steps.next()
         try:
@@ -196,10 +205,11 @@ class RapidOcrModel:
             )
         )
 
-    def _recognize(self, crops: list[npt.NDArray[np.uint8]], steps: _Steps) -> list[OcrOutput]:
+    def _recognize(self, crops: list[ItemImage], steps: _Steps) -> list[OcrOutput]:
         """Recognition alone over line crops; the same pre-processing as
         ``engine(img, use_det=False)`` (bounds on the sides)."""
-        prepared = [self.engine.preprocess_img(self.engine.load_img(crop))[0] for crop in crops]
+        engine = self.engine
+        prepared = [engine.preprocess_img(engine.load_img(pixels(crop)))[0] for crop in crops]
         result = self._recognizer_batches(prepared, steps)
         outputs = []
         for crop, text, score in zip(crops, result.txts or (), result.scores, strict=True):

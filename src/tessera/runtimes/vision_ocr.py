@@ -48,6 +48,7 @@ from tessera.runtimes.causal_lm import (
 from tessera.runtimes.hostcopy import HostSlot
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.step import holding
+from tessera.tasks.image import pixels
 from tessera.tasks.prompts import page_chat
 from tessera.tasks.types import (
     ChatInput,
@@ -195,8 +196,8 @@ class VisionOcr:
                 parts: list[dict[str, Any]] = [{"type": "image"} for _ in m.images]
                 parts.append({"type": "text", "text": m.content})
                 conversation.append({"role": m.role, "content": parts})
-                # BGR arrays (as OCR decodes them) to RGB images.
-                images.extend(Image.fromarray(i[:, :, ::-1]) for i in m.images)
+                # BGR arrays (as OCR decodes them, here if still encoded) to RGB images.
+                images.extend(Image.fromarray(pixels(i)[:, :, ::-1]) for i in m.images)
             try:
                 prompts.append(
                     processor.apply_chat_template(

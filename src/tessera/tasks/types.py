@@ -12,10 +12,17 @@ says (``InputLimits``): text tasks count approximate tokens (``ceil(chars /
 resident), capped at the model's window, where the runtime truncates; OCR
 counts pages of the detection pass after rapidocr's resizes (the long side
 brought down to 2,000 pixels, then the short side up to 736, each rounded to
-32), in 736 x 736 pages, so a small page costs as much as a 736 x 736 one, a
-tall receipt more and a 9-megapixel scan what its 2,000-pixel copy costs; a
-line crop its own pixels (after the same bound) in such pages; speech and
-translation count characters; chat counts prompt plus maximum generated tokens.
+32), in 736 x 736 pages, so a small page costs as much as a 736 x 736 one and
+a tall receipt more; a line crop its own pixels (after the same bound) in such
+pages; speech and translation count characters; chat counts prompt plus
+maximum generated tokens.
+
+An OCR image larger than rapidocr's bound also costs what its resize throws
+away: it is decoded whole and held whole while it runs, which the detection
+pass does not see (a 6,300-pixel square decoded in 1.3 s and held 113 MiB
+more beside the 2,000-pixel copy's pass). Its pixels beyond the bounded copy's
+add a unit each ``DECODE_PIXELS_PER_UNIT``, counted from the image's header
+(``EncodedImage.shape``) before it is decoded, as every unit is.
 
 A vision-language model (its card gives ``InputLimits.vision``) reads an
 image as the tokens its processor makes of it (``VisionLimits.image_tokens``:
@@ -39,6 +46,12 @@ from tessera.errors import InvalidInputError, PayloadTooLargeError, TaskMismatch
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+
+    from tessera.tasks.image import EncodedImage
+
+    # An image as an item carries it: decoded (H x W x 3 uint8 BGR), or its
+    # file with the header read, decoded when its batch runs.
+    ItemImage = npt.NDArray[np.uint8] | EncodedImage
 
 
 class Task(StrEnum):
@@ -91,7 +104,8 @@ class ClassifyOutput:
 
 @dataclass(frozen=True, slots=True)
 class OcrInput:
-    """A decoded image (height x width x 3, uint8, BGR) and whether it is a page or a line crop.
+    """An image (decoded: height x width x 3, uint8, BGR; or an ``EncodedImage``,
+    decoded when it runs) and whether it is a page or a line crop.
 
     For a vision-language OCR model, ``prompt`` is the instruction (None: the
     model's plain-text prompt) and ``max_tokens`` the most tokens it may
@@ -99,7 +113,7 @@ class OcrInput:
     ``ChatOutput``. Other OCR models take neither.
     """
 
-    image: npt.NDArray[np.uint8]
+    image: ItemImage
     mode: Literal["page", "line"] = "page"
     prompt: str | None = None
     max_tokens: int | None = None
@@ -157,7 +171,7 @@ class ChatMessage:
 
     role: str
     content: str
-    images: tuple[npt.NDArray[np.uint8], ...] = field(default=(), compare=False)
+    images: tuple[ItemImage, ...] = field(default=(), compare=False)
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
 
@@ -336,7 +350,19 @@ def _detection_pages(height: int, width: int, limits: InputLimits) -> float:
     return height * width / OCR_DETECTION_SIDE**2
 
 
-def _image_tokens(image: npt.NDArray[np.uint8], vision: VisionLimits) -> int:
+# Pixels of an OCR image beyond its bounded copy's that cost one work unit
+# (``_decode_units``): decoding and holding them cost about what a unit of the
+# detection pass does, by time and by memory (docs/benchmarks.md, big pages).
+DECODE_PIXELS_PER_UNIT = 12_000_000
+
+
+def _decode_units(height: int, width: int, bounded_pixels: int) -> float:
+    """The units of an image's pixels that rapidocr's resize throws away:
+    decoded and held whole, unseen by the pass over its bounded copy."""
+    return max(0, height * width - bounded_pixels) / DECODE_PIXELS_PER_UNIT
+
+
+def _image_tokens(image: ItemImage, vision: VisionLimits) -> int:
     return vision.image_tokens(int(image.shape[0]), int(image.shape[1]))
 
 
@@ -364,10 +390,14 @@ def work_units(item: object, limits: InputLimits = NO_LIMITS) -> float:
         case TranslateInput(text=text) | SpeechInput(text=text):
             return max(1, len(text))
         case OcrInput(image=image, mode="line"):  # recognition alone: its pixels
-            height, width = _bounded(int(image.shape[0]), int(image.shape[1]), limits)
-            return max(1e-3, height * width / OCR_DETECTION_SIDE**2)
+            height, width = int(image.shape[0]), int(image.shape[1])
+            bounded = math.prod(_bounded(height, width, limits))
+            run = max(1e-3, bounded / OCR_DETECTION_SIDE**2)
+            return run + _decode_units(height, width, bounded)
         case OcrInput(image=image):
-            return _detection_pages(int(image.shape[0]), int(image.shape[1]), limits)
+            height, width = int(image.shape[0]), int(image.shape[1])
+            run = _detection_pages(height, width, limits)
+            return run + _decode_units(height, width, math.prod(_bounded(height, width, limits)))
         case ChatInput(max_tokens=max_tokens):
             return _chat_tokens(item) + max_tokens
     raise TypeError(f"not a task item: {type(item).__name__}")
@@ -560,3 +590,15 @@ def request_units(
     for index, item in enumerate(items):
         _check_item(index, item, limits, count_tokens)
     return sum(work_units(item, limits) for item in items)
+
+
+def item_images(items: Sequence[object]) -> list[ItemImage]:
+    """The images ``items`` carry: OCR pages and crops, chat messages' images."""
+    images: list[ItemImage] = []
+    for item in items:
+        match item:
+            case OcrInput(image=image):
+                images.append(image)
+            case ChatInput(messages=messages):
+                images.extend(i for m in messages for i in m.images)
+    return images

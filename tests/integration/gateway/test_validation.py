@@ -389,3 +389,89 @@ async def test_a_bug_behind_the_websocket_is_an_error_for_its_id_in_one_log_line
     assert len(records) == 3  # one line a message, its traceback once
     assert sum(1 for r in records if r.exc_info) == 1
     assert "WS /v1/ws embeddings: RuntimeError" in records[0].getMessage()
+
+
+TWELVE_BIG_PAGES = 12 * 6300 * 6300  # each just under the 40-megapixel limit
+
+
+def kserve_images(pages: list[bytes]) -> dict[str, object]:
+    data = [base64.b64encode(p).decode() for p in pages]
+    return {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [len(data)], "data": data}]}
+
+
+async def test_twelve_big_pages_in_one_request_are_413_from_their_headers(
+    client: httpx.AsyncClient,
+) -> None:
+    # Each page's header says 6,300 x 6,300 and its data is empty: decoding
+    # any of them would fail (415), so the 413 shows none was decoded.
+    pages = [png_header(6300, 6300)] * 12
+    r = await client.post("/v2/models/ocr/infer", json=kserve_images(pages))
+    assert r.status_code == 413, r.text
+    message = r.json()["error"]
+    assert f"12 images of {TWELVE_BIG_PAGES:,} pixels in all" in message
+    assert "at most 120,000,000 pixels (max_request_pixels)" in message
+    # Three such pages are within the bound: queued undecoded (the fake model
+    # reads their shape alone, the real one decodes each as its page runs).
+    r = await client.post("/v2/models/ocr/infer", json=kserve_images(pages[:3]))
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"][0]["data"] == ["6300x6300"] * 3
+
+
+async def test_a_chat_with_more_images_than_a_request_may_carry_is_413(
+    client: httpx.AsyncClient,
+) -> None:
+    url = "data:image/png;base64," + base64.b64encode(png_header(8, 8)).decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}] * 65
+    body = {"model": "chat", "messages": [{"role": "user", "content": content}]}
+    r = await client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 413, r.text
+    assert (
+        "65 images in one request; at most 64 (max_request_pages)" in r.json()["error"]["message"]
+    )
+
+
+async def test_the_request_image_limits_are_the_apps_and_bound_websocket_pages(
+    engine: Engine,
+) -> None:
+    from tessera.gateway import create_app
+    from tessera.tasks.image import RequestImageLimits
+
+    limits = RequestImageLimits(max_request_pixels=10_000, max_request_pages=2)
+    app = create_app(engine, max_body_bytes=64 * 1024, image_limits=limits)
+    transport = httpx.ASGITransport(app=app)
+    page = base64.b64encode(png_header(100, 100)).decode()
+    async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
+        r = await client.post("/v1/ocr", json={"model": "ocr", "image": page})
+        assert r.status_code == 200, r.text
+        big = base64.b64encode(png_header(101, 100)).decode()
+        r = await client.post("/v1/ocr", json={"model": "ocr", "image": big})
+        assert r.status_code == 413, r.text
+        assert "10,100 pixels in all" in r.json()["error"]["message"]
+        assert "at most 10,000 pixels" in r.json()["error"]["message"]
+    # A WebSocket message's pages run as requests of their own: they are
+    # bounded together, before any runs.
+    ask = {"id": "p", "type": "ocr", "model": "ocr", "images": [page] * 3}
+    incoming: list[MutableMapping[str, Any]] = [
+        {"type": "websocket.connect"},
+        {"type": "websocket.receive", "text": json.dumps(ask)},
+    ]
+    answers: list[dict[str, Any]] = []
+    answered = asyncio.Event()
+
+    async def receive() -> MutableMapping[str, Any]:
+        if incoming:
+            return incoming.pop(0)
+        await answered.wait()
+        return {"type": "websocket.disconnect", "code": 1000}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "websocket.send":
+            answers.append(json.loads(str(message["text"])))
+            if answers[-1]["type"] in ("error", "result"):
+                answered.set()
+
+    scope = {"type": "websocket", "path": "/v1/ws", "headers": [], "query_string": b""}
+    await asyncio.wait_for(app(scope, receive, send), 30)
+    assert [a["type"] for a in answers] == ["error"], answers  # no page was read
+    assert answers[0]["error"]["code"] == 413
+    assert "3 images in one request; at most 2" in answers[0]["error"]["message"]

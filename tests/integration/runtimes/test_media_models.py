@@ -19,7 +19,7 @@ import pytest
 from PIL import Image, ImageDraw, ImageFont
 
 from builders import make_queued
-from tessera.errors import InvalidInputError, ModelUnavailableError
+from tessera.errors import InvalidInputError, ModelUnavailableError, UnsupportedMediaError
 from tessera.repository import read_spec
 from tessera.request import with_stops
 from tessera.runtimes.base import ItemsApart, LoadedModel, standalone_context
@@ -27,6 +27,7 @@ from tessera.runtimes.memory import start_peak, trim_heap
 from tessera.runtimes.ocr import RapidOcrModel
 from tessera.runtimes.registry import get_loader
 from tessera.step import stepping
+from tessera.tasks.image import encode_png, read_image
 from tessera.tasks.types import (
     OcrInput,
     OcrOutput,
@@ -188,6 +189,31 @@ def test_ocr_pages_of_a_batch_peak_at_one_pages_activations(ocr: LoadedModel) ->
     # of the first's freed memory (by 0.6 of one page's peak here, by 1.05 of it
     # on CI's machine), once: the comparison is with two pages, past that.
     assert six < 1.5 * two
+
+
+def test_ocr_pages_sent_as_files_are_decoded_as_they_run_and_read_the_same(
+    ocr: LoadedModel,
+) -> None:
+    # The gateway reads an image's header alone; the runtime decodes it when
+    # its page runs: the same lines as the decoded array, a line crop too.
+    page = render(["Invoice number 12345", "TOTAL 12.50"])
+    crop = render(["RECEIPT 0042"], width=400, pad=4)
+    arrays = ocr.run([OcrInput(page, "page"), OcrInput(crop, "line")])
+    files = ocr.run(
+        [
+            OcrInput(read_image(encode_png(page)), "page"),
+            OcrInput(read_image(encode_png(crop)), "line"),
+        ]
+    )
+    assert [texts(o) for o in files] == [texts(o) for o in arrays]
+    assert "12345" in " ".join(texts(files[0]))
+
+
+def test_ocr_a_file_whose_pixels_do_not_decode_is_refused_as_it_runs(ocr: LoadedModel) -> None:
+    whole = encode_png(blank(64, 64))
+    cut = read_image(whole[: len(whole) // 2])  # the header reads; the pixels are cut short
+    with pytest.raises(UnsupportedMediaError, match="cannot decode image"):
+        ocr.run([OcrInput(cut, "page")])
 
 
 def test_ocr_blank_images_give_no_lines(ocr: LoadedModel) -> None:

@@ -11,6 +11,7 @@ import pytest
 from tessera.errors import ConfigError, InvalidInputError, PayloadTooLargeError
 from tessera.repository.spec import parse_spec
 from tessera.tasks.types import (
+    DECODE_PIXELS_PER_UNIT,
     MAX_CHARS_PER_TOKEN,
     ChatInput,
     ChatMessage,
@@ -39,9 +40,10 @@ def test_a_tall_receipt_costs_its_aspect_and_a_large_scan_its_bounded_copy() -> 
     assert work_units(OcrInput(image(1200, 400))) == pytest.approx(3.0)
     assert work_units(OcrInput(image(1472, 1472))) == pytest.approx(4.0)
     # A 9-megapixel scan is brought down to 2,000 pixels on its long side first:
-    # 7.27 pages, not the 16.6 its own pixels would make.
+    # 7.27 pages, not the 16.6 its own pixels would make; the pixels that resize
+    # throws away are still decoded and held: 0.42 more.
     assert work_units(OcrInput(image(3000, 3000))) == pytest.approx(
-        1984 * 1984 / 736**2
+        1984 * 1984 / 736**2 + (3000 * 3000 - 1984 * 1984) / DECODE_PIXELS_PER_UNIT
     )  # 2,000 rounds to 1,984 (x32)
 
 
@@ -49,6 +51,7 @@ def test_a_line_crop_costs_its_own_pixels_within_the_bound() -> None:
     assert work_units(OcrInput(image(32, 368), mode="line")) == pytest.approx(32 * 368 / 736**2)
     assert work_units(OcrInput(image(100, 4000), mode="line")) == pytest.approx(
         64 * 1984 / 736**2  # long side to 2,000, each side rounded to 32
+        + (100 * 4000 - 64 * 1984) / DECODE_PIXELS_PER_UNIT
     )
 
 
@@ -68,7 +71,9 @@ def test_ocr_pages_are_those_rapidocr_detects(height: int, width: int) -> None:
     detected = DetPreProcess(736, "min").resize(padded)
     assert detected is not None
     pages = detected.shape[0] * detected.shape[1] / 736**2
-    assert work_units(OcrInput(image(height, width))) == pytest.approx(pages)
+    thrown_away = max(0, height * width - bounded.shape[0] * bounded.shape[1])
+    decode = thrown_away / DECODE_PIXELS_PER_UNIT
+    assert work_units(OcrInput(image(height, width))) == pytest.approx(pages + decode)
 
 
 def test_text_counts_at_most_its_window() -> None:
