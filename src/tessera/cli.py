@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import time
 from pathlib import Path
@@ -214,6 +216,18 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
     from tessera.progress import PreloadReporter
     from tessera.repository.watch import RepositoryWatcher
 
+    if not settings.auth:
+        if not _loopback(settings.host):
+            typer.echo(
+                f"error: --no-auth (auth: false) serves on loopback only, not {settings.host}",
+                err=True,
+            )
+            raise typer.Exit(2)
+        logging.getLogger("tessera.cli").warning(
+            "serving without API keys (--no-auth) on %s: anyone on this machine may call it;"
+            " admin changes (models, tenants, keys) are refused",
+            settings.host,
+        )
     try:
         repository = settings.repository()
     except ConfigError as e:
@@ -240,6 +254,8 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
         )
     try:
         store, audit_log = _tenancy(settings, engine) if settings.auth else (None, None)
+        if audit_log is None:  # no keys: still a row for each admin change refused
+            audit_log = _audit_log(settings)
     except ConfigError as e:  # a data folder's database it cannot read
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
@@ -261,6 +277,8 @@ def _serve(settings: ServerConfig, log_level: str, *, start_engines: bool) -> No
         else None,
         watch_interval_s=settings.watch_interval_s,
         cluster=ray_engines,
+        model_roots=settings.model_roots(),
+        admin_changes=settings.auth,
     )
     if settings.metrics_port is not None:
         # A scrape-only listener (prometheus_client's own thread): no key, no other routes.
@@ -359,6 +377,26 @@ def _tenancy(settings: ServerConfig, engine: Engine) -> tuple[TenantStore, Audit
         engine.seed_usage(tenant.name, audit_log.units_since(tenant.name, day_start))
     engine.seed_demand(audit_log.requests_by_model(time.time() - DEMAND_MEMORY_S))
     return store, audit_log
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _audit_log(settings: ServerConfig) -> AuditLog:
+    from tessera.tenants import AuditLog
+
+    return AuditLog(
+        settings.data_dir,
+        url=settings.tenant_store,
+        retention_days=settings.audit_retention_days,
+    )
 
 
 def _shared_admission(settings: ServerConfig) -> RedisAdmissionController | None:

@@ -76,6 +76,13 @@ A config file may hold any of::
     admission_prefix: "tessera:" # the Redis keys' prefix
     admission_lease_s: 30        # a dead gateway's requests in flight count this long
     watch_repository: false      # poll model_repositories for new models and versions
+    engine_commands:             # per engine, the command lines a card's options.command
+      vllm: [[vllm, serve]]      # may name ({python}: this interpreter); these are the
+                                 # defaults. A card registered over the admin API names
+                                 # none: its engine runs the engine's default command
+    trusted_pickle_dirs: []      # folders whose pickle files (joblib, .pkl) may load, for
+                                 # cards read from disk; an installed package's folder is
+                                 # trusted (its operator installed it); never over the API
     watch_interval_s: 5          # how often (see docs/models.md)
     trusted_proxies: []          # addresses whose X-Forwarded-For names the client
                                  # (rate limits, the auth throttle); default: none
@@ -117,6 +124,7 @@ from tessera.engine.executor import ACROSS_MODELS_THREADS, LONG_WORK_MODES
 from tessera.engine.loop import DEFAULT_ENGINE_LOOP, ENGINE_LOOPS
 from tessera.errors import ConfigError
 from tessera.repository import ModelRepository, default_repository_path
+from tessera.repository.trust import check_engine_command, parse_engine_commands
 from tessera.scheduling import DEFAULT_TIERS, TierSpec, parse_tiers
 from tessera.tasks.image import (
     DEFAULT_MAX_REQUEST_PAGES,
@@ -195,8 +203,19 @@ class ServerConfig:
     engine_loop: str = DEFAULT_ENGINE_LOOP  # the engine process's loop (``engine/loop.py``)
 
     def repository(self) -> ModelRepository:
-        folders = [default_repository_path()] if self.include_default_models else []
-        return ModelRepository.from_folders([*folders, *self.model_repositories])
+        repository = ModelRepository.from_folders(self.model_roots())
+        for spec in repository:  # cards on disk name only the commands allowed
+            for version in repository.versions(spec.name):
+                check_engine_command(version, self.engine.engine_commands)
+        return repository
+
+    def model_roots(self) -> tuple[Path, ...]:
+        """The folders models are read from, and the only ones the admin API
+        may register a model or weights from: the packaged default set (when
+        included) and ``model_repositories``."""
+        folders = (default_repository_path(),) if self.include_default_models else ()
+        return (*folders, *self.model_repositories)
+
 
     def tenancy(self) -> tuple[TenantStore, AuditLog]:
         """The tenant store and the audit log this config names."""
@@ -229,6 +248,8 @@ _ENGINE_KEYS = {
     "scheduling",
     "long_work",
     "fill",
+    "engine_commands",
+    "trusted_pickle_dirs",
 }
 # Keys given in one unit in the file and another in EngineConfig.
 _MS_KEYS = {
@@ -339,6 +360,8 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         if key in file_values or key in values:
             raw = values.get(key)
             engine_values[field_name] = float(raw) / 1000 if raw is not None else None
+    engine_values["engine_commands"] = parse_engine_commands(values.get("engine_commands"))
+    engine_values["trusted_pickle_dirs"] = _paths(values, "trusted_pickle_dirs")
     if "across_models_threads" in engine_values:
         engine_values["across_models_threads"] = _positive_int(
             engine_values, "across_models_threads", ACROSS_MODELS_THREADS
@@ -499,6 +522,13 @@ def _size(values: dict[str, Any], key: str, default: int) -> int:
     if size < 1:
         raise ConfigError(f"{key} must be above 0 bytes, not {raw!r}")
     return size
+
+
+def _paths(values: dict[str, Any], key: str) -> tuple[Path, ...]:
+    raw = values.get(key) or ()
+    if not isinstance(raw, list | tuple) or not all(isinstance(p, str) and p for p in raw):
+        raise ConfigError(f"{key} must be a list of folders, not {raw!r}")
+    return tuple(Path(p) for p in raw)
 
 
 def _optional_str(values: dict[str, Any], key: str) -> str | None:

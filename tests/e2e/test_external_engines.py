@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from builders import WEATHER_TOOL
-from fakes import write_fake_vllm_model
+from fakes import FAKE_ENGINE_COMMANDS, write_fake_vllm_model
 from serverproc import Server, start_server, stop_server
 
 STOP_S = 60.0
@@ -125,7 +125,13 @@ def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     config = tmp_path / "config.yaml"
     repos = [str(tmp_path / "repo")]
     config.write_text(
-        yaml.safe_dump({"include_default_models": False, "model_repositories": repos})
+        yaml.safe_dump(
+            {
+                "include_default_models": False,
+                "model_repositories": repos,
+                "engine_commands": FAKE_ENGINE_COMMANDS,
+            }
+        )
     )
     process, server = start_server(tmp_path, "--no-auth", "--config", str(config))
     try:
@@ -234,7 +240,12 @@ def test_streamed_logprobs_come_with_their_pieces_in_process_and_across_gateways
     repos = [str(tmp_path / "repo")]
     config.write_text(
         yaml.safe_dump(
-            {"include_default_models": False, "model_repositories": repos, "gateways": 2}
+            {
+                "include_default_models": False,
+                "model_repositories": repos,
+                "gateways": 2,
+                "engine_commands": FAKE_ENGINE_COMMANDS,
+            }
         )
     )
     process, split = start_server(tmp_path, "--no-auth", "--config", str(config))
@@ -307,6 +318,7 @@ def test_fake_vllm_engines_sleep_when_evicted_wake_on_a_request_and_stop_with_th
             {
                 "include_default_models": False,
                 "model_repositories": [str(repo)],
+                "engine_commands": FAKE_ENGINE_COMMANDS,
                 # One engine (~125 MiB resident: the weights and Python) fits, two do not.
                 "memory_budget": "200MiB",
             }

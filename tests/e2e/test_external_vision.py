@@ -22,7 +22,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from fakes import write_fake_vllm_model
+from fakes import FAKE_ENGINE_COMMANDS, write_fake_vllm_model
 from serverproc import Server, start_server, stop_server
 from tessera.tasks.image import decode_image, encode_png
 from tessera.tasks.prompts import ocr_prompt
@@ -47,7 +47,13 @@ def server(data_dir: Path) -> Iterator[Server]:
     write_fake_vllm_model(repo, "fake-ocr", task="ocr", **options)
     config = tmp / "config.yaml"
     config.write_text(
-        yaml.safe_dump({"include_default_models": False, "model_repositories": [str(repo)]})
+        yaml.safe_dump(
+            {
+                "include_default_models": False,
+                "model_repositories": [str(repo)],
+                "engine_commands": FAKE_ENGINE_COMMANDS,
+            }
+        )
     )
     process, server = start_server(
         tmp, "--config", str(config), "--data-dir", str(data_dir), key=key

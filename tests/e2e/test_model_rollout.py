@@ -185,7 +185,7 @@ def test_a_model_registered_over_the_admin_api_serves_at_once_and_gives_its_byte
 
 
 def register(admin: httpx.Client, tmp_path: Path, packaged: str, name: str) -> httpx.Response:
-    folder = tmp_path / "more" / name
+    folder = tmp_path / "repo" / name  # registered only from the server's repositories
     folder.mkdir(parents=True)
     (folder / "model.yaml").write_text(yaml.safe_dump(minilm_card(name, packaged)))
     response = admin.post("/admin/models", json={"path": str(folder)})

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 FAKE_VLLM = Path(__file__).with_name("fake_vllm.py")
+# A server config's ``engine_commands`` that allows the fake's command line.
+FAKE_ENGINE_COMMANDS = {"vllm": [["{python}", str(FAKE_VLLM)]]}
 
 
 def write_fake_vllm_model(
@@ -33,7 +34,7 @@ def write_fake_vllm_model(
         "memory": {"max_bytes": max_bytes},
         "batching": {"max_batch_size": max_batch_size, "max_concurrent_batches": 1},
         "options": {
-            "command": [sys.executable, str(FAKE_VLLM)],
+            "command": ["{python}", str(FAKE_VLLM)],
             "model": f"fake/{name}",
             "args": list(args),
             "load_timeout_s": 30,

@@ -28,7 +28,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +49,7 @@ from tessera.errors import (
 from tessera.logs import request_id as request_id_var
 from tessera.metrics import EngineStats, FanoutSink, ModelStats, StatsSink
 from tessera.repository import ModelRepository, ModelSpec
+from tessera.repository.trust import DEFAULT_ENGINE_COMMANDS
 from tessera.request import Batch, Charge, QueuedRequest, RequestResult, with_stops
 from tessera.residency import (
     MAX_HOST_LOADS,
@@ -148,6 +149,12 @@ class EngineConfig:
     # Threads for batches that may run in one forward with other models'
     # (executor.py, ``ACROSS_MODELS_THREADS``); a knob for a device to settle.
     across_models_threads: int = ACROSS_MODELS_THREADS
+    # The command lines a card's options.command may name, per engine, and the
+    # folders pickle files may load from (``repository/trust.py``).
+    engine_commands: Mapping[str, tuple[tuple[str, ...], ...]] = field(
+        default_factory=lambda: dict(DEFAULT_ENGINE_COMMANDS)
+    )
+    trusted_pickle_dirs: tuple[Path, ...] = ()
 
     @property
     def fills(self) -> bool:
@@ -262,6 +269,7 @@ class Engine(ModelLifecycle):
             self._stats,
             cache_dir=config.cache_dir,
             loaders=loaders,
+            trusted_pickle_dirs=config.trusted_pickle_dirs,
         )
         budget = config.memory_budget_bytes or self._device.default_budget_bytes()
         host_budget = config.host_memory_budget_bytes
@@ -301,7 +309,7 @@ class Engine(ModelLifecycle):
         # batches wait here until those are answered (answers switch at one point).
         self._gates: dict[str, asyncio.Event] = {}
         self._drain_wait_s = config.default_timeout_s
-        self._init_lifecycle()
+        self._init_lifecycle(config.engine_commands)
 
     # -- lifecycle --------------------------------------------------------
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from tessera.errors import (
     ModelNotFoundError,
+    PermissionDeniedError,
     RolloutFailedError,
     TaskMismatchError,
     TesseraError,
@@ -44,6 +45,7 @@ from tessera.errors import (
 from tessera.metrics import RolloutCount, RolloutStats
 from tessera.repository import read_versions
 from tessera.repository.spec import ModelSpec
+from tessera.repository.trust import check_api_card, check_engine_command
 from tessera.tasks.samples import answer_text, smoke_item, warmup_items
 from tessera.tasks.types import Task
 
@@ -135,7 +137,9 @@ class ModelLifecycle:
     _submit: Callable[[ModelSpec, Sequence[Any], float | None, Any], Any]
     wait: Callable[[Any], Awaitable[list[Any]]]
 
-    def _init_lifecycle(self) -> None:
+    def _init_lifecycle(self, engine_commands: Mapping[str, tuple[tuple[str, ...], ...]]) -> None:
+        # The command lines a card may name per engine (``repository/trust.py``).
+        self._engine_commands = engine_commands
         self._rollouts: deque[_Rollout] = deque(maxlen=RECENT_ROLLOUTS)
         self._outcomes: Counter[tuple[str, str]] = Counter()
         self._staged: dict[str, ModelSpec] = {}  # versions loading or checking
@@ -143,12 +147,14 @@ class ModelLifecycle:
 
     # -- the face ---------------------------------------------------------
 
-    async def add_model(self, folder: Path) -> list[RolloutStats]:
+    async def add_model(self, folder: Path, via_api: bool = False) -> list[RolloutStats]:
         """Register the model in ``folder`` (validated: descriptor, weights,
         a load and an answer), or roll out its versions that are new and retire
         those its policy no longer serves. Raises ``ConfigError`` for a bad
-        descriptor, ``RolloutFailedError`` for a version rolled back."""
-        versions = read_versions(folder)
+        descriptor, ``RolloutFailedError`` for a version rolled back, and
+        ``PermissionDeniedError`` for what a card registered over the API
+        (``via_api``) may not do (``repository/trust.py``)."""
+        versions = self._checked_versions(folder, via_api)
         name = versions[0].name
         async with self._model_lock(name):
             served = self._served.get(name)
@@ -193,6 +199,17 @@ class ModelLifecycle:
                     continue
                 for r in rollouts:
                     log.info("repository watch: %s@%s %s", r.model, r.version, r.state)
+
+    def _checked_versions(self, folder: Path, via_api: bool) -> list[ModelSpec]:
+        """``folder``'s versions, once the server's rules allow each card."""
+        versions = read_versions(folder)
+        for spec in versions:
+            if via_api:  # first: the API's refusal names the key whatever its value
+                check_api_card(spec)
+            check_engine_command(spec, self._engine_commands)
+        if not via_api:
+            return versions
+        return [dataclasses.replace(spec, via_api=True) for spec in versions]
 
     def recent_rollouts(self) -> tuple[RolloutStats, ...]:
         return tuple(r.stats for r in self._rollouts)
@@ -270,6 +287,7 @@ class ModelLifecycle:
         except Exception as e:
             # Residency holds a failed load's own cause (callers are told less).
             cause = self._residency.error(spec.key) or f"{type(e).__name__}: {e}"
+            refused = e.__cause__ if isinstance(e.__cause__, PermissionDeniedError) else None
             log.error(
                 "version %s of model %s rolled back: %s", spec.version_label, spec.name, cause
             )
@@ -277,6 +295,8 @@ class ModelLifecycle:
             self._outcomes[(spec.name, "rolled_back")] += 1
             await self._forget_version(spec.key)
             record.mark(used_bytes_after=self._residency.table.weight_bytes())
+            if refused is not None:  # the server's rules, not a broken version: 403
+                raise PermissionDeniedError(str(refused)) from e
             raise RolloutFailedError(spec.name, spec.version_label, cause) from e
         finally:
             self._staged.pop(spec.key, None)

@@ -410,8 +410,8 @@ class RemoteEngine:
     async def unload(self, name: str) -> bool:
         return bool(await self._call("unload", name))
 
-    async def add_model(self, folder: Path) -> list[RolloutStats]:
-        rollouts: list[RolloutStats] = await self._call("add_model", folder)
+    async def add_model(self, folder: Path, via_api: bool = False) -> list[RolloutStats]:
+        rollouts: list[RolloutStats] = await self._call("add_model", folder, via_api)
         return rollouts
 
     async def remove_model(self, name: str) -> int:

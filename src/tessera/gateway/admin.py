@@ -1,10 +1,15 @@
 """Operator endpoints: residency, loading or unloading a model by hand, and
-the model lifecycle (registering a model or its new versions, retiring one)."""
+the model lifecycle (registering a model or its new versions, retiring one).
+
+Registration reads only the server's model repositories and never lets a
+card choose a command, an environment or a pickle to load
+(``repository/trust.py``); each change is audited (``gateway/context.py``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -13,10 +18,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from tessera.errors import ConfigError, InvalidInputError
+from tessera.errors import ConfigError, InvalidInputError, PermissionDeniedError
 from tessera.gateway.common import engine_of
 from tessera.gateway.errors import error_body
 from tessera.repository import read_versions
+from tessera.repository.trust import within_roots
 
 router = APIRouter(prefix="/admin")
 
@@ -93,15 +99,25 @@ class AddModelRequest(BaseModel):
     weights: str | None = None
 
 
-def _absolute(path: str, what: str) -> Path:
+def _in_roots(path: str, what: str, request: Request) -> Path:
+    """``path`` resolved, once it lies in a model repository root of the
+    server's (symlinks followed); the refusal says nothing of whether it exists."""
     if not os.path.isabs(path):
         raise InvalidInputError(f"{what} must be absolute (a path on the server): {path!r}")
-    return Path(path)
+    roots: tuple[Path, ...] = request.app.state.model_roots
+    resolved = within_roots(Path(path), roots)
+    if resolved is None:
+        raise PermissionDeniedError(
+            f"{what} {path!r} is refused: models are registered only from the model"
+            " repositories the server's configuration names (model_repositories)"
+        )
+    return resolved
 
 
 def _card_folder(model_yaml: str, weights: Path) -> Path:
     """A folder of its own for a ``model.yaml`` sent as text, its ``source`` the
-    weights' path (which must exist); the card must name the model."""
+    weights' path (which must exist); the card must name the model. The caller
+    removes the folder once the model is registered or refused."""
     if not weights.exists():
         raise ConfigError(f"weights not found at {weights}")
     try:
@@ -120,17 +136,26 @@ def _card_folder(model_yaml: str, weights: Path) -> Path:
 async def add_model(body: AddModelRequest, request: Request) -> JSONResponse:
     """Register the model in a folder (or of a ``model.yaml`` sent with the path
     of its weights), or roll out its new versions, while serving: each new
-    version is loaded, checked and switched to (422 if it was rolled back)."""
-    if body.path is not None and body.model_yaml is None and body.weights is None:
-        folder = _absolute(body.path, "path")
+    version is loaded, checked and switched to (422 if it was rolled back).
+    Folders and weights come from the server's model repositories alone, and
+    the card may not choose what a process runs (``repository/trust.py``): 403."""
+    sent_card = body.model_yaml is not None
+    if body.path is not None and not sent_card and body.weights is None:
+        folder = _in_roots(body.path, "path", request)
     elif body.path is None and body.model_yaml is not None and body.weights is not None:
-        folder = _card_folder(body.model_yaml, _absolute(body.weights, "weights"))
+        weights = _in_roots(body.weights, "weights", request)
+        folder = _card_folder(body.model_yaml, weights)
     else:
         raise InvalidInputError("give either path, or model_yaml and weights")
-    engine = engine_of(request)
-    rollouts = await engine.add_model(folder)
-    # Nothing new to roll out: the folder's model, as it serves already.
-    name = rollouts[-1].model if rollouts else read_versions(folder)[0].name
+    try:
+        engine = engine_of(request)
+        rollouts = await engine.add_model(folder, via_api=True)
+        # Nothing new to roll out: the folder's model, as it serves already.
+        name = rollouts[-1].model if rollouts else read_versions(folder)[0].name
+    finally:
+        if sent_card:  # the served specs hold all they need of it
+            shutil.rmtree(folder, ignore_errors=True)
+    request.state.audit.model = name
     served = [v.version_label for v in engine.versions(name)]
     return JSONResponse(
         {

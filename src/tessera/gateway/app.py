@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +36,7 @@ from tessera.gateway.fast import install_fast_routes
 from tessera.gateway.forward import EngineAppForward
 from tessera.gateway.observability import install_observability
 from tessera.metrics import StatsSink
+from tessera.repository import default_repository_path
 from tessera.repository.watch import RepositoryWatcher
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tasks.image import RequestImageLimits
@@ -69,6 +70,8 @@ def create_app(
     engine_app: Path | None = None,
     request_events: StatsSink | None = None,
     response_store: ResponseStore | None = None,
+    model_roots: Sequence[Path] | None = None,
+    admin_changes: bool = True,
 ) -> FastAPI:
     """An app serving ``engine``; preloading starts with the app and runs in the
     background, so liveness answers at once and readiness once it is done.
@@ -82,8 +85,10 @@ def create_app(
     socket of the engine process's app, which answers ``/admin``, ``/metrics``
     and the live page, and ``request_events``, where its answered requests
     are counted instead of here. A ``response_store`` keeps Responses API
-    answers (``tenants/responses.py``). ``image_limits`` bound a request's
-    images (pixels and pages) from their headers."""
+    answers (``tenants/responses.py``). ``POST /admin/models`` registers only
+    from ``model_roots`` (default: the packaged models' folder); without
+    ``admin_changes`` an app without a tenant store refuses admin changes.
+    ``image_limits`` bound a request's images (pixels and pages) from their headers."""
 
     async def watch_after(preload: asyncio.Task[None], watcher: RepositoryWatcher) -> None:
         await asyncio.wait({preload})  # over, whatever its outcome
@@ -142,6 +147,8 @@ def create_app(
     app.state.tenant_store = tenant_store
     app.state.audit_log = audit_log
     app.state.response_store = response_store
+    app.state.model_roots = tuple(model_roots or (default_repository_path(),))
+    app.state.admin_changes = admin_changes
     app.state.tiers = tiers or dict(DEFAULT_TIERS)
     install_error_handlers(app)
     app.state.max_body_bytes = max_body_bytes  # the WebSocket's message bound too

@@ -5,14 +5,16 @@
   an API key (``Authorization: Bearer KEY``, DeepL's ``DeepL-Auth-Key KEY``,
   or ``x-api-key``): none, unknown or revoked → 401; ``/admin``, Triton's
   repository loads and unloads and ``/metrics`` need an admin key → 403
-  (``/metrics`` is public where
-  ``app.state.metrics_public`` is set). Keys are checked against the store on
-  each request, so revocations apply at once.
+  (``/metrics`` is public where ``app.state.metrics_public`` is set). Keys
+  are checked against the store on each request, so revocations apply at
+  once. Without a store (``--no-auth``) admin changes are refused (403) where
+  ``app.state.admin_changes`` is false: nobody is known to make them.
 - Failed authentication is throttled per client address (``AuthThrottle``):
   past its threshold a failing address gets 429 with ``Retry-After``; a right
   key still passes (see ``tenants/throttle.py`` for why).
-- One audit row per API request, refused ones included, and one per request
-  refused by authentication or permission on any route (``/admin`` too),
+- One audit row per API request, refused ones included, one per admin change
+  (``admin_change``: its action, its model where the route names one), and
+  one per request refused by authentication or permission on any route,
   written off the hot path by ``AuditLog``; routes add the model, task and
   trace in ``request.state``. Nothing of the key but its public prefix is
   ever logged or audited.
@@ -69,6 +71,20 @@ def admin_only(path: str) -> bool:
     )
 
 
+def admin_change(method: str, path: str) -> bool:
+    """Whether a request changes what the server serves or who may use it (an
+    admin route's POST, PUT, PATCH or DELETE): each is audited, with its action."""
+    return method not in ("GET", "HEAD", "OPTIONS") and admin_only(path) and path != METRICS_PATH
+
+
+# Under --no-auth nobody is known: nobody may change models, tenants or keys.
+NO_AUTH_REFUSAL = (
+    "admin changes are refused: this server runs without API keys (--no-auth);"
+    " start it with keys to register, load, unload or retire models, or change tenants or keys"
+)
+_MODEL_ROUTES = ("/admin/models/", "/v2/repository/models/")
+
+
 def is_dashboard(path: str) -> bool:
     return path == DASHBOARD_PATH or path.startswith(DASHBOARD_PATH + "/")
 
@@ -81,6 +97,7 @@ class AuditInfo:
     task: str | None = None
     trace: RequestTrace = field(default_factory=RequestTrace)
     reason: str | None = None
+    action: str | None = None  # an admin change's method and route
 
 
 def api_key(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -101,23 +118,6 @@ class _Refusal:
     message: str
     reason: str
     retry_after_s: float | None = None
-
-
-class RequestContextMiddleware:
-    def __init__(
-        self, app: ASGIApp, *, clock: Clock | None = None, throttle: AuthThrottle | None = None
-    ) -> None:
-        self.app = app
-        self.throttle = throttle or AuthThrottle(clock or MonotonicClock())
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket":
-            # The socket authenticates itself (a key at the handshake or in its
-            # first message: gateway/websocket.py), under the same throttle.
-            scope.setdefault("state", {})["auth_throttle"] = self.throttle
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
     kind: str | None = None  # the error type (else by status)
 
 
@@ -139,6 +139,23 @@ def _draining_refusal(app_state: Any, path: str) -> _Refusal | None:
     if engine is None or engine.phase != "draining" or not metered(path):
         return None
     return DRAINING_REFUSAL
+
+
+class RequestContextMiddleware:
+    def __init__(
+        self, app: ASGIApp, *, clock: Clock | None = None, throttle: AuthThrottle | None = None
+    ) -> None:
+        self.app = app
+        self.throttle = throttle or AuthThrottle(clock or MonotonicClock())
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            # The socket authenticates itself (a key at the handshake or in its
+            # first message: gateway/websocket.py), under the same throttle.
+            scope.setdefault("state", {})["auth_throttle"] = self.throttle
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         app_state = scope["app"].state
         state: dict[str, Any] = scope.setdefault("state", {})
         headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
@@ -148,6 +165,9 @@ def _draining_refusal(app_state: Any, path: str) -> _Refusal | None:
         state["request_id"] = request_id
         token = request_id_var.set(request_id)
         info = state["audit"] = AuditInfo()
+        method: str = scope.get("method", "GET")
+        if admin_change(method, scope["path"]):
+            info.action = f"{method} {scope['path']}"
         started = time.monotonic()
         status, answered = 500, False
 
@@ -178,6 +198,8 @@ def _draining_refusal(app_state: Any, path: str) -> _Refusal | None:
                 status = 499
             raise
         finally:
+            if info.action is not None and info.model is None:
+                info.model = _model_of(scope)
             audit_request(app_state, state, info, status, started, scope["path"])
             request_id_var.reset(token)
 
@@ -190,6 +212,9 @@ def _draining_refusal(app_state: Any, path: str) -> _Refusal | None:
     ) -> _Refusal | None:
         store = getattr(app_state, "tenant_store", None)
         path: str = scope["path"]
+        no_changes = store is None and not getattr(app_state, "admin_changes", True)
+        if no_changes and admin_change(scope.get("method", "GET"), path):
+            return _Refusal(403, NO_AUTH_REFUSAL, "no_auth")
         if store is None or path in public_paths(app_state) or is_dashboard(path):
             return None
         key = api_key(headers)
@@ -227,7 +252,7 @@ def audit_request(
     """One audit row and one ``RequestEvent`` for a request (a WebSocket
     message too), refused ones included; ``state`` holds its principal and id."""
     api = metered(path)
-    if not api and info.reason not in ("auth", "auth_throttled"):
+    if not api and info.reason not in ("auth", "auth_throttled") and info.action is None:
         return
     principal: Principal | None = state.get("principal")
     tenant = principal.tenant.name if principal else None
@@ -267,6 +292,7 @@ def audit_request(
                 batch_size=trace.batch_size or None,
                 request_id=request_id,
                 reason=info.reason,
+                action=info.action,
             )
         )
 
@@ -276,6 +302,15 @@ def audit_request(
         # Written once the charge is settled: at once for an answered request,
         # when the work stops for one whose caller left (the units that ran).
         trace.charge.when_settled(record)
+
+
+def _model_of(scope: Scope) -> str | None:
+    """The model an admin change names in its route, if it names one."""
+    path: str = scope["path"]
+    if not path.startswith(_MODEL_ROUTES):
+        return None
+    name = scope.get("path_params", {}).get("name")
+    return name if isinstance(name, str) else None
 
 
 async def _respond(send: Send, refusal: _Refusal, path: str) -> None:

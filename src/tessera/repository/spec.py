@@ -132,6 +132,9 @@ class ModelSpec:
     # What a new version must answer before it takes over (``smoke`` in
     # model.yaml; none: the task's sample item, answered with a valid output).
     smoke: tuple[SmokeCheck, ...] = ()
+    # Registered over the admin API, not read from the operator's repository:
+    # it may not load pickle files (``repository/trust.py``).
+    via_api: bool = False
 
     @property
     def version_label(self) -> str:

@@ -137,6 +137,8 @@ class LoadContext:
     measure: Callable[[Callable[[], Any]], Measured]
     cache_dir: Path | None = None
     warm_up: bool = True
+    # Folders the operator trusts with pickle files (``repository/trust.py``).
+    trusted_pickle_dirs: tuple[Path, ...] = ()
 
 
 class ModelLoader(Protocol):

@@ -189,6 +189,7 @@ class _WorkerArgs:
     mps_active_thread_percentage: int | None
     cache_dir: Path | None = None  # the server's, for converted and optimised graphs
     warm_up: bool = True
+    trusted_pickle_dirs: tuple[Path, ...] = ()
 
 
 def worker_main(conn: Connection, args: _WorkerArgs) -> None:
@@ -210,6 +211,7 @@ def worker_main(conn: Connection, args: _WorkerArgs) -> None:
             measure_rss,
             cache_dir=args.cache_dir,
             warm_up=args.warm_up,
+            trusted_pickle_dirs=args.trusted_pickle_dirs,
         )
         model = get_loader(args.spec.adapter).load(args.spec, ctx)
     except BaseException as e:
@@ -307,6 +309,7 @@ class IsolatedModel:
             mps_active_thread_percentage=spec.mps_active_thread_percentage,
             cache_dir=ctx.cache_dir,
             warm_up=ctx.warm_up,
+            trusted_pickle_dirs=ctx.trusted_pickle_dirs,
         )
         self._run_timeout_s = float(spec.options.get("run_timeout_s", 120.0))
         self._run_lock = threading.Lock()  # one batch in the worker at a time

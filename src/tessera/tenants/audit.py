@@ -74,13 +74,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # Rows used to hold a refused or failed request's estimate, which no sum
     # counted; units now hold what was charged, so theirs is nothing.
     ("UPDATE audit SET units = 0 WHERE status >= 400",),
+    # An admin change's row names what it did: its method and route.
+    ("ALTER TABLE audit ADD COLUMN action TEXT",),
 )
 
 
 @dataclass(frozen=True)
 class AuditRecord:
     """One request as the audit log keeps it. ``reason`` says why it was
-    refused or failed (e.g. ``rate``, ``quota``, ``deadline``), never content."""
+    refused or failed (e.g. ``rate``, ``quota``, ``deadline``), never content;
+    ``action``, on an admin change's row, its method and route
+    (``POST /admin/models``)."""
 
     ts: float
     tenant: str | None
@@ -94,6 +98,7 @@ class AuditRecord:
     batch_size: int | None = None
     request_id: str | None = None
     reason: str | None = None
+    action: str | None = None
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AuditRecord))

@@ -170,8 +170,8 @@ async def test_a_watched_repository_rolls_out_a_version_folder_copied_in(
 
 
 @pytest.fixture
-async def client(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(engine)
+async def client(engine: Engine, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(engine, model_roots=[tmp_path])
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
         yield client
@@ -241,13 +241,14 @@ async def test_a_model_registered_while_serving_answers_at_once_and_gives_its_by
     ("path", "status", "kind"),
     [
         ("relative/path", 422, "invalid_request_error"),
-        ("/nonexistent/model", 422, "invalid_model"),
+        ("{root}/nonexistent/model", 422, "invalid_model"),
+        ("/nonexistent/model", 403, "permission_denied"),  # outside the roots
     ],
 )
 async def test_a_bad_registration_is_refused_with_its_reason(
-    client: httpx.AsyncClient, path: str, status: int, kind: str
+    client: httpx.AsyncClient, tmp_path: Path, path: str, status: int, kind: str
 ) -> None:
-    response = await client.post("/admin/models", json={"path": path})
+    response = await client.post("/admin/models", json={"path": path.format(root=tmp_path)})
     assert response.status_code == status
     assert response.json()["error"]["type"] == kind
 
@@ -301,18 +302,22 @@ async def test_a_model_yaml_sent_with_the_path_of_its_weights_registers_and_roll
 @pytest.mark.parametrize(
     ("body", "kind"),
     [
-        ({"model_yaml": "name: x\ntask: embedding", "weights": "/nonexistent"}, "invalid_model"),
-        ({"model_yaml": "task: [", "weights": "/"}, "invalid_model"),
-        ({"model_yaml": "task: embedding", "weights": "/"}, "invalid_model"),  # no name
-        ({"model_yaml": "name: x\ntask: nope\nruntime: torch", "weights": "/"}, "invalid_model"),
+        ({"model_yaml": "name: x\ntask: embedding", "weights": "{root}/no"}, "invalid_model"),
+        ({"model_yaml": "task: [", "weights": "{root}"}, "invalid_model"),
+        ({"model_yaml": "task: embedding", "weights": "{root}"}, "invalid_model"),  # no name
+        (
+            {"model_yaml": "name: x\ntask: nope\nruntime: torch", "weights": "{root}"},
+            "invalid_model",
+        ),
         ({"model_yaml": "name: x", "weights": "relative"}, "invalid_request_error"),
         ({"model_yaml": "name: x"}, "invalid_request_error"),
         ({"path": "/", "model_yaml": "name: x", "weights": "/"}, "invalid_request_error"),
     ],
 )
 async def test_a_bad_model_yaml_or_weights_path_is_refused_before_registering(
-    client: httpx.AsyncClient, body: dict[str, str], kind: str
+    client: httpx.AsyncClient, tmp_path: Path, body: dict[str, str], kind: str
 ) -> None:
+    body = {key: value.format(root=tmp_path) for key, value in body.items()}
     response = await client.post("/admin/models", json=body)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["type"] == kind

@@ -254,7 +254,7 @@ def test_audit_file_holds_the_schema_once(tmp_path: Path) -> None:
         AuditLog(tmp_path).close_sync()
     conn = sqlite3.connect(tmp_path / AUDIT_DB_FILE)
     try:
-        assert [r[0] for r in conn.execute("SELECT version FROM schema_version")] == [1, 2]
+        assert [r[0] for r in conn.execute("SELECT version FROM schema_version")] == [1, 2, 3]
     finally:
         conn.close()
 

@@ -211,6 +211,7 @@ def test_audit_json_with_a_window(cli: Cli) -> None:
         "batch_size",
         "request_id",
         "reason",
+        "action",
     }
     assert json.loads(cli("audit", "--format", "json", "--tenant", "nobody")) == []
 
