@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
+from tessera.config import DEFAULT_MAX_BODY_BYTES
 from tessera.errors import ConfigError
 from tessera.gateway.kserve import EVENT_STREAM, HEADER_LENGTH, binary_data
 
@@ -66,6 +67,10 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_HEADER = "x-request-timeout"
 _INSTALL_HINT = "grpc_port needs the grpc extra: pip install 'tessera[grpc]'"
+# A call's metadata, as one HTTP header line may be (max_header_bytes' default).
+GRPC_MAX_METADATA_BYTES = 16 * 1024
+# A message's room over max_body_bytes: its names, shapes and parameters.
+GRPC_FRAMING_BYTES = 64 * 1024
 # HTTP statuses as gRPC's codes (by name: grpc is imported only when serving).
 _CODES = {
     400: "INVALID_ARGUMENT",
@@ -597,6 +602,24 @@ def _message_of(answer: _Answer) -> str:
     return str(message or f"HTTP {answer.status}")
 
 
+def _limits(app: FastAPI) -> list[tuple[str, int]]:
+    """grpcio's bounds on what a caller sends before its call is known.
+
+    A message may be as large as an HTTP body (``max_body_bytes``, whose
+    refusal the app words as HTTP's 413, INVALID_ARGUMENT) and a little
+    more, for the request's own framing; grpcio refuses a larger one
+    (RESOURCE_EXHAUSTED) before it is read whole (its default was 4 MiB,
+    under HTTP's 16). A call's metadata is at most ``GRPC_MAX_METADATA_BYTES``,
+    the soft limit made the hard one: grpcio refused calls between its soft
+    (8 KiB) and hard (16 KiB) defaults at random."""
+    max_body_bytes = int(getattr(app.state, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+    return [
+        ("grpc.max_receive_message_length", max_body_bytes + GRPC_FRAMING_BYTES),
+        ("grpc.max_metadata_size", GRPC_MAX_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", GRPC_MAX_METADATA_BYTES),
+    ]
+
+
 async def start_grpc(app: FastAPI, host: str, port: int) -> grpc.aio.Server:
     """A started gRPC server of KServe v2 over ``app`` on ``host:port``."""
     try:
@@ -622,7 +645,7 @@ async def start_grpc(app: FastAPI, host: str, port: int) -> grpc.aio.Server:
     }
     bases = (KServeService, service_pb2_grpc.GRPCInferenceServiceServicer)
     servicer = type("Servicer", bases, missing)(app)
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=_limits(app))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if server.add_insecure_port(address) == 0:
