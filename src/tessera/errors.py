@@ -9,6 +9,7 @@ Core code raises these; only ``gateway/`` maps them to HTTP statuses.
     │   └── PayloadTooLargeError    over a configured size or count limit (413)
     │       └── RequestTooLargeError a request whose own batch could never fit (413)
     ├── ModelNotFoundError          no such model (404)
+    │   └── ModelHiddenError        the tenant may not use it: answered as no such model (404)
     ├── TaskMismatchError           the model does not do that task (400)
     ├── ModelUnavailableError       the model failed to load or cannot fit (503)
     │   └── ModelTooLargeError      its weights alone cannot fit the budget or its cap
@@ -83,6 +84,12 @@ class ModelNotFoundError(TesseraError):
     def __init__(self, name: str) -> None:
         super().__init__(f"model {name!r} not found")
         self.name = name
+
+
+class ModelHiddenError(ModelNotFoundError):
+    """The tenant may not use the model: answered as a model that does not
+    exist (the same status and body), so that names cannot be enumerated;
+    audited as an authorization refusal."""
 
 
 class TaskMismatchError(TesseraError):

@@ -222,10 +222,12 @@ def test_missing_and_wrong_keys_are_401(server: Server, keys: dict[str, str]) ->
         assert r.json()["error"]["type"] == "authentication_error"
 
 
-def test_model_outside_the_tenant_list_is_403(server: Server, keys: dict[str, str]) -> None:
+def test_model_outside_the_tenant_list_is_404_as_an_unknown_one(
+    server: Server, keys: dict[str, str]
+) -> None:
     r = embed(server, keys["rated"], model="all-minilm-l6-v2-int8")
-    assert r.status_code == 403
-    assert r.json()["error"]["type"] == "permission_denied"
+    assert r.status_code == 404
+    assert r.json()["error"]["type"] == "model_not_found"
     assert "all-minilm-l6-v2-int8" in r.json()["error"]["message"]
 
 
@@ -294,9 +296,9 @@ def test_audit_rows_for_each_outcome(server: Server, keys: dict[str, str], data_
         "audit-200": ((key, MINILM, {}), ("audited", 200, MINILM, None)),
         "audit-429": ((key, MINILM, {}), ("audited", 429, MINILM, "rate")),
         "audit-401": ((None, MINILM, {}), (None, 401, None, "auth")),
-        "audit-403": (
+        "audit-404": (  # a model it may not use: answered as unknown, audited as refused
             (key, "all-minilm-l6-v2-int8", {}),
-            ("audited", 403, "all-minilm-l6-v2-int8", "auth"),
+            ("audited", 404, "all-minilm-l6-v2-int8", "auth"),
         ),
         "audit-500": (
             (keys["acme"], POISONED, {"text": POISON}),

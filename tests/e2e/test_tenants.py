@@ -97,9 +97,9 @@ def test_missing_and_wrong_keys_are_401(server: Server) -> None:
     assert httpx.get(f"{server.base_url}/v2/health/live").status_code == 200
 
 
-def test_model_outside_tenant_list_is_403_and_hidden(server: Server, keys: dict[str, str]) -> None:
+def test_model_outside_tenant_list_is_404_and_hidden(server: Server, keys: dict[str, str]) -> None:
     r = embed(server, keys["acme"], model="secret-model")
-    assert r.status_code == 403
+    assert r.status_code == 404
     assert "secret-model" in r.json()["error"]["message"]
     listed = httpx.get(f"{server.base_url}/v1/models", headers=bearer(keys["acme"])).json()
     assert {m["id"] for m in listed["data"]} == {"echo", "slow"}
@@ -211,7 +211,7 @@ def test_audit_rows_for_every_request_including_refused(
     requests = {
         marker: ({"model": "echo"}, bearer(keys["acme"])),
         marker + "-401": ({"model": "echo"}, {}),
-        marker + "-403": ({"model": "secret-model"}, bearer(keys["acme"])),
+        marker + "-404": ({"model": "secret-model"}, bearer(keys["acme"])),
     }
     for request_id, (body, headers) in requests.items():
         r = httpx.post(
@@ -236,7 +236,7 @@ def test_audit_rows_for_every_request_including_refused(
     assert by_id == {
         marker: ("acme", 200, "echo"),
         marker + "-401": (None, 401, None),
-        marker + "-403": ("acme", 403, "secret-model"),
+        marker + "-404": ("acme", 404, "secret-model"),
     }
 
 

@@ -1,5 +1,5 @@
 """``/v1/ws`` goes through the same admission and fair scheduling as HTTP: on
-a real server over fake models, a tenant's model list (403) and its rate
+a real server over fake models, a tenant's model list (404, as an unknown model) and its rate
 (429 with ``retry_after``) refuse a message for its id, and a quiet tenant's
 message is served beside another tenant's backlog on one model instead of
 after it (in FIFO order it would wait for the whole backlog)."""
@@ -80,7 +80,7 @@ def test_the_tenants_model_list_and_rate_refuse_a_message_for_its_id(
     with open_socket(server, keys["limited"]) as ws:
         embed(ws, "elsewhere", "other")
         reply = answer(ws)
-        assert (reply["id"], reply["type"], reply["error"]["code"]) == ("elsewhere", "error", 403)
+        assert (reply["id"], reply["type"], reply["error"]["code"]) == ("elsewhere", "error", 404)
         for i in range(3):  # a burst of 1 at 0.5 a second: the second and third are refused
             embed(ws, f"r{i}", "embed")
         replies = {r["id"]: r for r in (answer(ws) for _ in range(3))}

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.admission import TenantLimits
 from tessera.engine import Caller, ServingEngine, Submission
-from tessera.errors import PermissionDeniedError, RequestCancelledError
+from tessera.errors import ModelHiddenError, RequestCancelledError
 from tessera.gateway.errors import error_body_for
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tasks.image import RequestImageLimits, check_request_images
@@ -58,15 +58,17 @@ def visible_models(request: Request) -> list[str]:
 
 
 def caller_of(request: HTTPConnection, model: str) -> Caller | None:
-    """The caller's tenant limits and tier; 403 if it may not use ``model``
-    (any version of it: ``model@2`` is ``model``'s)."""
+    """The caller's tenant limits and tier; 404 if it may not use ``model``
+    (any version of it: ``model@2`` is ``model``'s), the same answer as for a
+    model that does not exist, so that a tenant cannot learn other tenants'
+    model names by probing."""
     model = model.partition("@")[0]
     principal = principal_of(request)
     if principal is None:
         return None
     tenant = principal.tenant
     if not tenant.allows(model):
-        raise PermissionDeniedError(f"tenant {tenant.name!r} may not use model {model!r}")
+        raise ModelHiddenError(model)
     tiers: dict[str, TierSpec] = getattr(request.app.state, "tiers", DEFAULT_TIERS)
     tier = tiers.get(tenant.tier, TierSpec(tenant.tier, 1.0))
     limits = TenantLimits(

@@ -64,6 +64,7 @@ from tessera.errors import (
     InferenceError,
     InvalidInputError,
     InvalidTenantError,
+    ModelHiddenError,
     ModelNotFoundError,
     ModelOutputError,
     ModelUnavailableError,
@@ -269,7 +270,7 @@ def reject_reason(error: TesseraError) -> str | None:
         return "shutting_down"
     if isinstance(error, DeadlineExceededError):
         return "deadline"
-    if isinstance(error, AuthenticationError | PermissionDeniedError):
+    if isinstance(error, AuthenticationError | PermissionDeniedError | ModelHiddenError):
         return "auth"
     return None
 

@@ -64,7 +64,13 @@ from tessera.errors import (
     PayloadTooLargeError,
     TesseraError,
 )
-from tessera.gateway.common import engine_of, run_task, started_task, visible_models
+from tessera.gateway.common import (
+    caller_of,
+    engine_of,
+    run_task,
+    started_task,
+    visible_models,
+)
 from tessera.gateway.errors import KSERVE, error_headers, reject_reason, status_of
 from tessera.gateway.openai_api import Pieces, texts_of
 from tessera.gateway.tasks_api import OcrOptions, ocr_item, rerank_inputs
@@ -1002,6 +1008,7 @@ async def infer(name: str, request: Request, version: str | None = None) -> Resp
     engine = engine_of(request)
     served_as = _versioned(name, version)
     try:
+        caller_of(request, served_as)  # a model the caller may not use: 404 before any check
         spec = engine.spec(served_as)
         parsed = _parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
         known = {output["name"] for output in _io_metadata(spec)[1]}

@@ -263,7 +263,7 @@ async def _load_or_unload(request: Request, body: Generation, field: str) -> JSO
     """Ollama's load (a chat or generation of nothing), or its unload
     (``keep_alive`` 0): the model resident now, or evicted (an admin key's)."""
     model = _name(body.model)
-    caller_of(request, model)  # 403 where the key may not use it
+    caller_of(request, model)  # 404 where the key may not use it, as for no such model
     engine = engine_of(request)
     engine.spec_for(model, chat_task(engine, model))  # 404: no such model; 400: no chat
     if _zero(body.keep_alive):

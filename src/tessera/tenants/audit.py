@@ -1,5 +1,8 @@
 """The audit log: one row per request (refused ones too), no request content.
 
+An admin change (a model registered, loaded, unloaded or retired; a tenant or
+a key changed) has its row too, whose ``action`` names its method and route.
+
 Rows live in ``<data_dir>/audit.db``, a SQLite file apart from ``tessera.db``:
 the writer's transactions and the retention deletes never hold the lock that
 tenant and key changes need, and the log can be moved or dropped on its own.
