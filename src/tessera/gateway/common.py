@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.admission import TenantLimits
 from tessera.engine import Caller, ServingEngine, Submission
-from tessera.errors import ModelHiddenError, RequestCancelledError
+from tessera.errors import InvalidInputError, ModelHiddenError, RequestCancelledError
 from tessera.gateway.errors import error_body_for
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tasks.image import RequestImageLimits, check_request_images
@@ -121,15 +121,21 @@ def image_limits_of(request: HTTPConnection) -> RequestImageLimits:
 
 
 def timeout_of(request: Request) -> float | None:
-    """The caller's deadline from ``x-request-timeout`` (seconds), if any."""
+    """The caller's deadline from ``x-request-timeout`` (seconds), if any; a
+    value that is not a positive, finite number is the request's error (its
+    caller meant a deadline: ignoring it would run the request without one)."""
     raw = request.headers.get("x-request-timeout")
     if raw is None:
         return None
     try:
         value = float(raw)
     except ValueError:
-        return None
-    return value if math.isfinite(value) and value > 0 else None
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidInputError(
+            f"x-request-timeout must be a positive number of seconds, not {raw[:40]!r}"
+        )
+    return value
 
 
 async def _disconnected(request: Request) -> None:
