@@ -35,6 +35,10 @@ A config file may hold any of::
                                  # preload is given; true or false to say so
     scheduling: fair             # fair (weighted across tenants) | fifo
     fair_quantum_ms: 25          # 2+ tenants on a model: cap a batch's run time (null: off)
+    fair_parts: true             # a request of more work than a quantum queues as parts of
+                                 # a quantum each, run as long work, and a tenant with nothing
+                                 # running steps past a model's busy slots; false: requests
+                                 # run whole, one batch each (up to max_batch_size items)
     long_batch_ms: 500           # batches predicted this long are long work (null: none is)
     gil_switch_interval_ms: null # the engine process's interpreter switch interval
                                  # (sys.setswitchinterval); null: Python's 5 ms
@@ -216,7 +220,6 @@ class ServerConfig:
         folders = (default_repository_path(),) if self.include_default_models else ()
         return (*folders, *self.model_repositories)
 
-
     def tenancy(self) -> tuple[TenantStore, AuditLog]:
         """The tenant store and the audit log this config names."""
         from tessera.tenants import open_tenancy
@@ -247,6 +250,7 @@ _ENGINE_KEYS = {
     "residency_wait_s",
     "scheduling",
     "long_work",
+    "fair_parts",
     "fill",
     "engine_commands",
     "trusted_pickle_dirs",
@@ -354,6 +358,8 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
     engine_values = {k: values[k] for k in _ENGINE_KEYS if k in values}
     if engine_values.get("fill") not in (None, True, False):
         raise ConfigError(f"fill must be true, false or null, got {engine_values['fill']!r}")
+    if engine_values.get("fair_parts", True) not in (True, False):
+        raise ConfigError(f"fair_parts must be true or false, got {engine_values['fair_parts']!r}")
     if engine_values.get("long_work", "steps") not in LONG_WORK_MODES:
         raise ConfigError(f"long_work must be one of {', '.join(LONG_WORK_MODES)}")
     for key, field_name in _MS_KEYS.items():
@@ -505,6 +511,13 @@ def _addresses(values: dict[str, Any], key: str) -> tuple[str, ...]:
     return tuple(raw)
 
 
+def _paths(values: dict[str, Any], key: str) -> tuple[Path, ...]:
+    raw = values.get(key) or ()
+    if not isinstance(raw, list | tuple) or not all(isinstance(p, str) and p for p in raw):
+        raise ConfigError(f"{key} must be a list of folders, not {raw!r}")
+    return tuple(Path(p) for p in raw)
+
+
 def _bound(values: dict[str, Any], key: str, default: int) -> int | None:
     """A whole number above 0, or null (given so) for no bound."""
     if key in values and values[key] is None:
@@ -522,13 +535,6 @@ def _size(values: dict[str, Any], key: str, default: int) -> int:
     if size < 1:
         raise ConfigError(f"{key} must be above 0 bytes, not {raw!r}")
     return size
-
-
-def _paths(values: dict[str, Any], key: str) -> tuple[Path, ...]:
-    raw = values.get(key) or ()
-    if not isinstance(raw, list | tuple) or not all(isinstance(p, str) and p for p in raw):
-        raise ConfigError(f"{key} must be a list of folders, not {raw!r}")
-    return tuple(Path(p) for p in raw)
 
 
 def _optional_str(values: dict[str, Any], key: str) -> str | None:

@@ -69,8 +69,8 @@ from tessera.runtimes.memory import freeze_heap
 from tessera.runtimes.stacking import stacked_totals
 from tessera.runtimes.tokens import TokenCounter, token_counter
 from tessera.scheduling import BatchTimePredictor
-from tessera.tasks.types import ChatOutput, Task, cut_to_window, request_units, work_units
 from tessera.tasks.finiteness import finite_run
+from tessera.tasks.types import ChatOutput, Task, cut_to_window, request_units, work_units
 
 from .counters import ModelCounters
 from .executor import ACROSS_MODELS_THREADS, BatchRun, ComputeExecutor, default_workers
@@ -126,6 +126,12 @@ class EngineConfig:
     # While two or more tenants use a model, cap a batch's predicted run time
     # here (the fair queue's quantum); None: full batches whatever the mix.
     fair_quantum_s: float | None = 0.025
+    # Fairness at the grain of work: a request of more work than one quantum
+    # is queued as parts of about a quantum each (from the model's measured
+    # run time per unit), run as long work; a tenant with nothing running
+    # starts a batch beyond the model's busy slots. False: a request runs
+    # whole (up to ``max_batch_size`` items a part), as one batch.
+    fair_parts: bool = True
     # Batches predicted to run this long (a page of OCR, a chat generation) are
     # long work; None: every batch is short, in one lane.
     long_batch_s: float | None = 0.5
@@ -503,6 +509,7 @@ class Engine(ModelLifecycle):
             rollouts_total=self.rollout_counts(),
             stacked_rounds_total=stacked_rounds,
             stacked_batches_total=stacked_batches,
+            admission_degraded=self._admission.degraded,
         )
 
     def _all_versions(self) -> dict[str, ModelSpec]:
@@ -517,7 +524,6 @@ class Engine(ModelLifecycle):
 
     def _device_stats(self) -> DeviceStats | None:
         try:
-            admission_degraded=self._admission.degraded,
             return self._device.stats()
         except Exception:  # a failing NVML must not fail every reader
             log.warning("device stats failed", exc_info=True)
@@ -609,6 +615,7 @@ class Engine(ModelLifecycle):
                 max_concurrent_batches=self._executor.num_workers,
                 predictor=predictor,
                 gather_idle=self._device.kind != "cuda",
+                step_past=self.config.fair_parts and self.config.scheduling == "fair",
             )
         return batcher
 
@@ -666,6 +673,8 @@ class Engine(ModelLifecycle):
         caller: Caller | None,
     ) -> Submission:
         name = spec.key
+        if self._draining:  # before admission: a draining server refuses, never rate-limits
+            raise ShuttingDownError("the server is shutting down: no new requests")
         if not items:
             raise InvalidInputError("input must not be empty")
         if len(items) > spec.max_inputs:
@@ -676,13 +685,10 @@ class Engine(ModelLifecycle):
         self._residency.raise_if_failed(name)
         items = cut_to_window(items, spec.inputs)
         units = request_units(items, spec.inputs, self._token_counter(spec))
-        size = max(1, spec.batching.max_batch_size)
-        chunks = [list(items[i : i + size]) for i in range(0, len(items), size)]
+        chunks = self._parts(spec, items)
         shapes = []  # each chunk's units, and those of its items run apart
         for chunk in chunks:
             chunk_units = units if len(chunks) == 1 else work_units_of(chunk, spec)
-        if self._draining:  # before admission: a draining server refuses, never rate-limits
-            raise ShuttingDownError("the server is shutting down: no new requests")
             apart, alone = self._alone_units(spec, chunk)
             self._residency.raise_if_never_fits(spec, items_peak_units(chunk_units, alone, apart))
             shapes.append((chunk_units, (apart, alone)))
@@ -713,6 +719,38 @@ class Engine(ModelLifecycle):
         counters.num_requests += 1
         counters.num_items += len(items)
         return Submission(name, request, admission, spec.version_label, tuple(parts))
+
+    def _parts(self, spec: ModelSpec, items: Sequence[Any]) -> list[list[Any]]:
+        """``items`` in the parts they are queued as: at most a batch's worth
+        of items each (``max_batch_size``) and, with ``fair_parts``, about a
+        quantum of work each (``_part_units``), at least one item each."""
+        size = max(1, spec.batching.max_batch_size)
+        most = self._part_units(spec) if len(items) > 1 else None
+        if most is None:
+            return [list(items[i : i + size]) for i in range(0, len(items), size)]
+        parts: list[list[Any]] = [[]]
+        units = 0.0
+        for item in items:
+            item_units = work_units(item, spec.inputs)
+            if parts[-1] and (len(parts[-1]) >= size or units + item_units > most):
+                parts.append([])
+                units = 0.0
+            parts[-1].append(item)
+            units += item_units
+        return parts
+
+    def _part_units(self, spec: ModelSpec) -> float | None:
+        """The work units ``spec``'s model runs in one fair quantum, from its
+        measured run time per unit; None: no bound (fair parts off, no
+        quantum, or no run time measured yet)."""
+        quantum_s = self.config.fair_quantum_s
+        if not self.config.fair_parts or quantum_s is None:
+            return None
+        predictor = self._predictors.get(spec.key)
+        coefficients = predictor.coefficients() if predictor is not None else None
+        if coefficients is None or coefficients[1] <= 0:
+            return None
+        return quantum_s / coefficients[1]
 
     def _alone_units(
         self, spec: ModelSpec, items: Sequence[Any]
@@ -793,7 +831,8 @@ class Engine(ModelLifecycle):
         whole: QueuedRequest | None = None,
     ) -> QueuedRequest:
         """A request for ``spec``'s queue; a part of ``whole`` shares its
-        arrival, deadline and stop flag (the caller's, which it sets as it goes)."""
+        arrival, deadline and stop flag (the caller's, which it sets as it goes),
+        and is bulk work (``QueuedRequest.bulk``)."""
         if self._draining:
             raise ShuttingDownError("the server is shutting down: no new requests")
         who: dict[str, Any]  # whose it is, as the queue sees it
@@ -806,6 +845,7 @@ class Engine(ModelLifecycle):
                 "latency_target_s": whole.latency_target_s,
                 "stop": whole.stop,
                 "request_id": whole.request_id,
+                "bulk": True,
             }
         else:
             arrival = self.clock.now()
@@ -944,6 +984,7 @@ class Engine(ModelLifecycle):
                     expected_s,
                     lease.reservation.num_bytes,
                     across_models=stacks(lease.model),
+                    bulk=all(r.bulk for r in part.requests),
                 )
         except TesseraError as e:
             if isinstance(e, ModelUnavailableError | OverloadedError):

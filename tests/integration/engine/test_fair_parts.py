@@ -1,0 +1,81 @@
+"""Fairness at the grain of work, on an engine over a fake model that takes
+real time per work unit: a request of more work than one fair quantum is
+queued as parts, so another tenant's request runs after about one part (here
+at once, beyond the slots the large requests hold), while a tenant alone
+still gets its parts back in full batches."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from builders import fake_engine
+from tessera.admission import TenantLimits
+from tessera.engine import Caller, Engine
+from tessera.tasks.types import Task, TextInput
+
+LONG = TextInput("word " * 40)  # 50 units
+SHORT = TextInput("hi")
+MODELS: dict[str, dict[str, Any]] = {
+    "embed": {
+        "task": "embedding",
+        # 50 units x 0.6 ms: 30 ms a long text, more than the 25 ms quantum.
+        "options": {"unit_s": 0.0006},
+        "batching": {"max_batch_size": 16, "max_wait_ms": 1},
+        "max_inputs": 64,
+    },
+}
+FLOOD, QUIET = Caller(TenantLimits("flood")), Caller(TenantLimits("quiet"))
+
+
+@asynccontextmanager
+async def measured_engine(root: Path, warm: Caller = QUIET, **config: Any) -> AsyncIterator[Engine]:
+    """An engine whose model has measured run times (the parts are sized from
+    them), from requests of ``warm``."""
+    async with fake_engine(root, MODELS, **config) as engine:
+        for size in (1, 4, 2, 8):
+            await engine.infer("embed", Task.EMBEDDING, [LONG] * size, caller=warm)
+        yield engine
+
+
+async def quiet_answered_while_the_flood_runs(engine: Engine) -> bool:
+    """Two flood requests of 16 long texts in flight (both worker slots), then
+    one short quiet request: whether it is answered before either flood one."""
+    flood = [
+        asyncio.ensure_future(engine.infer("embed", Task.EMBEDDING, [LONG] * 16, caller=FLOOD))
+        for _ in range(2)
+    ]
+    await asyncio.sleep(0.05)  # both flood requests are running
+    quiet = asyncio.ensure_future(engine.infer("embed", Task.EMBEDDING, [SHORT], caller=QUIET))
+    done, _ = await asyncio.wait([quiet, *flood], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.gather(quiet, *flood)
+    return quiet in done
+
+
+async def test_a_quiet_request_runs_between_the_parts_of_large_ones(tmp_path: Path) -> None:
+    async with measured_engine(tmp_path / "repo") as engine:
+        assert await quiet_answered_while_the_flood_runs(engine)
+        model = engine.snapshot().model("embed")
+        assert model is not None
+        # The flood ran in parts of about a quantum: one long text each while
+        # the quiet tenant was active.
+        assert 1 in [size for size, _ in model.recent_batches][-33:]
+
+
+async def test_with_fair_parts_off_a_request_runs_whole_and_the_quiet_one_waits(
+    tmp_path: Path,
+) -> None:
+    async with measured_engine(tmp_path / "repo", fair_parts=False) as engine:
+        assert not await quiet_answered_while_the_flood_runs(engine)
+
+
+async def test_a_tenant_alone_gets_its_parts_back_in_full_batches(tmp_path: Path) -> None:
+    async with measured_engine(tmp_path / "repo", warm=FLOOD) as engine:
+        outputs = await engine.infer("embed", Task.EMBEDDING, [LONG] * 16, caller=FLOOD)
+        assert len(outputs) == 16
+        model = engine.snapshot().model("embed")
+        assert model is not None
+        assert model.recent_batches[-1][0] == 16  # sixteen parts, one batch
