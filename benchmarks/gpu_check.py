@@ -910,7 +910,14 @@ def cmd_load(a: argparse.Namespace) -> None:
         def headers(self, tenant: str) -> dict[str, str]:
             return {}
 
-        def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
+        def call(
+            self,
+            model: str,
+            n: int,
+            inputs: int,
+            words: int | None = None,
+            max_tokens: int | None = None,
+        ) -> tuple[str, dict[str, Any]]:
             path, body = request_for("embedding", model, n)
             if a.api == "litserve":
                 return litserve.embed_call(model, body["input"])

@@ -38,12 +38,30 @@ class TesseraProtocol:
     tasks: dict[str, str]  # served model name -> task
     texts: list[str] = field(default_factory=sentences)
 
-    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
+    def call(
+        self,
+        model: str,
+        n: int,
+        inputs: int,
+        words: int | None = None,
+        max_tokens: int | None = None,
+    ) -> tuple[str, dict[str, Any]]:
         task = self.tasks[model]
         if task == "embedding":
-            chosen = [self.texts[(n * inputs + i) % len(self.texts)] for i in range(inputs)]
+            chosen = [self._text(n * inputs + i, words) for i in range(inputs)]
             return "/v1/embeddings", {"model": model, "input": chosen[0] if inputs == 1 else chosen}
-        return request_for(task, model, n)
+        return request_for(task, model, n, pages=inputs, max_tokens=max_tokens)
+
+    def _text(self, n: int, words: int | None) -> str:
+        """The ``n``-th text: a sentence, or sentences joined to about ``words`` words."""
+        if words is None:
+            return self.texts[n % len(self.texts)]
+        out: list[str] = []
+        k = n * words
+        while sum(len(s.split()) for s in out) < words:
+            out.append(self.texts[k % len(self.texts)])
+            k += 1
+        return " ".join(out)
 
     def ok(self, model: str, status: int, body: bytes) -> bool:
         if status != 200:
@@ -56,8 +74,15 @@ class PeerProtocol:
     peer: Peer
     texts: list[str] = field(default_factory=sentences)
 
-    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
-        if inputs != 1:
+    def call(
+        self,
+        model: str,
+        n: int,
+        inputs: int,
+        words: int | None = None,
+        max_tokens: int | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        if inputs != 1 or words is not None or max_tokens is not None:
             raise ScenarioError(f"peer {self.peer.name}: one sentence a request only")
         return self.peer.embed_call(model, self.texts[n % len(self.texts)])
 
@@ -86,8 +111,15 @@ class Deployment:
         key = self.keys.get(tenant)
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
-        return self.protocol.call(model, n, inputs)
+    def call(
+        self,
+        model: str,
+        n: int,
+        inputs: int,
+        words: int | None = None,
+        max_tokens: int | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        return self.protocol.call(model, n, inputs, words, max_tokens)
 
     def ok(self, model: str, status: int, body: bytes) -> bool:
         return self.protocol.ok(model, status, body)

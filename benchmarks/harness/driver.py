@@ -40,8 +40,17 @@ class Endpoint(Protocol):
 
     def headers(self, tenant: str) -> dict[str, str]: ...
 
-    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
-        """The path and JSON body of the ``n``-th request for ``model``."""
+    def call(
+        self,
+        model: str,
+        n: int,
+        inputs: int,
+        words: int | None = None,
+        max_tokens: int | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        """The path and JSON body of the ``n``-th request for ``model``: ``inputs``
+        texts (of about ``words`` words each where given) or pages; a chat's
+        ``max_tokens`` where given."""
         ...
 
     def ok(self, model: str, status: int, body: bytes) -> bool:
@@ -191,7 +200,9 @@ class Driver:
         return state.issued < state.bound
 
     async def _one(self, clients: _Clients, state: _Tenant, model: str, n: int) -> None:
-        path, body = self._endpoint.call(model, n, state.load.inputs)
+        path, body = self._endpoint.call(
+            model, n, state.load.inputs, state.load.words, state.load.max_tokens
+        )
         client = clients.get(self._endpoint.route(model))
         began = self._clock.now()
         try:

@@ -82,7 +82,14 @@ class _RunningServer:
     def headers(self, tenant: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"} if self.key else {}
 
-    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
+    def call(
+        self,
+        model: str,
+        n: int,
+        inputs: int,
+        words: int | None = None,
+        max_tokens: int | None = None,
+    ) -> tuple[str, dict[str, Any]]:
         return request_for(self.task, model, n)
 
     def ok(self, model: str, status: int, body: bytes) -> bool:

@@ -17,8 +17,12 @@ def _png_base64() -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-def request_for(task: str, model: str, n: int) -> tuple[str, dict[str, Any]]:
-    """The path and JSON body of the ``n``-th request for a model of ``task``."""
+def request_for(
+    task: str, model: str, n: int, *, pages: int = 1, max_tokens: int | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body of the ``n``-th request for a model of ``task``:
+    ``pages`` pages of OCR (over KServe v2, which takes several a request), a
+    chat of ``max_tokens`` (8 by default)."""
     sentence = f"{SENTENCE} ({n})"
     match task:
         case "embedding":
@@ -36,9 +40,18 @@ def request_for(task: str, model: str, n: int) -> tuple[str, dict[str, Any]]:
             return "/v1/translate", {"model": model, "input": f"The weather is nice today ({n})."}
         case "tts":
             return "/v1/audio/speech", {"model": model, "input": "Hello from tessera."}
+        case "ocr" if pages > 1:
+            image = {"name": "IMAGE", "datatype": "BYTES", "shape": [pages]}
+            return f"/v2/models/{model}/infer", {
+                "inputs": [{**image, "data": [_png_base64()] * pages}]
+            }
         case "ocr":
             return "/v1/ocr", {"model": model, "image": _png_base64()}
         case "generate":
             messages = [{"role": "user", "content": f"Say a word about number {n}."}]
-            return "/v1/chat/completions", {"model": model, "messages": messages, "max_tokens": 8}
+            return "/v1/chat/completions", {
+                "model": model,
+                "messages": messages,
+                "max_tokens": 8 if max_tokens is None else max_tokens,
+            }
     raise ValueError(f"tessera bench does not know task {task!r}")

@@ -15,6 +15,8 @@ A scenario is YAML (see ``benchmarks/scenarios/``)::
     tenants:
       - {name: quiet, tier: standard, rate: 10}          # open loop, Poisson arrivals
       - {name: flood, concurrency: 16, inputs: 8, background: true}  # closed loop
+      - {name: bulk, concurrency: 2, inputs: 32, words: 260}  # texts of ~260 words
+      - {name: talker, concurrency: 2, max_tokens: 256, models: [smollm2-135m]}
       - {name: user, count: 200, rate: 0.25}         # 200 tenants alike, user-1 ... user-200
     configurations:
       - tessera                                      # a name that is also its kind
@@ -44,6 +46,7 @@ _SCENARIO_KEYS = {
 }  # fmt: skip
 _TENANT_KEYS = {
     "name", "tier", "rate", "concurrency", "inputs", "requests", "models", "background", "count",
+    "words", "max_tokens",
 }  # fmt: skip
 _CONFIG_KEYS = {"name", "kind", "peer", "tenants", "tiers", "config", "args"}
 
@@ -60,7 +63,9 @@ class TenantLoad:
     tier: str = "standard"
     rate: float | None = None  # open loop: requests a second, Poisson arrivals
     concurrency: int | None = None  # closed loop: callers, each waiting for its answer
-    inputs: int = 1  # sentences per request, for tasks that take several
+    inputs: int = 1  # sentences (or OCR pages) per request, for tasks that take several
+    words: int | None = None  # each text about this many words (embeddings); else a sentence
+    max_tokens: int | None = None  # a chat's tokens to generate; else 8
     requests: int | None = None  # this tenant's bound; else the scenario's
     models: tuple[str, ...] | None = None  # else the scenario's
     background: bool = False  # runs until the other tenants are done, unbounded itself
@@ -178,6 +183,8 @@ def _tenant(raw: Any) -> TenantLoad:
         rate=None if raw.get("rate") is None else float(raw["rate"]),
         concurrency=None if raw.get("concurrency") is None else int(raw["concurrency"]),
         inputs=int(raw.get("inputs", 1)),
+        words=None if raw.get("words") is None else int(raw["words"]),
+        max_tokens=None if raw.get("max_tokens") is None else int(raw["max_tokens"]),
         requests=None if raw.get("requests") is None else int(raw["requests"]),
         models=None if models is None else tuple(str(m) for m in models),
         background=bool(raw.get("background", False)),

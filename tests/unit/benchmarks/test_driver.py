@@ -49,7 +49,14 @@ class FakeEndpoint:
     def headers(self, tenant: str) -> dict[str, str]:
         return {"x-delay": str(self.delay_s), "x-tenant": tenant}
 
-    def call(self, model: str, n: int, inputs: int) -> tuple[str, dict[str, Any]]:
+    def call(
+        self,
+        model: str,
+        n: int,
+        inputs: int,
+        words: int | None = None,
+        max_tokens: int | None = None,
+    ) -> tuple[str, dict[str, Any]]:
         text = [f"s{n}-{i}" for i in range(inputs)] if inputs > 1 else f"s{n}"
         body = {"model": model, "input": text}
         self.bodies.append(body)

@@ -133,3 +133,27 @@ def test_a_tenant_entry_with_a_count_is_that_many_tenants_of_one_group() -> None
 def test_a_count_is_a_whole_number_of_one_or_more(count: object) -> None:
     with pytest.raises(ScenarioError, match="count"):
         parse_scenario(minimal(tenants=[{"name": "a", "concurrency": 1, "count": count}]))
+
+
+def test_a_tenants_request_shape_reaches_its_requests() -> None:
+    """``words`` makes long texts, ``inputs`` several OCR pages (over KServe v2,
+    which takes them in one request), ``max_tokens`` a chat's length."""
+    from harness.deploy import TesseraProtocol
+
+    scenario = parse_scenario(
+        minimal(tenants=[{"name": "a", "concurrency": 2, "inputs": 3, "words": 100}])
+    )
+    (load,) = scenario.tenants
+    assert (load.inputs, load.words, load.max_tokens) == (3, 100, None)
+    tasks = {"e": "embedding", "o": "ocr", "c": "generate"}
+    protocol = TesseraProtocol(tasks)
+    path, body = protocol.call("e", 0, 3, 100)
+    assert path == "/v1/embeddings"
+    assert len(body["input"]) == 3
+    assert all(100 <= len(text.split()) < 130 for text in body["input"])
+    path, body = protocol.call("o", 0, 4)
+    assert path == "/v2/models/o/infer"
+    assert body["inputs"][0]["shape"] == [4]
+    assert protocol.call("o", 0, 1)[0] == "/v1/ocr"
+    assert protocol.call("c", 0, 1, max_tokens=64)[1]["max_tokens"] == 64
+    assert protocol.call("c", 0, 1)[1]["max_tokens"] == 8
