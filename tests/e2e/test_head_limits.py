@@ -23,6 +23,10 @@ MAX_NUM_OPENING = 4
 FLOOD_BYTES = 20 * 1024 * 1024  # at most this much of one head is streamed
 FLOOD_S = 5.0  # for at most this long
 HANG_S = 30.0  # a socket read that waits this long means the server never acted
+WEBSOCKET_HANDSHAKE = (
+    b"GET /v1/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +108,9 @@ def _embed(client: httpx.Client) -> int:
         (b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nX-Flood: ", 431),
         (b"GET /v1/models?q=", 414),
         (b"POST /v1/embeddings HTTP/1.1\r\n" + b"X-Many: 1\r\n" * 1000, 431),
+        (WEBSOCKET_HANDSHAKE + b"X-Flood: ", 431),
     ],
-    ids=["one-header", "url", "many-headers"],
+    ids=["one-header", "url", "many-headers", "websocket-handshake"],
 )
 def test_a_head_streamed_without_end_is_cut_while_others_are_answered(
     server: Server, start: bytes, status: int
