@@ -170,9 +170,20 @@ class RequestContextMiddleware:
             info.action = f"{method} {scope['path']}"
         started = time.monotonic()
         status, answered = 500, False
+        # A client that hangs up before the response's last part (an SSE stream
+        # it left) never had its answer: audited 499, not the 200 sent first.
+        complete, gone = False, False
+
+        async def receive_watched() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, answered
+            nonlocal status, answered, complete
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete = True
             if message["type"] == "http.response.start":
                 status, answered = message["status"], True
                 message["headers"] = [
@@ -192,12 +203,14 @@ class RequestContextMiddleware:
                 info.reason = refusal.reason
                 await _respond(send_with_id, refusal, scope["path"])
                 return
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive_watched, send_with_id)
         except asyncio.CancelledError:
             if not answered:  # cancelled by its server (a gRPC call's client left): 499
                 status = 499
             raise
         finally:
+            if answered and gone and not complete:
+                status = 499
             if info.action is not None and info.model is None:
                 info.model = _model_of(scope)
             audit_request(app_state, state, info, status, started, scope["path"])
