@@ -32,6 +32,25 @@ KINDS = (ORT_GRAPHS, INT8_REWRITES, CAUSAL_LM)
 UNFINISHED_S = 3600.0
 
 
+# Folders the server makes (the cache's, wherever it is): its owner's alone.
+PRIVATE_DIR_MODE = 0o700
+
+
+def private_dirs(path: Path) -> None:
+    """Make ``path`` and its missing parents, each ``PRIVATE_DIR_MODE`` whatever
+    the umask (``mkdir -p``'s parents take the umask's default: 0777 under
+    umask 000, and converted weights are the operator's, not every user's)."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=PRIVATE_DIR_MODE)
+
+
 def used(entry: Path) -> None:
     """Mark ``entry`` as read now (its modification time), so that pruning
     keeps it; a read-only cache stays as it is."""

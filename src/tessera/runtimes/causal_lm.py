@@ -71,7 +71,7 @@ from tessera.errors import InvalidInputError, ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.request import StopFlag, item_stops
 from tessera.runtimes.base import LoadContext
-from tessera.runtimes.cache import CAUSAL_LM, used
+from tessera.runtimes.cache import CAUSAL_LM, PRIVATE_DIR_MODE, private_dirs, used
 from tessera.runtimes.hostcopy import HostSlot
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.step import holding, step_boundary
@@ -245,7 +245,8 @@ def _write_cache_entry(entry: Path, model: Any, tokenizer: Any, identity: dict[s
         return
     tmp = entry.with_name(f".{entry.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
-        tmp.mkdir(parents=True)
+        private_dirs(tmp.parent)
+        tmp.mkdir(mode=PRIVATE_DIR_MODE)
         # transformers refuses to save a model loaded through its GGUF quantizer,
         # though the weights are plain tensors now; drop the quantizer as its
         # dequantize() does, which leaves the model as if loaded from safetensors.

@@ -43,6 +43,7 @@ import numpy as np
 from tessera.errors import ModelUnavailableError, PermissionDeniedError
 from tessera.repository.trust import PICKLE_RULE, unpickle_allowed
 from tessera.runtimes.base import LoadContext, SharedComponents
+from tessera.runtimes.cache import private_dirs
 from tessera.runtimes.hf import (
     EncoderOptions,
     SentenceEncoder,
@@ -290,7 +291,7 @@ def _cache_folder(cache_dir: Path | None, pickles: tuple[Path, ...]) -> Path | N
 
 def _keep(head: IntentHead, cached: Path, name: str) -> None:
     """Write the safe form into the cache, whole or not at all."""
-    cached.parent.mkdir(parents=True, exist_ok=True)
+    private_dirs(cached.parent)
     staging = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".staging-"))
     head.save(staging, name)
     try:

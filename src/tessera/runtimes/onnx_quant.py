@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tessera.runtimes.cache import INT8_REWRITES, used
+from tessera.runtimes.cache import INT8_REWRITES, private_dirs, used
 from tessera.runtimes.digest import source_key
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ def served_graph(
 def _write_atomic(path: Path, data: bytes) -> None:
     """Write ``path`` whole or not at all (a crash leaves no half graph to read)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tessera.runtimes.cache import ORT_GRAPHS, used
+from tessera.runtimes.cache import ORT_GRAPHS, private_dirs, used
 from tessera.runtimes.digest import source_key
 from tessera.runtimes.memory import trim_heap
 
@@ -62,7 +62,7 @@ def optimized_graph(source: Path, cache_dir: Path | None, name: str = "") -> Pat
         used(entry)
         return entry
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(entry.parent)
         fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=".tmp-", suffix=".onnx")
         os.close(fd)
     except OSError as e:
