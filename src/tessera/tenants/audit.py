@@ -15,6 +15,8 @@ cluster's, which is what the daily quota is seeded from.
 a task flushes it every ``flush_interval_s`` in a worker thread, in
 transactions of at most ``max_batch`` rows. If writes fail the rows wait for
 the next flush; past ``max_pending`` rows the oldest are dropped and counted.
+Failures in a row (a full disk) are logged in one line a minute, without a
+traceback, and the writer's return once.
 Reads see what has been written: at most one flush interval behind. A crash
 (kill -9) loses the rows still pending: those of the last flush interval at
 most (0.5 s by default; the writer's pace is one flush per interval, the
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 
 AUDIT_DB_FILE = "audit.db"
 DAY_S = 86_400.0
+# Writes that keep failing (a full disk) are logged in one line at most this
+# often, without a traceback: the writer retries every flush interval.
+FAILURE_LOG_INTERVAL_S = 60.0
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
@@ -175,6 +180,9 @@ class AuditLog:
         self._last_purge = -math.inf
         self._recorded = self._written = self._dropped = 0
         self._num_flushes = self._num_batches = self._num_failures = self._purged = 0
+        self._failing_since: float | None = None  # the first failed write in a row
+        self._last_failure_log = -math.inf
+        self._failures_unlogged = 0
 
     # -- the hot path --------------------------------------------------------
 
@@ -205,8 +213,8 @@ class AuditLog:
                 await asyncio.wait_for(self._closing.wait(), self.flush_interval_s)
             try:
                 await self.flush()
-            except Exception:  # the writer must outlive one bad flush
-                log.exception("audit flush failed")
+            except Exception as e:  # the writer must outlive one bad flush
+                self._failure(f"flush failed: {type(e).__name__}: {e}")
 
     async def flush(self) -> int:
         """Write the pending rows now, off the event loop; the number written."""
@@ -249,17 +257,41 @@ class AuditLog:
                 todo -= len(chunk)
                 try:
                     self._insert(chunk)
-                except self._conn.errors:
+                except self._conn.errors as e:
                     self._num_failures += 1
                     self._pending.extendleft(reversed(chunk))
-                    log.exception("audit log: cannot write %d rows; will retry", len(chunk))
+                    self._failure(
+                        f"cannot write rows ({type(e).__name__}: {e}); {len(self._pending)}"
+                        f" wait in memory (at most {self._pending.maxlen}), retried every"
+                        f" {self.flush_interval_s:g} s"
+                    )
                     break
                 written += len(chunk)
                 self._num_batches += 1
             self._written += written
+            if written and self._failing_since is not None:
+                log.warning(
+                    "audit log: writing again after %.0f s of failures",
+                    self._wall() - self._failing_since,
+                )
+                self._failing_since = None
+                self._last_failure_log = -math.inf
         if self._wall() - self._last_purge >= self.purge_interval_s:
             self.purge()
         return written
+
+    def _failure(self, message: str) -> None:
+        """Log a failed write in one line, at most once a ``FAILURE_LOG_INTERVAL_S``
+        (a full disk fails every flush: a traceback each time filled the log)."""
+        now = self._wall()
+        if self._failing_since is None:
+            self._failing_since = now
+        if now - self._last_failure_log < FAILURE_LOG_INTERVAL_S:
+            self._failures_unlogged += 1
+            return
+        more = self._failures_unlogged
+        self._last_failure_log, self._failures_unlogged = now, 0
+        log.error("audit log: %s%s", message, f" ({more} more failures)" if more else "")
 
     def purge(self) -> int:
         """Delete rows older than the retention; the number deleted."""
