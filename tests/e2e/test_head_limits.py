@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,9 +31,7 @@ WEBSOCKET_HANDSHAKE = (
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("head-limits")
+def _serve(tmp: Path, gateways: int) -> tuple[subprocess.Popen[bytes], Server]:
     repo = write_fake_repository(tmp / "repo", {"echo": {"task": "embedding", "preload": True}})
     config = tmp / "config.yaml"
     config.write_text(
@@ -41,10 +41,26 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                 "model_repositories": [str(repo)],
                 "preload": ["echo"],
                 "max_num_opening_connections": MAX_NUM_OPENING,
+                "gateways": gateways,
             }
         )
     )
-    process, server = start_server(tmp, "--config", str(config), "--no-auth")
+    return start_server(tmp, "--config", str(config), "--no-auth")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    process, server = _serve(tmp_path_factory.mktemp("head-limits"), gateways=0)
+    try:
+        yield server
+    finally:
+        stop_server(process)
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The process split: a gateway process reads the heads."""
+    process, server = _serve(tmp_path_factory.mktemp("head-limits-split"), gateways=1)
     try:
         yield server
     finally:
@@ -174,3 +190,21 @@ def test_connections_that_send_their_head_at_once_are_not_bounded(server: Server
     for thread in threads:
         thread.join()
     assert statuses == [200] * num_clients
+
+
+def test_a_gateway_process_cuts_a_streamed_head_and_bounds_silent_connections(
+    split: Server,
+) -> None:
+    flood = _flood(split, b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nX-Flood: ")
+    assert _response(flood.answer)[0] == 431
+    assert flood.num_sent < FLOOD_BYTES
+    silent = [socket.create_connection(("127.0.0.1", split.port)) for _ in range(MAX_NUM_OPENING)]
+    try:
+        time.sleep(1.5)
+        with socket.create_connection(("127.0.0.1", split.port)) as extra:
+            extra.settimeout(HANG_S)
+            raw, _ = _read_until_closed(extra)
+        assert _response(raw)[0] == 429
+    finally:
+        for sock in silent:
+            sock.close()
