@@ -131,12 +131,16 @@ DRAINING_REFUSAL = _Refusal(
 )
 
 
+def _draining(app_state: Any) -> bool:
+    engine = getattr(app_state, "engine", None)
+    return engine is not None and engine.phase == "draining"
+
+
 def _draining_refusal(app_state: Any, path: str) -> _Refusal | None:
     """A model's request while the server drains is refused before its key is
     checked and before any limit: a rate limit's 429 would tell its client to
     retry here, where a 503 sends it to another server."""
-    engine = getattr(app_state, "engine", None)
-    if engine is None or engine.phase != "draining" or not metered(path):
+    if not _draining(app_state) or not metered(path):
         return None
     return DRAINING_REFUSAL
 
@@ -193,6 +197,11 @@ class RequestContextMiddleware:
                 if "model_version" in state:  # the version that answered
                     version = state["model_version"].encode("latin-1")
                     message["headers"].append((b"x-model-version", version))
+                if _draining(app_state):
+                    # Its connection closes after this answer (uvicorn honours
+                    # the header): a client that kept it alive would otherwise
+                    # send its next request as the server stops (a ReadError).
+                    message["headers"].append((b"connection", b"close"))
             await send(message)
 
         try:

@@ -3,12 +3,15 @@ which grace ended: the configured one, or none left (a second signal)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
 from builders import fake_engine
+from serverproc import free_port
 from tessera.admission import TenantLimits
 from tessera.engine import Caller
 from tessera.errors import ShuttingDownError
@@ -68,3 +71,37 @@ async def test_a_draining_server_answers_503_before_any_rate_limit(tmp_path: Pat
         caller = Caller(TenantLimits("acme", qps=0.001, burst=1))
         with pytest.raises(ShuttingDownError):
             engine.submit("embed", Task.EMBEDDING, [TextInput("a")], caller=caller)
+
+
+async def read_response(reader: asyncio.StreamReader) -> bytes:
+    """One response's head (the probes answer no body)."""
+    return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+
+
+async def test_answers_while_draining_close_their_kept_alive_connection(tmp_path: Path) -> None:
+    async with fake_engine(tmp_path / "repo", {"embed": {"task": "embedding"}}) as engine:
+        port = free_port()
+        config = uvicorn.Config(
+            create_app(engine), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        )
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve())
+        try:
+            for _ in range(1000):  # up to 10 s to listen
+                if server.started:
+                    break
+                await asyncio.sleep(0.01)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            probe = b"GET /v2/health/live HTTP/1.1\r\nhost: t\r\n\r\n"
+            writer.write(probe)
+            assert b"connection: close" not in (await read_response(reader)).lower()
+            await engine.drain(0)
+            writer.write(probe)  # the same connection, kept alive
+            head = (await read_response(reader)).lower()
+            assert head.startswith(b"http/1.1 200")
+            assert b"connection: close" in head
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server
+            writer.close()
+        finally:
+            server.should_exit = True
+            await serving
