@@ -5,9 +5,10 @@ bytes and its connection are the only things a keyless client can spend.
 Two bounds keep that spend small (``TimedHttpProtocol`` applies them):
 
 - ``HeadLimits``: the head's sizes, counted as its bytes arrive, before the
-  parser holds more than ``max_head_bytes`` of one head; over a cap the
-  client gets 414 (its URL) or 431 (a header, the head, the headers' count)
-  and the connection is closed.
+  parser holds more than ``max_head_bytes`` of one head (twice that for a
+  head pipelined behind a request); over a cap the client gets 414 (its
+  URL) or 431 (a header, the head, the headers' count) and the connection
+  is closed.
 - ``OpeningConnections``: per client address (the socket's peer), the
   connections that have not yet sent a whole head. An address holding
   ``max_num_per_address`` of them that have waited ``STALE_AFTER_S`` or more

@@ -59,6 +59,9 @@ FLUSH_S = 5
 WS_SLACK_BYTES = 64 * 1024
 # A request line's method, spaces and version around its URL, and a line's CRLF.
 _REQUEST_LINE_SLACK_BYTES = 64
+# A body is given to the parser in pieces no smaller than this, however small
+# max_head_bytes is: a piece's end may begin the next head, uncounted.
+_MIN_BODY_PIECE_BYTES = 64 * 1024
 
 
 class GatewayConfig(uvicorn.Config):
@@ -139,6 +142,7 @@ class TimedHttpProtocol(HttpToolsProtocol):
         self._opening = gateway.opening if gateway else None
         self._deadline: asyncio.TimerHandle | None = None
         self._head_begun = False
+        self._max_head_bytes = self._limits.max_head_bytes
         self._head_bytes = 0  # of the head being read, as given to the parser
         self._line_bytes = 0  # of its last line, unfinished
         # A header line, or the request line (whose URL on_url caps first).
@@ -146,6 +150,7 @@ class TimedHttpProtocol(HttpToolsProtocol):
             self._limits.max_header_bytes, self._limits.max_url_bytes + _REQUEST_LINE_SLACK_BYTES
         )
         self._num_heads = 0  # heads read whole on this connection
+        self._body_piece_bytes = max(self._limits.max_head_bytes, _MIN_BODY_PIECE_BYTES)
         self._in_body = False
         self._upgraded = False
         self._refusal: HeadRefusal | None = None  # set by a parser callback over a cap
@@ -165,28 +170,31 @@ class TimedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        # Invariant: at most max_head_bytes of one head reach the parser (and
-        # uvicorn's own buffers), whatever the client streams: each piece
-        # given is at most the room left, and a head still not whole once its
-        # room is gone is refused. Body bytes are the app's to bound.
-        while data and not self._upgraded and not self.transport.is_closing():
-            if self._in_body:
-                self._feed(data)
-                return
-            room = self._limits.max_head_bytes - self._head_bytes
-            piece, data = data[:room], data[room:]
+        # Invariant: the parser is given a head's bytes only while they fit
+        # its room (max_head_bytes), whatever the client streams, and a head
+        # still not whole once its room is gone is refused. A head pipelined
+        # behind a request may begin inside a piece of that request (the
+        # parser does not say where), uncounted: so at most twice the cap of
+        # one head reaches the parser. Body bytes are the app's to bound.
+        start = 0
+        while start < len(data) and not self._upgraded and not self.transport.is_closing():
+            in_body = self._in_body
+            room = self._body_piece_bytes if in_body else self._max_head_bytes - self._head_bytes
+            piece = data[start : start + room] if start or room < len(data) else data
+            start += len(piece)
             num_heads = self._num_heads
-            self._head_bytes += len(piece)
+            if not in_body:
+                self._head_bytes += len(piece)
             if piece:
                 self._feed(piece)
             if self.transport.is_closing() or self._upgraded:
                 return
-            if self._num_heads != num_heads or self._in_body:
+            if in_body or self._num_heads != num_heads or self._in_body:
                 self._line_bytes = 0  # the piece's end was a body's or a next head's
             elif self._line_too_long(piece):
                 self._refuse(HeadRefusal.header(self._limits))
                 return
-            elif data:
+            elif start < len(data):
                 self._refuse(HeadRefusal.head(self._limits))
                 return
 

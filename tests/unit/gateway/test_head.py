@@ -15,6 +15,8 @@ from uvicorn.server import ServerState
 from tessera.gateway.head import HeadLimits, OpeningConnections
 from tessera.gateway.server import GatewayConfig, TimedHttpProtocol
 
+MIN_BODY_PIECE_BYTES = 64 * 1024  # the server's smallest piece of a body
+
 LIMITS = HeadLimits(
     max_url_bytes=1024, max_header_bytes=2048, max_head_bytes=8192, max_num_headers=10
 )
@@ -229,6 +231,20 @@ def test_a_head_and_the_next_in_one_chunk_are_each_under_the_cap(
     head = b"GET / HTTP/1.1\r\nX-A: " + b"a" * 1500 + b"\r\n\r\n"
     protocol.data_received(head * 8)  # pipelined, about 12 KiB in one chunk
     assert not transport.closed
+
+
+@pytest.mark.parametrize("body_bytes", [100, 200_000])
+def test_a_head_pipelined_behind_a_body_is_cut_near_its_cap(
+    connections: Connections, body_bytes: int
+) -> None:
+    """The parser does not say where a head begins inside the piece that ends
+    the request before it: that piece's part of it goes uncounted, no more."""
+    first = b"POST /v1/embeddings HTTP/1.1\r\ncontent-length: %d\r\n\r\n" % body_bytes
+    first += b"x" * body_bytes
+    protocol, transport = connections.open()
+    protocol.data_received(first + b"GET / HTTP/1.1\r\nX-Stream: " + b"a" * 1_000_000)
+    assert transport.closed
+    assert fed(protocol) <= len(first) + 2 * max(LIMITS.max_head_bytes, MIN_BODY_PIECE_BYTES)
 
 
 def test_a_malformed_head_is_still_uvicorns_400(connections: Connections) -> None:
