@@ -19,8 +19,8 @@ maximum generated tokens.
 
 An OCR image larger than rapidocr's bound also costs what its resize throws
 away: it is decoded whole and held whole while it runs, which the detection
-pass does not see (a 6,300-pixel square decoded in 1.3 s and held 113 MiB
-more beside the 2,000-pixel copy's pass). Its pixels beyond the bounded copy's
+pass does not see (a 6,300-pixel square: 113 MiB of pixels, 1.3 s to decode,
+beside the pass over its 2,000-pixel copy). Its pixels beyond the bounded copy's
 add a unit each ``DECODE_PIXELS_PER_UNIT``, counted from the image's header
 (``EncodedImage.shape``) before it is decoded, as every unit is.
 
@@ -352,7 +352,7 @@ def _detection_pages(height: int, width: int, limits: InputLimits) -> float:
 
 # Pixels of an OCR image beyond its bounded copy's that cost one work unit
 # (``_decode_units``): decoding and holding them cost about what a unit of the
-# detection pass does, by time and by memory (docs/benchmarks.md, big pages).
+# detection pass does, by time and by memory (``benchmarks/big_pages.py``).
 DECODE_PIXELS_PER_UNIT = 12_000_000
 
 
