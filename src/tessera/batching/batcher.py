@@ -28,9 +28,10 @@ whose requests run now starts a batch beyond the slots (of such tenants'
 requests only; at most ``num_slots`` beyond). The compute executor then
 shares the cores between the batches, short work first (long work and parts
 of large requests step aside), so a tenant's wait is bounded by a part of
-work, not by whatever another tenant's requests hold. Off where the card
-fixes ``max_concurrent_batches`` (an engine with that many slots) and for a
-FIFO queue (no fairness).
+work, not by whatever another tenant's requests hold. The engine turns it
+off for a FIFO queue (no fairness) and where the card fixes
+``max_concurrent_batches`` for a runtime that cannot take more batches at
+once (an external engine's window has room for them).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class ModelBatcher:
         self._arrived = asyncio.Event()
         self.num_slots = batching.max_concurrent_batches or max_concurrent_batches
         # Batches beyond the slots for tenants with nothing running (module notes).
-        self.step_past = step_past and not batching.max_concurrent_batches
+        self.step_past = step_past
         self._num_in_slots = 0
         self._num_beyond = 0
         self.num_stepped_past = 0  # batches started beyond the slots so far

@@ -615,9 +615,18 @@ class Engine(ModelLifecycle):
                 max_concurrent_batches=self._executor.num_workers,
                 predictor=predictor,
                 gather_idle=self._device.kind != "cuda",
-                step_past=self.config.fair_parts and self.config.scheduling == "fair",
+                step_past=self._steps_past(spec),
             )
         return batcher
+
+    def _steps_past(self, spec: ModelSpec) -> bool:
+        """Whether a tenant with nothing running on ``spec``'s model may start
+        a batch beyond its busy slots (``ModelBatcher.step_past``): with fair
+        parts and fair scheduling, unless the card fixes the batches at once
+        for an in-process runtime (an external engine's window has room)."""
+        fair = self.config.fair_parts and self.config.scheduling == "fair"
+        fixed = spec.batching.max_concurrent_batches is not None
+        return fair and (not fixed or spec.runtime == "external")
 
     def _predictor(self, name: str) -> BatchTimePredictor:
         predictor = self._predictors.get(name)

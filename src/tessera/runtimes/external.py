@@ -8,7 +8,9 @@ the per-tenant queue (admission, fair scheduling, deadlines, audit and metrics
 are the engine's), and a batch's items are forwarded at once, one HTTP request
 each, so the requests the engine holds never exceed its window: the batch size
 times the batches that may run at once (``max_batch_size`` x
-``max_concurrent_batches``), which vLLM is also told (``--max-num-seqs``).
+``max_concurrent_batches``), twice over for the batches of tenants that step
+past the busy ones (``batching/batcher.py``), which vLLM is also told
+(``--max-num-seqs``) and llama.cpp has as its slots.
 
 Supervision (``EngineProcess`` and ``ExternalModel``):
 
@@ -422,9 +424,10 @@ class ExternalModel:
         self._load_timeout_s = float(
             spec.options.get("load_timeout_s", kind.default_load_timeout_s)
         )
-        # The concurrency window: requests in the engine at once, never more.
-        self.window = max(1, spec.batching.max_batch_size) * (
-            spec.batching.max_concurrent_batches or 1
+        # The concurrency window: requests in the engine at once, never more
+        # (a batch's items, in its slots and as many beyond them).
+        self.window = (
+            2 * max(1, spec.batching.max_batch_size) * (spec.batching.max_concurrent_batches or 1)
         )
         self._pool = ThreadPoolExecutor(self.window, thread_name_prefix="tessera-engine")
         self._lock = threading.Lock()  # guards the engine handle: start, restart, sleep, stop

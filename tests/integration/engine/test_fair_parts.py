@@ -28,6 +28,12 @@ MODELS: dict[str, dict[str, Any]] = {
         "max_inputs": 64,
     },
 }
+# The same model where the card fixes two batches at once (an in-process
+# runtime that takes no more): nothing steps past its slots.
+MODELS["fixed"] = {
+    **MODELS["embed"],
+    "batching": {"max_batch_size": 16, "max_wait_ms": 1, "max_concurrent_batches": 2},
+}
 FLOOD, QUIET = Caller(TenantLimits("flood")), Caller(TenantLimits("quiet"))
 
 
@@ -36,20 +42,25 @@ async def measured_engine(root: Path, warm: Caller = QUIET, **config: Any) -> As
     """An engine whose model has measured run times (the parts are sized from
     them), from requests of ``warm``."""
     async with fake_engine(root, MODELS, **config) as engine:
-        for size in (1, 4, 2, 8):
-            await engine.infer("embed", Task.EMBEDDING, [LONG] * size, caller=warm)
+        for model in MODELS:
+            for size in (1, 4, 2, 8):
+                await engine.infer(model, Task.EMBEDDING, [LONG] * size, caller=warm)
         yield engine
 
 
-async def quiet_answered_while_the_flood_runs(engine: Engine) -> bool:
-    """Two flood requests of 16 long texts in flight (both worker slots), then
-    one short quiet request: whether it is answered before either flood one."""
+async def quiet_answered_while_the_flood_runs(
+    engine: Engine, model: str = "embed", flood_items: list[TextInput] | None = None
+) -> bool:
+    """Two flood requests (16 long texts each, or ``flood_items``) in flight
+    (both worker slots), then one short quiet request: whether it is
+    answered before either flood one."""
+    items = flood_items if flood_items is not None else [LONG] * 16
     flood = [
-        asyncio.ensure_future(engine.infer("embed", Task.EMBEDDING, [LONG] * 16, caller=FLOOD))
+        asyncio.ensure_future(engine.infer(model, Task.EMBEDDING, items, caller=FLOOD))
         for _ in range(2)
     ]
     await asyncio.sleep(0.05)  # both flood requests are running
-    quiet = asyncio.ensure_future(engine.infer("embed", Task.EMBEDDING, [SHORT], caller=QUIET))
+    quiet = asyncio.ensure_future(engine.infer(model, Task.EMBEDDING, [SHORT], caller=QUIET))
     done, _ = await asyncio.wait([quiet, *flood], return_when=asyncio.FIRST_COMPLETED)
     await asyncio.gather(quiet, *flood)
     return quiet in done
@@ -79,3 +90,27 @@ async def test_a_tenant_alone_gets_its_parts_back_in_full_batches(tmp_path: Path
         model = engine.snapshot().model("embed")
         assert model is not None
         assert model.recent_batches[-1][0] == 16  # sixteen parts, one batch
+
+
+async def test_a_quiet_request_runs_beside_parts_not_after_one_unless_the_card_fixes_slots(
+    tmp_path: Path,
+) -> None:
+    """Flood requests of two 300 ms texts: parts of one text, holding both
+    slots. The quiet tenant's batch starts beyond them and is the first to
+    end; where the card fixes the slots for an in-process runtime, it waits
+    for a part to end first."""
+    longer = TextInput("word " * 400)
+
+    async def first_to_end_is_quiet(engine: Engine, model: str) -> bool:
+        stats = engine.snapshot().model(model)
+        assert stats is not None
+        before = len(stats.recent_batches)
+        await quiet_answered_while_the_flood_runs(engine, model, [longer, longer])
+        stats = engine.snapshot().model(model)
+        assert stats is not None
+        size, run_s = stats.recent_batches[before]
+        return size == 1 and run_s < 0.1  # the short text's batch, not a 300 ms part
+
+    async with measured_engine(tmp_path / "repo") as engine:
+        assert await first_to_end_is_quiet(engine, "embed")
+        assert not await first_to_end_is_quiet(engine, "fixed")

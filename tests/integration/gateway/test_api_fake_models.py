@@ -830,19 +830,21 @@ async def test_admin_batches_reports_recent_batch_sizes_and_times(
 async def test_items_run_alone_reserve_room_for_the_largest_not_their_sum(
     client: httpx.AsyncClient, engine: Engine
 ) -> None:
-    # Six 12-unit inputs in one request (never split): ~90 MiB held at once,
-    # over the 64 MiB budget, where the model holds them all; ~15 MiB, one
-    # input's, where it runs them one after another. An estimate refuses
-    # nothing (the request runs in the room there is, measured); two batches
-    # that needed more than the budget refuse the next for good.
+    # One 72-unit input: ~90 MiB held at once, over the 64 MiB budget (a
+    # request of several inputs would be queued as parts). An estimate
+    # refuses nothing (the request runs in the room there is, measured); two
+    # batches that needed more than the budget refuse the next for good. Six
+    # 12-unit inputs where the model runs them one after another: ~15 MiB,
+    # one input's.
     inputs = [f"{'x' * 47}{i}" for i in range(6)]
     for name in ("scratch", "scratch-alone"):
         assert (await client.post(f"/admin/models/{name}/load")).status_code == 200
     # (A reading of the resident set may come out lower where freed pages are
     # still resident: then a third or fourth run is the second over the room.)
     statuses = []
+    whole = "".join(inputs)
     while len(statuses) < 6 and 413 not in statuses:
-        r = await client.post("/v1/embeddings", json={"model": "scratch", "input": inputs})
+        r = await client.post("/v1/embeddings", json={"model": "scratch", "input": whole})
         statuses.append(r.status_code)
     assert statuses[:2] == [200, 200], statuses
     assert statuses[-1] == 413, statuses

@@ -74,7 +74,8 @@ def test_the_vllm_command_line_carries_the_slice_the_window_and_sleep_mode(
     fraction = float(argv[argv.index("--gpu-memory-utilization") + 1])
     exact = parse_bytes("256MiB") / CpuDevice().total_bytes()
     assert exact - 1e-6 <= fraction <= exact  # rounded down: within the slice
-    assert argv[argv.index("--max-num-seqs") + 1] == "4"  # max_batch_size x 1 batch at once
+    # max_batch_size x 1 batch at once, twice over for batches that step past it
+    assert argv[argv.index("--max-num-seqs") + 1] == "8"
     assert argv[argv.index("--served-model-name") + 1] == "fake-a"
     assert "--enable-sleep-mode" in argv
     assert model.api_key not in " ".join(argv)  # in its environment, not on ps's screen

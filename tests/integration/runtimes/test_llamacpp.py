@@ -331,7 +331,8 @@ def test_threads_follow_the_context_and_unload_ends_the_engine_process() -> None
     model = get_loader(spec.adapter).load(spec, ctx)
     assert isinstance(model, ExternalModel)
     settings = LlamaCppEngine().settings(spec, ctx, model.api_key, model.window)
-    assert (settings.threads, settings.num_slots) == (2, spec.batching.max_batch_size)
+    # Slots for a batch's items, and as many for batches that step past it.
+    assert (settings.threads, settings.num_slots) == (2, 2 * spec.batching.max_batch_size)
     assert model.pid is not None
     pid = model.pid
     assert pid is not None

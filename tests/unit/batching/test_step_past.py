@@ -95,22 +95,19 @@ async def test_at_most_num_slots_batches_run_beyond() -> None:
     await batcher.close()
 
 
-async def test_no_batch_beyond_where_the_card_fixes_its_slots_or_step_past_is_off() -> None:
-    for step_past, fixed in ((True, 2), (False, None)):
-        clock, recorder = FakeClock(), Recorder()
-        recorder.gate = asyncio.Event()
-        batcher = make_past_batcher(
-            clock, recorder, step_past=step_past, max_concurrent_batches=fixed
-        )
-        flood = await fill_slots(clock, batcher, "flood")
-        quiet = make_request(clock, ["q"], tenant="quiet")
-        batcher.submit(quiet)
-        await settle()
-        assert len(recorder.batches) == 2
-        assert batcher.num_stepped_past == 0
-        recorder.gate.set()
-        await asyncio.gather(*(r.future for r in [*flood, quiet]))
-        await batcher.close()
+async def test_no_batch_beyond_while_step_past_is_off() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_past_batcher(clock, recorder, step_past=False)
+    flood = await fill_slots(clock, batcher, "flood")
+    quiet = make_request(clock, ["q"], tenant="quiet")
+    batcher.submit(quiet)
+    await settle()
+    assert len(recorder.batches) == 2
+    assert batcher.num_stepped_past == 0
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in [*flood, quiet]))
+    await batcher.close()
 
 
 async def test_queues_pop_only_tenants_not_skipped_in_their_order() -> None:
