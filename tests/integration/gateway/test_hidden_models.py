@@ -26,7 +26,11 @@ TEXT = {"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": ["a"]}
 # Each face's request naming model ``m``.
 FACES: list[tuple[str, str, Any]] = [
     ("openai", "/v1/embeddings", lambda m: {"model": m, "input": "a"}),
-    ("openai-chat", "/v1/chat/completions", lambda m: {"model": m, "messages": [{"role": "user", "content": "a"}]}),
+    (
+        "openai-chat",
+        "/v1/chat/completions",
+        lambda m: {"model": m, "messages": [{"role": "user", "content": "a"}]},
+    ),
     ("cohere", "/v2/embed", lambda m: {"model": m, "texts": ["a"], "input_type": "search_query"}),
     ("ollama", "/api/embed", lambda m: {"model": m, "input": "a"}),
     ("ollama-load", "/api/generate", lambda m: {"model": m}),
