@@ -104,11 +104,12 @@ class ModelBatcher:
     def depth(self) -> int:
         return len(self._queue)
 
-    def submit(self, request: QueuedRequest) -> None:
+    def submit(self, request: QueuedRequest, *, counted: bool = True) -> None:
         """Queue a request; ``OverloadedError`` if the queue is full: it holds
-        ``max_queue`` requests, or more work than ``request`` could wait for
-        (its batch would start after its deadline)."""
-        if len(self._queue) >= self.max_queue:
+        ``max_queue`` requests (``counted`` false: not asked, for a part of a
+        request whose first part was), or more work than ``request`` could
+        wait for (its batch would start after its deadline)."""
+        if counted and len(self._queue) >= self.max_queue:
             raise OverloadedError(
                 f"queue of model {self.name!r} is full ({self.max_queue} requests)",
                 retry_after_s=self._retry_after_s(),

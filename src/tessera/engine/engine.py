@@ -714,7 +714,7 @@ class Engine(ModelLifecycle):
                     part = self._request(
                         spec, chunk, chunk_units, apart_alone, timeout_s, caller, whole=request
                     )
-                    self._enqueue(spec, part)
+                    self._enqueue(spec, part, counted=not parts)
                     parts.append(part)
                 _joined(request, parts)
         except BaseException:
@@ -882,8 +882,10 @@ class Engine(ModelLifecycle):
             **who,
         )
 
-    def _enqueue(self, spec: ModelSpec, request: QueuedRequest) -> None:
-        self._batcher(spec).submit(request)
+    def _enqueue(self, spec: ModelSpec, request: QueuedRequest, *, counted: bool = True) -> None:
+        """Queue ``request``; a request's parts after its first are not held to
+        the queue's count (``max_queue`` bounds requests, whatever their parts)."""
+        self._batcher(spec).submit(request, counted=counted)
         self._pending.add(request)
         self._pending_by_key.setdefault(spec.key, set()).add(request)
         request.future.add_done_callback(functools.partial(self._forget, spec.key, request))

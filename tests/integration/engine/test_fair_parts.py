@@ -114,3 +114,9 @@ async def test_a_quiet_request_runs_beside_parts_not_after_one_unless_the_card_f
     async with measured_engine(tmp_path / "repo") as engine:
         assert await first_to_end_is_quiet(engine, "embed")
         assert not await first_to_end_is_quiet(engine, "fixed")
+
+
+async def test_the_queue_bound_counts_a_request_not_its_parts(tmp_path: Path) -> None:
+    async with measured_engine(tmp_path / "repo", max_queue=4) as engine:
+        outputs = await engine.infer("embed", Task.EMBEDDING, [LONG] * 16, caller=QUIET)
+        assert len(outputs) == 16
