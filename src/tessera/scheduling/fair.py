@@ -24,8 +24,9 @@ Invariants:
   horizon, batches grow to their full size again (Clockwork's and Nexus's idea:
   size batches from measured execution times to meet the tightest target).
 - Batches are the quantum of service: a request cannot join one that runs.
-  So while two or more tenants are active on the model (an arrival in the last
-  ``latency_horizon_s``), a batch's predicted run time is capped at
+  So while two or more tenants are active on the model (an arrival of each in
+  the last ``latency_horizon_s``, or a backlog of each now: a page of OCR
+  every few seconds is active too), a batch's predicted run time is capped at
   ``quantum_s``, and a tenant that arrives waits about one quantum for a
   worker, not one full batch (VTC gets the same from one decoding step). One
   tenant alone gets full batches. ``quantum_s=None`` turns the cap off. The
@@ -208,7 +209,9 @@ class FairQueue:
         horizon = self._latency_horizon_s
         targets = [t for t, seen in self._latency_seen.items() if now - seen <= horizon]
         cap = min(targets) * LATENCY_SHARE_WHILE_ACTIVE if targets else None
-        if self._quantum_s is not None and now - self._other_last <= horizon:
+        if self._quantum_s is not None and (
+            now - self._other_last <= horizon or len(self._queues) > 1
+        ):
             cap = _min_optional(cap, self._quantum_s)
         return cap
 

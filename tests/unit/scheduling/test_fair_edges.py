@@ -271,6 +271,21 @@ def test_quantum_counts_tenants_active_within_the_horizon(
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=1.0 + 1e-3)) == 80
 
 
+def test_quantum_counts_tenants_backlogged_now_whenever_they_arrived(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Pages of OCR every few seconds: both tenants' arrivals may be past the
+    horizon while both wait; they share the model all the same."""
+    queue = FairQueue(linear_predictor(0.001), latency_horizon_s=1.0, quantum_s=0.025)
+    queue.push(make_queued(loop, "quiet", units=30, arrival=0.0))
+    for _ in range(10):
+        queue.push(make_queued(loop, "flood", units=30, arrival=0.0))
+    # Five horizons later, both still backlogged: the quiet request runs alone.
+    assert tenants_of(queue.pop_batch(100, 1e9, now=5.0)) == ["quiet"]
+    # Then the flood alone: full batches.
+    assert sum(r.units for r in queue.pop_batch(100, 1e9, now=5.0)) == 300
+
+
 def test_quantum_is_the_smaller_of_it_and_the_latency_cap(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
