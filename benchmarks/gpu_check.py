@@ -894,7 +894,7 @@ def cmd_load(a: argparse.Namespace) -> None:
     from harness.driver import Driver
     from harness.peers import PEERS
     from harness.request import request_for
-    from harness.scenario import TenantLoad
+    from harness.scenario import RequestShape, TenantLoad
 
     names = Path(a.models_file).read_text().split()
     names = names[a.offset :] + names[: a.offset]
@@ -910,14 +910,7 @@ def cmd_load(a: argparse.Namespace) -> None:
         def headers(self, tenant: str) -> dict[str, str]:
             return {}
 
-        def call(
-            self,
-            model: str,
-            n: int,
-            inputs: int,
-            words: int | None = None,
-            max_tokens: int | None = None,
-        ) -> tuple[str, dict[str, Any]]:
+        def call(self, model: str, n: int, shape: RequestShape) -> tuple[str, dict[str, Any]]:
             path, body = request_for("embedding", model, n)
             if a.api == "litserve":
                 return litserve.embed_call(model, body["input"])

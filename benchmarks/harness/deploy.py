@@ -20,7 +20,7 @@ import yaml
 from harness.inputs import sentences
 from harness.probes import Residency
 from harness.request import request_for
-from harness.scenario import Configuration, Scenario, ScenarioError
+from harness.scenario import Configuration, RequestShape, Scenario, ScenarioError
 from harness.servers import RunningServer, running_tessera
 from tessera.repository import default_repository_path, read_spec
 from tessera.tenants import TenantStore
@@ -38,19 +38,12 @@ class TesseraProtocol:
     tasks: dict[str, str]  # served model name -> task
     texts: list[str] = field(default_factory=sentences)
 
-    def call(
-        self,
-        model: str,
-        n: int,
-        inputs: int,
-        words: int | None = None,
-        max_tokens: int | None = None,
-    ) -> tuple[str, dict[str, Any]]:
-        task = self.tasks[model]
+    def call(self, model: str, n: int, shape: RequestShape) -> tuple[str, dict[str, Any]]:
+        task, inputs = self.tasks[model], shape.inputs
         if task == "embedding":
-            chosen = [self._text(n * inputs + i, words) for i in range(inputs)]
+            chosen = [self._text(n * inputs + i, shape.words) for i in range(inputs)]
             return "/v1/embeddings", {"model": model, "input": chosen[0] if inputs == 1 else chosen}
-        return request_for(task, model, n, pages=inputs, max_tokens=max_tokens)
+        return request_for(task, model, n, pages=inputs, max_tokens=shape.max_tokens)
 
     def _text(self, n: int, words: int | None) -> str:
         """The ``n``-th text: a sentence, or sentences joined to about ``words`` words."""
@@ -74,15 +67,8 @@ class PeerProtocol:
     peer: Peer
     texts: list[str] = field(default_factory=sentences)
 
-    def call(
-        self,
-        model: str,
-        n: int,
-        inputs: int,
-        words: int | None = None,
-        max_tokens: int | None = None,
-    ) -> tuple[str, dict[str, Any]]:
-        if inputs != 1 or words is not None or max_tokens is not None:
+    def call(self, model: str, n: int, shape: RequestShape) -> tuple[str, dict[str, Any]]:
+        if shape != RequestShape():
             raise ScenarioError(f"peer {self.peer.name}: one sentence a request only")
         return self.peer.embed_call(model, self.texts[n % len(self.texts)])
 
@@ -111,15 +97,8 @@ class Deployment:
         key = self.keys.get(tenant)
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def call(
-        self,
-        model: str,
-        n: int,
-        inputs: int,
-        words: int | None = None,
-        max_tokens: int | None = None,
-    ) -> tuple[str, dict[str, Any]]:
-        return self.protocol.call(model, n, inputs, words, max_tokens)
+    def call(self, model: str, n: int, shape: RequestShape) -> tuple[str, dict[str, Any]]:
+        return self.protocol.call(model, n, shape)
 
     def ok(self, model: str, status: int, body: bytes) -> bool:
         return self.protocol.ok(model, status, body)

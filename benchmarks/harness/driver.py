@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from harness.scenario import TenantLoad
+from harness.scenario import RequestShape, TenantLoad
 from tessera.clock import Clock, MonotonicClock
 
 REQUEST_TIMEOUT_S = 120.0
@@ -40,17 +40,8 @@ class Endpoint(Protocol):
 
     def headers(self, tenant: str) -> dict[str, str]: ...
 
-    def call(
-        self,
-        model: str,
-        n: int,
-        inputs: int,
-        words: int | None = None,
-        max_tokens: int | None = None,
-    ) -> tuple[str, dict[str, Any]]:
-        """The path and JSON body of the ``n``-th request for ``model``: ``inputs``
-        texts (of about ``words`` words each where given) or pages; a chat's
-        ``max_tokens`` where given."""
+    def call(self, model: str, n: int, shape: RequestShape) -> tuple[str, dict[str, Any]]:
+        """The path and JSON body of the ``n``-th request for ``model``, of ``shape``."""
         ...
 
     def ok(self, model: str, status: int, body: bytes) -> bool:
@@ -200,9 +191,7 @@ class Driver:
         return state.issued < state.bound
 
     async def _one(self, clients: _Clients, state: _Tenant, model: str, n: int) -> None:
-        path, body = self._endpoint.call(
-            model, n, state.load.inputs, state.load.words, state.load.max_tokens
-        )
+        path, body = self._endpoint.call(model, n, state.load.shape)
         client = clients.get(self._endpoint.route(model))
         began = self._clock.now()
         try:

@@ -24,7 +24,7 @@ from harness.driver import Driver
 from harness.figures import latency_figures
 from harness.progress import BenchProgress
 from harness.request import request_for
-from harness.scenario import TenantLoad
+from harness.scenario import RequestShape, TenantLoad
 
 
 @dataclass(frozen=True)
@@ -82,14 +82,7 @@ class _RunningServer:
     def headers(self, tenant: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"} if self.key else {}
 
-    def call(
-        self,
-        model: str,
-        n: int,
-        inputs: int,
-        words: int | None = None,
-        max_tokens: int | None = None,
-    ) -> tuple[str, dict[str, Any]]:
+    def call(self, model: str, n: int, shape: RequestShape) -> tuple[str, dict[str, Any]]:
         return request_for(self.task, model, n)
 
     def ok(self, model: str, status: int, body: bytes) -> bool:

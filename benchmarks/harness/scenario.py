@@ -56,6 +56,16 @@ class ScenarioError(ValueError):
 
 
 @dataclass(frozen=True)
+class RequestShape:
+    """What one request of a tenant holds: ``inputs`` texts (of about ``words``
+    words each where given) or OCR pages; a chat's ``max_tokens`` where given."""
+
+    inputs: int = 1
+    words: int | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
 class TenantLoad:
     """One tenant's share of the workload."""
 
@@ -70,6 +80,10 @@ class TenantLoad:
     models: tuple[str, ...] | None = None  # else the scenario's
     background: bool = False  # runs until the other tenants are done, unbounded itself
     group: str | None = None  # the entry it came from, where one (``count``) made many
+
+    @property
+    def shape(self) -> RequestShape:
+        return RequestShape(self.inputs, self.words, self.max_tokens)
 
     @property
     def mode(self) -> str:

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from harness.driver import Driver, zipf_weights
-from harness.scenario import TenantLoad
+from harness.scenario import RequestShape, TenantLoad
 from tessera.clock import FakeClock
 
 
@@ -49,14 +49,8 @@ class FakeEndpoint:
     def headers(self, tenant: str) -> dict[str, str]:
         return {"x-delay": str(self.delay_s), "x-tenant": tenant}
 
-    def call(
-        self,
-        model: str,
-        n: int,
-        inputs: int,
-        words: int | None = None,
-        max_tokens: int | None = None,
-    ) -> tuple[str, dict[str, Any]]:
+    def call(self, model: str, n: int, shape: RequestShape) -> tuple[str, dict[str, Any]]:
+        inputs = shape.inputs
         text = [f"s{n}-{i}" for i in range(inputs)] if inputs > 1 else f"s{n}"
         body = {"model": model, "input": text}
         self.bodies.append(body)

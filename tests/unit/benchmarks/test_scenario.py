@@ -139,21 +139,22 @@ def test_a_tenants_request_shape_reaches_its_requests() -> None:
     """``words`` makes long texts, ``inputs`` several OCR pages (over KServe v2,
     which takes them in one request), ``max_tokens`` a chat's length."""
     from harness.deploy import TesseraProtocol
+    from harness.scenario import RequestShape
 
     scenario = parse_scenario(
         minimal(tenants=[{"name": "a", "concurrency": 2, "inputs": 3, "words": 100}])
     )
     (load,) = scenario.tenants
-    assert (load.inputs, load.words, load.max_tokens) == (3, 100, None)
+    assert load.shape == RequestShape(3, 100, None)
     tasks = {"e": "embedding", "o": "ocr", "c": "generate"}
     protocol = TesseraProtocol(tasks)
-    path, body = protocol.call("e", 0, 3, 100)
+    path, body = protocol.call("e", 0, RequestShape(3, 100))
     assert path == "/v1/embeddings"
     assert len(body["input"]) == 3
     assert all(100 <= len(text.split()) < 130 for text in body["input"])
-    path, body = protocol.call("o", 0, 4)
+    path, body = protocol.call("o", 0, RequestShape(4))
     assert path == "/v2/models/o/infer"
     assert body["inputs"][0]["shape"] == [4]
-    assert protocol.call("o", 0, 1)[0] == "/v1/ocr"
-    assert protocol.call("c", 0, 1, max_tokens=64)[1]["max_tokens"] == 64
-    assert protocol.call("c", 0, 1)[1]["max_tokens"] == 8
+    assert protocol.call("o", 0, RequestShape())[0] == "/v1/ocr"
+    assert protocol.call("c", 0, RequestShape(max_tokens=64))[1]["max_tokens"] == 64
+    assert protocol.call("c", 0, RequestShape())[1]["max_tokens"] == 8
