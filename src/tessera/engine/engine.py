@@ -85,6 +85,8 @@ from .lifecycle import (
 
 log = logging.getLogger(__name__)
 
+# The most of a part's run its batch's fixed cost may be (``Engine._part_units``).
+PART_FIXED_SHARE = 0.2
 # The longest a request may wait for its answer, whatever its caller asks
 # (``x-request-timeout: 1e308`` made a deadline no clock or prediction can hold).
 MAX_TIMEOUT_S = 86400.0
@@ -749,9 +751,13 @@ class Engine(ModelLifecycle):
         return parts
 
     def _part_units(self, spec: ModelSpec) -> float | None:
-        """The work units ``spec``'s model runs in one fair quantum, from its
-        measured run time per unit; None: no bound (fair parts off, no
-        quantum, or no run time measured yet)."""
+        """The work units of one part for ``spec``'s model, from its measured
+        run time (fixed seconds a batch, and seconds a unit): what runs in one
+        fair quantum, or, where a batch's fixed cost is larger, enough that it
+        is at most ``PART_FIXED_SHARE`` of a part's run (a part of less would
+        spend more on its batch than on its work: a CPU's small encoder
+        batches cost tens of milliseconds whatever their size). None: no
+        bound (fair parts off, no quantum, or no run time measured yet)."""
         quantum_s = self.config.fair_quantum_s
         if not self.config.fair_parts or quantum_s is None:
             return None
@@ -759,7 +765,9 @@ class Engine(ModelLifecycle):
         coefficients = predictor.coefficients() if predictor is not None else None
         if coefficients is None or coefficients[1] <= 0:
             return None
-        return quantum_s / coefficients[1]
+        fixed_s, unit_s = coefficients
+        work_s = max(quantum_s, fixed_s * (1 - PART_FIXED_SHARE) / PART_FIXED_SHARE)
+        return work_s / unit_s
 
     def _alone_units(
         self, spec: ModelSpec, items: Sequence[Any]

@@ -129,6 +129,15 @@ class ComputeExecutor:
             if long_batch_s is not None
             else None
         )
+        # Parts of large requests (``run``'s ``bulk``) that are not long: long
+        # work to the compute slots, so short batches step past them, on
+        # threads of the process's own priority (a niced thread holding the
+        # interpreter lock when the kernel passes it over stalls every other).
+        self._bulk_pool = (
+            ThreadPoolExecutor(num_workers, thread_name_prefix="tessera-bulk")
+            if long_batch_s is not None
+            else None
+        )
         # Batches that may run with other models' (``run``'s ``across_models``);
         # its threads start as work comes.
         self._across_pool = ThreadPoolExecutor(
@@ -178,14 +187,19 @@ class ComputeExecutor:
         models' (``runtimes/stacking.py``); unless long, it runs on one of
         ``across_models_threads`` threads of its own, without a compute slot
         (a round's batches wait for its one leader, which computes for them).
-        ``bulk``: parts of large requests, long work whatever their length
-        (short batches step past them)."""
+        ``bulk``: parts of large requests, long work to the compute slots
+        whatever their length (short batches step past them)."""
         pool = self._pool
-        long = self.long_batch_s is not None and (
-            bulk or (expected_s is not None and expected_s >= self.long_batch_s)
+        predicted_long = (
+            self.long_batch_s is not None
+            and expected_s is not None
+            and expected_s >= self.long_batch_s
         )
-        if long and self._long_pool is not None:
+        long = predicted_long or (bulk and self.long_batch_s is not None)
+        if predicted_long and self._long_pool is not None:
             pool = self._long_pool
+        elif long and self._bulk_pool is not None:
+            pool = self._bulk_pool
         elif across_models and not long:
             pool = self._across_pool
         slotless = pool is self._across_pool
@@ -327,8 +341,9 @@ class ComputeExecutor:
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._across_pool.shutdown(wait=True, cancel_futures=True)
-        if self._long_pool is not None:
-            self._long_pool.shutdown(wait=True, cancel_futures=True)
+        for pool in (self._long_pool, self._bulk_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _wait_for_slot(cond: threading.Condition, claim: SlotClaim) -> None:

@@ -24,9 +24,10 @@ Invariants:
   horizon, batches grow to their full size again (Clockwork's and Nexus's idea:
   size batches from measured execution times to meet the tightest target).
 - Batches are the quantum of service: a request cannot join one that runs.
-  So while two or more tenants are active on the model (an arrival of each in
-  the last ``latency_horizon_s``, or a backlog of each now: a page of OCR
-  every few seconds is active too), a batch's predicted run time is capped at
+  So while two or more tenants are active on the model (an arrival of each
+  within ``latency_horizon_s``, or within the predicted run of the batch the
+  backlog would make uncapped, or a backlog of each now: a page of OCR every
+  few seconds is active beside requests of eight), a batch's run time is capped at
   ``quantum_s``, and a tenant that arrives waits about one quantum for a
   worker, not one full batch (VTC gets the same from one decoding step). One
   tenant alone gets full batches. ``quantum_s=None`` turns the cap off. The
@@ -123,7 +124,7 @@ class FairQueue:
         num_items, units = 0, 0.0
         # The batch's run-time budget: a share of the tightest active target,
         # then of the smallest remaining budget of a latency request in it.
-        budget_s = self._active_cap(now)
+        budget_s = self._active_cap(now, max_units)
         while self._len:
             tenant = self._next_tenant() if not skip else self._next_tenant_but(skip)
             if tenant is None:
@@ -205,15 +206,24 @@ class FairQueue:
 
     # -- internals --------------------------------------------------------
 
-    def _active_cap(self, now: float) -> float | None:
+    def _active_cap(self, now: float, max_units: float) -> float | None:
         horizon = self._latency_horizon_s
         targets = [t for t, seen in self._latency_seen.items() if now - seen <= horizon]
         cap = min(targets) * LATENCY_SHARE_WHILE_ACTIVE if targets else None
         if self._quantum_s is not None and (
-            now - self._other_last <= horizon or len(self._queues) > 1
+            len(self._queues) > 1 or now - self._other_last <= self._other_horizon(max_units)
         ):
             cap = _min_optional(cap, self._quantum_s)
         return cap
+
+    def _other_horizon(self, max_units: float) -> float:
+        """How recent another tenant's arrival makes it active: the latency
+        horizon, or the predicted run of the batch the backlog would make
+        uncapped, if longer (a tenant likely to arrive while it runs)."""
+        full_s = None
+        if self._predictor is not None and self._total_units > 0:
+            full_s = self._predictor.predict(min(max_units, self._total_units))
+        return max(self._latency_horizon_s, full_s or 0.0)
 
     def _floor(self) -> float:
         """The smallest counter among the backlogged tenants, or the last

@@ -34,6 +34,12 @@ MODELS["fixed"] = {
     **MODELS["embed"],
     "batching": {"max_batch_size": 16, "max_wait_ms": 1, "max_concurrent_batches": 2},
 }
+# A model whose batches cost 20 ms whatever their size: parts hold enough
+# work that the fixed cost is at most a fifth of their run.
+MODELS["fixed-cost"] = {
+    **MODELS["embed"],
+    "options": {"run_s": 0.02, "unit_s": 0.0001},
+}
 FLOOD, QUIET = Caller(TenantLimits("flood")), Caller(TenantLimits("quiet"))
 
 
@@ -120,3 +126,14 @@ async def test_the_queue_bound_counts_a_request_not_its_parts(tmp_path: Path) ->
     async with measured_engine(tmp_path / "repo", max_queue=4) as engine:
         outputs = await engine.infer("embed", Task.EMBEDDING, [LONG] * 16, caller=QUIET)
         assert len(outputs) == 16
+
+
+async def test_parts_hold_enough_work_to_pay_for_their_batch(tmp_path: Path) -> None:
+    """Eight texts of 5 ms each beside 20 ms a batch: in quantum-sized parts
+    (25 ms) a batch would spend as long on itself as on its work; one part."""
+    async with measured_engine(tmp_path / "repo", warm=QUIET) as engine:
+        outputs = await engine.infer("fixed-cost", Task.EMBEDDING, [LONG] * 8, caller=FLOOD)
+        assert len(outputs) == 8
+        stats = engine.snapshot().model("fixed-cost")
+        assert stats is not None
+        assert stats.recent_batches[-1][0] == 8

@@ -286,6 +286,22 @@ def test_quantum_counts_tenants_backlogged_now_whenever_they_arrived(
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=5.0)) == 300
 
 
+def test_quantum_counts_a_tenant_seen_within_the_run_of_an_uncapped_batch(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """An OCR page every three seconds beside requests of eight 1 s pages: past
+    the 1 s horizon, but a batch of the eight would run 8 s, within which the
+    sparse tenant is likely back."""
+    queue = FairQueue(linear_predictor(1.0), latency_horizon_s=1.0, quantum_s=0.025)
+    queue.push(make_queued(loop, "quiet", units=1, arrival=0.0))
+    queue.pop_batch(8, 1e9, now=0.0)
+    for _ in range(8):
+        queue.push(make_queued(loop, "flood", units=1, arrival=3.0))
+    assert len(queue.pop_batch(8, 1e9, now=3.0)) == 1
+    # Ten seconds on, longer than the run of what is left: full batches again.
+    assert len(queue.pop_batch(8, 1e9, now=13.0)) == 7
+
+
 def test_quantum_is_the_smaller_of_it_and_the_latency_cap(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
