@@ -757,12 +757,14 @@ class Engine(ModelLifecycle):
         is at most ``PART_FIXED_SHARE`` of a part's run (a part of less would
         spend more on its batch than on its work: a CPU's small encoder
         batches cost tens of milliseconds whatever their size). None: no
-        bound (fair parts off, no quantum, or no run time measured yet)."""
+        bound (fair parts off, no quantum, or no line fitted yet: sizes too
+        close together hide the fixed cost, and parts sized without it stay
+        too small for a batch to show it)."""
         quantum_s = self.config.fair_quantum_s
         if not self.config.fair_parts or quantum_s is None:
             return None
         predictor = self._predictors.get(spec.key)
-        coefficients = predictor.coefficients() if predictor is not None else None
+        coefficients = predictor.line() if predictor is not None else None
         if coefficients is None or coefficients[1] <= 0:
             return None
         fixed_s, unit_s = coefficients

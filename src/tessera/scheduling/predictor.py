@@ -102,6 +102,15 @@ class BatchTimePredictor:
         intercept = max(mean_y - slope * mean_x, 0.0)
         return intercept, slope
 
+    def line(self) -> tuple[float, float] | None:
+        """``coefficients`` where they are a line fitted over sizes at least
+        ``LINE_SPREAD`` apart; None before (the mean time per unit has no
+        fixed part: a batch's fixed cost is not seen until sizes differ)."""
+        n = len(self._samples)
+        if n < 2 or self._largest[0][1] < LINE_SPREAD * self._smallest[0][1]:
+            return None
+        return self.coefficients()
+
     def predict(self, units: float) -> float | None:
         coefficients = self.coefficients()
         if coefficients is None:

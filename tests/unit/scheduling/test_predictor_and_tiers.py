@@ -185,3 +185,17 @@ def test_invalid_tiers_are_config_errors(raw: dict[str, object], message: str) -
 def test_smallest_valid_figures_are_accepted() -> None:
     tiers = parse_tiers({"t": {"weight": 0.001, "latency_target_ms": 0.5}})
     assert tiers["t"] == TierSpec("t", 0.001, 0.0005)
+
+
+def test_a_line_is_given_only_over_sizes_far_enough_apart() -> None:
+    """Batches all of one size show no fixed cost: parts sized from them
+    would stay too small for a batch ever to show it."""
+    predictor = BatchTimePredictor()
+    for _ in range(4):
+        predictor.observe(25, 0.025)
+    assert predictor.coefficients() == (0.0, 0.001)  # the mean per unit
+    assert predictor.line() is None
+    predictor.observe(200, 0.06)
+    line = predictor.line()
+    assert line is not None
+    assert line[0] > 0.015  # the fixed cost, seen
