@@ -410,6 +410,43 @@ class AuditLog:
                 found["byte_s"] = float(row["byte_s"])
         return [rows[key] for key in sorted(rows, key=lambda k: (k[0] or "", k[1] or ""))]
 
+    def cost_series(
+        self, since: float, step_s: float, until: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Per ``step_s`` from ``since`` and per tenant: device-seconds and
+        byte-seconds of memory (tenant '': held with no use), oldest first;
+        ``start`` is each step's first second."""
+        if step_s <= 0:
+            raise InvalidInputError("step must be positive")
+        # Steps counted from ``since``: ts >= since, so truncation is the floor.
+        step = (
+            "CAST((ts - ?) / ? AS INTEGER)"
+            if self._conn.dialect is Dialect.SQLITE
+            else "FLOOR((ts - ?) / ?)"
+        )
+        where, params = _window(since, until)
+        series: dict[tuple[int, str], dict[str, Any]] = {}
+        queries = (
+            ("device_s", f"SELECT {step} AS step, tenant, SUM(device_s) AS v FROM audit"),
+            ("byte_s", f"SELECT {step} AS step, tenant, SUM(byte_s) AS v FROM memory_usage"),
+        )
+        with self._lock, self._errors():
+            for column, select in queries:
+                sql = select + _where([*where, "tenant IS NOT NULL"]) + " GROUP BY step, tenant"
+                for row in self._conn.execute(sql, [since, step_s, *params]).fetchall():
+                    key = (int(row["step"]), str(row["tenant"]))
+                    found = series.setdefault(
+                        key,
+                        {
+                            "start": since + key[0] * step_s,
+                            "tenant": key[1],
+                            "device_s": 0.0,
+                            "byte_s": 0.0,
+                        },
+                    )
+                    found[column] = float(row["v"] or 0.0)
+        return [series[key] for key in sorted(series)]
+
     def units_since(self, tenant: str, since: float) -> float:
         """Work units charged to ``tenant`` since ``since`` (as written)."""
         with self._lock, self._errors():

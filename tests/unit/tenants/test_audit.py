@@ -193,6 +193,27 @@ def test_usage_sums_device_seconds_and_memory_byte_seconds(audit: AuditLog) -> N
     assert [r["byte_s"] for r in audit.usage(since=T0, until=T0 + 2)] == [3e9]
 
 
+def test_cost_series_per_step_and_tenant(audit: AuditLog) -> None:
+    audit.record(make_record(T0 + 10, tenant="a", device_s=1.0))
+    audit.record(make_record(T0 + 50, tenant="a", device_s=2.0))
+    audit.record(make_record(T0 + 70, tenant="b", device_s=4.0))
+    audit.record(make_record(T0 + 75, tenant=None, device_s=None, status=401))
+    audit.record(MemoryRecord(T0 + 61, tenant="a", model="m", byte_s=5e9))
+    audit.record(MemoryRecord(T0 + 130, tenant="", model="m", byte_s=1e9))
+    audit.record(MemoryRecord(T0 - 1, tenant="a", model="m", byte_s=1e12))
+    audit.write_pending()
+    series = audit.cost_series(T0, step_s=60.0)
+    assert [(p["start"] - T0, p["tenant"], p["device_s"], p["byte_s"]) for p in series] == [
+        (0.0, "a", 3.0, 0.0),
+        (60.0, "a", 0.0, 5e9),
+        (60.0, "b", 4.0, 0.0),
+        (120.0, "", 0.0, 1e9),
+    ]
+    assert len(audit.cost_series(T0, step_s=60.0, until=T0 + 60)) == 1
+    with pytest.raises(InvalidInputError, match="step"):
+        audit.cost_series(T0, step_s=0)
+
+
 def test_units_since_counts_every_unit_charged(audit: AuditLog) -> None:
     audit.record(make_record(T0 - 1, units=1000))
     audit.record(make_record(T0, units=10))
