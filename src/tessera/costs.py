@@ -113,6 +113,7 @@ class CostLedger:
     def __init__(self, window_s: float = DEFAULT_WINDOW_S) -> None:
         self._window = UseWindow(window_s)
         self._totals: dict[tuple[str, str], Cost] = {}
+        self._undrained: dict[tuple[str, str], float] = {}  # byte-seconds not yet drained
         self._held: dict[str, int] = {}
         self._held_since: float | None = None
         self.device_s = 0.0  # every batch's run time, split or not
@@ -142,6 +143,8 @@ class CostLedger:
                 shares = self._window.shares(model, now) or {UNATTRIBUTED: 1.0}
                 for tenant, share in shares.items():
                     self._add(tenant, model, Cost(byte_s=byte_s * share))
+                    key = (tenant, model)
+                    self._undrained[key] = self._undrained.get(key, 0.0) + byte_s * share
         if since is None or now >= since:
             self._held = {m: b for m, b in resident.items() if b > 0}
             self._held_since = now
@@ -149,6 +152,12 @@ class CostLedger:
     def totals(self) -> dict[tuple[str, str], Cost]:
         """Every (tenant, model)'s cost so far (tenant ``UNATTRIBUTED``: held unused)."""
         return dict(self._totals)
+
+    def drain_memory(self) -> dict[tuple[str, str], float]:
+        """Byte-seconds per (tenant, model) accounted since the last drain: each
+        goes to exactly one caller (the gateway that writes it down)."""
+        drained, self._undrained = self._undrained, {}
+        return drained
 
     def by_tenant(self) -> dict[str, Cost]:
         out: dict[str, Cost] = {}

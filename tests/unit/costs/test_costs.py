@@ -106,3 +106,15 @@ def test_three_to_one_traffic_is_attributed_three_to_one() -> None:
 def test_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         UseWindow(0.0)
+
+
+def test_memory_is_drained_once() -> None:
+    ledger = CostLedger()
+    ledger.batch_ran("m", 0.1, [("a", 1.0)], now=0.0)
+    ledger.held({"m": 10}, now=0.0)
+    ledger.held({"m": 10}, now=2.0)
+    assert ledger.drain_memory() == {("a", "m"): pytest.approx(20.0)}
+    assert ledger.drain_memory() == {}
+    ledger.held({"m": 10}, now=3.0)
+    assert ledger.drain_memory() == {("a", "m"): pytest.approx(10.0)}
+    assert ledger.totals()[("a", "m")].byte_s == pytest.approx(30.0)
