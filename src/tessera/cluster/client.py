@@ -16,10 +16,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -31,10 +29,6 @@ from tessera.errors import ModelUnavailableError
 from tessera.tasks.types import Task
 
 log = logging.getLogger(__name__)
-
-RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
-# Where Ray keeps the token it makes for a cluster it starts (and `ray get-auth-token`).
-RAY_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
 
 
 @dataclass
@@ -230,35 +224,9 @@ def connect(address: str | None = None) -> None:
     or start a local one when ``address`` is None; usage stats off."""
     if ray.is_initialized():
         return
-    if address not in (None, "auto"):
-        use_ray_token(os.environ)
     ray.init(address=address, namespace="tessera", include_dashboard=False, log_to_driver=False)
 
 
 def cluster_address() -> str:
     """The address other gateways join this Ray cluster by (its GCS, host:port)."""
     return str(ray.get_runtime_context().gcs_address)
-
-
-def use_ray_token(environ: MutableMapping[str, str], token_file: Path | None = None) -> bool:
-    """Whether to join with Ray's token authentication; turns it on
-    (``RAY_AUTH_MODE=token``) where a token is at hand and nothing says otherwise.
-
-    Ray turns token authentication on for a cluster ``ray.init()`` starts, and
-    for ``ray start`` where a token exists, and a driver joining by ``auto``
-    finds the token; one given an explicit address does not, and is refused
-    (InvalidAuthToken). A driver in token mode joins a cluster without
-    authentication too, so turning it on where a token exists costs nothing.
-    ``RAY_AUTH_MODE``, when set, is the operator's word and is kept.
-    """
-    mode = environ.get(RAY_AUTH_MODE_ENV)
-    if mode is not None:
-        return mode.lower() == "token"
-    path = environ.get("RAY_AUTH_TOKEN_PATH")
-    found = (
-        bool(environ.get("RAY_AUTH_TOKEN"))
-        or (Path(path) if path else token_file or RAY_TOKEN_FILE).is_file()
-    )
-    if found:
-        environ[RAY_AUTH_MODE_ENV] = "token"
-    return found
