@@ -10,7 +10,7 @@ SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test venv lint bench bench-reload bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
+.PHONY: serve test venv lint docs bench bench-reload bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ test: $(STAMP) lint
 	# The live page's browser test drives Debian's Chromium (installed if absent).
 	bash scripts/ensure-chromium.sh
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml), built with every warning an error.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_bench.py $(ARGS)

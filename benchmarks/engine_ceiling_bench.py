@@ -71,8 +71,8 @@ from harness.report import write_report
 from tessera import residency
 from tessera.admission.limits import TenantLimits
 from tessera.engine import Engine, EngineConfig, ServingEngine
-from tessera.engine.engine import Caller
 from tessera.engine.loop import DEFAULT_ENGINE_LOOP, ENGINE_LOOPS, loop_factory
+from tessera.engine.types import Caller
 from tessera.repository import ModelRepository
 from tessera.tasks.types import Task, TextInput
 

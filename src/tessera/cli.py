@@ -316,7 +316,7 @@ def _cluster_engine(
     from tessera.cluster import Router
     from tessera.cluster.actor import find_engines
     from tessera.cluster.actor import start_engines as start_actors
-    from tessera.cluster.client import RayEngines, connect
+    from tessera.cluster.client import RayEngines, cluster_address, connect
     from tessera.cluster.gateway import (
         CLUSTER_RUNTIME,
         ClusterLoader,
@@ -329,6 +329,10 @@ def _cluster_engine(
     connect(None if address == "local" else address)
     if start_engines:
         actors = start_actors(repository, settings.engine, cpu_share=settings.cluster_cpu_share)
+        typer.echo(
+            f"Ray cluster at {cluster_address()}: more gateways join it with"
+            f" tessera serve --cluster {cluster_address()} (or --cluster auto on this machine)"
+        )
     else:
         actors = find_engines()
         if not actors:

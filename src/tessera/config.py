@@ -3,9 +3,9 @@ file (``--config``), then passed down. Command-line values win over the file.
 
 A config file may hold any of::
 
-    host: 127.0.0.1
-    port: 8000
-    data_dir: ./data
+    host: 127.0.0.1              # the address to listen on
+    port: 8000                   # the HTTP port
+    data_dir: ./data             # tenants, keys, the audit and the key secret (0700)
     cache_dir: ./data/cache      # converted weights between loads; default: <data_dir>/cache
     cache_max_age_days: 30       # at start, remove cache entries unused this long (null: keep)
     cache_max_bytes: null        # at start, then the least recently used over this size
@@ -23,13 +23,15 @@ A config file may hold any of::
                                  # waits for busy models cheaper to evict than idle ones
     max_queue: 1000              # per model, a bound on memory; before it, a request
                                  # whose batch would start after its deadline gets 503
-    default_timeout_s: 60
-    max_body_bytes: 16MiB
+    default_timeout_s: 60        # a request's deadline when it gives no x-request-timeout
+    residency_wait_s: 30          # a load or batch short of room waits this long for it,
+                                 # then 503 (Retry-After)
+    max_body_bytes: 16MiB        # a request's body (413 over it)
     max_request_pixels: 120000000  # a request's images, width x height summed, read from
                                  # their headers before any is decoded (413 over it)
     max_request_pages: 64        # a request's images (OCR pages, chat images), 413 over it
-    model_repositories: [./my-models]
-    include_default_models: true
+    model_repositories: [./my-models]  # folders of model cards, besides the default set
+    include_default_models: true # serve the packaged default models too
     preload: [all-minilm-l6-v2]  # default: the models whose model.yaml says preload
     fill: null                   # load what else fits before ready: default (null) unless
                                  # preload is given; true or false to say so
@@ -49,7 +51,7 @@ A config file may hold any of::
       standard: {weight: 2}
       batch: {weight: 1}
     auth: true                   # API keys from the tenant store under data_dir
-    audit_retention_days: 30
+    audit_retention_days: 30     # audit rows older than this are removed (null: kept)
     store_responses: false       # keep Responses API answers (their store: true) for
                                  # previous_response_id and GET /v1/responses/{id}
     responses_retention_hours: 24  # this long (in tenant_store's database, or data_dir)
@@ -87,7 +89,7 @@ A config file may hold any of::
     trusted_pickle_dirs: []      # folders whose pickle files (joblib, .pkl) may load, for
                                  # cards read from disk; an installed package's folder is
                                  # trusted (its operator installed it); never over the API
-    watch_interval_s: 5          # how often (see docs/models.md)
+    watch_interval_s: 5          # how often watch_repository polls (see docs/models.md)
     trusted_proxies: []          # addresses whose X-Forwarded-For names the client
                                  # (rate limits, the auth throttle); default: none
     cluster: null                # a Ray cluster's address (auto: the one this machine

@@ -1,6 +1,11 @@
-"""One model's batcher: the single owner of that model's queue.
+"""One model's batcher: the single owner of that model's queue, and the
+policy that forms its batches.
 
-Loop invariant: a batch is formed only when an execution slot is free (at
+It runs nothing: its driver (the engine's loop, ``engine/step.py``) asks it
+for the next batch (``next_batch``), runs it, and reports its end
+(``finished``). Between the two the batch holds a slot.
+
+Invariant: a batch is formed only when an execution slot is free (at
 most ``max_concurrent_batches`` run at once: the spec's, else the caller's),
 so requests that arrive while the model is busy join the next batch instead
 of waiting behind many small ones. A batch closes when it is full
@@ -15,10 +20,8 @@ similar sizes instead of a free slot taking fragments of one or two requests,
 and every slot stays busy. The extra wait is at most half a batch. On a GPU
 (``gather_idle`` false) a partial batch of a model with nothing running
 closes at once: a small encoder's batch of 1 there costs what one of 32 does
-(its kernel launches), so waiting for company bought only latency: a lone
-caller waited up to the model's predicted batch time (on the H200 a c=1
-p50 of 4.5-5.8 ms against the issue's 5 ms) for company a closed loop of one
-never brings. While it runs, the next batch gathers as above. Requests whose
+(its kernel launches), so waiting for company buys only latency. While it
+runs, the next batch gathers as above. Requests whose
 caller has gone or whose deadline passed are dropped before the batch is
 formed; the deadline ones fail with 504.
 
@@ -37,10 +40,7 @@ once (an external engine's window has room for them).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import math
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from tessera.batching.queue import FifoQueue, RequestQueue
@@ -51,8 +51,6 @@ from tessera.request import Batch, QueuedRequest
 
 if TYPE_CHECKING:
     from tessera.scheduling.predictor import BatchTimePredictor
-
-ExecuteBatch = Callable[[Batch], Awaitable[None]]
 
 # Weight of the newest run in the moving average of a model's batch run times.
 BATCH_S_WEIGHT = 0.2
@@ -65,7 +63,6 @@ class ModelBatcher:
         self,
         name: str,
         batching: BatchingSpec,
-        execute: ExecuteBatch,
         clock: Clock,
         *,
         max_queue: int = 100,
@@ -78,7 +75,6 @@ class ModelBatcher:
         self.name = name
         self.gather_idle = gather_idle  # false: with nothing running, close at once
         self.batching = batching
-        self._execute = execute
         self._clock = clock
         self.max_queue = max_queue
         self._queue: RequestQueue = queue if queue is not None else FifoQueue()
@@ -90,12 +86,12 @@ class ModelBatcher:
         self._num_beyond = 0
         self.num_stepped_past = 0  # batches started beyond the slots so far
         self._predictor = predictor
-        self._loop_task: asyncio.Task[None] | None = None
-        # Batches running now: their task, and when each formed.
-        self._running: dict[asyncio.Task[None], Batch] = {}
-        # Each running batch's predicted seconds, made once as it starts: summing
-        # a batch's units at every submit cost O(batch) per request.
-        self._running_s: dict[asyncio.Task[None], float] = {}
+        # Batches formed and not yet finished, by ``id``; those beyond the slots.
+        self._running: dict[int, Batch] = {}
+        self._beyond: set[int] = set()
+        # Each running batch's predicted seconds, made once: summing a batch's
+        # units at every submit would cost O(batch) per request.
+        self._running_s: dict[int, float] = {}
         self._batch_s: float | None = None  # moving average of batch run times
         self.num_batches = 0
         self.num_dropped = 0
@@ -124,12 +120,6 @@ class ModelBatcher:
             )
         self._queue.push(request)
         self._arrived.set()
-        if self._loop_task is None:
-            # A context of its own: the first request's (its id in every log
-            # line) would otherwise mark every batch, load and eviction after.
-            self._loop_task = asyncio.get_running_loop().create_task(
-                self._loop(), name=f"batcher:{self.name}", context=contextvars.Context()
-            )
 
     def next_batch_units(self) -> float | None:
         """The work units of the batch the queue would give now (its requests
@@ -168,11 +158,11 @@ class ModelBatcher:
         )
         now = self._clock.now()
         running_s = 0.0
-        for task, batch in self._running.items():
-            run_s = self._running_s.get(task)
+        for key, batch in self._running.items():
+            run_s = self._running_s.get(key)
             if run_s is None:
                 units = sum(r.units for r in batch.requests)
-                run_s = self._running_s[task] = predictor.predict(units) or 0.0
+                run_s = self._running_s[key] = predictor.predict(units) or 0.0
             running_s += max(0.0, batch.formed_at + run_s - now)
         per_batch_s = predictor.predict(batch_units) or 0.0
         enough = 0.0  # units ahead below which the wait fits ``fits_s`` (none: count them)
@@ -186,34 +176,39 @@ class ModelBatcher:
     def _retry_after_s(self) -> float:
         return max(1.0, self.batching.max_wait_ms / 1000)
 
-    async def close(self) -> None:
-        """Stop the loop, fail what still waits, and wait for running batches."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
-            self._loop_task = None
+    def close(self) -> None:
+        """Fail what still waits (the batches running are their driver's)."""
         for request in self._queue.remove_if(lambda r: True):
             if not request.gone:
                 request.future.set_exception(OverloadedError("server is shutting down", 1.0))
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
 
-    async def _loop(self) -> None:
-        while True:
-            batch, beyond = await self._next_batch()
-            if beyond:
-                self._num_beyond += 1
-                self.num_stepped_past += 1
-            else:
-                self._num_in_slots += 1
-            task = asyncio.get_running_loop().create_task(self._run(batch, beyond))
-            self._running[task] = batch
-            task.add_done_callback(self._finished)
+    async def next_batch(self) -> Batch:
+        """The next batch to run, once a slot is free for it (or a tenant with
+        nothing running may step past the slots); it holds its slot until
+        ``finished``."""
+        batch, beyond = await self._next_batch()
+        key = id(batch)
+        self._running[key] = batch
+        if beyond:
+            self._beyond.add(key)
+            self._num_beyond += 1
+            self.num_stepped_past += 1
+        else:
+            self._num_in_slots += 1
+        self.num_batches += 1
+        return batch
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        batch = self._running.pop(task)
-        self._running_s.pop(task, None)
+    def finished(self, batch: Batch) -> None:
+        """``batch`` (from ``next_batch``) ended: its slot is free, and its run
+        time joins the moving average."""
+        key = id(batch)
+        del self._running[key]
+        self._running_s.pop(key, None)
+        if key in self._beyond:
+            self._beyond.discard(key)
+            self._num_beyond -= 1
+        else:
+            self._num_in_slots -= 1
         run_s = self._clock.now() - batch.formed_at
         average = self._batch_s
         self._batch_s = run_s if average is None else average + BATCH_S_WEIGHT * (run_s - average)
@@ -221,9 +216,9 @@ class ModelBatcher:
 
     async def _wait_arrival(self, within_s: float | None) -> None:
         """Wait for an arrival, a running batch's end, or ``within_s`` seconds:
-        a timer that sets the arrival event (the loop checks again either way),
-        no task of its own (two tasks a wait were a tenth of the engine's time
-        with many models round robin)."""
+        a timer that sets the arrival event (the caller checks again either
+        way), no task of its own: a wait costs one timer, whatever the number
+        of models waiting."""
         self._arrived.clear()
         timer = (
             self._clock.call_later(within_s, self._arrived.set) if within_s is not None else None
@@ -270,10 +265,7 @@ class ModelBatcher:
         ``max_wait_ms``, but no longer than the batch is predicted to run (once
         the model's batch times are known). Waiting longer than the device
         takes to run what waits cannot pay: what arrives meanwhile gathers for
-        the next batch while this one runs. A MiniLM batch runs 20-30 ms on
-        this project's CPU (the 5 ms of its card stand) and about 0.6 ms on an
-        H200, where 5 ms alone would be eight forwards' time (and issue 15's
-        5 ms bar for one caller's p50 out of reach)."""
+        the next batch while this one runs."""
         wait = self.batching.max_wait_ms / 1000
         predictor = self._predictor
         if predictor is None or predictor.num_samples < MIN_SAMPLES:
@@ -330,15 +322,5 @@ class ModelBatcher:
                     return Batch(requests, now), False
                 continue
             # Past its wait, a batch that has not gathered waits for an arrival,
-            # a running batch to end (``_finished``) or the time to overlap it.
+            # a running batch to end (``finished``) or the time to overlap it.
             await self._wait_arrival(remaining if remaining > 0 else self._overlap_in_s())
-
-    async def _run(self, batch: Batch, beyond: bool) -> None:
-        try:
-            self.num_batches += 1
-            await self._execute(batch)
-        finally:
-            if beyond:
-                self._num_beyond -= 1
-            else:
-                self._num_in_slots -= 1

@@ -225,3 +225,8 @@ def connect(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     ray.init(address=address, namespace="tessera", include_dashboard=False, log_to_driver=False)
+
+
+def cluster_address() -> str:
+    """The address other gateways join this Ray cluster by (its GCS, host:port)."""
+    return str(ray.get_runtime_context().gcs_address)

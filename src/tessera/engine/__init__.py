@@ -1,14 +1,14 @@
 """The engine: plan, execute and report over the policies; one snapshot for readers."""
 
-from tessera.engine.engine import (
+from tessera.engine.engine import Engine
+from tessera.engine.serving import ServingEngine
+from tessera.engine.types import (
     Caller,
-    Engine,
     EngineConfig,
     PreloadProgress,
     RequestTrace,
     Submission,
 )
-from tessera.engine.serving import ServingEngine
 
 __all__ = [
     "Caller",

@@ -51,8 +51,9 @@ from tessera.errors import TesseraError
 from tessera.logs import request_id as request_id_var
 from tessera.metrics import RequestEvent
 
-from .engine import Engine, RequestTrace
+from .engine import Engine
 from .ipc import FrameWriter, encode, encode_error, read_frame
+from .types import RequestTrace
 
 log = logging.getLogger(__name__)
 

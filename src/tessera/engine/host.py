@@ -47,6 +47,7 @@ from tessera.runtimes.hostcopy import PINNED_POOL
 from tessera.runtimes.isolated import IsolatedLoader
 from tessera.runtimes.memory import Measured, collect_all, freeze_heap
 from tessera.runtimes.registry import get_loader
+from tessera.runtimes.stacking import stacked_totals
 from tessera.tasks.finiteness import check_finite
 from tessera.tasks.samples import warmup_items
 from tessera.tasks.types import Task, work_units
@@ -62,6 +63,26 @@ ONE_ITEM_WARMUP = frozenset({Task.OCR, Task.TTS, Task.GENERATE})
 # Runtimes whose models hold nothing here (a cluster gateway's, which run on
 # engine actors): loaded without a measurement or a warm-up.
 UNMEASURED_RUNTIMES = frozenset({"cluster"})
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeTotals:
+    """Counts the runtimes keep for the whole process, as the snapshot reports them."""
+
+    stacked_rounds: int  # rounds of two or more models' batches run together
+    stacked_batches: int  # the batches in those rounds
+    host_copies_out: int  # evictions to page-locked memory that copied the weights out
+    host_copies_kept: int  # those whose kept buffer still held them
+
+
+def runtime_totals() -> RuntimeTotals:
+    """The runtimes' process-wide counts: the engine reads the runtimes'
+    module state through this call only."""
+    stacked_rounds, stacked_batches = stacked_totals()
+    copies_out, copies_kept = PINNED_POOL.copies()
+    return RuntimeTotals(stacked_rounds, stacked_batches, copies_out, copies_kept)
+
+
 # Runtimes whose models' bytes are the growth of this process's resident set
 # around their load (onnxruntime's and native libraries' allocations are
 # invisible otherwise). An adapter's first load grows it by its libraries'
@@ -398,9 +419,8 @@ class EngineHost:
         """The server is stopping: from now on an evicted model neither waits in
         the host tier nor sleeps, a load that ends unloads what it loaded, and
         an unload leaves the full collection and the device cache's emptying to
-        ``shutdown``, once for all. Each unload had its own: about 0.4 s each,
-        so a server with a hundred models on the H200 took half a minute to
-        stop (2026-12-04)."""
+        ``shutdown``, once for all: a stop costs one collection, not one per
+        model."""
         self._closing = True
 
     def shutdown(self) -> None:

@@ -19,6 +19,12 @@ Design notes (the invariants the tests check):
   record (``snapshot().rollouts``, ``/admin/residency``), the log and
   ``rollouts_total``.
 - One rollout or retirement per model at a time.
+
+``ModelLifecycle`` is the engine's collaborator for all of this: it owns the
+served versions (the engine reads them), and reaches the rest through a few
+calls: residency (register, keep, load, retire), the versions' loops (add,
+hold, release, remove: ``step.ModelLoops``) and the request path (a smoke
+request is submitted and waited for as any other).
 """
 
 from __future__ import annotations
@@ -28,10 +34,10 @@ import contextlib
 import dataclasses
 import logging
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -49,17 +55,14 @@ from tessera.repository.trust import check_api_card, check_engine_command
 from tessera.tasks.samples import answer_text, smoke_item, warmup_items
 from tessera.tasks.types import Task
 
-from .counters import ModelCounters
-
 if TYPE_CHECKING:
-    from tessera.batching import ModelBatcher
     from tessera.clock import Clock
     from tessera.repository.watch import RepositoryWatcher
-    from tessera.request import QueuedRequest
     from tessera.residency import ResidencyManager
-    from tessera.scheduling import BatchTimePredictor
 
     from .host import EngineHost
+    from .step import ModelLoops
+    from .types import Caller, RequestTrace, Submission
 
 log = logging.getLogger(__name__)
 
@@ -119,33 +122,60 @@ class _Rollout:
         self.stats = dataclasses.replace(self.stats, **changes)
 
 
+class RequestPath(Protocol):
+    """The request path as a smoke check uses it (``intake.RequestIntake``)."""
+
+    def submit(
+        self,
+        spec: ModelSpec,
+        items: Sequence[Any],
+        timeout_s: float | None,
+        caller: Caller | None,
+    ) -> Submission: ...
+
+    async def wait(
+        self, submission: Submission, trace: RequestTrace | None = None
+    ) -> list[Any]: ...
+
+
 class ModelLifecycle:
-    """The engine's lifecycle calls (a mixin of ``Engine``, which owns the
-    state named below)."""
+    """The served versions, and the calls that change them while serving."""
 
-    clock: Clock
-    _served: dict[str, ServedModel]
-    _residency: ResidencyManager
-    _host: EngineHost
-    _counters: dict[str, ModelCounters]
-    _batchers: dict[str, ModelBatcher]
-    _predictors: dict[str, BatchTimePredictor]
-    _pending_by_key: dict[str, set[QueuedRequest]]
-    _gates: dict[str, asyncio.Event]
-    _drain_wait_s: float
-    # The request path, as ``Engine`` provides it.
-    _submit: Callable[[ModelSpec, Sequence[Any], float | None, Any], Any]
-    wait: Callable[[Any], Awaitable[list[Any]]]
-
-    def _init_lifecycle(self, engine_commands: Mapping[str, tuple[tuple[str, ...], ...]]) -> None:
+    def __init__(
+        self,
+        served: dict[str, ServedModel],
+        *,
+        clock: Clock,
+        residency: ResidencyManager,
+        host: EngineHost,
+        loops: ModelLoops,
+        requests: RequestPath,
+        engine_commands: Mapping[str, tuple[tuple[str, ...], ...]],
+        drain_wait_s: float,
+    ) -> None:
+        """``served``: the versions served at start (registered already);
+        ``drain_wait_s``: the longest a switch waits for the replaced
+        version's requests."""
+        self._served = served
+        self.clock = clock
+        self._residency = residency
+        self._host = host
+        self._loops = loops
+        self._requests = requests
         # The command lines a card may name per engine (``repository/trust.py``).
         self._engine_commands = engine_commands
+        self._drain_wait_s = drain_wait_s
         self._rollouts: deque[_Rollout] = deque(maxlen=RECENT_ROLLOUTS)
         self._outcomes: Counter[tuple[str, str]] = Counter()
         self._staged: dict[str, ModelSpec] = {}  # versions loading or checking
         self._model_locks: dict[str, asyncio.Lock] = {}
 
     # -- the face ---------------------------------------------------------
+
+    @property
+    def served(self) -> Mapping[str, ServedModel]:
+        """Each model's served versions (read only: changed here, between awaits)."""
+        return self._served
 
     async def add_model(self, folder: Path, via_api: bool = False) -> list[RolloutStats]:
         """Register the model in ``folder`` (validated: descriptor, weights,
@@ -274,7 +304,7 @@ class ModelLifecycle:
         on failure roll it back and raise ``RolloutFailedError``."""
         self._staged[spec.key] = spec
         self._residency.register([spec])
-        self._counters[spec.key] = ModelCounters()
+        self._loops.add(spec)
         try:
             await self._residency.ensure_loaded(spec)
             record.mark(
@@ -310,8 +340,8 @@ class ModelLifecycle:
             items = [smoke_item(spec.task, c.input, spec.folder) for c in checks]
         else:
             items = warmup_items(spec.task, 1)
-        submission = self._submit(spec, items, None, None)
-        outputs = await self.wait(submission)
+        submission = self._requests.submit(spec, items, None, None)
+        outputs = await self._requests.wait(submission)
         if len(outputs) != len(items) or not all(_answers(o) for o in outputs):
             raise ValueError(f"no valid answer to its smoke input: {outputs!r:.200}")
         for check, output in zip(checks, outputs, strict=False):  # none: the sample item
@@ -334,8 +364,8 @@ class ModelLifecycle:
             served.current = spec.key
             for key in retire:
                 served.specs.pop(key, None)
-            if self._pending_by_key.get(old_key):
-                self._gates[spec.key] = asyncio.Event()
+            if self._loops.pending(old_key):
+                self._loops.hold(spec.key)
         record.mark(state="draining", switched_at=self.clock.now())
 
     async def _drain(self, old: ModelSpec | None, spec: ModelSpec, record: _Rollout) -> None:
@@ -345,15 +375,13 @@ class ModelLifecycle:
             if old is not None:
                 await self._answered(old.key)
         finally:
-            gate = self._gates.pop(spec.key, None)
-            if gate is not None:
-                gate.set()
+            self._loops.release(spec.key)
         record.mark(drained_at=self.clock.now())
 
     async def _answered(self, key: str) -> None:
         """Until the requests queued on ``key`` are answered (they have deadlines;
         bounded by the drain wait all the same)."""
-        futures = [r.future for r in self._pending_by_key.get(key, ())]
+        futures = self._loops.pending(key)
         if futures:
             with contextlib.suppress(TimeoutError):
                 await self.clock.wait_for(asyncio.wait(futures), self._drain_wait_s)
@@ -365,14 +393,14 @@ class ModelLifecycle:
         await self._forget_version(key)
 
     async def _forget_version(self, key: str) -> None:
-        batcher = self._batchers.pop(key, None)
-        if batcher is not None:
-            await batcher.close()
+        """Close version ``key``'s loop, retire it from residency, then forget it
+        (its loop and counters stay readable until then: it may still be staged)."""
+        loop = self._loops.get(key)
+        if loop is not None:
+            await loop.close()
         await self._residency.retire(key)
         self._host.forget(key)
-        self._counters.pop(key, None)
-        self._predictors.pop(key, None)
-        self._pending_by_key.pop(key, None)
+        self._loops.remove(key)
 
 
 def _answers(output: object) -> bool:

@@ -38,9 +38,9 @@ from tessera.runtimes.tokens import TextTokenizer, text_tokenizer, token_plan
 from tessera.tasks.types import Task
 
 from .counters import RECENT_BATCHES
-from .engine import Caller, PreloadProgress, RequestTrace, Submission
 from .ipc import FrameWriter, decode_error, read_frame
 from .lifecycle import ServedModel, served_spec, served_versions, spec_for_task
+from .types import Caller, PreloadProgress, RequestTrace, Submission
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from tessera.repository.watch import RepositoryWatcher
     from tessera.tasks.types import Task
 
-    from .engine import Caller, PreloadProgress, RequestTrace, Submission
+    from .types import Caller, PreloadProgress, RequestTrace, Submission
 
 
 class ServingEngine(Protocol):

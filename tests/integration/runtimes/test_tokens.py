@@ -78,7 +78,7 @@ async def test_a_card_that_truncates_never_reads_a_tokenizer(
     def unexpected(spec: object) -> None:
         raise AssertionError(f"a tokenizer read for {spec}")
 
-    monkeypatch.setattr("tessera.engine.engine.token_counter", unexpected)
+    monkeypatch.setattr("tessera.engine.intake.token_counter", unexpected)
     models = {"lenient": {"task": "embedding", "options": {"tokenizer": MINILM}}}
     async with fake_engine(tmp_path / "repo", models) as engine:
         submission = engine.submit("lenient", Task.EMBEDDING, [TextInput(DIGITS * 10)])

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from tessera.batching import ModelBatcher
 from tessera.clock import FakeClock
 from tessera.errors import DeadlineExceededError, OverloadedError
-from tessera.logs import request_id
 from tessera.repository.spec import BatchingSpec
 from tessera.request import Batch, QueuedRequest, RequestResult
 from tessera.scheduling import BatchTimePredictor
+
+from .driven import DrivenBatcher
 
 
 class Recorder:
@@ -54,9 +54,9 @@ def make_request(clock: FakeClock, items: list[Any], tenant: str = "t", **kw: An
 
 def make_batcher(
     clock: FakeClock, recorder: Recorder, max_queue: int = 100, **batching: Any
-) -> ModelBatcher:
+) -> DrivenBatcher:
     spec = BatchingSpec(**{"max_batch_size": 8, "max_wait_ms": 10.0, **batching})
-    return ModelBatcher("m", spec, recorder, clock, max_queue=max_queue)
+    return DrivenBatcher("m", spec, recorder, clock, max_queue=max_queue)
 
 
 async def test_batch_mixes_callers_and_each_gets_its_own_results() -> None:
@@ -69,30 +69,7 @@ async def test_batch_mixes_callers_and_each_gets_its_own_results() -> None:
     assert len(recorder.batches) == 1
     for tenant, result in zip("abc", results, strict=True):
         assert result.outputs == [(tenant, f"{tenant}0"), (tenant, f"{tenant}1")]
-    await batcher.close()
-
-
-async def test_batches_run_outside_the_context_of_the_request_that_started_them() -> None:
-    """The request id of whichever request came first marked every later
-    batch's log lines (loads, evictions) while the batcher ran in its context."""
-    seen: list[str | None] = []
-
-    class Seeing(Recorder):
-        async def __call__(self, batch: Batch) -> None:
-            seen.append(request_id.get())
-            await super().__call__(batch)
-
-    clock = FakeClock()
-    batcher = make_batcher(clock, Seeing())
-    token = request_id.set("first-request")
-    try:
-        request = make_request(clock, ["x"])
-        batcher.submit(request)
-    finally:
-        request_id.reset(token)
-    await request.future
-    assert seen == [None]
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_batches_respect_max_batch_size_and_units() -> None:
@@ -104,7 +81,7 @@ async def test_batches_respect_max_batch_size_and_units() -> None:
     await asyncio.gather(*(r.future for r in requests))
     sizes = [sum(len(r.items) for r in batch) for batch in recorder.batches]
     assert sizes == [4, 4, 2]
-    await batcher.close()
+    await batcher.stop()
 
     clock, recorder = FakeClock(), Recorder()
     batcher = make_batcher(clock, recorder, max_batch_size=100, max_batch_units=3)
@@ -113,7 +90,7 @@ async def test_batches_respect_max_batch_size_and_units() -> None:
         batcher.submit(request)
     await asyncio.gather(*(r.future for r in requests))
     assert [len(batch) for batch in recorder.batches] == [1, 1, 1]
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_the_next_batchs_units_are_those_the_queue_would_give() -> None:
@@ -131,7 +108,7 @@ async def test_the_next_batchs_units_are_those_the_queue_would_give() -> None:
     recorder.gate.set()
     await asyncio.gather(first.future, *(r.future for r in queued))
     assert batcher.next_batch_units() is None
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_partial_batch_waits_max_wait_then_runs() -> None:
@@ -143,7 +120,7 @@ async def test_partial_batch_waits_max_wait_then_runs() -> None:
     # The fake clock moved by the wait, no more.
     assert clock.now() == pytest.approx(0.05)
     assert recorder.formed_at == [pytest.approx(0.05)]
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_full_batch_does_not_wait() -> None:
@@ -154,7 +131,7 @@ async def test_full_batch_does_not_wait() -> None:
         batcher.submit(request)
     await asyncio.gather(*(r.future for r in requests))
     assert clock.now() == 0.0
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_requests_of_gone_callers_are_dropped_before_running() -> None:
@@ -168,7 +145,7 @@ async def test_requests_of_gone_callers_are_dropped_before_running() -> None:
     assert (await kept.future).outputs == [("t", "kept")]
     assert [r.items for batch in recorder.batches for r in batch] == [["kept"]]
     assert batcher.num_dropped == 1
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_expired_requests_fail_with_deadline_error() -> None:
@@ -179,7 +156,7 @@ async def test_expired_requests_fail_with_deadline_error() -> None:
     with pytest.raises(DeadlineExceededError):
         await late.future
     assert recorder.batches == []
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_full_queue_refuses_with_retry_after() -> None:
@@ -197,7 +174,7 @@ async def test_full_queue_refuses_with_retry_after() -> None:
         batcher.submit(make_request(clock, ["q3"]))
     assert info.value.retry_after_s >= 1
     recorder.gate.set()
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_next_batch_forms_only_when_a_slot_frees() -> None:
@@ -215,14 +192,14 @@ async def test_next_batch_forms_only_when_a_slot_frees() -> None:
     await asyncio.gather(first.future, *(r.future for r in later))
     # The five that arrived while the model was busy ran together.
     assert [len(batch) for batch in recorder.batches] == [1, 5]
-    await batcher.close()
+    await batcher.stop()
 
 
 def make_two_slot_batcher(
     clock: FakeClock, recorder: Recorder, *, gather_idle: bool = True
-) -> ModelBatcher:
+) -> DrivenBatcher:
     spec = BatchingSpec(max_batch_size=8, max_wait_ms=10.0)
-    return ModelBatcher(
+    return DrivenBatcher(
         "m", spec, recorder, clock, max_concurrent_batches=2, gather_idle=gather_idle
     )
 
@@ -246,7 +223,7 @@ async def test_while_a_batch_runs_the_next_gathers_to_its_size() -> None:
     assert [len(b) for b in recorder.batches] == [4, 4]
     recorder.gate.set()
     await asyncio.gather(*(r.future for r in running + later))
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_a_gathering_batch_closes_when_the_running_one_ends() -> None:
@@ -264,7 +241,7 @@ async def test_a_gathering_batch_closes_when_the_running_one_ends() -> None:
     recorder.gate.set()  # the running batch ends: nothing else runs, the lone one goes
     await lone.future
     assert [len(b) for b in recorder.batches] == [4, 1]
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_with_nothing_running_a_partial_batch_closes_after_max_wait() -> None:
@@ -274,7 +251,7 @@ async def test_with_nothing_running_a_partial_batch_closes_after_max_wait() -> N
     batcher.submit(lone)
     await lone.future
     assert recorder.formed_at == [pytest.approx(0.01)]
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_on_a_gpu_an_idle_models_partial_batch_closes_at_once_and_the_next_gathers() -> None:
@@ -294,7 +271,7 @@ async def test_on_a_gpu_an_idle_models_partial_batch_closes_at_once_and_the_next
     assert [len(b) for b in recorder.batches] == [1, 3]
     recorder.gate.set()
     await asyncio.gather(lone.future, *(r.future for r in later))
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_a_partial_batch_waits_no_longer_than_it_is_predicted_to_run() -> None:
@@ -303,12 +280,12 @@ async def test_a_partial_batch_waits_no_longer_than_it_is_predicted_to_run() -> 
     for units in (1.0, 2.0, 4.0, 8.0) * 2:  # 1 ms a batch, whatever its size
         predictor.observe(units, 0.001)
     spec = BatchingSpec(max_batch_size=8, max_wait_ms=50.0)
-    batcher = ModelBatcher("m", spec, recorder, clock, predictor=predictor)
+    batcher = DrivenBatcher("m", spec, recorder, clock, predictor=predictor)
     lone = make_request(clock, ["lone"])
     batcher.submit(lone)
     await lone.future
     assert recorder.formed_at == [pytest.approx(0.001)]  # not the card's 50 ms
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_a_gathering_batch_starts_halfway_through_a_typical_run() -> None:
@@ -331,4 +308,4 @@ async def test_a_gathering_batch_starts_halfway_through_a_typical_run() -> None:
     # started halfway through, to overlap it on the other slot.
     assert recorder.formed_at[-1] == pytest.approx(started + 0.5)
     await asyncio.gather(*(r.future for r in running))
-    await batcher.close()
+    await batcher.stop()

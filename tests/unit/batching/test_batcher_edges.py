@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 
-from tessera.batching import FifoQueue, ModelBatcher, QueuePolicyName, make_queue
+from tessera.batching import FifoQueue, QueuePolicyName, make_queue
 from tessera.clock import FakeClock
 from tessera.errors import DeadlineExceededError, OverloadedError
 from tessera.repository.spec import BatchingSpec
 from tessera.request import Batch, QueuedRequest, RequestResult
 from tessera.scheduling import BatchTimePredictor, FairQueue
+
+from .driven import DrivenBatcher
 
 
 class Recorder:
@@ -53,9 +55,9 @@ def make_request(
 
 def make_batcher(
     clock: FakeClock, recorder: Recorder, *, max_queue: int = 100, slots: int = 1, **batching: Any
-) -> ModelBatcher:
+) -> DrivenBatcher:
     spec = BatchingSpec(**{"max_batch_size": 8, "max_wait_ms": 10.0, **batching})
-    return ModelBatcher(
+    return DrivenBatcher(
         "m", spec, recorder, clock, max_queue=max_queue, max_concurrent_batches=slots
     )
 
@@ -79,7 +81,7 @@ async def test_queue_holds_exactly_max_queue_requests() -> None:
     assert info.value.retry_after_s == 3.0  # one max wait, when above a second
     assert "model 'm'" in str(info.value)
     assert "(3 requests)" in str(info.value)
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_retry_after_is_at_least_a_second() -> None:
@@ -88,13 +90,13 @@ async def test_retry_after_is_at_least_a_second() -> None:
     with pytest.raises(OverloadedError) as info:
         batcher.submit(make_request(clock, ["x"]))
     assert info.value.retry_after_s == 1.0
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_defaults_queue_100_requests_and_run_one_batch_at_a_time() -> None:
     clock, recorder = FakeClock(), Recorder()
     recorder.gate = asyncio.Event()
-    batcher = ModelBatcher("m", BatchingSpec(max_batch_size=1, max_wait_ms=0.0), recorder, clock)
+    batcher = DrivenBatcher("m", BatchingSpec(max_batch_size=1, max_wait_ms=0.0), recorder, clock)
     requests = [make_request(clock, [i]) for i in range(100)]
     for request in requests:
         batcher.submit(request)
@@ -105,29 +107,29 @@ async def test_defaults_queue_100_requests_and_run_one_batch_at_a_time() -> None
     recorder.gate.set()
     await asyncio.gather(*(r.future for r in requests))
     assert recorder.max_running == 1
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_the_given_queue_is_the_one_drawn_from() -> None:
     clock, recorder = FakeClock(), Recorder()
     queue = FairQueue()
-    batcher = ModelBatcher("m", BatchingSpec(max_wait_ms=1000.0), recorder, clock, queue=queue)
+    batcher = DrivenBatcher("m", BatchingSpec(max_wait_ms=1000.0), recorder, clock, queue=queue)
     request = make_request(clock, ["a"])
     batcher.submit(request)
     assert list(queue) == [request]
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_the_queue_is_given_the_clocks_time() -> None:
     # A fair queue with a latency tier reads ``now`` for the remaining budgets.
     clock, recorder = FakeClock(start=100.0), Recorder()
     queue = FairQueue(BatchTimePredictor())
-    batcher = ModelBatcher("m", BatchingSpec(max_wait_ms=10.0), recorder, clock, queue=queue)
+    batcher = DrivenBatcher("m", BatchingSpec(max_wait_ms=10.0), recorder, clock, queue=queue)
     request = make_request(clock, ["vip"], latency_target_s=0.5)
     batcher.submit(request)
     assert (await clock.wait_for(request.future, 1.0)).outputs == ["vip"]
     assert recorder.batches[0].formed_at == pytest.approx(100.01)
-    await batcher.close()
+    await batcher.stop()
 
 
 # -- when a batch closes ---------------------------------------------------------
@@ -142,7 +144,7 @@ async def test_batch_closes_at_its_units_limit_without_waiting() -> None:
     await asyncio.gather(*(r.future for r in requests))
     assert clock.now() == 0.0
     assert [len(b.requests) for b in recorder.batches] == [2]
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_batch_closes_at_its_size_limit_counting_items_not_requests() -> None:
@@ -154,7 +156,7 @@ async def test_batch_closes_at_its_size_limit_counting_items_not_requests() -> N
     await asyncio.gather(*(r.future for r in requests))
     assert clock.now() == 0.0
     assert recorder.batches[0].num_items == 4
-    await batcher.close()
+    await batcher.stop()
 
 
 @pytest.mark.parametrize(
@@ -170,7 +172,7 @@ async def test_batch_one_short_of_a_limit_waits_its_max_wait(
         batcher.submit(request)
     await asyncio.gather(*(r.future for r in requests))
     assert recorder.batches[0].formed_at == pytest.approx(0.05)
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_partial_batch_waits_from_its_oldest_request() -> None:
@@ -186,7 +188,7 @@ async def test_partial_batch_waits_from_its_oldest_request() -> None:
     assert recorder.batches[0].formed_at == pytest.approx(0.04)  # not 0.07
     assert recorder.batches[0].requests == [first, second]
     assert batcher.num_batches == 1
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_request_that_waited_its_max_wait_runs_at_once() -> None:
@@ -197,7 +199,7 @@ async def test_request_that_waited_its_max_wait_runs_at_once() -> None:
     batcher.submit(request)
     await request.future
     assert recorder.batches[0].formed_at == pytest.approx(0.02)
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_spec_concurrency_wins_over_the_callers() -> None:
@@ -213,7 +215,7 @@ async def test_spec_concurrency_wins_over_the_callers() -> None:
     await asyncio.gather(*(r.future for r in requests))
     assert recorder.max_running == 2
     assert batcher.num_batches == 3
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_callers_concurrency_applies_when_the_spec_gives_none() -> None:
@@ -227,7 +229,7 @@ async def test_callers_concurrency_applies_when_the_spec_gives_none() -> None:
     assert len(recorder.batches) == 3
     recorder.gate.set()
     await asyncio.gather(*(r.future for r in requests))
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_a_finished_batch_is_forgotten() -> None:
@@ -239,7 +241,7 @@ async def test_a_finished_batch_is_forgotten() -> None:
     await asyncio.gather(*(r.future for r in requests))
     await spin()
     assert batcher._running == {}  # no task object kept per batch served
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_a_gathering_batch_overlaps_at_half_the_moving_average_run() -> None:
@@ -253,7 +255,7 @@ async def test_a_gathering_batch_overlaps_at_half_the_moving_average_run() -> No
             request.future.set_result(RequestResult(request.items, 0.0, 0.0, batch.num_items))
 
     spec = BatchingSpec(max_batch_size=4, max_wait_ms=10.0)
-    batcher = ModelBatcher("m", spec, execute, clock, max_concurrent_batches=2)
+    batcher = DrivenBatcher("m", spec, execute, clock, max_concurrent_batches=2)
 
     async def run(run_s: float, num: int) -> list[QueuedRequest]:
         requests = [make_request(clock, [run_s]) for _ in range(num)]
@@ -274,7 +276,7 @@ async def test_a_gathering_batch_overlaps_at_half_the_moving_average_run() -> No
     await clock.wait_for(lone[0].future, 5.0)
     assert formed[-1] == pytest.approx(started + 0.7)
     await asyncio.gather(*(r.future for r in running))
-    await batcher.close()
+    await batcher.stop()
 
 
 # -- stale requests ---------------------------------------------------------------
@@ -292,7 +294,7 @@ async def test_deadline_is_passed_at_the_deadline_itself() -> None:
     assert (await kept.future).outputs == ["kept"]
     assert batcher.num_dropped == 1
     assert [b.requests for b in recorder.batches] == [[kept]]
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_deadline_message_gives_the_time_spent_in_the_queue() -> None:
@@ -302,7 +304,7 @@ async def test_deadline_message_gives_the_time_spent_in_the_queue() -> None:
     batcher.submit(late)
     with pytest.raises(DeadlineExceededError, match=r"after 0\.050s in the queue"):
         await late.future
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_all_gone_batch_forms_nothing_and_the_batcher_goes_on() -> None:
@@ -318,7 +320,7 @@ async def test_all_gone_batch_forms_nothing_and_the_batcher_goes_on() -> None:
     later = make_request(clock, ["later"])
     batcher.submit(later)
     assert (await later.future).outputs == ["later"]
-    await batcher.close()
+    await batcher.stop()
 
 
 # -- close ---------------------------------------------------------------------
@@ -336,7 +338,7 @@ async def test_close_fails_what_waits_and_waits_for_what_runs() -> None:
     batcher.submit(waiting)
     batcher.submit(gone)
     gone.future.cancel()
-    closing = asyncio.ensure_future(batcher.close())
+    closing = asyncio.ensure_future(batcher.stop())
     await spin()
     assert not closing.done()  # the running batch holds it
     with pytest.raises(OverloadedError) as info:
@@ -348,7 +350,7 @@ async def test_close_fails_what_waits_and_waits_for_what_runs() -> None:
     await closing
     assert (await running.future).outputs == ["running"]
     assert batcher.depth == 0
-    await batcher.close()  # twice is fine
+    await batcher.stop()  # twice is fine
 
 
 async def test_close_waits_for_a_batch_that_fails_and_does_not_raise() -> None:
@@ -358,10 +360,10 @@ async def test_close_waits_for_a_batch_that_fails_and_does_not_raise() -> None:
         await gate.wait()
         raise RuntimeError("the batch failed")
 
-    batcher = ModelBatcher("m", BatchingSpec(max_batch_size=1, max_wait_ms=0.0), failing, clock)
+    batcher = DrivenBatcher("m", BatchingSpec(max_batch_size=1, max_wait_ms=0.0), failing, clock)
     batcher.submit(make_request(clock, ["x"]))
     await spin()
-    closing = asyncio.ensure_future(batcher.close())
+    closing = asyncio.ensure_future(batcher.stop())
     await spin()
     assert not closing.done()
     gate.set()

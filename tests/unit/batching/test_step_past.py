@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import asyncio
 
-from tessera.batching import ModelBatcher
 from tessera.batching.queue import FifoQueue
 from tessera.clock import FakeClock
 from tessera.repository.spec import BatchingSpec
 from tessera.request import QueuedRequest
 from tessera.scheduling.fair import FairQueue
 
+from .driven import DrivenBatcher
 from .test_batcher import Recorder, make_request
 
 
 def make_past_batcher(
     clock: FakeClock, recorder: Recorder, *, step_past: bool = True, **batching: object
-) -> ModelBatcher:
+) -> DrivenBatcher:
     spec = BatchingSpec(**{"max_batch_size": 8, "max_wait_ms": 0.0, **batching})  # type: ignore[arg-type]
-    return ModelBatcher(
+    return DrivenBatcher(
         "m",
         spec,
         recorder,
@@ -34,7 +34,7 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def fill_slots(clock: FakeClock, batcher: ModelBatcher, tenant: str) -> list[QueuedRequest]:
+async def fill_slots(clock: FakeClock, batcher: DrivenBatcher, tenant: str) -> list[QueuedRequest]:
     """Two batches of ``tenant`` holding both slots, and one more of it queued."""
     held = []
     for i in range(3):
@@ -61,7 +61,7 @@ async def test_a_tenant_with_nothing_running_starts_a_batch_beyond_busy_slots() 
     assert batcher.depth == 1
     recorder.gate.set()
     await asyncio.gather(*(r.future for r in [*flood, quiet]))
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_a_tenant_already_running_waits_for_a_slot() -> None:
@@ -76,7 +76,7 @@ async def test_a_tenant_already_running_waits_for_a_slot() -> None:
     assert batcher.num_stepped_past == 0
     recorder.gate.set()
     await asyncio.gather(*(r.future for r in [*flood, more]))
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_at_most_num_slots_batches_run_beyond() -> None:
@@ -92,7 +92,7 @@ async def test_at_most_num_slots_batches_run_beyond() -> None:
     assert batcher.depth == 2  # the flood's third and c
     recorder.gate.set()
     await asyncio.gather(*(r.future for r in [*flood, *others]))
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_no_batch_beyond_while_step_past_is_off() -> None:
@@ -107,7 +107,7 @@ async def test_no_batch_beyond_while_step_past_is_off() -> None:
     assert batcher.num_stepped_past == 0
     recorder.gate.set()
     await asyncio.gather(*(r.future for r in [*flood, quiet]))
-    await batcher.close()
+    await batcher.stop()
 
 
 async def test_queues_pop_only_tenants_not_skipped_in_their_order() -> None:

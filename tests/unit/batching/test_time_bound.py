@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 
-from tessera.batching import FifoQueue, ModelBatcher
+from tessera.batching import FifoQueue
 from tessera.batching.batcher import MIN_SAMPLES
 from tessera.clock import FakeClock
 from tessera.errors import OverloadedError
 from tessera.repository.spec import BatchingSpec
 from tessera.request import Batch, QueuedRequest, RequestResult
 from tessera.scheduling import BatchTimePredictor, FairQueue
+
+from .driven import DrivenBatcher
 
 
 def request(
@@ -88,17 +90,17 @@ async def answer(batch: Batch) -> None:
         r.future.set_result(RequestResult(r.items, 0.0, 0.0, batch.num_items))
 
 
-async def close(b: ModelBatcher, requests: list[QueuedRequest]) -> None:
+async def close(b: DrivenBatcher, requests: list[QueuedRequest]) -> None:
     """Stop ``b`` (what still waits is refused) and read every outcome."""
-    await b.close()
+    await b.stop()
     for r in requests:
         r.future.exception()
 
 
 def batcher(
     predictor: BatchTimePredictor, *, max_queue: int = 1000, slots: int = 1
-) -> ModelBatcher:
-    return ModelBatcher(
+) -> DrivenBatcher:
+    return DrivenBatcher(
         "m",
         BatchingSpec(max_batch_size=10, max_batch_units=1000, max_wait_ms=1.0),
         answer,
@@ -146,7 +148,7 @@ async def test_a_running_batch_counts_what_is_left_of_its_own_run() -> None:
         await answer(batch)
 
     clock = FakeClock(autojump=False)
-    b = ModelBatcher(
+    b = DrivenBatcher(
         "m",
         BatchingSpec(max_batch_size=10, max_batch_units=1000, max_wait_ms=0.0),
         held,
@@ -179,7 +181,7 @@ async def test_before_enough_measured_batches_only_the_count_bounds_the_queue() 
 
 async def test_many_waiting_on_a_fast_model_are_not_an_overload() -> None:
     predictor = measured(32, 0.003)  # 32 sentences in 3 ms, a GPU's pace
-    b = ModelBatcher(
+    b = DrivenBatcher(
         "m",
         BatchingSpec(max_batch_size=32, max_wait_ms=1.0),
         answer,
@@ -201,7 +203,7 @@ async def test_a_fair_queue_counts_the_work_ahead_only_where_the_whole_queue_is_
     # a 5 s deadline waits for none of it (lifted to the flood's counter), so
     # it is admitted though the whole queue would take 100 s; the flood's next
     # is refused, its Retry-After from its own backlog.
-    b = ModelBatcher(
+    b = DrivenBatcher(
         "m",
         BatchingSpec(max_batch_size=10, max_batch_units=1000, max_wait_ms=1.0),
         answer,

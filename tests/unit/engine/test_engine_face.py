@@ -9,7 +9,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 # The engine's parts; a reader that needs one of these wants the snapshot.
 PARTS = frozenset(
-    {"residency", "host", "counters", "device", "executor", "admission", "predictors", "batchers"}
+    {
+        "residency",
+        "host",
+        "counters",
+        "device",
+        "executor",
+        "admission",
+        "predictors",
+        "batchers",
+        "loops",
+        "intake",
+        "lifecycle",
+    }
 )
 SCANNED = ("src/tessera", "benchmarks", "tests")
 OWN = ("src/tessera/engine", "tests/unit/engine")

@@ -1,0 +1,411 @@
+"""The engine's loop: one per served version, plan, execute, report.
+
+One batch, from queue to answer, in the order ``ModelLoop`` runs it:
+
+1. plan: the batcher (batching, over the fair queue of scheduling) forms the
+   next batch once a slot is free (``ModelBatcher.next_batch``); the step
+   asks residency whether it runs whole or in parts that each fit the budget
+   (``ResidencyManager.plan_batch``).
+2. execute: each part leases the model and room for its activations
+   (``ResidencyManager.lease``) and runs on the compute executor; the outcome
+   is data (``PartOutcome``: the run, or what failed), nothing answered yet.
+3. report: a run goes to the policies that learn from it (residency's
+   activation peaks, the run-time predictor), the counters and the sinks,
+   and answers its callers; a failure that may be one input's is retried in
+   halves (``_recover``), any other answers the part's callers with it.
+4. the batch gives its slot back (``ModelBatcher.finished``).
+
+Invariants: every request of a batch is answered or failed by its step (none
+waits for its deadline because its batch failed); a version whose
+predecessor still has requests (``ModelLoops.hold``) starts no batch until
+they are answered; the loop runs in a context of its own, not that of the
+request that started it (whose id would mark every later batch's log lines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tessera.batching import ModelBatcher, make_queue
+from tessera.clock import Clock
+from tessera.errors import InferenceError, ModelUnavailableError, OverloadedError, TesseraError
+from tessera.metrics import StatsSink
+from tessera.repository.spec import ModelSpec
+from tessera.request import Batch, QueuedRequest, RequestResult, with_stops
+from tessera.residency import BatchPart, ResidencyManager, peak_units
+from tessera.runtimes.base import stacks
+from tessera.scheduling import BatchTimePredictor
+from tessera.tasks.finiteness import finite_run
+from tessera.tasks.types import ChatOutput
+
+from .counters import ModelCounters
+from .executor import BatchRun, ComputeExecutor
+from .host import UNMEASURED_RUNTIMES
+from .types import EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepPolicies:
+    """What every step asks and reports to, whatever its model."""
+
+    residency: ResidencyManager
+    executor: ComputeExecutor
+    stats: StatsSink
+    clock: Clock
+    device_kind: str
+
+
+@dataclass(frozen=True)
+class PartOutcome:
+    """A part's execution: its ``run``, or the ``error`` it ended with."""
+
+    run: BatchRun | None = None
+    error: BaseException | None = None
+
+
+class ModelLoop:
+    """One served version's batcher, run-time predictor, counters and loop."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        batcher: ModelBatcher,
+        predictor: BatchTimePredictor,
+        policies: StepPolicies,
+    ) -> None:
+        self.spec = spec
+        self.batcher = batcher
+        self.predictor = predictor
+        self.counters = ModelCounters()
+        self.policies = policies
+        # Requests queued on this version and not answered yet.
+        self.pending: set[QueuedRequest] = set()
+        # Set while the version this one replaces still answers its requests.
+        self.gate: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._steps: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        """Serve the batcher's batches from now on (once; a context of its own)."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._serve(), name=f"model-loop:{self.spec.key}", context=contextvars.Context()
+            )
+
+    async def close(self) -> None:
+        """Stop forming batches, fail what waits, and wait for the running steps."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.batcher.close()
+        if self._steps:
+            await asyncio.gather(*self._steps, return_exceptions=True)
+
+    async def _serve(self) -> None:
+        """Until closed: each batch the batcher forms runs as a step of its own."""
+        while True:
+            batch = await self.batcher.next_batch()
+            step = asyncio.get_running_loop().create_task(self._step(batch))
+            self._steps.add(step)
+            step.add_done_callback(self._steps.discard)
+
+    async def _step(self, batch: Batch) -> None:
+        """Plan ``batch`` into parts, execute each and report its outcome."""
+        try:
+            if self.gate is not None:  # a new version: its predecessor answers first
+                await self.gate.wait()
+            try:
+                plan = self.policies.residency.plan_batch(self.spec, batch.requests)
+            except Exception as e:  # answered, not left to wait for their deadlines
+                log.error(
+                    "no plan for a batch of model %s: %s: %s", self.spec.key, type(e).__name__, e
+                )
+                whole = BatchPart(tuple(batch.requests), 0.0, 0, 0.0)
+                self._fail(whole, InferenceError(f"model {self.spec.key!r} failed"))
+                return
+            for part, following in _with_following(plan):
+                outcome = await self._execute(part, following)
+                if outcome.run is not None:
+                    self._report(batch.formed_at, part, outcome.run)
+                elif outcome.error is not None:
+                    await self._recover(batch.formed_at, part, outcome.error)
+        finally:
+            self.batcher.finished(batch)
+
+    async def _execute(self, part: BatchPart, following: BatchPart | None = None) -> PartOutcome:
+        """Lease the model and run ``part`` on it. ``following``: the next part
+        of its batch. When there is one, or requests are queued, the lease may
+        keep its room for that next batch (``ResidencyManager.release``) for as
+        long as that batch is predicted to take (``_next_batch_s``), not this
+        part's time."""
+        items = [item for request in part.requests for item in request.items]
+        key = self.spec.key
+        try:
+            expected_s = self.predictor.predict(part.units)
+            async with self.policies.residency.lease(
+                self.spec,
+                part.activation_bytes,
+                functools.partial(self._next_batch_s, following),
+                expected_s,
+            ) as lease:
+                run_items = finite_run(key, with_stops(lease.model.run, part.requests))
+                run = await self.policies.executor.run(
+                    run_items,
+                    items,
+                    expected_s,
+                    lease.reservation.num_bytes,
+                    across_models=stacks(lease.model),
+                    bulk=all(r.bulk for r in part.requests),
+                )
+        except TesseraError as e:
+            if isinstance(e, ModelUnavailableError | OverloadedError):
+                return PartOutcome(error=e)  # no room, or no model: not the input's fault
+            return PartOutcome(error=_RunFailed(e))
+        except Exception as e:
+            return PartOutcome(error=_RunFailed(e))
+        if len(run.outputs) != len(items):
+            return PartOutcome(
+                error=InferenceError(
+                    f"model {key!r} returned {len(run.outputs)} outputs for {len(items)} inputs"
+                )
+            )
+        return PartOutcome(run=run)
+
+    def _next_batch_s(self, following: BatchPart | None) -> float | None:
+        """The predicted seconds of the model's next batch: ``following`` (the
+        next part of this batch), else the batch its queue would form now;
+        None where there is none, or its batch times are not known yet."""
+        units = following.units if following is not None else self.batcher.next_batch_units()
+        return None if units is None else self.predictor.predict(units)
+
+    async def _recover(self, formed_at: float, part: BatchPart, error: BaseException) -> None:
+        """Answer a failed part: retried in halves while the fault may be one
+        input's (an out-of-memory error too: a half needs half the bytes), a
+        half that fails while its sibling succeeds halved again, so one
+        poisoned input fails only its own request and its neighbours, other
+        tenants' included, are answered. When both halves fail the fault is
+        the model's: both fail without more retries, so a broken model costs
+        three runs per batch, not one per request."""
+        if len(part.requests) <= 1 or not isinstance(error, _RunFailed):
+            self._fail(part, _caller_error(self.spec, part, error))
+            return
+        log.warning(
+            "batch of model %s (%d requests) failed, retried in halves: %s",
+            self.spec.key,
+            len(part.requests),
+            _cause(error),
+        )
+        await self._bisect(formed_at, part)
+
+    async def _bisect(self, formed_at: float, part: BatchPart) -> None:
+        for request in part.requests:
+            if request.gone:  # its caller left: not retried, and its failed run costs nothing
+                request.charge.settle(0.0)
+        failed = []
+        for half in _halves(part):
+            outcome = await self._execute(half)
+            if outcome.run is not None:
+                self._report(formed_at, half, outcome.run)
+            elif outcome.error is not None:
+                failed.append((half, outcome.error))
+        for half, half_error in failed:
+            if len(failed) == 1 and len(half.requests) > 1 and isinstance(half_error, _RunFailed):
+                await self._bisect(formed_at, half)
+            else:
+                self._fail(half, _caller_error(self.spec, half, half_error))
+
+    def _report(self, formed_at: float, part: BatchPart, run: BatchRun) -> None:
+        """Hand a part's run to the policies that learn from it, the counters
+        and the sinks, and answer its callers."""
+        key = self.spec.key
+        num_items = len(run.outputs)
+        if run.peak_bytes is not None and self.spec.runtime not in UNMEASURED_RUNTIMES:
+            self.policies.residency.observe_batch(key, run.peak_bytes, part.peak_units)
+        self.predictor.observe(part.units, run.run_s)
+        self.counters.batch_ran(num_items, run.run_s)
+        self.policies.stats.on_batch(key, num_items, run.run_s)
+        start = 0
+        for request in part.requests:
+            end = start + len(request.items)
+            request.charge.settle(_units_run(request, run.outputs[start:end]))
+            if not request.future.done():
+                queued_s = formed_at - request.arrival
+                result = RequestResult(run.outputs[start:end], queued_s, run.run_s, num_items)
+                request.future.set_result(result)
+                self.counters.request_answered(queued_s, run.run_s)
+            start = end
+
+    def _fail(self, part: BatchPart, error: BaseException) -> None:
+        """Answer a part's callers with ``error``; a failed part costs them nothing."""
+        self.counters.num_failures += 1
+        now = self.policies.clock.now()
+        for request in part.requests:
+            request.charge.settle(0.0)
+            if not request.future.done():
+                request.future.set_exception(error)
+                self.counters.request_failed(now - request.arrival)
+
+
+class ModelLoops:
+    """The served versions' loops, by key: the engine's, and the lifecycle's
+    to add, hold and retire."""
+
+    def __init__(self, config: EngineConfig, policies: StepPolicies) -> None:
+        self._config = config
+        self._policies = policies
+        self._loops: dict[str, ModelLoop] = {}
+
+    def add(self, spec: ModelSpec) -> ModelLoop:
+        """A loop for version ``spec``, its queue as the config says."""
+        config, policies = self._config, self._policies
+        predictor = BatchTimePredictor()
+        batcher = ModelBatcher(
+            spec.key,
+            spec.batching,
+            policies.clock,
+            max_queue=config.max_queue,
+            queue=make_queue(config.scheduling, predictor, config.fair_quantum_s),
+            max_concurrent_batches=policies.executor.num_workers,
+            predictor=predictor,
+            # A partial batch waits for company on the CPU only (batcher.py).
+            gather_idle=policies.device_kind != "cuda",
+            step_past=_steps_past(config, spec),
+        )
+        loop = self._loops[spec.key] = ModelLoop(spec, batcher, predictor, policies)
+        return loop
+
+    def __getitem__(self, key: str) -> ModelLoop:
+        return self._loops[key]
+
+    def get(self, key: str) -> ModelLoop | None:
+        return self._loops.get(key)
+
+    def __iter__(self) -> Iterator[ModelLoop]:
+        return iter(list(self._loops.values()))
+
+    def pending(self, key: str) -> list[asyncio.Future[Any]]:
+        """The futures of the requests queued on version ``key``, not answered yet."""
+        loop = self._loops.get(key)
+        return [r.future for r in loop.pending] if loop is not None else []
+
+    def hold(self, key: str) -> None:
+        """Version ``key`` starts no batch until ``release``."""
+        self._loops[key].gate = asyncio.Event()
+
+    def release(self, key: str) -> None:
+        loop = self._loops.get(key)
+        if loop is not None and loop.gate is not None:
+            loop.gate.set()
+            loop.gate = None
+
+    def remove(self, key: str) -> None:
+        """Forget version ``key``'s loop (closed already: ``ModelLoop.close``)."""
+        self._loops.pop(key, None)
+
+    async def close(self) -> None:
+        """Open every gate, then close every loop."""
+        for loop in self._loops.values():
+            if loop.gate is not None:
+                loop.gate.set()
+        for loop in list(self._loops.values()):
+            await loop.close()
+
+
+def _steps_past(config: EngineConfig, spec: ModelSpec) -> bool:
+    """Whether a tenant with nothing running on ``spec``'s model may start
+    a batch beyond its busy slots (``ModelBatcher.step_past``): with fair
+    parts and fair scheduling, unless the card fixes the batches at once
+    for an in-process runtime (an external engine's window has room)."""
+    fair = config.fair_parts and config.scheduling == "fair"
+    fixed = spec.batching.max_concurrent_batches is not None
+    return fair and (not fixed or spec.runtime == "external")
+
+
+def _with_following(plan: list[BatchPart]) -> Iterator[tuple[BatchPart, BatchPart | None]]:
+    """Each part of a plan, with the part after it (None for the last)."""
+    for i, part in enumerate(plan):
+        yield part, plan[i + 1] if i + 1 < len(plan) else None
+
+
+class _RunFailed(Exception):
+    """The model raised ``cause`` while running a part (not the lease): the
+    fault may be one input's."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _caller_error(spec: ModelSpec, part: BatchPart, error: BaseException) -> BaseException:
+    """``error`` as the part's callers may see it: a runtime's own exception
+    is logged, with the request ids, not shown."""
+    if not isinstance(error, _RunFailed):
+        return error
+    cause = error.cause
+    ids = ", ".join(r.request_id or "-" for r in part.requests)
+    log.error("model %s failed on request(s) %s: %s", spec.key, ids, _cause(cause))
+    log.debug("the failure's traceback", exc_info=cause)
+    if isinstance(cause, TesseraError):
+        return cause  # raised on purpose, worded for the caller
+    if _out_of_memory(cause):
+        return ModelUnavailableError(
+            spec.key, "out of memory running this request", retry_after_s=1.0
+        )
+    return InferenceError(
+        f"model {spec.key!r} failed on this request ({type(cause).__name__});"
+        " the cause is in the server log"
+    )
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    # torch.cuda.OutOfMemoryError, named so that the engine imports no torch.
+    return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+
+
+def _cause(error: BaseException) -> str:
+    error = error.cause if isinstance(error, _RunFailed) else error
+    return f"{type(error).__name__}: {error}"
+
+
+def _halves(part: BatchPart) -> list[BatchPart]:
+    """``part``'s requests still awaited, in two parts of about equal count
+    (empty ones left out), each reserving its share of the part's activation
+    bytes (by peak units)."""
+    requests = [r for r in part.requests if not r.gone]
+    middle = len(requests) // 2
+    parts = []
+    for group in (requests[:middle], requests[middle:]):
+        if not group:
+            continue
+        peak = peak_units(group)
+        share = peak / part.peak_units if part.peak_units else 0.0
+        parts.append(
+            BatchPart(
+                tuple(group),
+                sum(r.units for r in group),
+                math.ceil(part.activation_bytes * share),
+                peak,
+            )
+        )
+    return parts
+
+
+def _units_run(request: QueuedRequest, outputs: list[Any]) -> float:
+    """What a request that ran is charged: a chat's prompt and generated tokens
+    as its model counted them (fewer than admitted when it stopped early), any
+    other request its work units."""
+    if outputs and all(isinstance(o, ChatOutput) for o in outputs):
+        return float(sum(o.prompt_tokens + o.completion_tokens for o in outputs))
+    return request.units
