@@ -65,17 +65,9 @@ from tessera.gateway.common import (
     visible_models,
 )
 from tessera.gateway.errors import OLLAMA, status_of
-from tessera.gateway.openai_api import (
-    Pieces,
-    Sampling,
-    chat_task,
-    check_json_schema,
-    embedding_matrix,
-    listeners,
-    pieces_of,
-    texts_of,
-    unit_rows,
-)
+from tessera.gateway.openai_chat import Sampling, chat_task, check_json_schema
+from tessera.gateway.openai_embeddings import embedding_matrix, texts_of, unit_rows
+from tessera.gateway.openai_stream import Pieces, listeners, pieces_of
 from tessera.repository.spec import ModelSpec
 from tessera.tasks.image import read_image
 from tessera.tasks.types import (

@@ -48,22 +48,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tessera.errors import InvalidInputError, ResponseNotFoundError, TenantError, TesseraError
 from tessera.gateway.common import engine_of, principal_of, run_task, started_task
 from tessera.gateway.errors import OPENAI, status_of
-from tessera.gateway.openai_api import (
+from tessera.gateway.openai_chat import (
     MAX_TOOLS,
     FunctionIn,
     NamedFunction,
-    Piece,
-    Pieces,
     ResponseFormat,
     Sampling,
     chat_task,
     check_json_schema,
     check_tools,
-    first_pieces,
     image_of,
-    listeners,
     tool_fields,
 )
+from tessera.gateway.openai_stream import Piece, Pieces, first_pieces, listeners
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput, ToolCall
 from tessera.tenants.responses import ResponseStore, StoredResponse
 
