@@ -39,6 +39,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tessera.errors import ConfigError, ModelUnavailableError
+from tessera.repository.schema import (
+    BATCHING_KEYS,
+    CARD_KEYS,
+    MEMORY_KEYS,
+    SOURCE_KEYS,
+    check_keys,
+    check_options,
+)
 from tessera.tasks.types import InputLimits, Task, VisionLimits
 from tessera.units import parse_bytes
 
@@ -249,9 +257,7 @@ def parse_vision(raw: Any, where: str) -> VisionLimits | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a mapping")
-    unknown = set(raw) - {"patch_size", "merge_size", "min_pixels", "max_pixels"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    check_keys(raw, ("patch_size", "merge_size", "min_pixels", "max_pixels"), where)
     default = VisionLimits()
     vision = VisionLimits(
         patch_size=_int(raw, "patch_size", default.patch_size, where),
@@ -264,11 +270,14 @@ def parse_vision(raw: Any, where: str) -> VisionLimits | None:
     return vision
 
 
-def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
-    """Build a ``ModelSpec`` from a parsed ``model.yaml`` in ``folder``."""
-    where = str(folder / "model.yaml")
+def parse_spec(raw: dict[str, Any], folder: Path, where: str | None = None) -> ModelSpec:
+    """Build a ``ModelSpec`` from a parsed ``model.yaml`` in ``folder``
+    (``where``: the card's files, for errors). Every key, at every level,
+    is one the card may give (``repository/schema.py``)."""
+    where = where or str(folder / "model.yaml")
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping")
+    check_keys(raw, CARD_KEYS, where)
     name = raw.get("name", folder.name)
     if not isinstance(name, str) or not name or "@" in name or "/" in name:
         raise ConfigError(f"{where}: name must be a non-empty string without '@' or '/'")
@@ -291,6 +300,7 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
     source_raw = raw.get("source") or {}
     if not isinstance(source_raw, dict):
         raise ConfigError(f"{where}: source must be a mapping")
+    check_keys(source_raw, SOURCE_KEYS, f"{where}: source")
     source = SourceSpec(package=source_raw.get("package"), path=source_raw.get("path"))
 
     versions = tuple(
@@ -301,6 +311,9 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         raise ConfigError(f"{where}: version must be an integer, got {version!r}")
 
     batching_raw = raw.get("batching") or {}
+    if not isinstance(batching_raw, dict):
+        raise ConfigError(f"{where}: batching must be a mapping")
+    check_keys(batching_raw, BATCHING_KEYS, f"{where}: batching")
     max_batch_size = _int(batching_raw, "max_batch_size", 32, where)
     units = batching_raw.get("max_batch_units", batching_raw.get("max_batch_tokens", 8192))
     batching = BatchingSpec(
@@ -314,10 +327,14 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         ),
     )
     memory_raw = raw.get("memory") or {}
+    if not isinstance(memory_raw, dict):
+        raise ConfigError(f"{where}: memory must be a mapping")
+    check_keys(memory_raw, MEMORY_KEYS, f"{where}: memory")
     max_bytes = memory_raw.get("max_bytes")
     options = raw.get("options") or {}
     if not isinstance(options, dict):
         raise ConfigError(f"{where}: options must be a mapping")
+    check_options(options, adapter, engine, f"{where}: options")
     isolation = parse_isolation(raw, task, runtime, adapter, where)
     mps = raw.get("mps_active_thread_percentage")
     if mps is not None:
@@ -401,6 +418,10 @@ def parse_isolation(raw: dict[str, Any], task: Task, runtime: str, adapter: str,
     return str(isolation)
 
 
+# Each kind of version_policy, and the keys its body may give.
+_POLICY_KEYS = {"latest": ("num_versions",), "all": (), "specific": ("versions",)}
+
+
 def parse_version_policy(raw: Any, where: str) -> VersionPolicy:
     """Triton's ``version_policy``: ``{latest: {num_versions: N}}``, ``{all: {}}``
     or ``{specific: {versions: [...]}}``; latest 1 when absent."""
@@ -412,6 +433,8 @@ def parse_version_policy(raw: Any, where: str) -> VersionPolicy:
     body = body or {}
     if not isinstance(body, dict):
         raise ConfigError(f"{where}: version_policy: {kind} must be a mapping")
+    check_keys([kind], _POLICY_KEYS, f"{where}: version_policy")
+    check_keys(body, _POLICY_KEYS[kind], f"{where}: version_policy: {kind}")
     if kind == "latest":
         return VersionPolicy(latest=_int(body, "num_versions", 1, f"{where}: version_policy"))
     if kind == "all":
