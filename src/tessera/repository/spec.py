@@ -192,6 +192,7 @@ def resolve_path(spec: ModelSpec, source: SourceSpec) -> Path:
                 path = spec.folder / path
         elif spec.version is not None:
             path = spec.folder / str(spec.version)
+            _holds_weights(path)
         else:
             raise FileNotFoundError("no source and no version folder")
     except (FileNotFoundError, ModuleNotFoundError, ValueError) as e:
@@ -199,6 +200,18 @@ def resolve_path(spec: ModelSpec, source: SourceSpec) -> Path:
     if not path.exists():
         raise ModelUnavailableError(spec.name, f"weights not found at {path}")
     return path
+
+
+def _holds_weights(version_dir: Path) -> None:
+    """``FileNotFoundError`` where ``version_dir``, the weights of a card that
+    gives no ``source``, holds nothing but its ``model.yaml`` (a version that
+    only changes options): its loader would fail on a missing file instead."""
+    if version_dir.is_dir() and all(p.name == "model.yaml" for p in version_dir.iterdir()):
+        raise FileNotFoundError(
+            f"the card gives no source and version folder {version_dir} holds no weights"
+            " (only its model.yaml): give source: {path: ...} in the card, or put the"
+            " weights in the version folder"
+        )
 
 
 def _int(raw: dict[str, Any], key: str, default: int, where: str) -> int:

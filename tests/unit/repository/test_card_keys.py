@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from builders import write_fake_repository
-from tessera.errors import ConfigError
+from tessera.errors import ConfigError, ModelUnavailableError
 from tessera.repository import ModelRepository, default_repository_path, read_versions
 from tessera.repository.schema import ADAPTER_OPTIONS
 from tessera.repository.spec import parse_spec
@@ -88,3 +88,16 @@ def test_every_adapter_declares_its_options() -> None:
 
 def test_every_shipped_card_loads() -> None:
     assert len(ModelRepository.from_folders([default_repository_path()])) >= 9
+
+
+def test_an_options_only_version_without_source_says_so(tmp_path: Path) -> None:
+    model = tmp_path / "my-model"
+    (model / "1").mkdir(parents=True)
+    (model / "model.yaml").write_text(yaml.safe_dump(ENCODER))
+    (model / "1" / "model.yaml").write_text(yaml.safe_dump({"options": {"pooling": "cls"}}))
+    (spec,) = read_versions(model)
+    with pytest.raises(ModelUnavailableError) as caught:
+        spec.resolve_source()
+    message = str(caught.value)
+    assert f"version folder {model / '1'} holds no weights" in message
+    assert "the card gives no source" in message
