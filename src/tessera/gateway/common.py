@@ -18,6 +18,7 @@ from tessera.admission import TenantLimits
 from tessera.engine import Caller, ServingEngine, Submission
 from tessera.errors import InvalidInputError, ModelHiddenError, RequestCancelledError
 from tessera.gateway.errors import error_body_for
+from tessera.metrics.stats import ModelStats
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tasks.image import RequestImageLimits, check_request_images
 from tessera.tasks.types import Task, item_images
@@ -55,6 +56,15 @@ def visible_models(request: Request) -> list[str]:
     names = engine_of(request).model_names()
     principal = principal_of(request)
     return [n for n in names if principal is None or principal.tenant.allows(n)]
+
+
+def visible_current(request: Request) -> list[ModelStats]:
+    """The current version of each model the caller may use, by its name:
+    a model of version folders is listed once, by the name requests give
+    (``model``, not ``model@version``), as one without them."""
+    allowed = set(visible_models(request))
+    current = [m for m in engine_of(request).snapshot().models if m.current and m.model in allowed]
+    return sorted(current, key=lambda m: m.model)
 
 
 def caller_of(request: HTTPConnection, model: str) -> Caller | None:

@@ -28,6 +28,7 @@ from tessera.errors import (
 )
 from tessera.gateway.common import (
     engine_of,
+    visible_current,
     visible_models,
 )
 from tessera.gateway.errors import KSERVE, error_headers, status_of
@@ -278,19 +279,16 @@ async def repository_index(request: Request) -> Response:
     ``get_model_repository_index``): every model the caller may use, its
     current version, and ``READY`` for one resident now, else ``UNAVAILABLE``
     (it loads on its first request). Loads and unloads are the admin API's."""
-    allowed = set(visible_models(request))
     ready_only = await _ready_only(request)
     return JSONResponse(
         [
             {
-                "name": model.name,
+                "name": model.model,
                 "version": model.version,
                 "state": "READY" if model.state == "ready" else "UNAVAILABLE",
             }
-            for model in engine_of(request).snapshot().models
-            if model.name in allowed
-            and model.current
-            and (model.state == "ready" or not ready_only)
+            for model in visible_current(request)
+            if model.state == "ready" or not ready_only
         ]
     )
 
