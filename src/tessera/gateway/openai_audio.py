@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tessera.errors import InvalidInputError
 from tessera.gateway.common import (
+    JsonBodyRoute,
     run_task,
 )
 from tessera.tasks.audio import AudioFormat, check_format, encoded
@@ -22,7 +23,8 @@ from tessera.tasks.types import (
     Task,
 )
 
-router = APIRouter()
+# Bodies are JSON whatever their content type (``JsonBodyRoute``).
+router = APIRouter(route_class=JsonBodyRoute)
 
 
 class SpeechRequest(BaseModel):

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tessera.engine import ServingEngine
 from tessera.errors import InvalidInputError
 from tessera.gateway.common import (
+    JsonBodyRoute,
     engine_of,
     run_task,
 )
@@ -41,7 +42,8 @@ from tessera.tasks.types import (
     ToolCall,
 )
 
-router = APIRouter()
+# Bodies are JSON whatever their content type (``JsonBodyRoute``).
+router = APIRouter(route_class=JsonBodyRoute)
 
 # The most choices (``n``) one request may ask for: each is an item of its own.
 MAX_CHOICES = 16

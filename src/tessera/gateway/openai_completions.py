@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tessera.errors import InvalidInputError
 from tessera.gateway.common import (
+    JsonBodyRoute,
     run_task,
 )
 from tessera.gateway.openai_chat import MAX_CHOICES, Sampling, StreamOptions, wants_usage
@@ -34,7 +35,8 @@ from tessera.tasks.types import (
     Task,
 )
 
-router = APIRouter()
+# Bodies are JSON whatever their content type (``JsonBodyRoute``).
+router = APIRouter(route_class=JsonBodyRoute)
 
 
 class CompletionRequest(Sampling):

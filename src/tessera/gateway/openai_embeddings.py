@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tessera.errors import InvalidInputError
 from tessera.gateway.common import (
+    JsonBodyRoute,
     engine_of,
     run_task,
 )
@@ -24,7 +25,8 @@ from tessera.tasks.types import (
     work_units,
 )
 
-router = APIRouter()
+# Bodies are JSON whatever their content type (``JsonBodyRoute``).
+router = APIRouter(route_class=JsonBodyRoute)
 
 
 def texts_of(value: str | list[str], field: str = "input") -> list[str]:

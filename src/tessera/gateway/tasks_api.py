@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tessera.errors import InvalidInputError, TaskMismatchError
-from tessera.gateway.common import engine_of, parsed, run_task
+from tessera.gateway.common import JsonBodyRoute, engine_of, parsed, run_task
 from tessera.gateway.openai_embeddings import shortened, texts_of
 from tessera.gateway.openai_stream import usage_of
 from tessera.repository import ModelSpec
@@ -40,7 +40,8 @@ from tessera.tasks.types import (
     TranslateInput,
 )
 
-router = APIRouter()
+# Bodies are JSON whatever their content type (``JsonBodyRoute``).
+router = APIRouter(route_class=JsonBodyRoute)
 
 
 class RerankDocument(BaseModel):

@@ -1,9 +1,11 @@
 """What a new user meets first, on the real app over fake models: a model of
-Triton-style version folders is listed on every face that lists models, and
-a card's misspelt key is a 422 that names it."""
+Triton-style version folders is listed on every face that lists models, a
+card's misspelt key is a 422 that names it, and a JSON body is read whatever
+its content type."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -88,3 +90,33 @@ async def test_a_cards_misspelt_key_is_a_422_naming_it(
     assert response.status_code == 422, response.text
     assert "did you mean 'own_bytes'?" in response.json()["error"]["message"]
     assert (await client.get("/v1/models/typo")).status_code == 404
+
+
+ROUTES = [
+    ("/v1/embeddings", {"model": "plain", "input": "hi"}),
+    ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"model": "chat", "prompt": "hi"}),
+    ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a", "b"]}),
+    ("/v2/embed", {"model": "plain", "texts": ["hi"], "input_type": "search_query"}),
+    ("/tei/plain/embed", {"inputs": "hi"}),
+    ("/api/embed", {"model": "plain", "input": "hi"}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES)
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "application/json"]
+)
+async def test_a_json_body_is_read_whatever_its_content_type(
+    client: httpx.AsyncClient, path: str, body: dict[str, object], content_type: str | None
+) -> None:
+    headers = {} if content_type is None else {"content-type": content_type}
+    response = await client.post(path, content=json.dumps(body).encode(), headers=headers)
+    assert response.status_code == 200, response.text
+
+
+async def test_a_body_that_is_not_json_is_still_refused(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/v1/embeddings", content=b"model=plain&input=hi", headers={"content-type": "text/plain"}
+    )
+    assert response.status_code == 400, response.text
