@@ -23,8 +23,13 @@ from tessera.gateway import (
     deepl_api,
     health,
     kserve,
+    kserve_repository,
     ollama_api,
-    openai_api,
+    openai_audio,
+    openai_chat,
+    openai_completions,
+    openai_embeddings,
+    openai_models,
     responses_api,
     tasks_api,
     tei_api,
@@ -189,13 +194,18 @@ def create_app(
     app.state.header_timeout_s = header_timeout_s  # and a WebSocket's wait for its key
     routers = (
         health,
-        openai_api,
+        openai_embeddings,
+        openai_chat,
+        openai_completions,
+        openai_audio,
+        openai_models,
         responses_api,
         tasks_api,
         tei_api,
         deepl_api,
         ollama_api,
         websocket,
+        kserve_repository,
         kserve,
         admin,
         tenants_admin,
@@ -207,9 +217,21 @@ def create_app(
         app, engine, per_tenant_labels=per_tenant_labels, metrics_public=metrics_public
     )
     # The request routes, served inside the middleware below (gateway/fast.py).
-    hot = (openai_api.embeddings, openai_api.chat_completions, openai_api.speech, kserve.infer)
+    hot = (
+        openai_embeddings.embeddings,
+        openai_chat.chat_completions,
+        openai_audio.speech,
+        kserve.infer,
+    )
     tasks = (tasks_api.rerank, tasks_api.classify, tasks_api.translate, tasks_api.ocr)
-    install_fast_routes(app, (openai_api.router, tasks_api.router, kserve.router), (*hot, *tasks))
+    hot_routers = (
+        openai_embeddings.router,
+        openai_chat.router,
+        openai_audio.router,
+        tasks_api.router,
+        kserve.router,
+    )
+    install_fast_routes(app, hot_routers, (*hot, *tasks))
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(RequestContextMiddleware)

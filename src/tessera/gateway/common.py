@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.requests import HTTPConnection
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tessera.admission import TenantLimits
 from tessera.engine import Caller, ServingEngine, Submission
 from tessera.errors import InvalidInputError, ModelHiddenError, RequestCancelledError
 from tessera.gateway.errors import error_body_for
+from tessera.metrics.stats import ModelStats
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tasks.image import RequestImageLimits, check_request_images
 from tessera.tasks.types import Task, item_images
@@ -55,6 +58,15 @@ def visible_models(request: Request) -> list[str]:
     names = engine_of(request).model_names()
     principal = principal_of(request)
     return [n for n in names if principal is None or principal.tenant.allows(n)]
+
+
+def visible_current(request: Request) -> list[ModelStats]:
+    """The current version of each model the caller may use, by its name:
+    a model of version folders is listed once, by the name requests give
+    (``model``, not ``model@version``), as one without them."""
+    allowed = set(visible_models(request))
+    current = [m for m in engine_of(request).snapshot().models if m.current and m.model in allowed]
+    return sorted(current, key=lambda m: m.model)
 
 
 def caller_of(request: HTTPConnection, model: str) -> Caller | None:
@@ -170,6 +182,37 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         raise RequestCancelledError("client disconnected") from None
     finally:
         watcher.cancel()
+
+
+class JsonBodyRoute(APIRoute):
+    """A route whose pydantic ``body`` is read as JSON whatever its content
+    type: none, ``text/plain``, or a form's (``curl -d`` sends one), as
+    Ollama's routes read theirs; FastAPI reads JSON only under a JSON type,
+    and answered such a body "Input should be a valid dictionary". A route
+    that reads its body itself (a form's upload) is left as it is."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def read_as_json(request: Request) -> Response:
+            # Before FastAPI reads the headers (a Request reads them once, lazily).
+            headers = request.scope["headers"]
+            if not any(k == b"content-type" and _is_json(v) for k, v in headers):
+                kept = [(k, v) for k, v in headers if k != b"content-type"]
+                request.scope["headers"] = [*kept, (b"content-type", b"application/json")]
+            return await handler(request)
+
+        return read_as_json
+
+
+def _is_json(content_type: bytes) -> bool:
+    """``application/json``, or a ``+json`` type (with parameters or not)."""
+    kind = content_type.partition(b";")[0].strip().lower()
+    return kind == b"application/json" or (
+        kind.startswith(b"application/") and kind.endswith(b"+json")
+    )
 
 
 class BodyLimitMiddleware:

@@ -42,7 +42,7 @@ from tessera.gateway.common import (
     run_task,
     visible_models,
 )
-from tessera.gateway.openai_api import texts_of
+from tessera.gateway.openai_embeddings import texts_of
 from tessera.repository import ModelSpec
 from tessera.tasks.types import Task, TranslateInput
 from tessera.tenants.audit import AuditLog, start_of_day_utc

@@ -30,7 +30,7 @@ tritonclient sends its ``headers``), its peer the request's client.
   response, final. A request's error is that response's ``error_message``,
   and the stream goes on.
 - ``RepositoryModelLoad`` / ``RepositoryModelUnload`` (an admin key): the
-  HTTP repository routes' (``kserve.py``).
+  HTTP repository routes' (``kserve_repository.py``).
 - The rest (shared memory, tracing, the repository's other calls) answer
   ``UNIMPLEMENTED``, as a Triton without them does.
 - An HTTP error becomes its gRPC status (404 ``NOT_FOUND``, 401
@@ -57,7 +57,8 @@ from urllib.parse import quote, unquote
 
 from tessera.config import DEFAULT_MAX_BODY_BYTES
 from tessera.errors import ConfigError
-from tessera.gateway.kserve import EVENT_STREAM, HEADER_LENGTH, binary_data
+from tessera.gateway.kserve import EVENT_STREAM
+from tessera.gateway.kserve_tensor import HEADER_LENGTH, binary_data
 
 if TYPE_CHECKING:
     import grpc

@@ -62,20 +62,13 @@ from tessera.gateway.common import (
     principal_of,
     run_task,
     started_task,
+    visible_current,
     visible_models,
 )
 from tessera.gateway.errors import OLLAMA, status_of
-from tessera.gateway.openai_api import (
-    Pieces,
-    Sampling,
-    chat_task,
-    check_json_schema,
-    embedding_matrix,
-    listeners,
-    pieces_of,
-    texts_of,
-    unit_rows,
-)
+from tessera.gateway.openai_chat import Sampling, chat_task, check_json_schema
+from tessera.gateway.openai_embeddings import embedding_matrix, texts_of, unit_rows
+from tessera.gateway.openai_stream import Pieces, listeners, pieces_of
 from tessera.repository.spec import ModelSpec
 from tessera.tasks.image import read_image
 from tessera.tasks.types import (
@@ -378,18 +371,16 @@ def _details(task: str) -> dict[str, Any]:
 async def tags(request: Request) -> JSONResponse:
     """The models the caller may use; a size is its bytes as last measured
     (0 until it has loaded once)."""
-    engine = engine_of(request)
-    measured = {m.name: m.measured_bytes or 0 for m in engine.snapshot().models}
     models = [
         {
-            "name": name,
-            "model": name,
+            "name": m.model,
+            "model": m.model,
             "modified_at": _now(),
-            "size": measured.get(name, 0),
+            "size": m.measured_bytes or 0,
             "digest": "",
-            "details": _details(engine.spec(name).task.value),
+            "details": _details(m.task),
         }
-        for name in visible_models(request)
+        for m in visible_current(request)
     ]
     return JSONResponse({"models": models})
 

@@ -46,29 +46,27 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tessera.errors import InvalidInputError, ResponseNotFoundError, TenantError, TesseraError
-from tessera.gateway.common import engine_of, principal_of, run_task, started_task
+from tessera.gateway.common import JsonBodyRoute, engine_of, principal_of, run_task, started_task
 from tessera.gateway.errors import OPENAI, status_of
-from tessera.gateway.openai_api import (
+from tessera.gateway.openai_chat import (
     MAX_TOOLS,
     FunctionIn,
     NamedFunction,
-    Piece,
-    Pieces,
     ResponseFormat,
     Sampling,
     chat_task,
     check_json_schema,
     check_tools,
-    first_pieces,
     image_of,
-    listeners,
     tool_fields,
 )
+from tessera.gateway.openai_stream import Piece, Pieces, first_pieces, listeners
 from tessera.tasks.types import ChatInput, ChatMessage, ChatOutput, ToolCall
 from tessera.tenants.responses import ResponseStore, StoredResponse
 
 log = logging.getLogger(__name__)
-router = APIRouter()
+# Bodies are JSON whatever their content type (``JsonBodyRoute``).
+router = APIRouter(route_class=JsonBodyRoute)
 LOGPROBS = "message.output_text.logprobs"  # the ``include`` that asks for them
 
 

@@ -23,8 +23,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tessera.errors import InvalidInputError, TaskMismatchError
-from tessera.gateway.common import engine_of, parsed, run_task
-from tessera.gateway.openai_api import shortened, texts_of, usage_of
+from tessera.gateway.common import JsonBodyRoute, engine_of, parsed, run_task
+from tessera.gateway.openai_embeddings import shortened, texts_of
+from tessera.gateway.openai_stream import usage_of
 from tessera.repository import ModelSpec
 from tessera.tasks.image import decode_base64, read_image
 from tessera.tasks.prompts import OcrTask, ocr_prompt, parse_fields
@@ -39,7 +40,8 @@ from tessera.tasks.types import (
     TranslateInput,
 )
 
-router = APIRouter()
+# Bodies are JSON whatever their content type (``JsonBodyRoute``).
+router = APIRouter(route_class=JsonBodyRoute)
 
 
 class RerankDocument(BaseModel):

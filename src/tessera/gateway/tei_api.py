@@ -45,13 +45,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tessera import __version__
 from tessera.errors import InvalidInputError, TaskMismatchError
-from tessera.gateway.common import caller_of, engine_of, parsed, run_task
-from tessera.gateway.openai_api import embedding_matrix, texts_of, unit_rows
+from tessera.gateway.common import JsonBodyRoute, caller_of, engine_of, parsed, run_task
+from tessera.gateway.openai_embeddings import embedding_matrix, texts_of, unit_rows
 from tessera.gateway.tasks_api import best_first, rerank_inputs
 from tessera.runtimes.tokens import TOKENIZER_FILE, tokenizer_file, whole_tokenizer
 from tessera.tasks.types import ClassifyOutput, Task, TextInput
 
-router = APIRouter(prefix="/tei/{model}")
+# Bodies are JSON whatever their content type (``JsonBodyRoute``).
+router = APIRouter(prefix="/tei/{model}", route_class=JsonBodyRoute)
 
 
 class TeiEmbedRequest(BaseModel):

@@ -34,7 +34,8 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tessera.errors import InvalidInputError
-from tessera.gateway.openai_api import Pieces, Sampling, listeners, pieces_of
+from tessera.gateway.openai_chat import Sampling
+from tessera.gateway.openai_stream import Pieces, listeners, pieces_of
 from tessera.tasks.types import ChatInput, ChatOutput
 
 PROMPT, TEXT = "text_input", "text_output"

@@ -74,21 +74,15 @@ from tessera.gateway.errors import (
     reject_reason,
     status_of,
 )
-from tessera.gateway.openai_api import (
-    ChatRequest,
+from tessera.gateway.openai_audio import SpeechRequest
+from tessera.gateway.openai_chat import ChatRequest, chat_inputs, chat_task, completion_body
+from tessera.gateway.openai_completions import (
     CompletionRequest,
-    EmbeddingRequest,
-    Pieces,
-    SpeechRequest,
-    chat_inputs,
-    chat_task,
-    completion_body,
     completion_inputs,
-    embeddings_body,
-    pieces_of,
     text_completion_body,
-    texts_of,
 )
+from tessera.gateway.openai_embeddings import EmbeddingRequest, embeddings_body, texts_of
+from tessera.gateway.openai_stream import Pieces, pieces_of
 from tessera.gateway.tasks_api import (
     ClassifyRequest,
     OcrOptions,

@@ -97,7 +97,17 @@ def read_versions(model_dir: Path) -> list[ModelSpec]:
     chosen = base.version_policy.choose(base.versions)
     if not chosen:
         raise ConfigError(f"{model_dir}: its version_policy serves none of {list(base.versions)}")
-    return [parse_spec(_version_raw(raw, model_dir / str(v), v), model_dir) for v in chosen]
+    return [
+        parse_spec(_version_raw(raw, model_dir / str(v), v), model_dir, _where(model_dir, v))
+        for v in chosen
+    ]
+
+
+def _where(model_dir: Path, version: int) -> str:
+    """A version's card, for errors: the model's, with the version folder's over it."""
+    own = model_dir / str(version) / "model.yaml"
+    card = str(model_dir / "model.yaml")
+    return f"{card} (with {own} over it)" if own.is_file() else card
 
 
 def _version_raw(raw: dict[str, Any], version_dir: Path, version: int) -> dict[str, Any]:

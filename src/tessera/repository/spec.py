@@ -39,6 +39,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tessera.errors import ConfigError, ModelUnavailableError
+from tessera.repository.schema import (
+    BATCHING_KEYS,
+    CARD_KEYS,
+    MEMORY_KEYS,
+    SOURCE_KEYS,
+    check_keys,
+    check_options,
+)
 from tessera.tasks.types import InputLimits, Task, VisionLimits
 from tessera.units import parse_bytes
 
@@ -184,6 +192,7 @@ def resolve_path(spec: ModelSpec, source: SourceSpec) -> Path:
                 path = spec.folder / path
         elif spec.version is not None:
             path = spec.folder / str(spec.version)
+            _holds_weights(path)
         else:
             raise FileNotFoundError("no source and no version folder")
     except (FileNotFoundError, ModuleNotFoundError, ValueError) as e:
@@ -191,6 +200,18 @@ def resolve_path(spec: ModelSpec, source: SourceSpec) -> Path:
     if not path.exists():
         raise ModelUnavailableError(spec.name, f"weights not found at {path}")
     return path
+
+
+def _holds_weights(version_dir: Path) -> None:
+    """``FileNotFoundError`` where ``version_dir``, the weights of a card that
+    gives no ``source``, holds nothing but its ``model.yaml`` (a version that
+    only changes options): its loader would fail on a missing file instead."""
+    if version_dir.is_dir() and all(p.name == "model.yaml" for p in version_dir.iterdir()):
+        raise FileNotFoundError(
+            f"the card gives no source and version folder {version_dir} holds no weights"
+            " (only its model.yaml): give source: {path: ...} in the card, or put the"
+            " weights in the version folder"
+        )
 
 
 def _int(raw: dict[str, Any], key: str, default: int, where: str) -> int:
@@ -249,9 +270,7 @@ def parse_vision(raw: Any, where: str) -> VisionLimits | None:
         return None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a mapping")
-    unknown = set(raw) - {"patch_size", "merge_size", "min_pixels", "max_pixels"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    check_keys(raw, ("patch_size", "merge_size", "min_pixels", "max_pixels"), where)
     default = VisionLimits()
     vision = VisionLimits(
         patch_size=_int(raw, "patch_size", default.patch_size, where),
@@ -264,11 +283,14 @@ def parse_vision(raw: Any, where: str) -> VisionLimits | None:
     return vision
 
 
-def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
-    """Build a ``ModelSpec`` from a parsed ``model.yaml`` in ``folder``."""
-    where = str(folder / "model.yaml")
+def parse_spec(raw: dict[str, Any], folder: Path, where: str | None = None) -> ModelSpec:
+    """Build a ``ModelSpec`` from a parsed ``model.yaml`` in ``folder``
+    (``where``: the card's files, for errors). Every key, at every level,
+    is one the card may give (``repository/schema.py``)."""
+    where = where or str(folder / "model.yaml")
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping")
+    check_keys(raw, CARD_KEYS, where)
     name = raw.get("name", folder.name)
     if not isinstance(name, str) or not name or "@" in name or "/" in name:
         raise ConfigError(f"{where}: name must be a non-empty string without '@' or '/'")
@@ -291,6 +313,7 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
     source_raw = raw.get("source") or {}
     if not isinstance(source_raw, dict):
         raise ConfigError(f"{where}: source must be a mapping")
+    check_keys(source_raw, SOURCE_KEYS, f"{where}: source")
     source = SourceSpec(package=source_raw.get("package"), path=source_raw.get("path"))
 
     versions = tuple(
@@ -301,6 +324,9 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         raise ConfigError(f"{where}: version must be an integer, got {version!r}")
 
     batching_raw = raw.get("batching") or {}
+    if not isinstance(batching_raw, dict):
+        raise ConfigError(f"{where}: batching must be a mapping")
+    check_keys(batching_raw, BATCHING_KEYS, f"{where}: batching")
     max_batch_size = _int(batching_raw, "max_batch_size", 32, where)
     units = batching_raw.get("max_batch_units", batching_raw.get("max_batch_tokens", 8192))
     batching = BatchingSpec(
@@ -314,10 +340,14 @@ def parse_spec(raw: dict[str, Any], folder: Path) -> ModelSpec:
         ),
     )
     memory_raw = raw.get("memory") or {}
+    if not isinstance(memory_raw, dict):
+        raise ConfigError(f"{where}: memory must be a mapping")
+    check_keys(memory_raw, MEMORY_KEYS, f"{where}: memory")
     max_bytes = memory_raw.get("max_bytes")
     options = raw.get("options") or {}
     if not isinstance(options, dict):
         raise ConfigError(f"{where}: options must be a mapping")
+    check_options(options, adapter, engine, f"{where}: options")
     isolation = parse_isolation(raw, task, runtime, adapter, where)
     mps = raw.get("mps_active_thread_percentage")
     if mps is not None:
@@ -401,6 +431,10 @@ def parse_isolation(raw: dict[str, Any], task: Task, runtime: str, adapter: str,
     return str(isolation)
 
 
+# Each kind of version_policy, and the keys its body may give.
+_POLICY_KEYS = {"latest": ("num_versions",), "all": (), "specific": ("versions",)}
+
+
 def parse_version_policy(raw: Any, where: str) -> VersionPolicy:
     """Triton's ``version_policy``: ``{latest: {num_versions: N}}``, ``{all: {}}``
     or ``{specific: {versions: [...]}}``; latest 1 when absent."""
@@ -412,6 +446,8 @@ def parse_version_policy(raw: Any, where: str) -> VersionPolicy:
     body = body or {}
     if not isinstance(body, dict):
         raise ConfigError(f"{where}: version_policy: {kind} must be a mapping")
+    check_keys([kind], _POLICY_KEYS, f"{where}: version_policy")
+    check_keys(body, _POLICY_KEYS[kind], f"{where}: version_policy: {kind}")
     if kind == "latest":
         return VersionPolicy(latest=_int(body, "num_versions", 1, f"{where}: version_policy"))
     if kind == "all":

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tessera.engine import Engine
-from tessera.gateway import openai_api
-from tessera.gateway.openai_api import ChatRequest
+from tessera.gateway import openai_audio
+from tessera.gateway.openai_chat import ChatRequest
 from tessera.runtimes.fake import FAKE_DIMS, fake_embedding
 from tessera.tasks.samples import sample_page
 
@@ -193,7 +193,7 @@ async def test_speech_returns_wav(client: httpx.AsyncClient) -> None:
 async def test_speech_as_server_sent_events(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(openai_api, "SPEECH_EVENT_BYTES", 128)  # the fake's clip: 1,000 bytes
+    monkeypatch.setattr(openai_audio, "SPEECH_EVENT_BYTES", 128)  # the fake's clip: 1,000 bytes
     body = {"model": "tts", "input": "hello", "response_format": "pcm"}
     whole = await client.post("/v1/audio/speech", json=body)
     events = []

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tessera.errors import InvalidInputError, PayloadTooLargeError
-from tessera.gateway.kserve import Tensor, _images
+from tessera.gateway.kserve import _images
+from tessera.gateway.kserve_tensor import Tensor
 from tessera.tasks.image import decode_image
 from tessera.tasks.samples import sample_page
 

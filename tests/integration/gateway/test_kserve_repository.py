@@ -1,5 +1,5 @@
 """Triton's model repository extension, loads and unloads
-(``gateway/kserve.py``), for admin keys only (over gRPC:
+(``gateway/kserve_repository.py``), for admin keys only (over gRPC:
 ``test_grpc_kserve.py``)."""
 
 from __future__ import annotations

@@ -4,12 +4,8 @@ its choices are not all alike (each had the request's seed: one answer n times).
 
 from __future__ import annotations
 
-from tessera.gateway.openai_api import (
-    ChatRequest,
-    CompletionRequest,
-    chat_inputs,
-    completion_inputs,
-)
+from tessera.gateway.openai_chat import ChatRequest, chat_inputs
+from tessera.gateway.openai_completions import CompletionRequest, completion_inputs
 
 
 def test_each_choice_of_a_chat_has_a_seed_of_its_own() -> None:

@@ -1,4 +1,4 @@
-"""KServe v2 infer bodies: whatever the bytes, ``_parse_request`` returns a
+"""KServe v2 infer bodies: whatever the bytes, ``parse_request`` returns a
 validated request or raises ``InvalidInputError`` (a 4xx), nothing else."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tessera.errors import InvalidInputError
-from tessera.gateway.kserve import MAX_TENSOR_RANK, _encode_output, _parse_request
+from tessera.gateway.kserve_tensor import MAX_TENSOR_RANK, encode_output, parse_request
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6)
 JSON = st.recursive(
@@ -56,7 +56,7 @@ def test_any_body_parses_or_is_invalid_input(
 ) -> None:
     head = json.dumps(header).encode()
     try:
-        parsed = _parse_request(head + blob, str(len(head)) if length == "" else length)
+        parsed = parse_request(head + blob, str(len(head)) if length == "" else length)
     except InvalidInputError as e:
         message = str(e)
     else:
@@ -71,7 +71,7 @@ def test_any_body_parses_or_is_invalid_input(
 @hypothesis.settings(max_examples=200, database=None)
 def test_any_bytes_parse_or_are_invalid_input(body: bytes, length: str | None) -> None:
     with contextlib.suppress(InvalidInputError):
-        _parse_request(body, length)
+        parse_request(body, length)
 
 
 def test_a_valid_binary_tensor_parses() -> None:
@@ -90,7 +90,7 @@ def test_a_valid_binary_tensor_parses() -> None:
             "outputs": [{"name": "EMBEDDING", "parameters": {"binary_data": True}}],
         }
     ).encode()
-    parsed = _parse_request(head + blob, str(len(head)))
+    parsed = parse_request(head + blob, str(len(head)))
     assert parsed.texts == ["hello", "wörld"]
     assert parsed.request_id == "r1"
     assert parsed.binary_outputs == {"EMBEDDING": True}
@@ -106,11 +106,11 @@ def test_an_outputs_own_binary_data_overrides_the_requests_default() -> None:
             {"name": "TOKENS"},
         ],
     }
-    parsed = _parse_request(json.dumps(head).encode(), None)
+    parsed = parse_request(json.dumps(head).encode(), None)
     values = np.ones((1, 2), dtype=np.float32)
-    as_json, raw = _encode_output(parsed, "EMBEDDING", values, "FP32")
+    as_json, raw = encode_output(parsed, "EMBEDDING", values, "FP32")
     assert (as_json["data"], raw) == ([1.0, 1.0], b"")
-    as_binary, raw = _encode_output(parsed, "TOKENS", values, "FP32")
+    as_binary, raw = encode_output(parsed, "TOKENS", values, "FP32")
     assert as_binary["parameters"] == {"binary_data_size": 8}
     assert raw == values.tobytes()
 
@@ -130,7 +130,7 @@ def test_inputs_read_their_binary_data_in_turn() -> None:
     documents, documents_blob = tensor("TEXT", [b"a", b"bc"])
     inline = {"name": "EXTRA", "datatype": "BYTES", "shape": [1], "data": ["x"]}
     head = json.dumps({"inputs": [query, inline, documents]}).encode()
-    parsed = _parse_request(head + query_blob + documents_blob, str(len(head)))
+    parsed = parse_request(head + query_blob + documents_blob, str(len(head)))
     assert {name: t.tolist() for name, t in parsed.inputs.items()} == {
         "QUERY": ["q"],
         "EXTRA": ["x"],
@@ -143,7 +143,7 @@ def test_inputs_read_their_binary_data_in_turn() -> None:
         parsed.named("OTHER")
     twice = json.dumps({"inputs": [inline, inline]}).encode()
     with pytest.raises(InvalidInputError, match="given twice"):
-        _parse_request(twice, None)
+        parse_request(twice, None)
 
 
 def test_nesting_is_bounded_without_recursion() -> None:
@@ -151,10 +151,10 @@ def test_nesting_is_bounded_without_recursion() -> None:
     for _ in range(MAX_TENSOR_RANK):
         data = [data]
     body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": data}]}
-    assert _parse_request(json.dumps(body).encode(), None).texts == ["x"]
+    assert parse_request(json.dumps(body).encode(), None).texts == ["x"]
     body["inputs"][0]["data"] = [data]  # type: ignore[index]
     with pytest.raises(InvalidInputError, match="nested deeper"):
-        _parse_request(json.dumps(body).encode(), None)
+        parse_request(json.dumps(body).encode(), None)
 
 
 def test_numbers_and_bools_read_from_json_and_binary_data() -> None:
@@ -178,7 +178,7 @@ def test_numbers_and_bools_read_from_json_and_binary_data() -> None:
         },
     ]
     head = json.dumps({"inputs": tensors, "parameters": {"top_p": 0.5}}).encode()
-    parsed = _parse_request(head + tokens + seed, str(len(head)))
+    parsed = parse_request(head + tokens + seed, str(len(head)))
     assert {name: t.tolist() for name, t in parsed.inputs.items()} == {
         "text_input": ["hi"],
         "max_tokens": [7],
@@ -209,4 +209,4 @@ def test_values_not_of_their_datatype_say_why(tensor: dict[str, Any], says: str)
     body = {"inputs": [{"name": "x", "shape": [1], **tensor}]}
     head = json.dumps(body).encode()
     with pytest.raises(InvalidInputError, match=says):
-        _parse_request(head + b"\0" * 5, str(len(head)))
+        parse_request(head + b"\0" * 5, str(len(head)))

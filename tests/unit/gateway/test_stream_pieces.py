@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from tessera.gateway.openai_api import pieces_of
+from tessera.gateway.openai_stream import pieces_of
 
 
 async def test_a_stream_left_while_it_waits_leaves_no_getter_pending() -> None:

@@ -64,6 +64,7 @@ def test_a_version_folders_card_overrides_the_models_key_by_key(tmp_path: Path) 
     one, two = read_versions(model)
     assert (one.version_label, one.options) == ("1", {"scale": 1.0, "own_bytes": 7})
     assert (two.version_label, two.options) == ("2", {"scale": 2.0, "own_bytes": 7})
+    (model / "2" / "weights.bin").write_bytes(b"")  # its weights: the version folder's
     assert two.resolve_source() == model / "2"
 
 
