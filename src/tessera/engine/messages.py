@@ -231,9 +231,8 @@ ToGateway = Queued | Failed | Done | Settled | Piece | Logprobs | Reply | State
 _PICKLED = 1
 _ARRAYS = 2
 # An arrays block's head: its dtype's name, the number of arrays, their rank;
-# then each array's shape, then the bytes.
+# then their shape (a 4-byte count a dimension), then the arrays' bytes.
 _HEAD = struct.Struct("!8sII")
-_DIM = struct.Struct("!I")
 
 
 def _scalar(value: object) -> Scalar:
@@ -270,12 +269,9 @@ def _enc_hook(obj: object) -> msgspec.msgpack.Ext:
         return msgspec.msgpack.Ext(_PICKLED, pickle.dumps(obj.value, protocol=5))
     first = arrays[0]
     head = _HEAD.pack(first.dtype.str.encode(), len(arrays), first.ndim)
-    head += b"".join(_DIM.pack(n) for n in first.shape)
-    data = bytearray(len(head) + len(arrays) * first.nbytes)
-    data[: len(head)] = head
-    block = np.frombuffer(data, first.dtype, offset=len(head)).reshape((len(arrays), *first.shape))
-    np.stack(arrays, out=block)  # one copy, into the frame's data
-    return msgspec.msgpack.Ext(_ARRAYS, data)
+    shape = struct.pack(f"!{first.ndim}I", *first.shape)
+    blocks = ((a if a.flags.c_contiguous else np.ascontiguousarray(a)).data for a in arrays)
+    return msgspec.msgpack.Ext(_ARRAYS, b"".join((head, shape, *blocks)))
 
 
 def _ext_hook(code: int, data: memoryview) -> Payload[Any]:
@@ -284,11 +280,11 @@ def _ext_hook(code: int, data: memoryview) -> Payload[Any]:
     if code != _ARRAYS:
         raise ValueError(f"an unknown extension {code}")
     dtype, count, ndim = _HEAD.unpack_from(data)
-    offset = _HEAD.size + ndim * _DIM.size
-    shape = tuple(_DIM.unpack_from(data, _HEAD.size + i * _DIM.size)[0] for i in range(ndim))
+    shape = struct.unpack_from(f"!{ndim}I", data, _HEAD.size)
     # A copy: writable arrays, as unpickled ones are, that outlive the frame.
-    block = np.frombuffer(data[offset:], dtype=np.dtype(dtype.rstrip(b"\0").decode())).copy()
-    return Payload(list(block.reshape((count, *shape))))
+    block = bytearray(data[_HEAD.size + 4 * ndim :])
+    arrays = np.frombuffer(block, np.dtype(dtype.rstrip(b"\0").decode()))
+    return Payload(list(arrays.reshape((count, *shape))))
 
 
 def _dec_hook(kind: type, obj: object) -> object:
