@@ -37,9 +37,9 @@ The engine process sends (``ToGateway``):
   removed (a hundred models' specs are a quarter of a state's cost).
   ``whole``: each model's ``recent_batches`` is its whole window (a
   gateway's first state, a call's); else only the batches run since the last
-  interval's state, which the gateway adds to the windows it keeps (whole
-  windows of a hundred models are megabytes, pickled on the engine's loop
-  four times a second).
+  interval's state, which the gateway adds to the windows it keeps (a
+  hundred models' whole windows are over a megabyte: too much to encode on
+  the engine's loop four times a second).
 
 Scalars, the task, the caller and request events travel as MessagePack and
 are checked against the message's types on arrival. Requests' inputs and

@@ -454,8 +454,12 @@ class RemoteEngine:
         if self._draining or self.lost.is_set():
             raise ShuttingDownError("the server is shutting down: no new requests")
         sent = list(items)
-        with contextlib.suppress(TesseraError):  # a name the engine does not serve: it says so
-            sent = self._tokenizers.tokenized(self.spec_for(name, task), sent)
+        try:
+            spec = self.spec_for(name, task)
+        except TesseraError:
+            pass  # a name the engine does not serve, or not for this task: it says so
+        else:
+            sent = self._tokenizers.tokenized(spec, sent)
         flight, queued = await self._requests.submit(name, task, sent, timeout_s, caller)
         now = self.clock.now()
         request = QueuedRequest(
