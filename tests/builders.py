@@ -47,17 +47,18 @@ def write_fake_repository(
     root: Path, models: dict[str, dict[str, Any]], *, batching: dict[str, Any] | None = None
 ) -> Path:
     """A model repository of ``fake``-adapter models: ``{name: descriptor fields}``
-    over defaults (1000 own bytes; ``batching`` for models that give none)."""
+    over defaults (a fake model's 1000 own bytes; ``batching`` for models that give none)."""
     for name, extra in models.items():
         folder = root / name
         folder.mkdir(parents=True)
+        fake = extra.get("adapter", "fake") == "fake"
         descriptor = {
             "name": name,
             "runtime": "torch",
             "adapter": "fake",
             "batching": batching or {"max_batch_size": 16, "max_wait_ms": 20},
             **extra,
-            "options": {"own_bytes": 1000, **extra.get("options", {})},
+            "options": {**({"own_bytes": 1000} if fake else {}), **extra.get("options", {})},
         }
         (folder / "model.yaml").write_text(yaml.safe_dump(descriptor))
     return root
