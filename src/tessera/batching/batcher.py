@@ -17,7 +17,7 @@ and every slot stays busy. The extra wait is at most half a batch. On a GPU
 closes at once: a small encoder's batch of 1 there costs what one of 32 does
 (its kernel launches), so waiting for company bought only latency: a lone
 caller waited up to the model's predicted batch time (on the H200 a c=1
-p50 of 4.5-5.8 ms against the issue's 5 ms) for company a closed loop of one
+p50 of 4.5-5.8 ms against a 5 ms target) for company a closed loop of one
 never brings. While it runs, the next batch gathers as above. Requests whose
 caller has gone or whose deadline passed are dropped before the batch is
 formed; the deadline ones fail with 504.
@@ -272,8 +272,8 @@ class ModelBatcher:
         takes to run what waits cannot pay: what arrives meanwhile gathers for
         the next batch while this one runs. A MiniLM batch runs 20-30 ms on
         this project's CPU (the 5 ms of its card stand) and about 0.6 ms on an
-        H200, where 5 ms alone would be eight forwards' time (and issue 15's
-        5 ms bar for one caller's p50 out of reach)."""
+        H200, where 5 ms alone would be eight forwards' time (and a 5 ms
+        p50 for one caller out of reach)."""
         wait = self.batching.max_wait_ms / 1000
         predictor = self._predictor
         if predictor is None or predictor.num_samples < MIN_SAMPLES:
