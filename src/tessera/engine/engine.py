@@ -163,6 +163,9 @@ class EngineConfig:
         default_factory=lambda: dict(DEFAULT_ENGINE_COMMANDS)
     )
     trusted_pickle_dirs: tuple[Path, ...] = ()
+    # Adapters beyond the built-in ones: name -> "module:Class", a ModelLoader
+    # imported when a card names it (``runtimes/registry.py``).
+    adapters: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def fills(self) -> bool:
@@ -277,6 +280,7 @@ class Engine(ModelLifecycle):
             self._stats,
             cache_dir=config.cache_dir,
             loaders=loaders,
+            adapters=config.adapters,
             trusted_pickle_dirs=config.trusted_pickle_dirs,
         )
         budget = config.memory_budget_bytes or self._device.default_budget_bytes()
