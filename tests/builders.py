@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from harness.fake_models import FAKE_ADAPTERS
 from tessera.admission import AdmissionController
 from tessera.clock import FakeClock
 from tessera.engine import Engine, EngineConfig
@@ -80,6 +81,7 @@ async def fake_engine(
         "device": "cpu",
         "num_threads": 2,
         "fill": False,
+        "adapters": FAKE_ADAPTERS,
         **config,
     }
     engine = Engine(repository, EngineConfig(**settings))
@@ -92,7 +94,7 @@ async def fake_engine(
     assert all(m.pins == 0 and m.queue_depth == 0 for m in stats.models)
 
 
-# The metric families the observability issue names (and a few more we promise).
+# The metric families tessera promises to export (docs and dashboards rely on them).
 ISSUE_FAMILIES = frozenset(
     {
         "tessera_requests_total",
