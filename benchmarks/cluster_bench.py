@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 import yaml
 
+from harness.fake_models import FAKE_ADAPTERS
 from harness.raycluster import LocalRayCluster, local_ray_cluster, running_gateways
 from harness.report import output_stem
 from harness.servers import RunningServer
@@ -252,6 +253,7 @@ def deploy_and_run(work: Path, qps_seconds: float) -> dict[str, Any]:
                 {
                     "include_default_models": False,
                     "model_repositories": [str(repo)],
+                    "adapters": FAKE_ADAPTERS,
                     "memory_budget": "64MiB",
                     "num_threads": 1,
                     "tenant_store": url,

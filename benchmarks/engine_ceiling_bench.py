@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.driver import zipf_weights
+from harness.fake_models import FAKE_ADAPTERS
 from harness.report import write_report
 from tessera import residency
 from tessera.admission.limits import TenantLimits
@@ -135,6 +136,7 @@ async def fake_engine(
         device="cpu",
         num_threads=2,
         fill=False,
+        adapters=FAKE_ADAPTERS,
     )
     if lane_threads is not None:
         config = replace(config, across_models_threads=lane_threads)

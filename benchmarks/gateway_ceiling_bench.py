@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_ceiling_bench import BATCHING
+from harness.fake_models import fake_adapter_args, harness_pythonpath
 from harness.probes import CpuMeter
 from harness.report import write_report
 from harness.servers import running_tessera
@@ -129,7 +130,9 @@ def one_run(
     args = [] if tenants else ["--no-auth"]
     args += ["--model-repository", str(fake_repository(work / label))]
     args += ["--preload", "echo", "--no-fill", "--device", "cpu", "--gateways", str(gateways)]
-    env = {"PYTHONPATH": str(source)} if source is not None else None
+    args += fake_adapter_args()
+    path = {"PYTHONPATH": str(source)} if source is not None else os.environ
+    env = {"PYTHONPATH": harness_pythonpath(path)}
     with running_tessera(work, label, args, env) as server:
         port = int(server.base_url.rsplit(":", 1)[1])
         requests = [request_bytes()]

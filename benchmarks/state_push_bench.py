@@ -84,11 +84,17 @@ async def child(models: int, batches: int, pushes: int) -> dict[str, Any]:
             }
 
 
-def _decoded(frame: bytes) -> tuple[Any, ...]:
-    import pickle
+def _decoded(frame: bytes) -> Any:
+    """A frame's message, as the tree under test encodes them."""
+    try:
+        from tessera.engine.messages import to_gateway
+    except ImportError:  # a tree from before typed messages: pickled tuples
+        import pickle
 
-    message: tuple[Any, ...] = pickle.loads(frame[4:])
-    return message
+        return pickle.loads(frame[4:])
+    from tessera.engine.ipc import decode
+
+    return decode(frame[4:], to_gateway)
 
 
 def run_child(source: Path | None, args: argparse.Namespace) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from harness.fake_models import FAKE_ADAPTERS
 from tessera.admission import AdmissionController
 from tessera.clock import FakeClock
 from tessera.engine import Engine, EngineConfig
@@ -47,17 +48,18 @@ def write_fake_repository(
     root: Path, models: dict[str, dict[str, Any]], *, batching: dict[str, Any] | None = None
 ) -> Path:
     """A model repository of ``fake``-adapter models: ``{name: descriptor fields}``
-    over defaults (1000 own bytes; ``batching`` for models that give none)."""
+    over defaults (a fake model's 1000 own bytes; ``batching`` for models that give none)."""
     for name, extra in models.items():
         folder = root / name
         folder.mkdir(parents=True)
+        fake = extra.get("adapter", "fake") == "fake"
         descriptor = {
             "name": name,
             "runtime": "torch",
             "adapter": "fake",
             "batching": batching or {"max_batch_size": 16, "max_wait_ms": 20},
             **extra,
-            "options": {"own_bytes": 1000, **extra.get("options", {})},
+            "options": {**({"own_bytes": 1000} if fake else {}), **extra.get("options", {})},
         }
         (folder / "model.yaml").write_text(yaml.safe_dump(descriptor))
     return root
@@ -79,6 +81,7 @@ async def fake_engine(
         "device": "cpu",
         "num_threads": 2,
         "fill": False,
+        "adapters": FAKE_ADAPTERS,
         **config,
     }
     engine = Engine(repository, EngineConfig(**settings))
@@ -91,7 +94,7 @@ async def fake_engine(
     assert all(m.pins == 0 and m.queue_depth == 0 for m in stats.models)
 
 
-# The metric families the observability issue names (and a few more we promise).
+# The metric families tessera promises to export (docs and dashboards rely on them).
 ISSUE_FAMILIES = frozenset(
     {
         "tessera_requests_total",

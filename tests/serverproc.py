@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from harness.fake_models import fake_adapter_args, harness_pythonpath
+
 READY_TIMEOUT_S = 180.0
 
 
@@ -47,14 +49,16 @@ def start_server(
     command_name: str = "serve",
     env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], Server]:
-    """Start ``tessera serve`` (or ``command_name``) with ``args`` (a later
-    ``--data-dir`` wins) and ``env`` over this process's environment, and wait
+    """Start ``tessera serve`` (or ``command_name``) with the ``fake`` adapter
+    registered, ``args`` (a later ``--data-dir`` wins) and ``env`` over this
+    process's environment, and wait
     until it is ready (or until ``probe`` answers 200: ``/v2/health/live``, up)."""
     port = free_port()
     log_path = tmp / f"server-{port}.log"
-    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    environ = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    environ = {**environ, "PYTHONPATH": harness_pythonpath(), **(env or {})}
     command = [sys.executable, "-m", "tessera", command_name, "--port", str(port)]
-    command += ["--data-dir", str(tmp / "data"), *args]
+    command += ["--data-dir", str(tmp / "data"), *fake_adapter_args(), *args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environ)
     server = Server(f"http://127.0.0.1:{port}", port, log_path, key)

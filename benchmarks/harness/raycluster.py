@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.fake_models import harness_pythonpath
 from harness.servers import RunningServer, free_port, running_process, tessera_command, url_ok
 
 # On a machine whose outward address is not reachable from itself (a sandbox),
@@ -41,8 +42,10 @@ class LocalRayCluster:
 
 @contextlib.contextmanager
 def local_ray_cluster(num_nodes: int = 3, cpus_per_node: float = 1) -> Iterator[LocalRayCluster]:
-    """A head and ``num_nodes - 1`` worker nodes on the loopback; shut down after."""
+    """A head and ``num_nodes - 1`` worker nodes on the loopback; shut down after.
+    Their engine actors can import the harness (its fake models)."""
     os.environ.update(LOOPBACK_RAY_ENV)  # the raylets started below inherit it
+    os.environ["PYTHONPATH"] = harness_pythonpath()  # and their workers this
     from ray.cluster_utils import Cluster
 
     node_args: dict[str, Any] = {"num_cpus": cpus_per_node, "node_ip_address": "127.0.0.1"}

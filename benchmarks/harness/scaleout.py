@@ -42,13 +42,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from harness.fake_host import FakeModelHost
 from harness.report import output_stem
 from tessera.clock import FakeClock
 from tessera.cluster import AddReplica, DeviceReport, ModelLoad, Router, RoutingConfig
 from tessera.errors import TesseraError
 from tessera.repository.spec import BatchingSpec, ModelSpec
 from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
-from tessera.residency.fake import FakeModelHost
 from tessera.tasks.types import Task
 
 MB = 1_000_000

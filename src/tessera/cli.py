@@ -39,6 +39,14 @@ HostBudgetOpt = Annotated[
         " (4GiB), 0 for none. Default: a quarter of the RAM."
     ),
 ]
+AdapterOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--adapter",
+        help="An adapter beyond the built-in ones: NAME=module:Class, a ModelLoader"
+        " importable by the server (repeatable).",
+    ),
+]
 RepoOpt = Annotated[
     list[Path] | None,
     typer.Option("--model-repository", help="Extra model repository folder (repeatable)."),
@@ -57,6 +65,13 @@ def _config(config: Path | None, **overrides: object) -> ServerConfig:
     except ConfigError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
+
+
+def _adapters(given: list[str] | None) -> dict[str, str] | None:
+    """``--adapter NAME=module:Class`` options as the config's ``adapters``."""
+    if not given:
+        return None
+    return {name: target for name, _, target in (a.partition("=") for a in given)}
 
 
 @app.command()
@@ -83,6 +98,7 @@ def serve(
         ),
     ] = None,
     model_repository: RepoOpt = None,
+    adapter: AdapterOpt = None,
     scheduling: Annotated[str | None, typer.Option(help="fair (across tenants) or fifo.")] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Also serve /metrics on this port, without a key.")
@@ -140,6 +156,7 @@ def serve(
         preload=preload,
         fill=fill,
         model_repositories=model_repository,
+        adapters=_adapters(adapter),
         scheduling=scheduling,
         auth=False if no_auth else None,
         log_format=log_format,
@@ -176,6 +193,7 @@ def cluster(
         float | None, typer.Option(help="CPUs an engine takes on a node without GPUs (1).")
     ] = None,
     model_repository: RepoOpt = None,
+    adapter: AdapterOpt = None,
     no_auth: Annotated[
         bool, typer.Option("--no-auth", help="Serve without API keys (trusted networks only).")
     ] = False,
@@ -195,6 +213,7 @@ def cluster(
         device=device,
         num_threads=threads,
         model_repositories=model_repository,
+        adapters=_adapters(adapter),
         auth=False if no_auth else None,
         cluster=address,
         cluster_cpu_share=cpu_share,

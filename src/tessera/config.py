@@ -89,6 +89,10 @@ A config file may hold any of::
     trusted_pickle_dirs: []      # folders whose pickle files (joblib, .pkl) may load, for
                                  # cards read from disk; an installed package's folder is
                                  # trusted (its operator installed it); never over the API
+    adapters: {}                 # adapters beyond the built-in ones, for a card's adapter:
+                                 # name: module:Class (a ModelLoader, imported from the
+                                 # server's sys.path when a card names it; --adapter
+                                 # NAME=module:Class); a built-in name may not be reused
     watch_interval_s: 5          # how often watch_repository polls (see docs/models.md)
     trusted_proxies: []          # addresses whose X-Forwarded-For names the client
                                  # (rate limits, the auth throttle); default: none
@@ -131,6 +135,7 @@ from tessera.engine.loop import DEFAULT_ENGINE_LOOP, ENGINE_LOOPS
 from tessera.errors import ConfigError
 from tessera.repository import ModelRepository, default_repository_path
 from tessera.repository.trust import check_engine_command, parse_engine_commands
+from tessera.runtimes.registry import parse_adapters
 from tessera.scheduling import DEFAULT_TIERS, TierSpec, parse_tiers
 from tessera.tasks.image import (
     DEFAULT_MAX_REQUEST_PAGES,
@@ -256,6 +261,7 @@ _ENGINE_KEYS = {
     "fill",
     "engine_commands",
     "trusted_pickle_dirs",
+    "adapters",
 }
 # Keys given in one unit in the file and another in EngineConfig.
 _MS_KEYS = {
@@ -370,6 +376,7 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
             engine_values[field_name] = float(raw) / 1000 if raw is not None else None
     engine_values["engine_commands"] = parse_engine_commands(values.get("engine_commands"))
     engine_values["trusted_pickle_dirs"] = _paths(values, "trusted_pickle_dirs")
+    engine_values["adapters"] = parse_adapters(values.get("adapters"))
     if "across_models_threads" in engine_values:
         engine_values["across_models_threads"] = _positive_int(
             engine_values, "across_models_threads", ACROSS_MODELS_THREADS

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from builders import write_fake_repository
+from harness.fake_models import FAKE_ADAPTERS
 from harness.raycluster import LocalRayCluster, local_ray_cluster, running_gateways
 from harness.servers import RunningServer
 from services import postgres_schema, redis_prefix, redis_url
@@ -102,6 +103,7 @@ def deploy(tmp: Path, cpu_share: float) -> Iterator[Deployment]:
                 {
                     "include_default_models": False,
                     "model_repositories": [str(repo)],
+                    "adapters": FAKE_ADAPTERS,
                     "memory_budget": "64MiB",
                     "num_threads": 1,
                     "tenant_store": url,

@@ -1,8 +1,7 @@
 """Where a CUDA device is present: the device, the budget, and a model on it.
 
 Skipped without CUDA (CI has none); run on a machine with a GPU with
-``pytest -m gpu tests/gpu`` (scripts/gpu-check.sh runs them). First run on an
-H200 on 2026-12-04.
+``pytest -m gpu tests/gpu`` (scripts/gpu-check.sh runs them).
 """
 
 from __future__ import annotations
@@ -123,9 +122,9 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
         assert encoder.graphs.in_host_tier
         assert encoder.graphs.graphs.num_runners == 0
         encoder.restore()
-        # Captured again on a bucket's second use, into a new pool: the first
-        # GPU run (2026-12-04) reused the old pool's handle and every capture
-        # after a return from the host tier failed, each bucket then eager.
+        # Captured again on a bucket's second use, into a new pool: reusing the
+        # old pool's handle fails every capture after a return from the host
+        # tier, each bucket then eager.
         for _ in range(CAPTURE_ON_USE):
             got = encoder.encode(texts)
             assert cosines(got, want) >= 0.999
@@ -140,7 +139,7 @@ def test_stacked_rounds_on_cuda_give_each_model_its_own_vectors() -> None:
     # Batching across models (runtimes/stacking.py): three models of the
     # architecture, cards saying `stack: 4`; a round of their batches is one
     # replay of a vmapped forward over their slots, each model's vectors as
-    # its float32 forward gives them. Not yet run on a device (2026-12-04).
+    # its float32 forward gives them.
     import numpy as np
 
     from tessera.repository import default_repository_path, read_spec

@@ -40,7 +40,7 @@ ROOT = "tessera"
 # Known cycles owned by work in progress: the nodes of the cycle (all of its
 # strongly connected component) -> why it is still allowed and who removes it,
 # e.g. ``frozenset({"tessera.bench", "tessera.benchmark"}): "the harness moves
-# to benchmarks/ (issue 13)"``. Empty: the tree has no cycle.
+# to benchmarks/"``. Empty: the tree has no cycle.
 ALLOWED_CYCLES: Mapping[frozenset[str], str] = {}
 
 

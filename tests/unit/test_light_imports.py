@@ -1,7 +1,7 @@
 """The policy packages and the config import no heavy library.
 
-Admission, scheduling, batching and residency decide in plain Python
-(ARCHITECTURE.md): importing one of them in a fresh interpreter loads no
+Admission, scheduling, batching and residency decide in plain Python:
+importing one of them in a fresh interpreter loads no
 torch, numpy, onnxruntime, transformers, ray, and nothing of the HTTP side
 (FastAPI, Starlette, uvicorn, Prometheus). Reading the config loads nothing
 of the HTTP side or of the tenant store (SQLite) either. The drivers of shared
@@ -82,11 +82,11 @@ def test_config_imports_nothing_of_the_http_side() -> None:
 
 
 def test_import_chain_names_who_loaded_a_module() -> None:
-    tree = [(3, "numpy.core"), (2, "numpy"), (1, "tessera.runtimes.fake"), (0, "tessera.x")]
+    tree = [(3, "numpy.core"), (2, "numpy"), (1, "tessera.runtimes.onnx"), (0, "tessera.x")]
     assert import_chain(tree, "numpy") == [
         "numpy.core",
         "numpy",
-        "tessera.runtimes.fake",
+        "tessera.runtimes.onnx",
         "tessera.x",
     ]
 

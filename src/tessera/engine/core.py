@@ -1,38 +1,6 @@
 """The engine's side of the process split: an ``Engine`` served to gateway
-processes over a Unix socket (``RemoteEngine`` is the other side).
-
-One engine process per device owns the queues, the fair scheduler, admission
-(rates, concurrency and quotas are counted here, so they are exact however
-many gateways there are), residency and the device; the gateway processes do
-HTTP, authentication, JSON and the audit, and hand each request here as it
-came (``submit``). Per connection, the messages (``engine/ipc.py`` frames):
-
-- gateway to engine: ``("submit", id, model, task, items, timeout_s, caller,
-  request_id, streamed)`` queues a request (``streamed``: the items whose
-  ``on_text`` and ``on_logprobs`` the gateway keeps; the pieces come back as
-  ``piece`` messages, the logprobs of a piece that has them, where asked
-  for, as a ``logprobs`` message just before it); ``("cancel", id)``: its
-  caller left; ``("call", id, method, args)``: an admin call (load, unload,
-  add_model, remove_model);
-  ``("events", events)``: the gateway's answered requests, for the metrics
-  the engine process serves.
-- engine to gateway: ``("queued", id, model_key, version, units, timeout_s)`` or
-  ``("error", id, error)`` at once; then ``("done", id, outputs, queued_s,
-  run_s, batch_size, units)`` (``units``: its charge, or None when it is
-  settled later, as ``("settled", id, units)``) or ``("error", id,
-  error)`` (and ``settled``); ``("piece", id, item, text)`` (after
-  ``("logprobs", id, item, tokens)``, where they are asked for) while a
-  streamed chat generates; ``("reply", id, ok, value)`` for a call;
-  ``("state", phase, served, snapshot, whole)`` every ``state_interval_s``
-  and after each call: what the gateways read models, probes and ``/v2``
-  from (``served`` None: as in the last state; the interval's states carry
-  the served models only when they changed: a hundred models' specs were a
-  quarter of each state's cost, every quarter of a second). ``whole``: each
-  model's ``recent_batches`` is its whole window (a gateway's first state, a
-  call's); else only the batches run since the last interval's state, which
-  the gateway adds to the windows it keeps (a hundred models' whole windows
-  were 1.4 MB and 21 ms of pickling, the engine's loop and the interpreter
-  lock held, every quarter of a second).
+processes over a Unix socket (``RemoteEngine`` is the other side; the
+messages and what each means are in ``engine/messages.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +20,26 @@ from tessera.logs import request_id as request_id_var
 from tessera.metrics import RequestEvent
 
 from .engine import Engine
-from .ipc import FrameWriter, encode, encode_error, read_frame
+from .ipc import FrameWriter, encode, read_frame
+from .lifecycle import ServedModel
+from .messages import (
+    Call,
+    Cancel,
+    Done,
+    ErrorInfo,
+    Events,
+    Failed,
+    Logprobs,
+    Payload,
+    Piece,
+    Queued,
+    Reply,
+    Settled,
+    State,
+    Submit,
+    ToEngine,
+    to_engine,
+)
 from .types import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -92,7 +79,7 @@ class EngineCore:
         self._calls: set[asyncio.Task[None]] = set()
         # The served models of the last state every gateway was sent, and
         # each model's batches run by then.
-        self._served_pushed: dict[str, Any] | None = None
+        self._served_pushed: dict[str, ServedModel] | None = None
         self._batches_pushed: dict[str, int] = {}
 
     async def start(self, path: Path) -> None:
@@ -115,23 +102,24 @@ class EngineCore:
         if self._server is not None:
             await self._server.wait_closed()
 
-    def _state(self, *, changed_only: bool = False) -> tuple[Any, ...]:
+    def _state(self, *, changed_only: bool = False) -> State:
         """A state message; ``changed_only`` (the interval's, to every
         gateway): the served models only if they changed since the last such
         one, else None, and each model's batches run since it."""
         engine = self.engine
-        served: dict[str, Any] | None = engine.served_models()
+        served = engine.served_models()
         if not changed_only:
-            return ("state", engine.phase, served, engine.snapshot(), True)
+            return State(engine.phase, Payload(served), Payload(engine.snapshot()), whole=True)
         # Equal at the cost of identities: the specs are the same objects
         # until a model is added, versioned or removed.
-        if served == self._served_pushed:
-            served = None
-        else:
+        changed = served != self._served_pushed
+        if changed:
             self._served_pushed = served
         snapshot = engine.snapshot(batches_since=self._batches_pushed)
         self._batches_pushed = {model.name: model.num_batches for model in snapshot.models}
-        return ("state", engine.phase, served, snapshot, False)
+        return State(
+            engine.phase, Payload(served) if changed else None, Payload(snapshot), whole=False
+        )
 
     async def _push_state(self) -> None:
         while True:
@@ -146,7 +134,7 @@ class EngineCore:
         self._gateways.add(gateway)
         gateway.send(self._state())
         try:
-            while (message := await read_frame(reader)) is not None:
+            while (message := await read_frame(reader, to_engine)) is not None:
                 self._dispatch(gateway, message)
         except (ConnectionError, ValueError) as e:
             log.warning("a gateway's connection failed: %s", e)
@@ -156,60 +144,52 @@ class EngineCore:
                 task.cancel()  # its callers are gone with it
             gateway.close()
 
-    def _dispatch(self, gateway: _Gateway, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "submit":
-            call_id = message[1]
-            task = asyncio.create_task(self._request(gateway, *message[1:]))
+    def _dispatch(self, gateway: _Gateway, message: ToEngine) -> None:
+        if isinstance(message, Submit):
+            call_id = message.call_id
+            task = asyncio.create_task(self._request(gateway, message))
             gateway.tasks[call_id] = task
             task.add_done_callback(lambda _: gateway.tasks.pop(call_id, None))
-        elif kind == "cancel":
-            running = gateway.tasks.get(message[1])
+        elif isinstance(message, Cancel):
+            running = gateway.tasks.get(message.call_id)
             if running is not None:
                 running.cancel()
-        elif kind == "call":
-            call = asyncio.create_task(self._call(gateway, *message[1:]))
+        elif isinstance(message, Call):
+            call = asyncio.create_task(self._call(gateway, message))
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)
-        elif kind == "events":
-            if self.on_events is not None:
-                for event in message[1]:
-                    self.on_events(event)
-        else:
-            log.warning("a gateway sent an unknown message %r", kind)
+        elif isinstance(message, Events) and self.on_events is not None:
+            for event in message.events:
+                self.on_events(event)
 
-    async def _request(
-        self,
-        gateway: _Gateway,
-        call_id: int,
-        name: str,
-        task: Any,
-        items: list[Any],
-        timeout_s: float | None,
-        caller: Any,
-        request_id: str | None,
-        streamed: tuple[int, ...],
-    ) -> None:
-        request_id_var.set(request_id)  # this task's own context: its log lines
+    async def _request(self, gateway: _Gateway, message: Submit) -> None:
+        request_id_var.set(message.request_id)  # this task's own context: its log lines
+        call_id = message.call_id
+        items = message.items.value
         loop = asyncio.get_running_loop()
-        for index in streamed:
-            piece = functools.partial(_send, loop, gateway, "piece", call_id, index)
+        for index in message.streamed:
+            piece = functools.partial(_send_piece, loop, gateway, call_id, index)
             items[index] = dataclasses.replace(items[index], on_text=piece)
             if getattr(items[index], "logprobs", None) is not None:
-                tokens = functools.partial(_send, loop, gateway, "logprobs", call_id, index)
+                tokens = functools.partial(_send_logprobs, loop, gateway, call_id, index)
                 items[index] = dataclasses.replace(items[index], on_logprobs=tokens)
         try:
-            submission = self.engine.submit(name, task, items, timeout_s=timeout_s, caller=caller)
+            submission = self.engine.submit(
+                message.model,
+                message.task,
+                items,
+                timeout_s=message.timeout_s,
+                caller=message.caller,
+            )
         except TesseraError as e:
-            gateway.send(("error", call_id, encode_error(e)))
+            gateway.send(Failed(call_id, ErrorInfo.of(e)))
             return
         request = submission.request
         timeout = request.deadline - request.arrival if request.deadline is not None else 0.0
-        queued = ("queued", call_id, submission.model, submission.version, request.units, timeout)
-        gateway.send(queued)
+        gateway.send(Queued(call_id, submission.model, submission.version, request.units, timeout))
 
         def settled(units: float) -> None:
-            gateway.send(("settled", call_id, units))
+            gateway.send(Settled(call_id, units))
 
         trace = RequestTrace()
         try:
@@ -218,38 +198,42 @@ class EngineCore:
             request.charge.when_settled(settled)
             if not isinstance(e, Exception):
                 raise  # cancelled: its caller left
-            gateway.send(("error", call_id, encode_error(e)))
+            gateway.send(Failed(call_id, ErrorInfo.of(e)))
             return
         # The charge is settled with the answer, but for a generation that
         # stops at its next step: then it follows as its own message.
         units = request.charge.units
-        done = (trace.queued_s, trace.run_s, trace.batch_size, units)
-        gateway.send(("done", call_id, outputs, *done))
+        done = Done(call_id, Payload(outputs), trace.queued_s, trace.run_s, trace.batch_size, units)
+        gateway.send(done)
         if units is None:
             request.charge.when_settled(settled)
 
-    async def _call(self, gateway: _Gateway, call_id: int, method: str, args: tuple[Any]) -> None:
-        if method not in CALLS:
-            gateway.send(("reply", call_id, False, encode_error(ValueError(method))))
+    async def _call(self, gateway: _Gateway, message: Call) -> None:
+        call_id = message.call_id
+        if message.method not in CALLS:
+            gateway.send(Reply(call_id, None, ErrorInfo.of(ValueError(message.method))))
             return
         try:
-            value = await getattr(self.engine, method)(*args)
+            value = await getattr(self.engine, message.method)(*message.args.value)
         except Exception as e:
-            reply: tuple[Any, ...] = ("reply", call_id, False, encode_error(e))
+            reply = Reply(call_id, None, ErrorInfo.of(e))
         else:
-            reply = ("reply", call_id, True, value)
+            reply = Reply(call_id, Payload(value), None)
         gateway.send(self._state())  # what the call changed, read before its reply
         gateway.send(reply)
 
 
-def _send(
-    loop: asyncio.AbstractEventLoop,
-    gateway: _Gateway,
-    kind: str,
-    call_id: int,
-    index: int,
-    what: object,
+# A streamed piece of item ``index`` (or its tokens), from the worker thread
+# that generates it: queued on the event loop's thread.
+
+
+def _send_piece(
+    loop: asyncio.AbstractEventLoop, gateway: _Gateway, call_id: int, index: int, text: str
 ) -> None:
-    """A streamed piece (or its logprobs) of item ``index``, from the worker
-    thread that generates it."""
-    loop.call_soon_threadsafe(gateway.send, (kind, call_id, index, what))
+    loop.call_soon_threadsafe(gateway.send, Piece(call_id, index, text))
+
+
+def _send_logprobs(
+    loop: asyncio.AbstractEventLoop, gateway: _Gateway, call_id: int, index: int, tokens: Any
+) -> None:
+    loop.call_soon_threadsafe(gateway.send, Logprobs(call_id, index, Payload(tokens)))

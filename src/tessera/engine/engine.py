@@ -107,6 +107,7 @@ class Engine:
             self._stats,
             cache_dir=config.cache_dir,
             loaders=loaders,
+            adapters=config.adapters,
             trusted_pickle_dirs=config.trusted_pickle_dirs,
         )
         budget = config.memory_budget_bytes or self._device.default_budget_bytes()

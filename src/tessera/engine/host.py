@@ -104,6 +104,7 @@ class EngineHost:
         max_concurrent_loads: int = 2,
         cache_dir: Path | None = None,
         loaders: Mapping[str, ModelLoader] | None = None,
+        adapters: Mapping[str, str] | None = None,
         trusted_pickle_dirs: tuple[Path, ...] = (),
     ):
         self.device = device
@@ -112,6 +113,7 @@ class EngineHost:
         self.shared = SharedComponents()
         # The warm-up after a first load seeds the model's activation peaks.
         self.activations = activations
+        self._adapters: Mapping[str, str] = adapters or {}  # beyond the registry's
         self._loaders: dict[tuple[str, str], ModelLoader] = {
             (adapter, "inline"): loader for adapter, loader in (loaders or {}).items()
         }
@@ -168,7 +170,11 @@ class EngineHost:
         key = (spec.adapter, spec.isolation)
         if key not in self._loaders:
             isolated = spec.isolation == "process"
-            loader = IsolatedLoader(spec.adapter) if isolated else get_loader(spec.adapter)
+            adapters = self._adapters
+            if isolated:
+                loader: ModelLoader = IsolatedLoader(spec.adapter, adapters)
+            else:
+                loader = get_loader(spec.adapter, adapters)
             self._loaders[key] = loader
         return self._loaders[key]
 

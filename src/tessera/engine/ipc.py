@@ -1,27 +1,22 @@
 """Frames between the engine process and its gateway processes.
 
-A frame is a 4-byte big-endian length and a pickle (protocol 5) of a tuple
-whose first element names the message. Both ends are processes of one
-server, started by one command, over a Unix socket in the server's own
-0700 data folder: what arrives was sent by a trusted peer, so pickle (which
-carries numpy arrays, dataclasses and the task types as they are) is the
-codec. The engine process ships the requests' inputs and outputs unchanged.
-
-Errors travel by class and attributes (``encode_error``): a ``TesseraError``
-comes back as the same class with the same message and fields (the
-gateway's error handlers then answer as they would in one process);
-anything else as an ``InferenceError`` whose cause is in the engine's log.
+A frame is a 4-byte big-endian length and one message (``engine/messages.py``
+says what travels, and how) as MessagePack. A reader decodes by what its end
+receives (``messages.to_engine``, ``messages.to_gateway``): a frame that is
+not such a message is a ``ValueError``, as a length over the bound is.
 """
 
 from __future__ import annotations
 
 import asyncio
-import pickle
 import struct
-from typing import Any
+from typing import TypeVar
 
-from tessera import errors
-from tessera.errors import InferenceError, TesseraError
+import msgspec
+
+from .messages import Message, encode_into
+
+T = TypeVar("T")
 
 _LENGTH = struct.Struct("!I")
 # A frame larger than this is refused (both ends are ours; a bound still
@@ -29,9 +24,17 @@ _LENGTH = struct.Struct("!I")
 MAX_FRAME_BYTES = 1 << 30
 
 
-def encode(message: tuple[Any, ...]) -> bytes:
-    body = pickle.dumps(message, protocol=5)
-    return _LENGTH.pack(len(body)) + body
+def encode(message: Message) -> bytearray:
+    """A frame of ``message``."""
+    frame = bytearray(_LENGTH.size)
+    encode_into(message, frame, _LENGTH.size)
+    _LENGTH.pack_into(frame, 0, len(frame) - _LENGTH.size)
+    return frame
+
+
+def decode(body: bytes | bytearray, decoder: msgspec.msgpack.Decoder[T]) -> T:
+    """The message of a frame's ``body`` (its bytes after the length)."""
+    return decoder.decode(body)  # a msgspec.DecodeError is a ValueError
 
 
 class FrameWriter:
@@ -41,13 +44,13 @@ class FrameWriter:
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
-        self._frames: list[bytes] = []
+        self._frames: list[bytearray] = []
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: Message) -> None:
         """Queue ``message`` (on the event loop's thread)."""
         self.send_frame(encode(message))
 
-    def send_frame(self, frame: bytes) -> None:
+    def send_frame(self, frame: bytearray) -> None:
         """Queue a frame ``encode`` made (one encoding for many peers), after
         the messages queued before it."""
         if self.writer.is_closing():
@@ -66,7 +69,7 @@ class FrameWriter:
         self.writer.close()
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
+async def read_frame(reader: asyncio.StreamReader, decoder: msgspec.msgpack.Decoder[T]) -> T | None:
     """The next message, or None at the end of the stream."""
     try:
         head = await reader.readexactly(_LENGTH.size)
@@ -79,31 +82,4 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[Any, ...] | None:
         body = await reader.readexactly(length)
     except asyncio.IncompleteReadError:
         return None
-    message = pickle.loads(body)
-    if not isinstance(message, tuple) or not message:
-        raise ValueError("a frame is a non-empty tuple")
-    return message
-
-
-def encode_error(error: BaseException) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-    """(class name, args, fields) of a ``TesseraError``; another exception
-    becomes an ``InferenceError`` that says where its cause is."""
-    if not isinstance(error, TesseraError) or getattr(errors, type(error).__name__, None) is not (
-        type(error)
-    ):
-        error = InferenceError(
-            f"the engine failed on this request ({type(error).__name__});"
-            " the cause is in the server log"
-        )
-    return type(error).__name__, error.args, dict(vars(error))
-
-
-def decode_error(encoded: tuple[str, tuple[Any, ...], dict[str, Any]]) -> TesseraError:
-    name, args, fields = encoded
-    cls = getattr(errors, name, None)
-    if not isinstance(cls, type) or not issubclass(cls, TesseraError):
-        return InferenceError(f"the engine failed ({name})")
-    error = cls.__new__(cls)
-    Exception.__init__(error, *args)
-    vars(error).update(fields)
-    return error
+    return decode(body, decoder)

@@ -86,6 +86,9 @@ class EngineConfig:
         default_factory=lambda: dict(DEFAULT_ENGINE_COMMANDS)
     )
     trusted_pickle_dirs: tuple[Path, ...] = ()
+    # Adapters beyond the built-in ones: name -> "module:Class", a ModelLoader
+    # imported when a card names it (``runtimes/registry.py``).
+    adapters: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def fills(self) -> bool:

@@ -3,11 +3,11 @@
 A request to ``/v1/embeddings`` spent about 40% of the gateway's CPU in
 FastAPI and Starlette before and around its endpoint: matching it against
 every route, solving its dependencies, parsing and validating its body, and
-the exception wrappers of each layer (the issue "GPU-first execution" found
-the same on the H200 with py-spy). ``FastRoutes`` sits inside tessera's own
-middleware (request id, authentication, audit, body limit) and serves the
-routes ``install_fast_routes`` is given itself: it matches them by their own
-path pattern, validates a JSON body with its pydantic model straight from the
+the exception wrappers of each layer (py-spy found the same on the H200).
+``FastRoutes`` sits inside tessera's own middleware (request id,
+authentication, audit, body limit) and serves the routes
+``install_fast_routes`` is given itself: it matches them by their own path
+pattern, validates a JSON body with its pydantic model straight from the
 bytes, calls the same endpoint function with the same ``Request``, and turns
 an exception into a response with the app's own exception handlers. So an
 answer, an error and a refusal read exactly as through FastAPI.

@@ -93,38 +93,6 @@ ADAPTER_OPTIONS: Mapping[str, frozenset[str]] = {
     "hf-causal-lm": frozenset({"gguf_file", "dtype", "chat_template", "stop_tokens"}),
     "hf-vision-ocr": frozenset({"dtype"}),
     "external": frozenset({"idle_timeout_s", "load_timeout_s"}),
-    # The fake runtime's knobs (``runtimes/fake.py``, ``residency/fake.py``).
-    "fake": frozenset(
-        {
-            "abort_on",
-            "copy_calls",
-            "device_s",
-            "estimate_bytes",
-            "fail_load",
-            "fail_on",
-            "fail_restore",
-            "fail_run",
-            "host_bytes",
-            "host_calls",
-            "host_tier",
-            "items_alone",
-            "load_s",
-            "max_batch_chars",
-            "nan_on",
-            "offload_s",
-            "own_bytes",
-            "restore_s",
-            "round_device_s",
-            "round_host_calls",
-            "run_s",
-            "scale",
-            "scratch_bytes_per_unit",
-            "shared",
-            "stack",
-            "unit_s",
-            "word_s",
-        }
-    ),
 }
 # Options of ``runtime: external`` per engine (``runtimes/llamacpp.py``, ``vllm.py``);
 # a card registered over the API may not give the process's (``trust.py``).
@@ -150,5 +118,7 @@ def check_options(options: Mapping[str, Any], adapter: str, engine: str | None, 
     """``options`` are the adapter's (and its engine's) or every card's."""
     own = ADAPTER_OPTIONS.get(adapter)
     if own is None:
-        return  # an unknown adapter fails at load, by name
+        # An adapter from the server's config (``adapters``) reads its own
+        # options; an adapter nobody registered fails at load, by name.
+        return
     check_keys(options, COMMON_OPTIONS | own | ENGINE_OPTIONS.get(engine or "", frozenset()), where)

@@ -51,7 +51,7 @@ import pickle
 import shutil
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -190,6 +190,7 @@ class _WorkerArgs:
     cache_dir: Path | None = None  # the server's, for converted and optimised graphs
     warm_up: bool = True
     trusted_pickle_dirs: tuple[Path, ...] = ()
+    adapters: Mapping[str, str] = field(default_factory=dict)  # the config's (registry.py)
 
 
 def worker_main(conn: Connection, args: _WorkerArgs) -> None:
@@ -213,7 +214,7 @@ def worker_main(conn: Connection, args: _WorkerArgs) -> None:
             warm_up=args.warm_up,
             trusted_pickle_dirs=args.trusted_pickle_dirs,
         )
-        model = get_loader(args.spec.adapter).load(args.spec, ctx)
+        model = get_loader(args.spec.adapter, args.adapters).load(args.spec, ctx)
     except BaseException as e:
         _send(conn, _Reply(error=_portable(e)))
         return
@@ -272,10 +273,12 @@ class _Worker:
 
 
 class IsolatedLoader:
-    """Loads a model of adapter ``adapter`` into a worker process of its own."""
+    """Loads a model of adapter ``adapter`` (a built-in one or one of
+    ``adapters``, the config's) into a worker process of its own."""
 
-    def __init__(self, adapter: str) -> None:
-        self._inner = get_loader(adapter)
+    def __init__(self, adapter: str, adapters: Mapping[str, str] | None = None) -> None:
+        self._adapters = dict(adapters or {})
+        self._inner = get_loader(adapter, self._adapters)
 
     def estimate_bytes(self, spec: ModelSpec) -> int:
         return self._inner.estimate_bytes(spec)
@@ -290,7 +293,7 @@ class IsolatedLoader:
         return None
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> IsolatedModel:
-        model = IsolatedModel(spec, ctx)
+        model = IsolatedModel(spec, ctx, self._adapters)
         model.start()
         return model
 
@@ -298,7 +301,9 @@ class IsolatedLoader:
 class IsolatedModel:
     """A model in a worker process; see the module docstring."""
 
-    def __init__(self, spec: ModelSpec, ctx: LoadContext) -> None:
+    def __init__(
+        self, spec: ModelSpec, ctx: LoadContext, adapters: Mapping[str, str] | None = None
+    ) -> None:
         self._spec = spec
         self._ctx = ctx
         device = ctx.device
@@ -310,6 +315,7 @@ class IsolatedModel:
             cache_dir=ctx.cache_dir,
             warm_up=ctx.warm_up,
             trusted_pickle_dirs=ctx.trusted_pickle_dirs,
+            adapters=dict(adapters or {}),
         )
         self._run_timeout_s = float(spec.options.get("run_timeout_s", 120.0))
         self._run_lock = threading.Lock()  # one batch in the worker at a time

@@ -301,6 +301,8 @@ class RapidOcrLoader:
             engine: Any = RapidOCR(params=params)
             # rapidocr creates sessions lazily on first use: create all three now,
             # inside the measurement, then run one page and one crop through them.
+            # Its private loaders: no public call makes a session without running
+            # it; held to by the exact pin of rapidocr in pyproject.toml.
             engine._load_det_model()
             engine._load_rec_model()
             if use_cls:

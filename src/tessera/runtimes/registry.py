@@ -1,9 +1,16 @@
 """Adapters by name, imported only when a model uses them (torch stays unimported
-until a torch model loads)."""
+until a torch model loads).
+
+Beside the built-in ``ADAPTERS``, a server config's ``adapters`` names more:
+``{name: "module:Class"}``, a ``ModelLoader`` class the server imports (from
+its ``sys.path``: an installed package or ``PYTHONPATH``) when a card names
+that adapter. A name of the config's may not shadow a built-in one.
+"""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from typing import cast
 
 from tessera.errors import ConfigError
@@ -22,16 +29,42 @@ ADAPTERS: dict[str, str] = {
     "hf-causal-lm": "tessera.runtimes.causal_lm:CausalLmLoader",
     "external": "tessera.runtimes.external:ExternalLoader",
     "hf-vision-ocr": "tessera.runtimes.vision_ocr:VisionOcrLoader",
-    "fake": "tessera.runtimes.fake:FakeLoader",
 }
 
 
-def get_loader(adapter: str) -> ModelLoader:
-    """Instantiate the loader of an adapter by name."""
-    try:
-        target = ADAPTERS[adapter]
-    except KeyError as e:
-        raise ConfigError(f"unknown adapter {adapter!r}; known: {sorted(ADAPTERS)}") from e
+def parse_adapters(raw: object) -> dict[str, str]:
+    """A config's ``adapters``: a mapping of new adapter names to ``module:Class``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"adapters must be a mapping of names to module:Class, not {raw!r}")
+    adapters: dict[str, str] = {}
+    for name, target in raw.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"adapters: a name must be a non-empty string, not {name!r}")
+        if name in ADAPTERS:
+            raise ConfigError(f"adapters: {name!r} is a built-in adapter")
+        module_name, _, class_name = str(target).partition(":")
+        if not isinstance(target, str) or not module_name or not class_name:
+            raise ConfigError(f"adapters: {name!r} must name module:Class, not {target!r}")
+        adapters[name] = target
+    return adapters
+
+
+def get_loader(adapter: str, extra: Mapping[str, str] | None = None) -> ModelLoader:
+    """Instantiate the loader of an adapter by name: a built-in one, or one of
+    ``extra`` (a config's ``adapters``)."""
+    extra = extra or {}
+    target = ADAPTERS.get(adapter) or extra.get(adapter)
+    if target is None:
+        known = sorted({*ADAPTERS, *extra})
+        raise ConfigError(f"unknown adapter {adapter!r}; known: {known}")
     module_name, _, class_name = target.partition(":")
-    module = importlib.import_module(module_name)
-    return cast(ModelLoader, getattr(module, class_name)())
+    if adapter in ADAPTERS:
+        module = importlib.import_module(module_name)
+        return cast(ModelLoader, getattr(module, class_name)())
+    try:
+        loader = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"adapter {adapter!r}: cannot import {target}: {e}") from e
+    return cast(ModelLoader, loader())

@@ -1,4 +1,4 @@
-"""Batching across models: fine-tunes of one base in one forward (issue 15, item 3).
+"""Batching across models: fine-tunes of one base in one forward.
 
 Encoders of the same architecture, shapes and dtype on one device (many
 tenants' fine-tunes of one base, the common case) can run their batches in
@@ -40,7 +40,7 @@ Two forms:
   eager, its weights stacked for each round (``torch.func.stack_module_state``),
   a transient of up to ``max_models`` x a model's bytes outside the budget.
 
-Why: at MiniLM's size on an H200 (shared/GPU.md) one forward of one
+Why: at MiniLM's size on an H200 one forward of one
 sentence is 0.57 ms as a CUDA graph and 3.4 ms eager, and the server's
 compute workers spent most of a batch's time around the replay (a hundred
 models round robin: 789 batches a second with the device half busy); a

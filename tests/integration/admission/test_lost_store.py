@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from builders import write_fake_repository
+from harness.fake_models import FAKE_ADAPTERS
 from serverproc import free_port
 from tessera.admission import Admission, TenantLimits
 from tessera.admission.shared import RedisAdmissionController, gateway_share
@@ -141,7 +142,9 @@ def test_readiness_says_degraded_while_the_store_is_lost_and_requests_are_served
 
     async def run() -> None:
         repository = ModelRepository.from_folders([write_fake_repository(tmp_path, models)])
-        config = EngineConfig(memory_budget_bytes=64 * 2**20, device="cpu", num_threads=2)
+        config = EngineConfig(
+            memory_budget_bytes=64 * 2**20, device="cpu", num_threads=2, adapters=FAKE_ADAPTERS
+        )
         engine = Engine(repository, config, admission=gateway)
         await engine.preload()
         try:

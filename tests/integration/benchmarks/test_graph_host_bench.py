@@ -33,7 +33,6 @@ def test_the_child_counts_a_batchs_operators(models: int) -> None:
     assert figures["calls"] > 0
     assert figures["us_per_batch"] > 0
     # One block of inputs copied in, a cut and a clone of the pooled rows,
-    # and with two models in turn one copy of the other's weights (10 and 11
-    # on 2026-12-04, 13 and 15 before the inputs were one block and the
-    # weights one block; padding, masking and pooling around the replay were 33).
+    # and with two models in turn one copy of the other's weights (10 and 11;
+    # padding, masking and pooling around the replay would be many more).
     assert 0 < figures["ops_per_batch"] <= 12

@@ -12,10 +12,10 @@ import httpx
 import numpy as np
 import pytest
 
+from harness.fake_models import FAKE_DIMS, fake_embedding
 from tessera.engine import Engine
 from tessera.gateway import openai_audio
 from tessera.gateway.openai_chat import ChatRequest
-from tessera.runtimes.fake import FAKE_DIMS, fake_embedding
 from tessera.tasks.samples import sample_page
 
 

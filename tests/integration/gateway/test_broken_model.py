@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from builders import fake_engine
+from harness.fake_models import fake_embedding
 from tessera.engine import Engine
 from tessera.gateway import create_app
-from tessera.runtimes.fake import fake_embedding
 from tessera.tasks.types import Task, TextInput
 
 GATHER = {"max_batch_size": 8, "max_wait_ms": 300}  # concurrent requests form one batch

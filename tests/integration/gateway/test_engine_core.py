@@ -22,6 +22,16 @@ from tessera.clock import FakeClock
 from tessera.engine import Caller, Engine, RequestTrace
 from tessera.engine.core import EngineCore
 from tessera.engine.ipc import FrameWriter, read_frame
+from tessera.engine.messages import (
+    Cancel,
+    Payload,
+    Queued,
+    State,
+    Submit,
+    ToEngine,
+    ToGateway,
+    to_engine,
+)
 from tessera.engine.remote import DEADLINE_SLACK_S, RemoteEngine
 from tessera.errors import (
     DeadlineExceededError,
@@ -117,9 +127,9 @@ async def test_states_carry_the_served_models_only_when_they_changed(tmp_path: P
         served: list[object] = []
         on_message = second._on_message
 
-        def record(message: tuple[Any, ...]) -> None:
-            if message[0] == "state":
-                served.append(message[2])
+        def record(message: ToGateway) -> None:
+            if isinstance(message, State):
+                served.append(message.served)
             on_message(message)
 
         second._on_message = record  # type: ignore[method-assign]
@@ -157,9 +167,12 @@ async def test_gateways_keep_the_recent_batches_each_state_adds(tmp_path: Path) 
         added: list[int] = []
         on_message = second._on_message
 
-        def record(message: tuple[Any, ...]) -> None:
-            if message[0] == "state" and not message[4]:
-                added.append(len(message[3].model("echo").recent_batches))
+        def record(message: ToGateway) -> None:
+            if isinstance(message, State) and not message.whole:
+                assert message.snapshot is not None
+                window = message.snapshot.value.model("echo")
+                assert window is not None
+                added.append(len(window.recent_batches))
             on_message(message)
 
         second._on_message = record  # type: ignore[method-assign]
@@ -361,16 +374,16 @@ async def test_an_answer_that_never_comes_ends_at_the_deadline_and_its_slack(
     # An engine process that queues a request and then says nothing more: the
     # gateway's own timer answers its caller once the deadline and the slack
     # (DEADLINE_SLACK_S) have passed on its clock, and tells the engine.
-    received: list[tuple[Any, ...]] = []
+    received: list[ToEngine] = []
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         frames = FrameWriter(writer)
-        frames.send(("state", "ready", {}, None, True))
+        frames.send(State("ready", Payload({}), None, whole=True))
         try:
-            while (message := await read_frame(reader)) is not None:
+            while (message := await read_frame(reader, to_engine)) is not None:
                 received.append(message)
-                if message[0] == "submit":
-                    frames.send(("queued", message[1], "echo", "1", 1.0, 2.0))
+                if isinstance(message, Submit):
+                    frames.send(Queued(message.call_id, "echo", "1", 1.0, 2.0))
         finally:
             frames.close()
             await writer.wait_closed()
@@ -389,7 +402,7 @@ async def test_an_answer_that_never_comes_ends_at_the_deadline_and_its_slack(
         clock.advance(0.02)
         with pytest.raises(DeadlineExceededError, match=r"no answer from model 'echo' within 2s"):
             await waiting
-        await until(lambda: any(m[0] == "cancel" for m in received))
+        await until(lambda: any(isinstance(m, Cancel) for m in received))
     finally:
         await remote.close()
         server.close()

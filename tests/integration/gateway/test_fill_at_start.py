@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from builders import fake_engine, write_fake_repository
+from harness.fake_models import FAKE_ADAPTERS
 from tessera.engine import Engine, EngineConfig
 from tessera.repository import ModelRepository
 
@@ -35,7 +36,9 @@ async def test_the_default_fills_the_budget_smallest_first_before_ready(tmp_path
 
 async def test_remembered_demand_is_loaded_first(tmp_path: Path) -> None:
     repository = ModelRepository.from_folders([write_fake_repository(tmp_path / "repo", MODELS)])
-    config = EngineConfig(memory_budget_bytes=64 * MIB, device="cpu", num_threads=2)
+    config = EngineConfig(
+        memory_budget_bytes=64 * MIB, device="cpu", num_threads=2, adapters=FAKE_ADAPTERS
+    )
     engine = Engine(repository, config)
     try:
         engine.seed_demand({"huge@1": 5, "huge": 3, "small": 1})

@@ -12,10 +12,10 @@ import httpx
 import numpy as np
 import pytest
 
+from harness.fake_models import fake_classify, fake_embedding
 from serverproc import free_port
 from tessera.engine import Engine
 from tessera.gateway import create_app
-from tessera.runtimes.fake import fake_classify, fake_embedding
 from tessera.tenants import TenantStore
 
 grpc = pytest.importorskip("grpc")

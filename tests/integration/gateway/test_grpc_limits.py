@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from harness.fake_models import fake_embedding
 from serverproc import free_port
 from tessera.engine import Engine
 from tessera.gateway import create_app
-from tessera.runtimes.fake import fake_embedding
 
 grpc = pytest.importorskip("grpc")
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from builders import fake_engine
+from harness.fake_models import fake_embedding
 from tessera.admission import TenantLimits
 from tessera.engine import Caller, Engine, RequestTrace
 from tessera.gateway import create_app
-from tessera.runtimes.fake import fake_embedding
 from tessera.tasks.types import Task, TextInput, work_units
 
 BATCH = 8

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from builders import write_fake_repository
+from harness.fake_models import FAKE_ADAPTERS
 from tessera.engine import Engine, EngineConfig
 from tessera.errors import ModelNotFoundError, RolloutFailedError
 from tessera.gateway import create_app
@@ -36,7 +37,13 @@ async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
     write_version(repo / "ver", 1, scale=1.0)
     engine = Engine(
         ModelRepository.from_folders([repo]),
-        EngineConfig(memory_budget_bytes=1 << 20, device="cpu", num_threads=2, max_queue=64),
+        EngineConfig(
+            memory_budget_bytes=1 << 20,
+            device="cpu",
+            num_threads=2,
+            max_queue=64,
+            adapters=FAKE_ADAPTERS,
+        ),
     )
     await engine.preload()
     yield engine
@@ -353,7 +360,11 @@ async def test_the_serving_version_is_not_evicted_to_make_room_for_the_new_one(
     repo = write_fake_repository(tmp_path / "repo", {"ver": card, "other": card})
     write_version(repo / "ver", 1, scale=1.0)
     config = EngineConfig(
-        memory_budget_bytes=2 * own + own // 2, device="cpu", num_threads=2, eviction_policy="lru"
+        memory_budget_bytes=2 * own + own // 2,
+        device="cpu",
+        num_threads=2,
+        eviction_policy="lru",
+        adapters=FAKE_ADAPTERS,
     )
     engine = Engine(ModelRepository.from_folders([repo]), config)
     try:
@@ -396,7 +407,13 @@ async def test_a_version_must_answer_its_cards_smoke_checks_to_take_over(tmp_pat
     write_version(repo / "cls", 1)
     engine = Engine(
         ModelRepository.from_folders([repo]),
-        EngineConfig(memory_budget_bytes=1 << 20, device="cpu", num_threads=2, max_queue=64),
+        EngineConfig(
+            memory_budget_bytes=1 << 20,
+            device="cpu",
+            num_threads=2,
+            max_queue=64,
+            adapters=FAKE_ADAPTERS,
+        ),
     )
     await engine.preload()
     try:

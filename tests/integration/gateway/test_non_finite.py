@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from builders import fake_engine
+from harness.fake_models import fake_embedding
 from serverproc import free_port
 from tessera.engine import Engine
 from tessera.gateway import create_app
-from tessera.runtimes.fake import fake_embedding
 
 MODELS: dict[str, dict[str, Any]] = {
     # Every answer NaN, its warm-up's too: weights gone NaN.

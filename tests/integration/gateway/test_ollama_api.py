@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
+from harness.fake_models import fake_embedding
 from tessera.engine import Engine
 from tessera.gateway import create_app
-from tessera.runtimes.fake import fake_embedding
 from tessera.tenants import TenantStore
 
 

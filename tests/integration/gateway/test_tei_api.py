@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from builders import fake_engine
+from harness.fake_models import FAKE_DIMS, fake_embedding
 from tessera.gateway import create_app
 from tessera.repository import default_repository_path, read_spec
-from tessera.runtimes.fake import FAKE_DIMS, fake_embedding
 from tessera.runtimes.tokens import tokenizer_file
 
 

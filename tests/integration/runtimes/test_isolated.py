@@ -18,11 +18,11 @@ import psutil
 import pytest
 
 from builders import make_spec
+from harness.fake_models import FAKE_ADAPTERS, FakeModel
 from tessera.errors import ModelUnavailableError
 from tessera.repository import read_spec
 from tessera.repository.spec import ModelSpec
 from tessera.runtimes.base import standalone_context
-from tessera.runtimes.fake import FakeModel
 from tessera.runtimes.isolated import (
     MPS_CONTROL,
     SHM_MIN_BYTES,
@@ -41,7 +41,7 @@ SHM = Path("/dev/shm")
 
 def isolated(spec: ModelSpec) -> IsolatedModel:
     spec = dataclasses.replace(spec, isolation="process")
-    return IsolatedLoader(spec.adapter).load(spec, standalone_context())
+    return IsolatedLoader(spec.adapter, FAKE_ADAPTERS).load(spec, standalone_context())
 
 
 def gone(pid: int) -> bool:
@@ -190,7 +190,9 @@ def test_the_worker_sets_its_mps_share_in_its_environment_before_its_load(
     monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")  # restored after
     spec = dataclasses.replace(make_spec("mps"), runtime="onnx")  # leaves torch's threads be
     server, worker = Pipe()
-    thread = threading.Thread(target=worker_main, args=(worker, _WorkerArgs(spec, "cpu", 1, 30)))
+    thread = threading.Thread(
+        target=worker_main, args=(worker, _WorkerArgs(spec, "cpu", 1, 30, adapters=FAKE_ADAPTERS))
+    )
     thread.start()
     try:
         assert server.poll(30), "the worker did not answer its load"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 CARRY_LIMIT = 64 * 2**20
-GPU_KIT = 40 * 2**20  # .gpu/ as built on 2026-12-02 (37.3 MiB), and some room
+GPU_KIT = 40 * 2**20  # .gpu/ as built (37.3 MiB), and some room
 
 
 def test_the_working_tree_leaves_room_for_the_gpu_kit() -> None:

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from builders import make_spec
+from harness.fake_models import FakeModel
 from tessera.device import CpuDevice
 from tessera.engine.executor import LONG_WORK_NICE, ComputeExecutor
-from tessera.runtimes.fake import FakeModel
 from tessera.step import holding, step_boundary
 from tessera.tasks.types import ChatInput, ChatMessage, Task
 

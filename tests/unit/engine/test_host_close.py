@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from builders import make_spec
+from harness.fake_models import FAKE_ADAPTERS
 from tessera.device import CpuDevice
 from tessera.engine import host as host_module
 from tessera.engine.executor import ComputeExecutor
@@ -19,7 +20,7 @@ async def test_a_close_collects_once_for_every_model_it_unloads(
     collections: list[str] = []
     monkeypatch.setattr(host_module, "collect_all", lambda: collections.append("collect"))
     executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1)
-    host = EngineHost(CpuDevice(), executor, ActivationBook())
+    host = EngineHost(CpuDevice(), executor, ActivationBook(), adapters=FAKE_ADAPTERS)
     specs = [make_spec(name, 300) for name in ("a", "b", "c", "d")]
     try:
         models = [await host.load(spec) for spec in specs]

@@ -10,12 +10,12 @@ import threading
 from typing import Any
 
 from builders import make_spec
+from harness.fake_models import FAKE_ADAPTERS, FakeLoader, FakeModel
 from tessera.device import CpuDevice
 from tessera.engine.executor import ComputeExecutor
 from tessera.engine.host import EngineHost
 from tessera.residency import ActivationBook
 from tessera.runtimes.base import LoadContext
-from tessera.runtimes.fake import FakeLoader, FakeModel
 from tessera.runtimes.memory import Measured
 from tessera.tasks.types import TextInput
 
@@ -33,7 +33,7 @@ class CountingExecutor(ComputeExecutor):
 async def test_a_reload_is_neither_measured_nor_warmed_up_again() -> None:
     executor = CountingExecutor()
     activations = ActivationBook()
-    host = EngineHost(CpuDevice(), executor, activations)
+    host = EngineHost(CpuDevice(), executor, activations, adapters=FAKE_ADAPTERS)
     spec = make_spec("a", 300)
     try:
         model = await host.load(spec)
@@ -108,7 +108,9 @@ async def test_the_host_tier_gets_a_quarter_of_the_ram_unless_the_config_says() 
 
     ram = psutil.virtual_memory().total
     for given, budget in ((None, int(ram * 0.25)), (0, 0), (5000, 5000)):
-        config = EngineConfig(device="cpu", memory_budget_bytes=1 << 20, num_threads=1)
+        config = EngineConfig(
+            device="cpu", memory_budget_bytes=1 << 20, num_threads=1, adapters=FAKE_ADAPTERS
+        )
         config = dataclasses.replace(config, host_memory_budget_bytes=given)
         engine = Engine(ModelRepository([make_spec("a")]), config)
         try:

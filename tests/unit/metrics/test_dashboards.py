@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from builders import ISSUE_FAMILIES, make_spec
+from harness.fake_models import FAKE_ADAPTERS
 from tessera.device import CpuDevice, DeviceStats
 from tessera.engine import Engine, EngineConfig
 from tessera.metrics.prometheus import PrometheusMetrics
@@ -36,7 +37,9 @@ class GpuLikeDevice(CpuDevice):
 async def metrics() -> AsyncIterator[PrometheusMetrics]:
     engine = Engine(
         ModelRepository([make_spec("embed"), make_spec("ocr")]),
-        EngineConfig(memory_budget_bytes=1 << 20, device="cpu", num_threads=1),
+        EngineConfig(
+            memory_budget_bytes=1 << 20, device="cpu", num_threads=1, adapters=FAKE_ADAPTERS
+        ),
         device=GpuLikeDevice(),
     )
     models = engine.model_names()
@@ -78,7 +81,7 @@ def unexported(names: set[str], metrics: PrometheusMetrics) -> set[str]:
     return missing
 
 
-def test_the_exporter_has_every_family_of_the_issue(metrics: PrometheusMetrics) -> None:
+def test_the_exporter_has_every_promised_family(metrics: PrometheusMetrics) -> None:
     required = ISSUE_FAMILIES | {"tessera_device_temperature_celsius"}
     assert required - metrics.family_names() == set()
 
@@ -87,7 +90,7 @@ def test_dashboard_queries_only_exported_metrics(metrics: PrometheusMetrics) -> 
     dashboard = json.loads(DASHBOARD.read_text())
     names = queried(dashboard)
     assert unexported(names, metrics) == set()
-    # The panels the issue asks for are there.
+    # The panels the dashboard promises are there.
     assert {"tessera_batch_size_bucket", "tessera_model_resident_bytes"} <= names
     assert dashboard["__inputs"][0]["name"] == "DS_PROMETHEUS"
     uids = {p["datasource"]["uid"] for p in dashboard["panels"] if p.get("type") != "row"}

@@ -73,17 +73,23 @@ def test_an_external_models_options_are_its_engines(tmp_path: Path) -> None:
 
 
 def test_a_version_folders_unknown_key_names_its_file(tmp_path: Path) -> None:
-    model = write_fake_repository(tmp_path / "repo", {"m": {"task": "embedding"}}) / "m"
+    models = {"m": {"task": "embedding", "adapter": "hf-encoder"}}
+    model = write_fake_repository(tmp_path / "repo", models) / "m"
     (model / "1").mkdir()
-    (model / "1" / "model.yaml").write_text(yaml.safe_dump({"options": {"scael": 2.0}}))
+    (model / "1" / "model.yaml").write_text(yaml.safe_dump({"options": {"poolin": "mean"}}))
     with pytest.raises(ConfigError) as caught:
         read_versions(model)
     assert str(model / "1" / "model.yaml") in str(caught.value)
-    assert "unknown key 'scael'; did you mean 'scale'?" in str(caught.value)
+    assert "unknown key 'poolin'; did you mean 'pooling'?" in str(caught.value)
 
 
 def test_every_adapter_declares_its_options() -> None:
     assert set(ADAPTER_OPTIONS) == set(ADAPTERS)
+
+
+def test_an_adapter_from_the_config_reads_its_own_options(tmp_path: Path) -> None:
+    spec = parse_spec(card(adapter="mine", options={"anything": 1}), tmp_path)
+    assert spec.options == {"anything": 1}
 
 
 def test_every_shipped_card_loads() -> None:

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import make_spec
+from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
 from tessera.errors import (
     ModelTooLargeError,
@@ -23,7 +24,6 @@ from tessera.errors import (
 )
 from tessera.repository.spec import ModelSpec
 from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
-from tessera.residency.fake import FakeModelHost
 from tessera.runtimes.base import LoadedModel
 
 BUDGET = 1000

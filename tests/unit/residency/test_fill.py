@@ -4,10 +4,10 @@ and a fake clock: what fits loads, nothing is evicted, demand orders it."""
 from __future__ import annotations
 
 from builders import make_spec
+from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
 from tessera.repository.spec import ModelSpec
 from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
-from tessera.residency.fake import FakeModelHost
 from tessera.residency.manager import FILL_SHARE
 
 

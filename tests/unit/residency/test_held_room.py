@@ -12,11 +12,11 @@ from dataclasses import replace
 import pytest
 
 from builders import make_spec
+from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
 from tessera.repository import ModelSpec
 from tessera.repository.spec import BatchingSpec
 from tessera.residency import ResidencyManager, make_eviction_policy
-from tessera.residency.fake import FakeModelHost
 from tessera.residency.manager import HOLD_SLACK_S, PATIENCE_SHARE
 
 PAGE_BYTES = 600  # an OCR page's activations: beside both models' weights it does not fit

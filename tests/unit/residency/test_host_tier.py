@@ -1,4 +1,4 @@
-"""The host tier (issue 9, item 3: a reload is a copy, not a parse): evicted
+"""The host tier (a reload is a copy, not a parse): evicted
 models wait in host memory within a budget of their own, the policy chooses
 which copies go, and a load takes the copy when there is one, else the files.
 Fake models and host, a fake clock that autojumps.
@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import make_spec
+from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
 from tessera.errors import ModelTooLargeError, OverloadedError
 from tessera.footprint import Footprint
@@ -24,7 +25,6 @@ from tessera.residency import (
     ResidencyManager,
     make_eviction_policy,
 )
-from tessera.residency.fake import FakeModelHost
 from tessera.runtimes.base import LoadedModel
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 from builders import make_spec
+from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
 from tessera.errors import ModelTooLargeError, OverloadedError, RequestTooLargeError
 from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.activation import ActivationBook
-from tessera.residency.fake import FakeModelHost
 
 
 def make_manager(budget: int = 1000) -> tuple[ResidencyManager, FakeModelHost, FakeClock]:

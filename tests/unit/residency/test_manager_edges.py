@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from builders import make_spec
+from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
 from tessera.errors import (
     ModelTooLargeError,
@@ -21,7 +22,6 @@ from tessera.repository import ModelSpec
 from tessera.request import QueuedRequest, RequestResult
 from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.activation import ActivationBook
-from tessera.residency.fake import FakeModelHost
 from tessera.residency.manager import LOAD_FAILED
 from tessera.residency.plan import items_peak_units, peak_units, split_to_fit
 from tessera.tasks.types import Task

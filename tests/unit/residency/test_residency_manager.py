@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import make_spec
+from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
 from tessera.errors import (
     ModelTooLargeError,
@@ -29,7 +30,6 @@ from tessera.residency import (
     ResidencyManager,
     make_eviction_policy,
 )
-from tessera.residency.fake import FakeModelHost
 from tessera.runtimes.base import LoadedModel
 
 # A moment of fake time: sleeping it lets every other task run until blocked.

@@ -1,4 +1,4 @@
-"""Residency under sharing (the issue "sharing pays"): eviction by expected cost,
+"""Residency under sharing: eviction by expected cost,
 an elastic room for batches that never evicts while every model fits, and one
 line for loads and batch reservations. Fake models, a fake clock that autojumps.
 """
@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import make_spec
+from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
 from tessera.repository import ModelSpec
 from tessera.request import QueuedRequest, RequestResult
 from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
-from tessera.residency.fake import FakeModelHost
 
 SETTLE_S = 0.01
 

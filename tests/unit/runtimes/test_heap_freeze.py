@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from builders import make_spec
+from harness.fake_models import FAKE_ADAPTERS
 from tessera.device import CpuDevice
 from tessera.engine.executor import ComputeExecutor
 from tessera.engine.host import EngineHost
@@ -46,7 +47,7 @@ def test_a_frozen_cycle_is_freed_by_collect_all_only() -> None:
 
 async def test_a_loaded_model_is_frozen_and_its_cycles_go_when_it_is_unloaded() -> None:
     executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1)
-    host = EngineHost(CpuDevice(), executor, ActivationBook())
+    host = EngineHost(CpuDevice(), executor, ActivationBook(), adapters=FAKE_ADAPTERS)
     spec = make_spec("a", 300)
     try:
         gc.unfreeze()

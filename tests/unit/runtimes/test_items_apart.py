@@ -5,7 +5,7 @@ peak, not its length; OCR pages run whole, one after another."""
 from __future__ import annotations
 
 from builders import make_spec
-from tessera.runtimes.fake import FakeLoader
+from harness.fake_models import FakeLoader
 from tessera.runtimes.piper import PiperLoader
 from tessera.tasks.types import SpeechInput, Task, TextInput
 

@@ -4,8 +4,8 @@ acquires it, freed with the last reference (wherever it is)."""
 
 from __future__ import annotations
 
+from harness.fake_models import FakeComponent
 from tessera.runtimes.base import SharedComponents
-from tessera.runtimes.fake import FakeComponent
 
 
 class Freed(list[FakeComponent]):

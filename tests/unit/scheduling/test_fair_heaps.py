@@ -1,5 +1,5 @@
 """The fair queue's heaps against the order they stand for: a reference that
-scans every tenant at each pick (the queue's form until 2026-12-05), driven by
+scans every tenant at each pick (the plain form of the queue), driven by
 the same random pushes, batches and removals, serves the same requests in the
 same order. Arrivals are distinct, so no two heads tie on the whole key."""
 

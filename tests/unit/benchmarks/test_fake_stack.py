@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from builders import fake_engine
-from tessera.runtimes import fake
-from tessera.runtimes.fake import fake_embedding
+from harness import fake_models as fake
+from harness.fake_models import fake_embedding
 from tessera.tasks.types import Task, TextInput
 
 

@@ -1,7 +1,7 @@
 """A fake ``ModelHost`` for tests of residency policy: fake models, counted loads,
 optional gates to hold a load open, and loads that take ``options.load_s``
 seconds of the given clock. A model whose options say ``host_tier`` can wait in
-the host tier (``runtimes.fake``); coming back takes ``options.restore_s``
+the host tier (``harness.fake_models``); coming back takes ``options.restore_s``
 seconds of the clock."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from harness.fake_models import make_fake_model
 from tessera.clock import Clock
 from tessera.footprint import Footprint
 from tessera.repository.spec import ModelSpec
 from tessera.runtimes.base import LoadedModel, offloads
-from tessera.runtimes.fake import make_fake_model
 
 
 class FakeModelHost:

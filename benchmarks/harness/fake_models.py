@@ -1,4 +1,7 @@
-"""A fake model for tests of the engine and its policies: the real interface, no weights.
+"""The ``fake`` adapter: a model for the tests and benchmarks of the engine and its
+policies, with the real interface and no weights. A server or an engine gets it
+through its config's ``adapters`` (``FAKE_ADAPTERS``; ``tessera serve --adapter
+fake=harness.fake_models:FakeLoader``, with ``benchmarks/`` on ``PYTHONPATH``).
 
 Its descriptor's ``options`` set what it reports and does::
 
@@ -61,8 +64,9 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,6 +95,25 @@ from tessera.tasks.types import (
     refuse_engine_only,
     work_units,
 )
+
+# A config's ``adapters`` (``EngineConfig.adapters``) that registers the fake.
+FAKE_ADAPTERS = {"fake": "harness.fake_models:FakeLoader"}
+# Where ``harness`` is imported from: on a server process's PYTHONPATH.
+BENCHMARKS_DIR = Path(__file__).resolve().parents[1]
+
+
+def fake_adapter_args() -> list[str]:
+    """``tessera serve`` (or ``cluster``) options that register the fake."""
+    return [a for name, target in FAKE_ADAPTERS.items() for a in ("--adapter", f"{name}={target}")]
+
+
+def harness_pythonpath(environ: Mapping[str, str] = os.environ) -> str:
+    """``environ``'s PYTHONPATH with ``benchmarks/`` first, for a server process
+    that serves fake models."""
+    first = str(BENCHMARKS_DIR)
+    rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != first]
+    return os.pathsep.join([first, *rest])
+
 
 FAKE_DIMS = 8
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from builders import fake_engine
-from tessera.runtimes import fake
+from harness import fake_models as fake
 from tessera.tasks.types import Task, TextInput
 
 MIB = 1024**2
