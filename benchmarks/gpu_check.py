@@ -425,8 +425,9 @@ def shared_graphs_round_robin(
     (tessera's ``SharedGraphs``: each model's weights copied into the template
     before its forward, as one block where tessera's load gathers them: on
     CUDA); ``make_runner`` for a stand-in of the CUDA graph."""
-    from tessera.runtimes.graphs import SharedGraphs, weight_tensors
+    from tessera.runtimes.graphs import SharedGraphs
     from tessera.runtimes.hostcopy import gather_block
+    from tessera.runtimes.template import weight_tensors
 
     if encoder.device.type == "cuda":
         for model in models:
@@ -452,7 +453,7 @@ def graph_workers(
 ) -> Part:
     """The server's compute workers without the server: one sentence tokenised
     ahead to each of ``models`` in turn through one architecture's graphs and
-    back to host memory (``SharedGraphs.pooled`` then ``.cpu()``: tessera's
+    back to host memory (``SharedGraphs.vectors`` then ``.cpu()``: tessera's
     path for a batch of one that runs alone), from 1, 2 and 4 threads, and
     from 2 and 4 beside a thread that spins Python ``LOOP_DUTY`` of each
     millisecond (the engine's event loop). Forwards a second of each
@@ -462,8 +463,9 @@ def graph_workers(
     spinning thread) or for the device."""
     import numpy as np
 
-    from tessera.runtimes.graphs import SharedGraphs, weight_tensors
+    from tessera.runtimes.graphs import SharedGraphs
     from tessera.runtimes.hostcopy import gather_block
+    from tessera.runtimes.template import weight_tensors
 
     if encoder.device.type == "cuda":
         for model in models:
@@ -478,7 +480,7 @@ def graph_workers(
 
         def forward() -> None:
             model = models[next(turn) % len(models)]
-            vectors = shared.pooled(model, batch, "mean", reuse=True)  # as encode_ids
+            vectors = shared.vectors(model, batch, "mean", reuse=True)  # as encode_ids
             assert vectors is not None, "no bucket holds one sentence"
             vectors.cpu().numpy()
 

@@ -56,10 +56,16 @@ def free_runner(*args: Any) -> Any:
     if len(args) == 2:
         step, example = args
         try:  # as CudaGraphRunners copies inputs in, where the tree has it
-            from tessera.runtimes.graphs import copy_inputs, static_inputs
+            from tessera.runtimes.graph_runner import copy_inputs, static_inputs
         except ImportError:
-            pass
-        else:
+            try:
+                from tessera.runtimes.graphs import (
+                    copy_inputs,
+                    static_inputs,
+                )
+            except ImportError:
+                static_inputs = None
+        if static_inputs is not None:
             static, packed = static_inputs(example)
             with torch.inference_mode():
                 outputs = step(static)
@@ -102,8 +108,9 @@ def child(rows: int, seconds: float, models: int = 1, stack: int = 0) -> dict[st
     encoder = SentenceEncoder.from_folder(folder, "cpu")
     copies = [encoder.model, *(other_weights(encoder.model, n) for n in range(1, models))]
     try:
-        from tessera.runtimes.graphs import weight_tensors
         from tessera.runtimes.hostcopy import gather_block
+
+        weight_tensors = weight_tensors_of_tree()
     except ImportError:  # a tree from before gathered blocks
         pass
     else:
@@ -116,12 +123,19 @@ def child(rows: int, seconds: float, models: int = 1, stack: int = 0) -> dict[st
     batch = [np.array(row, dtype=np.int32) for row in ids]
     if stack:
         return stacked_child(encoder, copies, batch, seconds, stack)
-    encoder.graphs_hold = acquire(
+    hold = acquire(
         shared, encoder.model, encoder.tokenizer, "last_hidden_state", make_runner=free_runner
     )
+    try:
+        from tessera.runtimes.forward import graphs_path
+    except ImportError:  # a tree from before forward paths: the encoder holds its graphs
+        encoder.graphs_hold = hold
+        runs = encoder
+    else:
+        runs = encoder.path = graphs_path(encoder.model, encoder.tokenizer, "cpu", hold)
 
     def call(n: int) -> None:
-        encoder.model = copies[n % models]  # the template takes this model's weights
+        runs.model = copies[n % models]  # the template takes this model's weights
         encoder.encode_ids(batch)
 
     return timed(call, rows, seconds, 1)
@@ -169,7 +183,12 @@ def stacked_child(
     in this thread, as a round's leader does (the others' waits not counted)."""
     from tessera.runtimes.base import SharedComponents
     from tessera.runtimes.graphs import GraphsHold, Stacking
-    from tessera.runtimes.stacking import PooledCall, StackedGraphs
+    from tessera.runtimes.stacking import StackedGraphs
+
+    try:
+        from tessera.runtimes.stacking import RoundCall
+    except ImportError:  # a tree from before the name
+        from tessera.runtimes.stacking import PooledCall as RoundCall
 
     hold = GraphsHold.acquire(
         SharedComponents(),
@@ -186,9 +205,18 @@ def stacked_child(
 
     def call(n: int) -> None:
         models = [copies[(n * stack + i) % count] for i in range(stack)]
-        stacked.launch([PooledCall(m, batch, "mean", lambda: None) for m in models])()
+        stacked.launch([RoundCall(m, batch, "mean", lambda: None) for m in models])()
 
     return timed(call, len(batch), seconds, stack)
+
+
+def weight_tensors_of_tree() -> Any:
+    """The tree's ``weight_tensors`` (where it has gathered blocks)."""
+    try:
+        from tessera.runtimes.template import weight_tensors
+    except ImportError:  # a tree from before weight templates had a module
+        from tessera.runtimes.graphs import weight_tensors
+    return weight_tensors
 
 
 def other_weights(model: Any, number: int) -> Any:

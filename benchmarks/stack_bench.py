@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import statistics
 import threading
 import time
@@ -28,6 +29,7 @@ import torch
 
 from harness.report import write_report
 from tessera.repository import default_repository_path, read_spec
+from tessera.runtimes.graph_runner import run_eager
 from tessera.runtimes.hf import SentenceEncoder
 from tessera.runtimes.stacking import StackGroup
 
@@ -42,12 +44,13 @@ def rate(encoders: list[SentenceEncoder], group: StackGroup | None, seconds: flo
     def work(index: int) -> None:
         encoder = encoders[index]
         batch = encoder.tokenize([SENTENCE], 64)
+        own = functools.partial(run_eager, encoder.model, "last_hidden_state")
         with torch.inference_mode():
             while time.perf_counter() < stop:
                 if group is None:
-                    encoder.own_forward(batch)
+                    own(batch)
                 else:
-                    group.forward(encoder.model, batch, encoder.own_forward)
+                    group.forward(encoder.model, batch, own)
                 counts[index] += 1
 
     began = time.perf_counter()

@@ -17,7 +17,8 @@ from tessera.engine import Engine, EngineConfig
 from tessera.repository import ModelRepository
 from tessera.repository.spec import BatchingSpec, ModelSpec
 from tessera.request import QueuedRequest, RequestResult
-from tessera.runtimes.graphs import Inputs, Outputs, Runner, Step
+from tessera.runtimes.graph_runner import Runner, Step
+from tessera.runtimes.padding import Inputs, Outputs
 from tessera.tasks.types import Task
 
 

@@ -57,16 +57,17 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
 
     from tessera.repository import default_repository_path, read_spec
     from tessera.runtimes.base import SharedComponents
-    from tessera.runtimes.graphs import (
-        BATCH_BUCKETS,
-        CAPTURE_ON_USE,
-        CHECK_TEXTS,
-        LENGTH_BUCKETS,
-        same_layout,
-        weight_tensors,
-    )
+    from tessera.runtimes.forward import GraphsPath
+    from tessera.runtimes.graph_runner import CAPTURE_ON_USE
+    from tessera.runtimes.graphs import BATCH_BUCKETS, LENGTH_BUCKETS, SharedGraphs
     from tessera.runtimes.hf import SentenceEncoder
     from tessera.runtimes.hostcopy import one_block
+    from tessera.runtimes.precision import CHECK_TEXTS
+    from tessera.runtimes.template import same_layout, weight_tensors
+
+    def graphs_of(encoder: SentenceEncoder) -> SharedGraphs:
+        assert isinstance(encoder.path, GraphsPath)
+        return encoder.path.hold.graphs
 
     def cosines(got: np.ndarray, want: np.ndarray) -> float:
         return float(np.min(np.sum(got * want, axis=1)))
@@ -84,8 +85,8 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
     other_reference = SentenceEncoder.from_folder(folder, "cpu")
     try:
         assert next(encoder.model.parameters()).dtype == torch.float16
-        assert encoder.graphs is not None
-        assert encoder.graphs.graphs.num_runners == len(BATCH_BUCKETS) * len(LENGTH_BUCKETS)
+        graphs = graphs_of(encoder)
+        assert graphs.graphs.num_runners == len(BATCH_BUCKETS) * len(LENGTH_BUCKETS)
         texts = list(CHECK_TEXTS)
         want = reference.encode(texts)
         for size in (1, 3, len(texts)):  # through buckets of 1, 4 and 8 rows
@@ -101,7 +102,7 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
         first = reference.encode(texts, pooling="cls")
         assert cosines(encoder.encode_ids(ids, pooling="cls"), first) >= 0.999
         # A second model of the architecture replays the same graphs with its own weights.
-        assert other.graphs is encoder.graphs
+        assert graphs_of(other) is graphs
         other_weights(other)
         other_weights(other_reference)
         theirs = other_reference.encode(texts)
@@ -111,7 +112,7 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
         # Each model gathered at its load into one block laid out as the
         # template's: another's weights go in as one copy of its block, and
         # texts tokenised ahead go in as one page-locked block of inputs.
-        template = weight_tensors(encoder.graphs.template)
+        template = weight_tensors(graphs.template.module)
         for model in (encoder.model, other.model):
             assert one_block(weight_tensors(model)) is not None
             assert same_layout(template, weight_tensors(model))
@@ -119,16 +120,15 @@ def test_the_encoder_on_cuda_runs_float16_graphs_that_answer_as_float32_does() -
         assert cosines(encoder.encode_ids(ids), want) >= 0.999
         other.close()
         assert encoder.offload() is not None  # the last on the device: the graphs go too
-        assert encoder.graphs.in_host_tier
-        assert encoder.graphs.graphs.num_runners == 0
+        assert graphs.in_host_tier
+        assert graphs.graphs.num_runners == 0
         encoder.restore()
-        # Captured again on a bucket's second use, into a new pool: reusing the
-        # old pool's handle fails every capture after a return from the host
-        # tier, each bucket then eager.
+        # Captured again on a bucket's second use, into a new pool: a capture
+        # into the old pool's handle fails, and each bucket would run eager.
         for _ in range(CAPTURE_ON_USE):
             got = encoder.encode(texts)
             assert cosines(got, want) >= 0.999
-        assert encoder.graphs.graphs.num_runners == 1
+        assert graphs.graphs.num_runners == 1
     finally:
         for each in (encoder, other, reference, other_reference):
             each.close()  # twice for one closed above: a no-op
@@ -144,9 +144,11 @@ def test_stacked_rounds_on_cuda_give_each_model_its_own_vectors() -> None:
 
     from tessera.repository import default_repository_path, read_spec
     from tessera.runtimes.base import SharedComponents
-    from tessera.runtimes.graphs import CHECK_TEXTS, LENGTH_BUCKETS, DeviceOptions
+    from tessera.runtimes.forward import DeviceOptions, StackedGraphsPath
+    from tessera.runtimes.graphs import LENGTH_BUCKETS
     from tessera.runtimes.hf import SentenceEncoder
-    from tessera.runtimes.stacking import STACK_ROWS, PooledCall, StackedGraphs
+    from tessera.runtimes.precision import CHECK_TEXTS
+    from tessera.runtimes.stacking import STACK_ROWS, RoundCall, StackedGraphs
 
     def cosines(got: np.ndarray, want: np.ndarray) -> float:
         got = got / np.linalg.norm(got, axis=1, keepdims=True)
@@ -167,9 +169,10 @@ def test_stacked_rounds_on_cuda_give_each_model_its_own_vectors() -> None:
                         parameter.mul_(1 + n / 50)
             encoders.append(encoder)
             references.append(reference)
-        graphs = encoders[0].graphs
-        assert graphs is not None
-        assert all(e.graphs is graphs for e in encoders)
+        paths = [e.path for e in encoders]
+        assert all(isinstance(p, StackedGraphsPath) for p in paths)
+        graphs = paths[0].hold.graphs
+        assert all(p.hold.graphs is graphs for p in paths)
         stacked = graphs.stacked
         assert isinstance(stacked, StackedGraphs)
         buckets = len(stacked.model_buckets) * len(STACK_ROWS) * len(LENGTH_BUCKETS)
@@ -181,7 +184,7 @@ def test_stacked_rounds_on_cuda_give_each_model_its_own_vectors() -> None:
         assert cosines(wants[0], wants[2]) < 0.9999  # the weights differ
         for pooling in ("mean", "cls"):
             want_of = [r.encode(texts, pooling=pooling, normalize=False) for r in references]
-            calls = [PooledCall(e.model, ids, pooling, lambda: None) for e in encoders]
+            calls = [RoundCall(e.model, ids, pooling, lambda: None) for e in encoders]
             with torch.inference_mode():
                 got = stacked.launch(calls)()
             for vectors, want in zip(got, want_of, strict=True):

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.device import Device
-from tessera.runtimes.graphs import DEFAULT_STACK
+from tessera.runtimes.forward import DEFAULT_STACK
 from tessera.runtimes.memory import Measured, measure_rss, start_peak
 from tessera.scheduling.slot import ComputeSlots, SlotClaim
 from tessera.step import stepping

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,21 +34,18 @@ from tessera.errors import InferenceError, InvalidInputError, ModelUnavailableEr
 from tessera.footprint import Footprint
 from tessera.runtimes.base import LoadContext, SharedComponents
 from tessera.runtimes.digest import content_digest
-from tessera.runtimes.graphs import (
-    CHECK_TEXTS,
+from tessera.runtimes.forward import (
     DeviceOptions,
-    GraphsHold,
-    SharedGraphs,
-    Stacking,
-    choose_precision,
+    ForwardPath,
+    TokenIds,
     device_options,
     encoder_variant,
-    graphs_run_on,
-    host_inputs,
+    forward_path,
 )
 from tessera.runtimes.hostcopy import HostCopy, tensors_of
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
-from tessera.runtimes.stacking import StackedGraphs, StackGroup, group_for
+from tessera.runtimes.pooling import Pooling, Readout
+from tessera.runtimes.precision import CHECK_TEXTS, choose_precision
 from tessera.runtimes.tokens import (
     DEFAULT_MAX_LENGTH,
     TokenPlan,
@@ -68,7 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Pooling = Literal["mean", "cls"]
 _TORCH_METHOD = "torch tensors"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 # What a failing from_pretrained raises: missing files (OSError), unknown or
@@ -142,13 +138,6 @@ def softmax(logits: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
     exp = np.exp(shifted)
     result: npt.NDArray[np.float64] = exp / exp.sum(axis=-1, keepdims=True)
     return result
-
-
-def unit_rows(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """Each row over its length (as torch's ``normalize``: a zero row stays zero)."""
-    lengths = np.linalg.norm(vectors, axis=1, keepdims=True)
-    unit: npt.NDArray[np.float32] = vectors / np.maximum(lengths, 1e-12)
-    return unit
 
 
 def sigmoid(logits: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
@@ -225,30 +214,20 @@ def hf_weights_bytes(path: Path) -> int:
 
 
 class SentenceEncoder:
-    """A Hugging Face encoder and its tokenizer: texts to pooled float32 vectors.
+    """A Hugging Face encoder and its tokenizer: texts to pooled float32
+    vectors, or (a classifier) to logits, every batch through the one
+    ``ForwardPath`` chosen at its load (``runtimes/forward.py``).
 
     Thread-safe. Tokenization is serialised because a fast tokenizer keeps its
     padding and truncation settings as mutable state (concurrent calls raise
     "Already borrowed"); the forward pass needs no lock under inference mode.
     """
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        device: str,
-        *,
-        output: str = "last_hidden_state",
-        graphs: GraphsHold | None = None,
-        stack: StackGroup | None = None,
-    ) -> None:
+    def __init__(self, model: Any, tokenizer: Any, device: str, path: ForwardPath) -> None:
         self.model: Any = model
         self.tokenizer: Any = tokenizer
         self.device = device
-        self.output = output
-        # On CUDA: its architecture's graphs, shared with every model of it.
-        self.graphs_hold = graphs
-        self.stack = stack  # forwards run with other models' of its group
+        self.path = path
         self.num_bytes = torch_module_bytes(model)
         self._tokenize_lock = threading.Lock()
         self._host_copy: HostCopy | None = None  # its weights while in the host tier
@@ -271,23 +250,15 @@ class SentenceEncoder:
         shared: SharedComponents | None = None,
     ) -> SentenceEncoder:
         """``model`` moved to ``device`` in the precision ``options`` ask for
-        (checked: ``runtimes/graphs.py``), with its architecture's graphs on
-        CUDA unless they say not: a component of ``shared`` (of its own
-        without), captured when made if ``capture`` (a first load)."""
+        (checked: ``runtimes/precision.py``), on the path they choose
+        (``forward.forward_path``: graphs a component of ``shared``, captured
+        when made if ``capture``, a first load)."""
         model.to(device).eval()
         choose_precision(model, tokenizer, device, options.dtype, output, name)
-        graphs = None
-        stacks = options.stack if output == "last_hidden_state" else 0
-        if options.graphs and graphs_run_on(device):
-            shared = shared or SharedComponents()
-            stacking = Stacking(stacks, StackedGraphs) if stacks else None
-            graphs = GraphsHold.acquire(
-                shared, model, tokenizer, output, capture, stacking=stacking
-            )
-        stack = None
-        if stacks and graphs is None:  # through graphs, their stacked rounds (encode_ids)
-            stack = group_for(model, device, stacks)
-        return cls(model, tokenizer, device, output=output, graphs=graphs, stack=stack)
+        path = forward_path(
+            model, tokenizer, device, options, output, capture=capture, shared=shared
+        )
+        return cls(model, tokenizer, device, path)
 
     @classmethod
     def from_folder(
@@ -310,29 +281,9 @@ class SentenceEncoder:
         )
 
     def shared_bytes(self, *, host: bool = False) -> dict[str, int]:
-        """The shared components it holds beside itself: its graphs' (with
-        ``host``, only while they wait in the host tier too: while another
-        model uses them on the device, they are not in the host tier)."""
-        hold = self.graphs_hold
-        if hold is None or (host and not hold.graphs.in_host_tier):
-            return {}
-        return {hold.key: hold.num_bytes}
-
-    def forward(self, batch: Any) -> Any:
-        """The model's wanted output for a tokenized batch: with its stack
-        group's other models where it has one, through its graphs on CUDA."""
-        if self.stack is not None:
-            return self.stack.forward(self.model, batch, self.own_forward)
-        return self.own_forward(batch)
-
-    @property
-    def graphs(self) -> SharedGraphs | None:
-        return self.graphs_hold.graphs if self.graphs_hold is not None else None
-
-    def own_forward(self, batch: Any) -> Any:
-        if self.graphs_hold is not None:
-            return self.graphs_hold.graphs(self.model, batch)
-        return getattr(self.model(**batch), self.output)
+        """The shared components its path holds beside it (its graphs': with
+        ``host``, only while they wait in the host tier too)."""
+        return self.path.shared_bytes(host=host)
 
     @property
     def dim(self) -> int:
@@ -350,7 +301,7 @@ class SentenceEncoder:
             batch = self.tokenizer(
                 texts, pairs, padding=True, truncation=True, max_length=length, return_tensors="pt"
             )
-        return batch.to(self.device, non_blocking=True)  # see encode_ids
+        return batch.to(self.device, non_blocking=True)  # the stream keeps the order
 
     def encode(
         self,
@@ -363,7 +314,8 @@ class SentenceEncoder:
         """One vector per text, shape ``(len(texts), dim)``."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return self.pooled(self.tokenize(list(texts), max_length), pooling, normalize)
+        batch = self.tokenize(list(texts), max_length)
+        return self.path.forward(batch, Readout(pooling, normalize))
 
     def takes_ids(self, plan: TokenPlan, max_length: int) -> bool:
         """Whether ``encode_ids`` of texts tokenised by ``plan`` makes what
@@ -395,72 +347,18 @@ class SentenceEncoder:
         normalize: bool = True,
     ) -> npt.NDArray[np.float32]:
         """``encode`` of texts tokenised ahead (``runtimes.tokens.TokenizedText``):
-        the batch ``tokenize`` would make of them, padded here. Through its
-        graphs, padded to the bucket on the host and pooled in the graph
-        (``GraphForward.pooled``): the host's work a batch is a copy in, a
-        replay and a copy back, and the vectors are made unit on the host."""
-        import torch
+        the batch ``tokenize`` would make of them, padded by its path."""
+        return self.path.forward(TokenIds(ids), Readout(pooling, normalize))
 
-        graphs = self.graphs
-        if graphs is not None:
-            with torch.inference_mode():
-                found = self._graph_vectors(graphs, ids, pooling)
-            if found is not None:
-                return unit_rows(found) if normalize else found
-        keys = self.tokenizer.model_input_names
-        pinned = self.device.startswith("cuda")
-        length = max(len(row) for row in ids)
-        batch = host_inputs(ids, len(ids), length, self.pad_id, keys, pinned=pinned)
-        # Not blocking, from page-locked memory (``host_inputs``): torch's
-        # blocking copy would synchronise the stream after it, so a worker's
-        # inputs waited for the other worker's batch (on the H200, a tenth of
-        # the workers' samples in the 100-model round robin); the stream keeps
-        # the order, and the copy back waits.
-        on_device = {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
-        return self.pooled(on_device, pooling, normalize)
-
-    def _graph_vectors(
-        self, graphs: SharedGraphs, ids: Sequence[npt.NDArray[np.int32]], pooling: Pooling
-    ) -> npt.NDArray[np.float32] | None:
-        """Pooled vectors of texts tokenised ahead through its architecture's
-        graphs: in a stacked round with other models' batches where the
-        graphs run them (``runtimes/stacking.py``), else alone; None where
-        they fit no bucket."""
-        model = self.model
-        stacked = graphs.stacked
-        if stacked is not None:
-            return stacked.pooled(model, ids, pooling, lambda: graphs.pooled(model, ids, pooling))
-        # In this thread's own input block: the copy back waits for the device,
-        # so the block is free again before this thread's next batch.
-        vectors = graphs.pooled(model, ids, pooling, reuse=True)
-        return None if vectors is None else vectors.cpu().numpy()
-
-    @property
-    def pad_id(self) -> int:
-        return int(self.tokenizer.pad_token_id)
-
-    def pooled(self, batch: Any, pooling: Pooling, normalize: bool) -> npt.NDArray[np.float32]:
-        """One vector per row of a tokenized batch."""
-        import torch
-
-        with torch.inference_mode():
-            hidden = self.forward(batch)
-            if pooling == "cls":
-                vectors = hidden[:, 0]
-            else:
-                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                vectors = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-            if normalize:
-                vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-            result: npt.NDArray[np.float32] = vectors.float().cpu().numpy()
-        return result
+    def logits(self, batch: Any) -> npt.NDArray[np.float32]:
+        """A classifier's float32 logits of a tokenized batch."""
+        return self.path.forward(batch, Readout())
 
     def offload(self) -> Footprint | None:
         """Move the weights to the host tier (the module and tokenizer stay built)."""
         if self.model is None or self._host_copy is not None:
             return None
-        if self.graphs_hold is not None:
-            self.graphs_hold.park()
+        self.path.park()
         if self._tensors is None:
             self._tensors = tensors_of([self.model])
         self._host_copy = HostCopy.offload(
@@ -481,16 +379,16 @@ class SentenceEncoder:
             raise ModelUnavailableError("hf-encoder", "its weights are not in the host tier")
         copy.restore()
         self._host_copy = None
-        if self.graphs_hold is not None:
-            self.graphs_hold.unpark()
+        self.path.unpark()
 
     def close(self) -> None:
-        """Drop the weights (called when the last user releases the encoder)."""
+        """Drop the weights (called when the last user releases the encoder;
+        again, a no-op)."""
+        if self.model is None:
+            return
         self.model = None
         self.tokenizer = None
-        hold, self.graphs_hold = self.graphs_hold, None
-        if hold is not None:
-            hold.release(parked=self._host_copy is not None)
+        self.path.release(parked=self._host_copy is not None)
         copy, self._host_copy = self._host_copy, None
         if copy is not None:
             copy.close()
@@ -589,14 +487,10 @@ class SharedEncoderModel:
     @property
     def stacks_across_models(self) -> bool:
         """Whether its batches may run in one forward with other models'
-        (``runtimes.base.stacks``): eager rounds, or its graphs' stacked
-        rounds of texts tokenised ahead."""
+        (``runtimes.base.stacks``): as its encoder's path says for the texts
+        it takes (tokenised ahead where it has a plan)."""
         encoder = self._encoder
-        if encoder is None:
-            return False
-        graphs = encoder.graphs
-        stacked = graphs is not None and graphs.stacked is not None
-        return encoder.stack is not None or (stacked and self.plan_key is not None)
+        return encoder is not None and encoder.path.stacks(ids_ahead=self.plan_key is not None)
 
     def take_ids_ahead(self, spec: ModelSpec) -> None:
         """Take texts tokenised ahead by ``spec``'s plan where its load finds
@@ -743,8 +637,6 @@ class HfSequenceClassifierModel:
         self._parked = False  # in the host tier
 
     def run(self, items: Sequence[Any]) -> list[Any]:
-        import torch
-
         encoder = self._encoder
         if encoder is None or self._parked:
             raise ModelUnavailableError("hf-sequence-classifier", "the model was unloaded")
@@ -756,9 +648,7 @@ class HfSequenceClassifierModel:
             batch = encoder.tokenize(queries, self._max_length, documents)
         else:
             batch = encoder.tokenize(texts_of(items), self._max_length)
-        with torch.inference_mode():
-            logits = encoder.forward(batch).float().cpu().numpy()
-        return self._head.outputs(logits)
+        return self._head.outputs(encoder.logits(batch))
 
     def memory(self) -> Footprint:
         encoder = self._encoder

@@ -4,11 +4,11 @@ Encoders of the same architecture, shapes and dtype on one device (many
 tenants' fine-tunes of one base, the common case) can run their batches in
 one forward: their weights stacked along a new first dimension, their
 inputs padded to one (batch, length) with the 4-D additive mask of
-``runtimes/graphs.py``, and one forward under ``torch.func.vmap`` over
+``runtimes/padding.py``, and one forward under ``torch.func.vmap`` over
 ``functional_call`` of a weightless copy of the architecture (eager
 attention: torch's fused attention kernels have no batching rule); each
 model's rows cut back. A card opts in with ``stack: true`` (or ``stack: N``,
-at most N models a forward; 16 for ``true``).
+at most N models a forward; ``forward.DEFAULT_STACK`` for ``true``).
 
 Rounds (``Rendezvous``). A batch's thread hands its call to the group: with
 no round being launched it leads one, taking what waits (its own first, up
@@ -40,11 +40,8 @@ Two forms:
   eager, its weights stacked for each round (``torch.func.stack_module_state``),
   a transient of up to ``max_models`` x a model's bytes outside the budget.
 
-Why: at MiniLM's size on an H200 one forward of one
-sentence is 0.57 ms as a CUDA graph and 3.4 ms eager, and the server's
-compute workers spent most of a batch's time around the replay (a hundred
-models round robin: 789 batches a second with the device half busy); a
-round of N models is one replay and about N + 8 host calls, where N
+Why: a small encoder's batch is mostly launches and host work around them;
+a round of N models is one replay and about N + 8 host calls, where N
 batches alone are N replays and about 11 N.
 """
 
@@ -56,29 +53,29 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from tessera.runtimes.graphs import (
-    BucketRunners,
-    GraphForward,
-    MakeRunner,
-    Outputs,
-    additive_mask,
-    bucket_of,
-    by_dtype,
-    copy_of_module,
-    copy_weights,
-    padded_inputs,
-    pooled,
-    run_step,
-    signature,
-    stacked_inputs,
-    weight_tensors,
-)
+from tessera.runtimes.graph_runner import BucketRunners, MakeRunner, run_step
+from tessera.runtimes.graphs import GraphForward
 from tessera.runtimes.hostcopy import (
     block_layout,
     device_bytes,
     one_block,
     storage_bytes,
     typed_view,
+)
+from tessera.runtimes.padding import (
+    Outputs,
+    additive_mask,
+    bucket_of,
+    padded_inputs,
+    stacked_inputs,
+)
+from tessera.runtimes.pooling import mean_pooled
+from tessera.runtimes.template import (
+    by_dtype,
+    copy_of_module,
+    copy_weights,
+    signature,
+    weight_tensors,
 )
 
 if TYPE_CHECKING:
@@ -322,7 +319,7 @@ def group_for(model: Any, device: str, max_models: int) -> StackGroup:
 
 
 @dataclass(frozen=True, slots=True)
-class PooledCall:
+class RoundCall:
     """A batch of texts tokenised ahead for a stacked round (``StackedGraphs.launch``)."""
 
     model: Any
@@ -375,7 +372,7 @@ class StackedGraphs:
         self._skeleton = skeleton_of(template)
         self._dtype = next(template.parameters()).dtype
         self.runners = BucketRunners(self._step, self.device, make_runner)
-        self.rounds: Rendezvous[PooledCall] = Rendezvous(max_models, self.launch)
+        self.rounds: Rendezvous[RoundCall] = Rendezvous(max_models, self.launch)
         self._lock = threading.Lock()  # the slots and the runners
         self._held: list[weakref.ref[Any] | None] = [None] * max_models
         self._last_use = [0] * max_models
@@ -399,7 +396,7 @@ class StackedGraphs:
             and bucket_of(max(len(row) for row in ids), self.graphs.length_buckets) is not None
         )
 
-    def pooled(
+    def round_vectors(
         self,
         model: Any,
         ids: Sequence[npt.NDArray[np.int32]],
@@ -411,7 +408,7 @@ class StackedGraphs:
         models' batches wait beside it; alone, ``solo()`` (its own graphs).
         None where ``solo()`` is, or the texts fit no stacked round and
         ``solo()`` gives none."""
-        call = PooledCall(model, ids, pooling, solo)
+        call = RoundCall(model, ids, pooling, solo)
         found: npt.NDArray[np.float32] | None
         if self.fits(ids):
             found = self.rounds.submit(call)
@@ -419,7 +416,7 @@ class StackedGraphs:
             (found,) = _alone([call])()
         return found
 
-    def launch(self, calls: list[PooledCall]) -> Callable[[], list[Any]]:
+    def launch(self, calls: list[RoundCall]) -> Callable[[], list[Any]]:
         """A round of ``calls`` begun (one thread's, the rendezvous's leader):
         alone, or where the round's bucket failed to capture, each through
         its own graphs; else the models into slots, the inputs in and one
@@ -455,7 +452,7 @@ class StackedGraphs:
 
         return finish
 
-    def _bucket(self, calls: list[PooledCall]) -> tuple[int, int, int]:
+    def _bucket(self, calls: list[RoundCall]) -> tuple[int, int, int]:
         """A round's (models, rows, columns) bucket."""
         models = bucket_of(len(calls), self.model_buckets)
         rows = bucket_of(max(len(c.ids) for c in calls), STACK_ROWS)
@@ -501,7 +498,7 @@ class StackedGraphs:
     def _copy_in(self, model: Any) -> Callable[[int], None]:
         """What copies ``model``'s weights into a slot: one copy of its block
         where it is one block laid out as a slot is; else one fused copy a
-        dtype (``graphs.copy_weights``)."""
+        dtype (``template.copy_weights``)."""
         tensors = weight_tensors(model)
         block = one_block(tensors)
         if (
@@ -536,7 +533,7 @@ class StackedGraphs:
             mask = kwargs["attention_mask"]
             kwargs = {**kwargs, "attention_mask": additive_mask(mask, dtype)}
             hidden = functional_call(skeleton, (params, buffers), (), kwargs).last_hidden_state
-            return {"mean": pooled(hidden, mask), "cls": hidden[:, 0].float()}
+            return {"mean": mean_pooled(hidden, mask), "cls": hidden[:, 0].float()}
 
         models = inputs["input_ids"].shape[0]  # the bucket's first slots (views: no kernel)
         params = {name: value[:models] for name, value in self._params.items()}
@@ -576,7 +573,7 @@ class StackedGraphs:
         self.offload()
 
 
-def _alone(calls: list[PooledCall]) -> Callable[[], list[Any]]:
+def _alone(calls: list[RoundCall]) -> Callable[[], list[Any]]:
     """Each call through its model's own graphs (a round of one, or a round
     whose stacked graph could not be built)."""
     vectors = [call.solo() for call in calls]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpu_check import TorchEncoder, bench_sentences, package_dir, shared_graphs_round_robin
-from tessera.runtimes.graphs import eager_runner
+from tessera.runtimes.graph_runner import eager_runner
 
 pytestmark = pytest.mark.slow
 

@@ -10,6 +10,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import contextlib
 import copy
 import threading
 from collections.abc import Iterator
@@ -25,32 +26,22 @@ from builders import replay_like
 from tessera.errors import ModelUnavailableError
 from tessera.repository import default_repository_path, read_spec
 from tessera.runtimes.base import SharedComponents, standalone_context
+from tessera.runtimes.forward import device_options, encoder_variant, graphs_path
+from tessera.runtimes.graph_runner import Runner, Step, eager_runner, static_inputs
 from tessera.runtimes.graphs import (
     BATCH_BUCKETS,
-    CHECK_TEXTS,
     LENGTH_BUCKETS,
     GraphForward,
     GraphsHold,
-    Inputs,
-    PackedInputs,
-    Runner,
     SharedGraphs,
-    Step,
-    by_dtype,
-    copy_weights,
-    device_options,
-    eager_runner,
-    encoder_variant,
-    host_inputs,
-    reduce_precision,
-    same_layout,
-    static_inputs,
-    weight_tensors,
 )
 from tessera.runtimes.hf import SentenceEncoder, encoder_key
 from tessera.runtimes.hostcopy import gather_block
 from tessera.runtimes.memory import torch_module_bytes
+from tessera.runtimes.padding import Inputs, PackedInputs, host_inputs
+from tessera.runtimes.precision import CHECK_TEXTS, reduce_precision
 from tessera.runtimes.registry import get_loader
+from tessera.runtimes.template import by_dtype, copy_weights, same_layout, weight_tensors
 from tessera.tasks.types import TextInput
 
 pytestmark = pytest.mark.slow
@@ -152,19 +143,29 @@ def test_prepare_builds_every_bucket_and_reset_drops_them(encoder: SentenceEncod
     assert graphs.num_runners == 1  # built again on the second
 
 
-def test_pooled_vectors_through_the_buckets_match_the_encoders(encoder: SentenceEncoder) -> None:
+def test_vectors_through_the_buckets_match_the_encoders(encoder: SentenceEncoder) -> None:
     texts = ["A man is eating food.", "A man is eating a piece of bread.", "Nothing alike."]
     want = encoder.encode(texts)
     shared = SharedComponents()
-    encoder.graphs_hold = GraphsHold.acquire(
+    hold = GraphsHold.acquire(
         shared, encoder.model, encoder.tokenizer, OUTPUT, make_runner=eager_runner
     )
-    try:
+    with graphs_of(encoder, hold):
         got = encoder.encode(texts)
-    finally:
-        encoder.graphs_hold.release(parked=False)
-        encoder.graphs_hold = None
     assert np.allclose(got, want, atol=1e-5)
+
+
+@contextlib.contextmanager
+def graphs_of(encoder: SentenceEncoder, hold: GraphsHold) -> Iterator[None]:
+    """``encoder`` on the path through ``hold``'s graphs for a while, then
+    back on its own (the hold released)."""
+    own = encoder.path
+    encoder.path = graphs_path(encoder.model, encoder.tokenizer, "cpu", hold)
+    try:
+        yield
+    finally:
+        encoder.path = own
+        hold.release(parked=False)
 
 
 def other_weights(encoder: SentenceEncoder) -> Any:
@@ -197,10 +198,10 @@ def test_one_architectures_graphs_run_each_model_with_its_own_weights(
     for model, want in ((encoder.model, mine), (encoder.model, mine), (other, theirs)):
         assert torch.allclose(shared(model, batch)[real], want[real], atol=1e-4)
     assert torch.allclose(shared(encoder.model, batch)[real], mine[real], atol=1e-4)
-    assert shared.num_copies == 3  # the first model's, the other's, the first's again
+    assert shared.template.num_copies == 3  # the first model's, the other's, the first's again
     wide = encoder.tokenize(["word " * 100], 256)  # outside the buckets: its own forward
     assert torch.allclose(shared(other, wide), forward(other, wide), atol=1e-5)
-    assert shared.num_copies == 3
+    assert shared.template.num_copies == 3
 
 
 def test_models_gathered_into_one_block_go_into_the_template_as_one_copy(
@@ -210,7 +211,7 @@ def test_models_gathered_into_one_block_go_into_the_template_as_one_copy(
     # one block laid out as the host tier's restore lays it, values and tied
     # weights kept; a model so gathered goes into the template (gathered too)
     # as one copy of its block, never the fused copy a dtype.
-    from tessera.runtimes import graphs as graphs_module
+    from tessera.runtimes import template as template_module
 
     mine, other = copy.deepcopy(encoder.model), other_weights(encoder)
     batch = encoder.tokenize(["a sentence", "and another, longer one"], 256)
@@ -228,17 +229,17 @@ def test_models_gathered_into_one_block_go_into_the_template_as_one_copy(
     def fused(*args: Any) -> None:
         raise AssertionError("a gathered model's weights went in tensor by tensor")
 
-    monkeypatch.setattr(graphs_module, "copy_weights", fused)
+    monkeypatch.setattr(template_module, "copy_weights", fused)
     shared = SharedGraphs.of(mine, encoder.tokenizer, OUTPUT, eager_runner)
     shared.prepare("cpu")
     # The template is one block as large as a model's (a deep copy alone
     # copied the block once a buffer).
-    assert torch_module_bytes(shared.template) == block.nbytes()
+    assert torch_module_bytes(shared.template.module) == block.nbytes()
     with torch.inference_mode():  # the first copy in as a worker makes it, the next outside
         assert torch.allclose(shared(other, batch)[real], want[id(other)][real], atol=1e-4)
     for model in (mine, other):
         assert torch.allclose(shared(model, batch)[real], want[id(model)][real], atol=1e-4)
-    assert shared.num_copies == 3
+    assert shared.template.num_copies == 3
     ungathered = other_weights(encoder)  # not one block: a fused copy a dtype
     with pytest.raises(AssertionError, match="tensor by tensor"):
         shared(ungathered, batch)
@@ -378,19 +379,16 @@ def test_texts_tokenised_ahead_leave_the_graph_as_the_encoders_vectors(
     want = encoder.encode(texts, pooling=pooling)
     raw = encoder.encode(texts, pooling=pooling, normalize=False)
     shared = SharedComponents()
-    encoder.graphs_hold = GraphsHold.acquire(
+    hold = GraphsHold.acquire(
         shared, encoder.model, encoder.tokenizer, OUTPUT, capture=False, make_runner=replay_like
     )
-    try:
-        graphs = encoder.graphs_hold.graphs.graphs
+    with graphs_of(encoder, hold):
+        graphs = hold.graphs.graphs
         first = encoder.encode_ids(ids, pooling=pooling)  # eager, padded to the bucket
         assert graphs.num_runners == 0
         second = encoder.encode_ids(ids, pooling=pooling)  # built, replayed
         assert graphs.num_runners == 1
         unscaled = encoder.encode_ids(ids, pooling=pooling, normalize=False)
-    finally:
-        encoder.graphs_hold.release(parked=False)
-        encoder.graphs_hold = None
     assert np.allclose(first, want, atol=1e-5)
     assert np.allclose(second, want, atol=1e-5)
     assert np.allclose(unscaled, raw, atol=1e-4)
@@ -398,16 +396,16 @@ def test_texts_tokenised_ahead_leave_the_graph_as_the_encoders_vectors(
     assert second.shape == (len(texts), encoder.dim)
 
 
-def test_pooled_vectors_are_the_callers_not_the_next_replays(encoder: SentenceEncoder) -> None:
+def test_graph_vectors_are_the_callers_not_the_next_replays(encoder: SentenceEncoder) -> None:
     texts = [["first text"], ["an altogether different second"]]
     shared = SharedGraphs.of(encoder.model, encoder.tokenizer, OUTPUT, replay_like)
     shared.prepare("cpu")
     try:
         got: list[np.ndarray] = []
         for each in texts:
-            pooled = shared.pooled(encoder.model, ids_of(encoder, each), "mean")
-            assert pooled is not None
-            got.append(pooled.numpy())  # on the CPU the same memory as the tensor
+            vectors = shared.vectors(encoder.model, ids_of(encoder, each), "mean")
+            assert vectors is not None
+            got.append(vectors.numpy())  # on the CPU the same memory as the tensor
         for each, vectors in zip(texts, got, strict=True):
             want = encoder.encode(each, normalize=False)
             assert np.allclose(vectors, want, atol=1e-5)
@@ -429,8 +427,8 @@ def test_a_threads_own_input_block_gives_the_same_vectors_batch_after_batch(
     try:
         for each in [*texts, *texts]:
             ids = ids_of(encoder, each)
-            own = shared.pooled(encoder.model, ids, "mean", reuse=True)
-            fresh = shared.pooled(encoder.model, ids, "mean")
+            own = shared.vectors(encoder.model, ids, "mean", reuse=True)
+            fresh = shared.vectors(encoder.model, ids, "mean")
             assert own is not None
             assert fresh is not None
             assert torch.equal(own, fresh)
@@ -469,7 +467,7 @@ def test_a_failed_replay_leaves_its_threads_block_unused(encoder: SentenceEncode
     padded = graphs.padded_ids(ids, reuse=True)
     assert padded is not None
     with pytest.raises(RuntimeError, match="replay failed"):
-        graphs.pooled(padded, "mean")
+        graphs.replay_vectors(padded, "mean")
     after = graphs.padded_ids(ids, reuse=True)
     assert after is not None
     assert after.inputs is not padded.inputs
@@ -487,22 +485,22 @@ def test_one_architectures_graphs_pool_each_models_vectors(encoder: SentenceEnco
         for model in (encoder.model, other, encoder.model):
             hidden = forward(model, batch)
             want = (hidden * mask).sum(dim=1) / mask.sum(dim=1)
-            got, first = shared.pooled(model, ids, "mean"), shared.pooled(model, ids, "cls")
+            got, first = shared.vectors(model, ids, "mean"), shared.vectors(model, ids, "cls")
             assert got is not None
             assert first is not None
             assert torch.allclose(got, want, atol=1e-5)
             assert torch.allclose(first, hidden[:, 0], atol=1e-5)
-        assert shared.num_copies == 3  # the first model's, the other's, the first's again
+        assert shared.template.num_copies == 3  # the first model's, the other's, the first's again
         many = ids_of(encoder, ["x"] * 33)  # over the buckets: the caller's own path
-        assert shared.pooled(other, many, "mean") is None
-        assert shared.num_copies == 3
+        assert shared.vectors(other, many, "mean") is None
+        assert shared.template.num_copies == 3
     finally:
         shared.close()
 
 
-def test_graphs_of_logits_give_no_pooled_vectors(encoder: SentenceEncoder) -> None:
+def test_graphs_of_logits_give_no_vectors(encoder: SentenceEncoder) -> None:
     graphs = GraphForward(
         encoder.model, "logits", encoder.tokenizer.pad_token_id, replay_like, input_keys=()
     )
-    assert not graphs.pools
+    assert not graphs.makes_vectors
     assert graphs.padded_ids(ids_of(encoder, ["hello"])) is None

@@ -24,7 +24,8 @@ import pytest
 from tessera.engine import Engine, EngineConfig
 from tessera.errors import ModelUnavailableError
 from tessera.repository import ModelRepository, default_repository_path, read_spec
-from tessera.runtimes.hostcopy import PINNED, HostCopy, HostCopyError, read_regions
+from tessera.runtimes.filemap import read_regions
+from tessera.runtimes.hostcopy import PINNED, HostCopy, HostCopyError
 from tessera.tasks.types import ClassifyOutput, RerankInput, Task, TextInput
 
 torch = pytest.importorskip("torch")

@@ -21,8 +21,9 @@ import pytest
 from builders import fake_engine
 from tessera.metrics.prometheus import EngineCollector
 from tessera.repository import default_repository_path, read_spec
-from tessera.runtimes import graphs, hf
-from tessera.runtimes.graphs import DeviceOptions, eager_runner
+from tessera.runtimes import forward, graphs
+from tessera.runtimes.forward import DeviceOptions
+from tessera.runtimes.graph_runner import eager_runner
 from tessera.runtimes.hf import SentenceEncoder
 from tessera.runtimes.stacking import StackedGraphs
 from tessera.runtimes.tokens import text_tokenizer, token_plan
@@ -51,7 +52,7 @@ def copies(root: Path, count: int) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture
 def graphs_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hf, "graphs_run_on", lambda device: True)
+    monkeypatch.setattr(forward, "graphs_run_on", lambda device: True)
     monkeypatch.setattr(graphs, "default_runner", lambda: eager_runner)
 
 

@@ -27,17 +27,11 @@ from builders import replay_like
 from tessera.errors import ModelUnavailableError
 from tessera.repository import read_spec
 from tessera.runtimes.base import SharedComponents, standalone_context
-from tessera.runtimes.graphs import (
-    GraphsHold,
-    SharedGraphs,
-    StackedRounds,
-    Stacking,
-    stack_option,
-    stacked_inputs,
-    weight_tensors,
-)
+from tessera.runtimes.forward import graphs_path, stack_option
+from tessera.runtimes.graphs import GraphsHold, SharedGraphs, StackedRounds, Stacking
 from tessera.runtimes.hf import SentenceEncoder
 from tessera.runtimes.hostcopy import gather_block
+from tessera.runtimes.padding import stacked_inputs
 from tessera.runtimes.registry import get_loader
 from tessera.runtimes.stacking import (
     STACK_ROWS,
@@ -45,8 +39,8 @@ from tessera.runtimes.stacking import (
     StackedGraphs,
     StackGroup,
     group_for,
-    signature,
 )
+from tessera.runtimes.template import signature, weight_tensors
 from tessera.tasks.types import TextInput
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "a", "dog", "on", "mat"]
@@ -262,18 +256,20 @@ def one_round(
 
     with ThreadPoolExecutor(len(calls) + 1) as pool:
         leader = pool.submit(
-            stacked.pooled, first_model, ids_of(calls[0][0], ["x"]), "mean", first_solo
+            stacked.round_vectors, first_model, ids_of(calls[0][0], ["x"]), "mean", first_solo
         )
         while stacked.rounds.num_waiting:  # the leader has begun
             pass
 
         def solo(model: Any, ids: list[np.ndarray]) -> Any:
-            return lambda: shared.pooled(model, ids, pooling) if shared is not None else None
+            return lambda: shared.vectors(model, ids, pooling) if shared is not None else None
 
         futures = []
         for e, texts in calls:
             ids = ids_of(e, texts)
-            futures.append(pool.submit(stacked.pooled, e.model, ids, pooling, solo(e.model, ids)))
+            futures.append(
+                pool.submit(stacked.round_vectors, e.model, ids, pooling, solo(e.model, ids))
+            )
         deadline = time.monotonic() + HANG_GUARD_S
         while stacked.rounds.num_waiting < len(calls) and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -282,7 +278,7 @@ def one_round(
         return [f.result() for f in futures]
 
 
-def own_pooled(encoder: SentenceEncoder, texts: list[str], pooling: str = "mean") -> np.ndarray:
+def own_vectors(encoder: SentenceEncoder, texts: list[str], pooling: str = "mean") -> np.ndarray:
     return encoder.encode(texts, pooling=pooling, normalize=False, max_length=64)  # type: ignore[arg-type]
 
 
@@ -298,12 +294,12 @@ def test_a_stacked_round_gives_each_model_its_own_vectors(
         assert stacked.num_rounds == 1
         assert stacked.num_stacked == 3
         for (encoder, texts), vectors in zip(calls, got, strict=True):
-            np.testing.assert_allclose(vectors, own_pooled(encoder, texts, pooling), atol=1e-5)
+            np.testing.assert_allclose(vectors, own_vectors(encoder, texts, pooling), atol=1e-5)
         # Each round's vectors are its callers', not overwritten by the next replay.
         again = one_round(stacked, calls[::-1], pooling)
         for (encoder, texts), vectors in zip(calls[::-1], again, strict=True):
-            np.testing.assert_allclose(vectors, own_pooled(encoder, texts, pooling), atol=1e-5)
-        np.testing.assert_allclose(got[0], own_pooled(encoders[0], TEXTS[0], pooling), atol=1e-5)
+            np.testing.assert_allclose(vectors, own_vectors(encoder, texts, pooling), atol=1e-5)
+        np.testing.assert_allclose(got[0], own_vectors(encoders[0], TEXTS[0], pooling), atol=1e-5)
     finally:
         shared.close()
 
@@ -319,8 +315,8 @@ def test_a_model_finds_its_weights_in_the_slot_it_had(encoders: list[SentenceEnc
         assert stacked.num_copies == 2
         got = one_round(stacked, [(encoders[2], ["mat"]), (encoders[0], ["the cat"])])
         assert stacked.num_copies == 3  # the new one only, into a slot not in use
-        np.testing.assert_allclose(got[0], own_pooled(encoders[2], ["mat"]), atol=1e-5)
-        np.testing.assert_allclose(got[1], own_pooled(encoders[0], ["the cat"]), atol=1e-5)
+        np.testing.assert_allclose(got[0], own_vectors(encoders[2], ["mat"]), atol=1e-5)
+        np.testing.assert_allclose(got[1], own_vectors(encoders[0], ["the cat"]), atol=1e-5)
     finally:
         shared.close()
 
@@ -349,7 +345,7 @@ def test_gathered_models_go_into_a_slot_as_one_copy(
         calls = [(gathered[0], ["the cat sat"]), (gathered[1], ["a dog", "on the mat"])]
         got = one_round(stacked, calls)
         for (encoder, texts), vectors in zip(calls, got, strict=True):
-            np.testing.assert_allclose(vectors, own_pooled(encoder, texts), atol=1e-5)
+            np.testing.assert_allclose(vectors, own_vectors(encoder, texts), atol=1e-5)
         with pytest.raises(AssertionError, match="tensor by tensor"):
             one_round(stacked, [(encoders[2], ["mat"]), (gathered[0], ["x"])])
     finally:
@@ -365,14 +361,14 @@ def test_batches_too_big_for_a_round_and_rounds_of_one_run_alone(
     try:
         for texts in (["the cat"], ["a dog"] * (STACK_ROWS[-1] + 1), ["the cat " * 40]):
             ids = ids_of(encoder, texts)
-            got = stacked.pooled(
+            got = stacked.round_vectors(
                 encoder.model,
                 ids,
                 "mean",
-                lambda ids=ids: shared.pooled(encoder.model, ids, "mean"),
+                lambda ids=ids: shared.vectors(encoder.model, ids, "mean"),
             )
             assert got is not None
-            np.testing.assert_allclose(got, own_pooled(encoder, texts), atol=1e-5)
+            np.testing.assert_allclose(got, own_vectors(encoder, texts), atol=1e-5)
         assert stacked.num_rounds == 0
         assert stacked.num_copies == 0
     finally:
@@ -394,7 +390,7 @@ def test_a_round_whose_graph_failed_to_build_runs_each_batch_alone(
         calls = [(encoders[0], ["the cat"]), (encoders[1], ["a dog", "on the mat"])]
         got = one_round(stacked, calls, shared=shared)
         for (encoder, texts), vectors in zip(calls, got, strict=True):
-            np.testing.assert_allclose(vectors, own_pooled(encoder, texts), atol=1e-5)
+            np.testing.assert_allclose(vectors, own_vectors(encoder, texts), atol=1e-5)
         assert stacked.num_rounds == 0  # not an eager vmap of every slot: each alone
         assert stacked.num_copies == 0
     finally:
@@ -420,7 +416,7 @@ def test_stacked_slots_leave_the_device_with_the_graphs_and_come_back_empty(
         got = one_round(stacked, calls)  # copied in again: the slots were emptied
         assert stacked.num_copies == 4
         for (encoder, texts), vectors in zip(calls, got, strict=True):
-            np.testing.assert_allclose(vectors, own_pooled(encoder, texts), atol=1e-5)
+            np.testing.assert_allclose(vectors, own_vectors(encoder, texts), atol=1e-5)
     finally:
         shared.close()
 
@@ -512,7 +508,7 @@ def test_encoders_with_stacked_graphs_answer_texts_tokenised_ahead(
     assert holds[0].num_bytes >= encoders[0].num_bytes + stacked.num_bytes
     views = [copy.copy(e) for e in encoders]
     for view, hold in zip(views, holds, strict=True):
-        view.graphs_hold = hold
+        view.path = graphs_path(view.model, view.tokenizer, "cpu", hold)
     started = threading.Barrier(9, timeout=HANG_GUARD_S)
 
     def call(i: int) -> bool:

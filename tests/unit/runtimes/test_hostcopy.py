@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tessera.runtimes import hostcopy
-from tessera.runtimes.hostcopy import Region, file_spans, read_maps, read_regions
+from tessera.runtimes import filemap
+from tessera.runtimes.filemap import Region, file_spans, read_maps, read_regions
 
 SMAPS = """\
 00400000-00452000 r-xp 00000000 fe:00 100 /usr/bin/python3
@@ -124,8 +124,8 @@ def test_the_page_map_tells_a_written_private_page_from_a_read_one(tmp_path: Pat
     mapped[2 * page] = 1  # written: copy-on-write, anonymous now
     pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
     try:
-        assert not hostcopy._written(pagemap, start, 2 * page)
-        assert hostcopy._written(pagemap, start + 2 * page + 10, 100)
-        assert hostcopy._written(pagemap, start, 4 * page)
+        assert not filemap._written(pagemap, start, 2 * page)
+        assert filemap._written(pagemap, start + 2 * page + 10, 100)
+        assert filemap._written(pagemap, start, 4 * page)
     finally:
         os.close(pagemap)
