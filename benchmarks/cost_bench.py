@@ -1,26 +1,30 @@
 """What each tenant costs, checked against what the server measured.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/cost_bench.py \
-        [--seconds 300] [--rate 4] [--out benchmarks/results]
+        [--seconds 180] [--mixed-seconds 300] [--rate 2] [--out benchmarks/results]
 
 One `tessera serve` (keys on; ``all-minilm-l6-v2`` and ``pp-ocrv6``
-preloaded, nothing else filled) and four tenants made through the admin
-API, sending at once for ``--seconds``, each at a steady pace:
+preloaded, nothing else filled), four tenants made through the admin API,
+and three phases; in each, every tenant sends its rate x the phase's seconds
+requests at a steady pace (later if the server falls behind):
 
-- ``three`` and ``one``: the same embeddings request (8 texts of ~25 words),
-  at 3x ``--rate`` and ``--rate`` requests a second;
-- ``long``: 8 texts four times as long, at ``--rate``;
-- ``reader``: one receipt-sized page to OCR every 2 s.
+- ``three-to-one``: ``three`` and ``one`` send the same embeddings request
+  (8 texts of ~25 words) at 3x ``--rate`` and ``--rate`` requests a second;
+- ``four-times-longer``: ``one`` as before and ``long``, 8 texts four times
+  as long, both at ``--rate``;
+- ``mixed`` (``--mixed-seconds``): all of them, and ``reader`` with a
+  receipt-sized page to OCR every 2 s.
 
-Then, from the server's own figures over the run: the tenants' device-seconds
+Per phase, from the server's own figures: the tenants' device-seconds
 (``tessera_tenant_device_seconds_total``) against the workers' busy time (the
 sum of every batch's run, ``tessera_batch_duration_seconds_sum``), and their
 byte-seconds (``tessera_tenant_memory_byte_seconds_total``, unattributed
 included) against the used bytes of the budget (``tessera_memory_used_bytes``
-read every ``--sample-s``) integrated over the run; the ratios three / one
-(device and memory) and long / one per request; and the audit log's sums
-(``/admin/usage``) beside the counters. Bars: conservation within 2%; 3:1
-within 10%; 4x per request within 20%. Writes
+read every ``--sample-s``) integrated over the phase; and the audit log's sums
+(``/admin/usage``) beside the counters. Bars: conservation within 2% (mixed),
+three / one within 10% of 3 (memory: from one window of use in, when the
+window holds the phase's traffic alone), long / one per request within 20%
+of 4. Writes
 ``OUT/costs-DATE[-N].{md,json}``.
 """
 
@@ -43,6 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.report import write_report
 from harness.servers import running_tessera
+from tessera.costs import DEFAULT_WINDOW_S
 
 EMBED = "all-minilm-l6-v2"
 OCR = "pp-ocrv6"
@@ -64,6 +69,7 @@ WORDS = [
 CONSERVATION_BAR = 0.02
 RATIO_BAR = 0.10
 LONG_BAR = 0.20
+WINDOW_S = DEFAULT_WINDOW_S  # memory's window of use (tessera.costs)
 
 
 def texts(words: int) -> list[str]:
@@ -132,39 +138,31 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
-def run(base_url: str, admin_key: str, seconds: float, rate: float, sample_s: float) -> Any:
-    tenants = ["three", "one", "long", "reader"]
-    keys = make_keys(base_url, admin_key, tenants)
-    short, long_texts, page = texts(25), texts(100), page_png()
+Send = Callable[[httpx.Client], int]
+# tenant -> (send, requests a second, threads enough to hold the pace)
+Plan = dict[str, tuple[Send, float, int]]
 
-    def embed(inputs: list[str]) -> Callable[[httpx.Client], int]:
-        return lambda c: (
-            c.post("/v1/embeddings", json={"model": EMBED, "input": inputs}).status_code
-        )
 
-    def ocr(client: httpx.Client) -> int:
-        return client.post("/v1/ocr", json={"model": OCR, "image": page}).status_code
-
-    plan: dict[str, tuple[Callable[[httpx.Client], int], float, int]] = {
-        # tenant: (send, rate, threads): threads enough to hold the pace
-        "three": (embed(short), 3 * rate, 3),
-        "one": (embed(short), rate, 1),
-        "long": (embed(long_texts), rate, 1),
-        "reader": (ocr, 0.5, 1),
-    }
+def phase(
+    base_url: str, admin_key: str, keys: dict[str, str], plan: Plan, seconds: float, sample_s: float
+) -> dict[str, Any]:
+    """``plan``'s tenants at once, each sending its rate x ``seconds``
+    requests at its pace (later if the server falls behind); the server's
+    counters before and after, its used bytes every ``sample_s``, and the
+    audit log's sums over the phase."""
     for tenant, (send, _, _) in plan.items():  # warm: the first batches, connections
         with httpx.Client(
             base_url=base_url, headers={"authorization": f"Bearer {keys[tenant]}"}, timeout=120
         ) as client:
             send(client)
-    time.sleep(2 * sample_s)
+    time.sleep(2 * sample_s)  # their memory, counted at the next state
     before = metrics(base_url, admin_key)
     began = time.time()
     until = time.monotonic() + seconds
-    counts: dict[str, dict[str, int]] = {t: {} for t in tenants}
+    counts: dict[str, dict[str, int]] = {t: {} for t in plan}
     lock = threading.Lock()
 
-    def worker(tenant: str, send: Callable[[httpx.Client], int], share: float) -> None:
+    def worker(tenant: str, send: Send, share: float) -> None:
         headers = {"authorization": f"Bearer {keys[tenant]}"}
         with httpx.Client(base_url=base_url, headers=headers, timeout=120) as client:
             got = paced(send, share, until, client)
@@ -173,33 +171,81 @@ def run(base_url: str, admin_key: str, seconds: float, rate: float, sample_s: fl
                 counts[tenant][status] = counts[tenant].get(status, 0) + n
 
     threads = [
-        threading.Thread(target=worker, args=(tenant, send, rate_ / n))
-        for tenant, (send, rate_, n) in plan.items()
+        threading.Thread(target=worker, args=(tenant, send, rate / n))
+        for tenant, (send, rate, n) in plan.items()
         for _ in range(n)
     ]
     for thread in threads:
         thread.start()
-    used: list[tuple[float, float]] = []
+    used = [(time.monotonic(), sum(before["tessera_memory_used_bytes"].values()))]
+    # Memory goes by the use of the last WINDOW_S: from one window in, the
+    # window holds this phase's traffic alone (ratios read from there).
+    steady, steady_at = None, used[0][0] + WINDOW_S
     while any(t.is_alive() for t in threads):
+        time.sleep(sample_s)
         sample = metrics(base_url, admin_key)
         used.append((time.monotonic(), sum(sample["tessera_memory_used_bytes"].values())))
-        time.sleep(sample_s)
+        if steady is None and used[-1][0] >= steady_at:
+            steady = sample
     for thread in threads:
         thread.join()
     time.sleep(2 * sample_s)  # the last batches' memory, counted at the next state
     after = metrics(base_url, admin_key)
     used.append((time.monotonic(), sum(after["tessera_memory_used_bytes"].values())))
     ended = time.time()
+    time.sleep(1.0)  # the audit log's flush
     with httpx.Client(base_url=base_url, headers={"authorization": f"Bearer {admin_key}"}) as http:
-        since = datetime.datetime.fromtimestamp(began, datetime.UTC).isoformat()
-        usage = http.get("/admin/usage", params={"since": since}).json()["usage"]
+        window = {
+            "since": datetime.datetime.fromtimestamp(began, datetime.UTC).isoformat(),
+            "until": datetime.datetime.fromtimestamp(ended, datetime.UTC).isoformat(),
+        }
+        usage = http.get("/admin/usage", params=window).json()["usage"]
     return {
         "seconds": ended - began,
         "counts": counts,
         "before": before,
+        "steady": steady,
         "after": after,
         "used": used,
         "usage": usage,
+    }
+
+
+def run(
+    base_url: str, admin_key: str, seconds: float, mixed_s: float, rate: float, sample_s: float
+) -> dict[str, Any]:
+    keys = make_keys(base_url, admin_key, ["three", "one", "long", "reader"])
+    short, long_texts, page = texts(25), texts(100), page_png()
+
+    def embed(inputs: list[str]) -> Send:
+        body = {"model": EMBED, "input": inputs}
+        return lambda c: c.post("/v1/embeddings", json=body).status_code
+
+    def ocr(client: httpx.Client) -> int:
+        return client.post("/v1/ocr", json={"model": OCR, "image": page}).status_code
+
+    phases: dict[str, tuple[Plan, float]] = {
+        "three-to-one": (
+            {"three": (embed(short), 3 * rate, 3), "one": (embed(short), rate, 1)},
+            seconds,
+        ),
+        "four-times-longer": (
+            {"one": (embed(short), rate, 1), "long": (embed(long_texts), rate, 1)},
+            seconds,
+        ),
+        "mixed": (
+            {
+                "three": (embed(short), 3 * rate, 3),
+                "one": (embed(short), rate, 1),
+                "long": (embed(long_texts), rate, 1),
+                "reader": (ocr, 0.5, 1),
+            },
+            mixed_s,
+        ),
+    }
+    return {
+        name: phase(base_url, admin_key, keys, plan, phase_s, sample_s)
+        for name, (plan, phase_s) in phases.items()
     }
 
 
@@ -208,7 +254,8 @@ def integral(points: list[tuple[float, float]]) -> float:
     return sum((t1 - t0) * (v0 + v1) / 2 for (t0, v0), (t1, v1) in itertools.pairwise(points))
 
 
-def figures_of(r: dict[str, Any], rate: float) -> dict[str, Any]:
+def figures_of(r: dict[str, Any]) -> dict[str, Any]:
+    """One phase's figures: what was attributed, against what was measured."""
     before, after = r["before"], r["after"]
 
     def family(name: str, label: str) -> dict[str, float]:
@@ -216,13 +263,20 @@ def figures_of(r: dict[str, Any], rate: float) -> dict[str, Any]:
 
     device = family("tessera_tenant_device_seconds_total", "tenant")
     memory = family("tessera_tenant_memory_byte_seconds_total", "tenant")
+    memory_name = "tessera_tenant_memory_byte_seconds_total"
+    steady = r["steady"]
+    memory_steady = (
+        delta(
+            by_label(after.get(memory_name, {}), "tenant"), by_label(steady[memory_name], "tenant")
+        )
+        if steady is not None
+        else None
+    )
     busy = sum(family("tessera_batch_duration_seconds_sum", "model").values())
     used_byte_s = integral(r["used"])
     answered = {t: c.get("200", 0) for t, c in r["counts"].items()}
     per_request = {t: device.get(t, 0.0) / n for t, n in answered.items() if n}
-    audit = by_tenant_of(r["usage"], "device_s")
     return {
-        "rate": rate,
         "seconds": r["seconds"],
         "requests": r["counts"],
         "device_s": device,
@@ -231,14 +285,25 @@ def figures_of(r: dict[str, Any], rate: float) -> dict[str, Any]:
         "used_byte_s": used_byte_s,
         "device_conservation": sum(device.values()) / busy if busy else None,
         "memory_conservation": sum(memory.values()) / used_byte_s if used_byte_s else None,
-        "three_one_device": device.get("three", 0.0) / device["one"] if device.get("one") else None,
-        "three_one_memory": memory.get("three", 0.0) / memory["one"] if memory.get("one") else None,
-        "long_one_per_request": per_request["long"] / per_request["one"]
-        if per_request.get("one") and "long" in per_request
-        else None,
         "device_s_per_request": per_request,
-        "audit_device_s": audit,
+        "byte_s_from_one_window_in": memory_steady,
+        "audit_device_s": by_tenant_of(r["usage"], "device_s"),
         "audit_byte_s": by_tenant_of(r["usage"], "byte_s"),
+    }
+
+
+def ratio(values: dict[str, float], a: str, b: str) -> float | None:
+    return values[a] / values[b] if values.get(b) and a in values else None
+
+
+def bars(phases: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    three, longer, mixed = phases["three-to-one"], phases["four-times-longer"], phases["mixed"]
+    return {
+        "device_conservation": mixed["device_conservation"],
+        "memory_conservation": mixed["memory_conservation"],
+        "three_one_device": ratio(three["device_s"], "three", "one"),
+        "three_one_memory": ratio(three["byte_s_from_one_window_in"] or {}, "three", "one"),
+        "long_one_per_request": ratio(longer["device_s_per_request"], "long", "one"),
     }
 
 
@@ -257,58 +322,76 @@ def _bar(value: float | None, target: float, tolerance: float) -> str:
     return f"{value:.3f} (bar {target:g} ± {100 * tolerance:.0f}%: {'met' if ok else 'NOT met'})"
 
 
-def markdown(f: dict[str, Any], date: str) -> str:
+def table(f: dict[str, Any]) -> list[str]:
     rows = [
         f"| {t or '(unattributed)'} | {f['requests'].get(t, {}).get('200', 0) if t else '-'}"
         f" | {f['device_s'].get(t, 0.0):.3f} | {f['audit_device_s'].get(t, 0.0):.3f}"
         f" | {f['byte_s'].get(t, 0.0) / 1e9:.2f} | {f['audit_byte_s'].get(t, 0.0) / 1e9:.2f} |"
         for t in sorted(set(f["device_s"]) | set(f["byte_s"]))
     ]
-    return "\n".join(
-        [
-            f"# What each tenant costs, against what the server measured, {date}",
-            "",
-            f"Four tenants for {f['seconds']:.0f} s: `three` and `one` send the same 8 texts to"
-            f" `{EMBED}` at {3 * f['rate']:g} and {f['rate']:g} requests/s, `long` 8 texts four"
-            f" times as long at {f['rate']:g}/s, `reader` a page to `{OCR}` every 2 s. Rerun:"
-            " `HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/cost_bench.py`.",
-            "",
-            "| tenant | answered | device-s (counter) | device-s (audit) | GB-s (counter)"
-            " | GB-s (audit) |",
-            "|---|---|---|---|---|---|",
-            *rows,
-            "",
-            f"- device-seconds attributed / the workers' busy time ({f['busy_s']:.3f} s):"
-            f" {_bar(f['device_conservation'], 1.0, CONSERVATION_BAR)}",
-            f"- byte-seconds attributed (unattributed included) / used bytes x time"
-            f" ({f['used_byte_s'] / 1e9:.1f} GB-s):"
-            f" {_bar(f['memory_conservation'], 1.0, CONSERVATION_BAR)}",
-            f"- three / one, device-seconds: {_bar(f['three_one_device'], 3.0, RATIO_BAR)}",
-            f"- three / one, memory: {_bar(f['three_one_memory'], 3.0, RATIO_BAR)}",
-            f"- long / one, device-seconds per request:"
-            f" {_bar(f['long_one_per_request'], 4.0, LONG_BAR)}",
-            "",
-        ]
-    )
+    return [
+        "| tenant | answered | device-s (counter) | device-s (audit) | GB-s (counter)"
+        " | GB-s (audit) |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Workers' busy time {f['busy_s']:.2f} s, attributed {f['device_conservation']:.4f} of"
+        f" it; used bytes x time {f['used_byte_s'] / 1e9:.2f} GB-s, attributed"
+        f" {f['memory_conservation']:.4f} of it.",
+    ]
+
+
+def markdown(figures: dict[str, Any], rate: float, date: str) -> str:
+    phases, b = figures["phases"], figures["bars"]
+    lines = [
+        f"# What each tenant costs, against what the server measured, {date}",
+        "",
+        f"One server, `{EMBED}` and `{OCR}` preloaded; three phases, each tenant sending at a"
+        " steady pace (its rate x the phase's seconds requests). `three` and `one` send the same"
+        f" 8 texts (~25 words) at {3 * rate:g} and {rate:g} requests/s; `long` 8 texts four"
+        f" times as long at {rate:g}/s; `reader` a page to OCR every 2 s. Rerun:"
+        " `HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/cost_bench.py`.",
+        "",
+        f"- device-seconds attributed / the workers' busy time (mixed phase):"
+        f" {_bar(b['device_conservation'], 1.0, CONSERVATION_BAR)}",
+        "- byte-seconds attributed (unattributed included) / used bytes x time (mixed phase):"
+        f" {_bar(b['memory_conservation'], 1.0, CONSERVATION_BAR)}",
+        f"- three / one, device-seconds: {_bar(b['three_one_device'], 3.0, RATIO_BAR)}",
+        f"- three / one, memory (from one window, {WINDOW_S:g} s, in):"
+        f" {_bar(b['three_one_memory'], 3.0, RATIO_BAR)}",
+        "- long / one, device-seconds per request:"
+        f" {_bar(b['long_one_per_request'], 4.0, LONG_BAR)}",
+    ]
+    for name, f in phases.items():
+        lines += ["", f"## {name} ({f['seconds']:.0f} s)", "", *table(f)]
+    return "\n".join([*lines, ""])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--seconds", type=float, default=180.0, help="each ratio phase")
+    parser.add_argument("--mixed-seconds", type=float, default=300.0)
     parser.add_argument("--rate", type=float, default=2.0, help="tenant one's requests a second")
     parser.add_argument("--sample-s", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tessera-costs-") as tmp:
-        serve = ["--preload", f"{EMBED},{OCR}", "--no-fill"]
+        serve = ["--preload", EMBED, "--preload", OCR, "--no-fill"]
         with running_tessera(Path(tmp), "server", serve) as server:
             if server.key is None:
                 raise RuntimeError("the server printed no admin key")
-            result = run(server.base_url, server.key, args.seconds, args.rate, args.sample_s)
-    figures = figures_of(result, args.rate)
-    figures.pop("before", None)
+            result = run(
+                server.base_url,
+                server.key,
+                args.seconds,
+                args.mixed_seconds,
+                args.rate,
+                args.sample_s,
+            )
+    phases = {name: figures_of(r) for name, r in result.items()}
+    figures = {"rate": args.rate, "bars": bars(phases), "phases": phases}
     date = datetime.date.today().isoformat()
-    write_report(args.out, date, "costs", figures, markdown(figures, date))
+    write_report(args.out, date, "costs", figures, markdown(figures, args.rate, date))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ nothing between scrapes.
 
 Label cardinality is bounded: ``model`` is a repository name (else "unknown"),
 ``tier`` a configured tier (or "none" when auth is off), ``status`` an HTTP
-code, ``reason`` one of six; ``tenant`` only with ``per_tenant_labels``, and at
-most ``max_tenant_labels`` distinct values (later ones become "other").
+code, ``reason`` one of six; ``tenant`` only with ``per_tenant_labels`` (and
+always on the ``tessera_tenant_*`` cost counters), and at most
+``max_tenant_labels`` distinct values (later ones become "other").
 """
 
 from __future__ import annotations
