@@ -287,7 +287,7 @@ def _configuration(raw: Any) -> Configuration:
 
 def _zipf(raw: Any) -> float | None:
     """One popularity: ``uniform`` (or nothing), or ``{zipf: S}``."""
-    if raw is None or raw == "uniform":
+    if not raw or raw == "uniform":
         return None
     if isinstance(raw, dict) and set(raw) == {"zipf"}:
         return float(raw["zipf"])
