@@ -168,9 +168,11 @@ def _write_repository(
         card = card_folder(scenario, name)
         raw = yaml.safe_load((card / "model.yaml").read_text(encoding="utf-8"))
         raw["name"] = name
-        path = (raw.get("source") or {}).get("path")
-        if path is not None and not Path(path).expanduser().is_absolute():
-            raw["source"] = {**raw["source"], "path": str(card / path)}  # the copy lives apart
+        source = raw.get("source") or {}
+        path = source.get("path")
+        # A folder source is relative to its card's folder, not to this copy's.
+        if source.get("package") is None and path and not Path(path).expanduser().is_absolute():
+            raw["source"] = {**source, "path": str(card / path)}
         if caps is not None:
             raw.setdefault("memory", {})["max_bytes"] = caps[name]
         (folder / name).mkdir(parents=True, exist_ok=True)

@@ -249,3 +249,31 @@ def test_generated_models_take_the_place_of_models() -> None:
     assert scenario.models == ("model-000", "model-001")
     assert scenario.generated is not None
     assert scenario.generated.noise == 1e-3
+
+
+def test_a_written_repository_finds_packaged_and_generated_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A packaged card's source stays its package's; a generated card's folder
+    source points at the generated folder, wherever the copy is written."""
+    from harness.deploy import _write_repository
+
+    monkeypatch.setenv("TESSERA_BENCH_MODELS", str(tmp_path / "models"))
+    packaged = parse_scenario(minimal())
+    repo = _write_repository(tmp_path / "a", packaged, list(packaged.models))
+    spec = read_spec(repo / "all-minilm-l6-v2")
+    assert (
+        spec.resolve_source()
+        == read_spec(default_repository_path() / "all-minilm-l6-v2").resolve_source()
+    )
+    raw = minimal(models=[], generated_models={"from": "all-minilm-l6-v2", "count": 1})
+    generated = parse_scenario(raw)
+    assert generated.generated is not None
+    card = generated.generated.folder(tmp_path / "models") / "model-000"
+    card.mkdir(parents=True)
+    (card / "model.yaml").write_text(
+        "name: model-000\ntask: embedding\nruntime: torch\nadapter: hf-encoder\n"
+        "source: {path: .}\nlatency_target_ms: 500\n"
+    )
+    repo = _write_repository(tmp_path / "b", generated, ["model-000"])
+    assert read_spec(repo / "model-000").resolve_source() == card
