@@ -11,6 +11,7 @@ from typing import Any
 from harness.figures import within_capacity
 
 MIB = 1024**2
+MAX_MODEL_ROWS = 20  # per step and configuration; past this, per-model figures stay in the JSON
 
 Bar = tuple[str, str, str, str]  # figure, measured, bar, verdict
 
@@ -443,12 +444,16 @@ def render(results: dict[str, Any], plots: list[Path]) -> str:
         table(["tenant" if h == "" else h for h in per], _tenant_rows(results, "per_tenant")),
         "",
     ]
-    lines += [
-        "## Per model",
-        "",
-        table(["model" if h == "" else h for h in per], _tenant_rows(results, "per_model")),
-        "",
-    ]
+    models = len(scenario.get("models") or ())
+    if models > MAX_MODEL_ROWS:  # a row per model and step would bury the rest
+        lines += ["## Per model", "", f"{models} models: their figures are in the JSON.", ""]
+    else:
+        lines += [
+            "## Per model",
+            "",
+            table(["model" if h == "" else h for h in per], _tenant_rows(results, "per_model")),
+            "",
+        ]
     settings = [[n, _settings(c)] for n, c in results["configurations"].items()]
     lines += ["## Settings", "", table(["configuration", "settings"], settings), ""]
     if results["errors"]:

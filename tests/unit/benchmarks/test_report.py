@@ -227,3 +227,6 @@ def test_capacity_is_the_highest_rate_within_target_beside_the_least_memory(
     assert "| ray-1x20 | uniform | below the lowest |" in text
     assert "| 300 | 3.00 |" in text
     assert "| tessera-20 | 15/s uniform | 3 | - | 210.0 | 400.0 |" in text
+    assert "| tessera-20 | 5/s uniform | m |" in text  # a few models: a row each
+    made["scenario"]["models"] = [f"m-{i}" for i in range(100)]
+    assert "100 models: their figures are in the JSON." in render(made, [])
