@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the peer servers the benchmark compares tessera with, each in a venv
 # of its own under ${TESSERA_PEERS_DIR:-$HOME/.cache/tessera/peers}/NAME:
-#   pytriton  torchserve  infinity  litserve
+#   pytriton  torchserve  infinity  litserve  rayserve
 # Idempotent: a venv whose stamp file matches this script's pins is skipped.
 # One peer failing does not stop the others; a summary is printed at the end,
 # and the exit status is non-zero when any peer failed.
@@ -34,6 +34,8 @@ packages() {
     # Infinity needs sentence-transformers 3, hence transformers 4.
     infinity) echo "infinity-emb[server,torch]==0.0.78 sentence-transformers==3.4.1 transformers==4.57.6" ;;
     litserve) echo "litserve==0.2.19 $TRANSFORMERS" ;;
+    # Ray Serve's model multiplexing (benchmarks/peers/rayserve_server.py).
+    rayserve) echo "ray[serve]==2.60.* $TRANSFORMERS" ;;
     *) return 1 ;;
     esac
 }
@@ -68,7 +70,7 @@ install_peer() {
 
 main() {
     local names=("$@") name start status=0 summary=()
-    [ ${#names[@]} -gt 0 ] || names=(pytriton torchserve infinity litserve)
+    [ ${#names[@]} -gt 0 ] || names=(pytriton torchserve infinity litserve rayserve)
     mkdir -p "$PEERS_DIR"
     echo "peers in $PEERS_DIR, python $("$PYTHON" -c 'import sys; print(sys.version.split()[0])')"
     for name in "${names[@]}"; do

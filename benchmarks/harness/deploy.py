@@ -18,6 +18,7 @@ import psutil
 import yaml
 
 from harness.inputs import sentences
+from harness.perturbed import bench_models_dir
 from harness.probes import Residency
 from harness.request import request_for
 from harness.scenario import Configuration, RequestShape, Scenario, ScenarioError
@@ -88,6 +89,7 @@ class Deployment:
     keys: dict[str, str] = field(default_factory=dict)  # tenant -> API key
     admin_key: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    load_events: Path | None = None  # a peer's JSON line per model load, where it writes one
 
     # --- the driver's Endpoint -----------------------------------------------------
     def route(self, model: str) -> str:
@@ -102,6 +104,12 @@ class Deployment:
 
     def ok(self, model: str, status: int, body: bytes) -> bool:
         return self.protocol.ok(model, status, body)
+
+    def model_headers(self, model: str) -> dict[str, str]:
+        """Headers of a request for ``model`` (a header-routed peer's model id)."""
+        if isinstance(self.protocol, PeerProtocol):
+            return self.protocol.peer.model_headers(model)
+        return {}
 
     # --- what the probes need ------------------------------------------------------
     def processes(self) -> list[psutil.Process]:
@@ -119,16 +127,22 @@ class Deployment:
         ]
 
 
+def card_folder(scenario: Scenario, model: str) -> Path:
+    """The folder of a served model's card: a generated model's own, else the
+    default model's it stands for."""
+    if scenario.generated is not None:
+        return scenario.generated.folder(bench_models_dir()) / model
+    return default_repository_path() / scenario.base_model(model)
+
+
 def served_tasks(scenario: Scenario) -> dict[str, str]:
-    repository = default_repository_path()
-    return {m: read_spec(repository / scenario.base_model(m)).task for m in scenario.models}
+    return {m: read_spec(card_folder(scenario, m)).task for m in scenario.models}
 
 
 def latency_targets_ms(scenario: Scenario) -> dict[str, float | None]:
-    repository = default_repository_path()
     out = {}
     for model in scenario.models:
-        target = read_spec(repository / scenario.base_model(model)).latency_target_ms
+        target = read_spec(card_folder(scenario, model)).latency_target_ms
         out[model] = None if target is None else float(target)
     return out
 
@@ -151,9 +165,14 @@ def _write_repository(
     """A model repository holding ``names``, aliases under their own name, each
     capped at ``caps[name]`` bytes (weights and batches) where given."""
     for name in names:
-        source = default_repository_path() / scenario.base_model(name) / "model.yaml"
-        raw = yaml.safe_load(source.read_text(encoding="utf-8"))
+        card = card_folder(scenario, name)
+        raw = yaml.safe_load((card / "model.yaml").read_text(encoding="utf-8"))
         raw["name"] = name
+        source = raw.get("source") or {}
+        path = source.get("path")
+        # A folder source is relative to its card's folder, not to this copy's.
+        if source.get("package") is None and path and not Path(path).expanduser().is_absolute():
+            raw["source"] = {**source, "path": str(card / path)}
         if caps is not None:
             raw.setdefault("memory", {})["max_bytes"] = caps[name]
         (folder / name).mkdir(parents=True, exist_ok=True)
@@ -215,8 +234,8 @@ def deploy_tessera(
         settings["slices_bytes"] = caps
         extra += ["--memory-budget", str(sum(caps.values()))]
         extra += [a for m in scenario.models for a in ("--preload", m)]
-    elif scenario.memory_budget is not None:
-        extra += ["--memory-budget", scenario.memory_budget]
+    elif (configuration.memory_budget or scenario.memory_budget) is not None:
+        extra += ["--memory-budget", str(configuration.memory_budget or scenario.memory_budget)]
     folder = work / f"repo-{configuration.name}"
     repository = _write_repository(folder, scenario, list(scenario.models), caps)
     extra += ["--model-repository", str(repository)]
@@ -288,14 +307,27 @@ def deploy_peer(
     peer = PEERS[name]
     if not peer.installed(under):
         raise ScenarioError(f"peer {name} is not installed under {under}: run make bench-peers")
-    bases = {scenario.base_model(m) for m in scenario.models}
-    if len(bases) != 1:
-        raise ScenarioError("peers serve one model's weights (under one or more names)")
-    model_dir = read_spec(default_repository_path() / bases.pop()).resolve_source()
+    if scenario.generated is not None:
+        model_dir = scenario.generated.folder(bench_models_dir())  # NAME under it, each
+    else:
+        bases = {scenario.base_model(m) for m in scenario.models}
+        if len(bases) != 1:
+            raise ScenarioError("peers serve one model's weights (under one or more names)")
+        model_dir = read_spec(default_repository_path() / bases.pop()).resolve_source()
     # One torch thread per process where a peer runs a process per worker.
     threads = peer.default_threads(len(scenario.models))
-    with peer.serve(under, work, model_dir, list(scenario.models), threads) as server:
+    models = list(scenario.models)
+    with peer.serve(under, work, model_dir, models, threads, configuration.args) as server:
         routes = dict.fromkeys(scenario.models, server)
         settings = {**server.extra, "version": peer.version(under)}
         settings["startup_s"] = round(server.startup_s, 1)
-        yield Deployment(name, "peer", [server], routes, PeerProtocol(peer), settings=settings)
+        events = server.extra.get("load_events")
+        yield Deployment(
+            configuration.name,
+            "peer",
+            [server],
+            routes,
+            PeerProtocol(peer),
+            settings=settings,
+            load_events=None if events is None else Path(str(events)),
+        )

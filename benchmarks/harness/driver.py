@@ -138,6 +138,7 @@ class Driver:
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Clock | None = None,
         round_robin: bool = False,  # each tenant's n-th request to its models[n % len]
+        model_headers: Callable[[str], dict[str, str]] | None = None,  # per request, by model
     ) -> None:
         self._endpoint = endpoint
         self._models = models
@@ -147,6 +148,7 @@ class Driver:
         self._on_answer = on_answer or (lambda: None)
         self._transport = transport  # tests serve an app in-process
         self._clock = clock or MonotonicClock()
+        self._model_headers = model_headers
         self._start = 0.0
         self._result = DriveResult()
 
@@ -193,9 +195,10 @@ class Driver:
     async def _one(self, clients: _Clients, state: _Tenant, model: str, n: int) -> None:
         path, body = self._endpoint.call(model, n, state.load.shape)
         client = clients.get(self._endpoint.route(model))
+        headers = None if self._model_headers is None else self._model_headers(model)
         began = self._clock.now()
         try:
-            response = await client.post(path, json=body)
+            response = await client.post(path, json=body, headers=headers)
             status, ok = (
                 str(response.status_code),
                 self._endpoint.ok(model, response.status_code, response.content),

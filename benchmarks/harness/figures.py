@@ -11,6 +11,9 @@ from harness.driver import Record
 from harness.probes import Sample, time_average
 
 GB = 1e9
+# A step within a configuration's capacity: this share of its requests within
+# their target, and none failed.
+CAPACITY_SHARE = 0.95
 
 
 def percentile_ms(latencies_s: list[float], q: float) -> float | None:
@@ -43,6 +46,11 @@ def latency_figures(
         "within_target_share": round(len(within) / len(records), 4) if records else None,
         "statuses": dict(Counter(r.status for r in records)),
     }
+
+
+def within_capacity(figures: dict[str, Any]) -> bool:
+    share = figures["within_target_share"]
+    return figures["failed"] == 0 and share is not None and share >= CAPACITY_SHARE
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,9 @@ PyTriton binds one model per name in one Triton; TorchServe registers one
 model per name, each with its own workers; Infinity serves every name from one
 process (one ``--model-id`` and ``--served-model-name`` each); LitServe runs one
 LitAPI per name, each on its own route with its own workers.
+
+Ray Serve serves many distinct models (``model_dir/NAME`` each) by model
+multiplexing: replicas that load models on demand, routed by a header.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
@@ -80,6 +85,7 @@ class Launch:
     models: list[str]
     threads: int
     port: int
+    args: tuple[str, ...] = ()  # the configuration's, for the peer's script
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,14 @@ class Peer:
         """POST path and JSON body that embed one sentence with ``model``."""
         raise NotImplementedError
 
+    def model_headers(self, model: str) -> dict[str, str]:
+        """Headers a request for ``model`` carries (none but for a header-routed peer)."""
+        return {}
+
+    def ready_models(self, models: list[str]) -> list[str]:
+        """The names the readiness check embeds: every one, where each is served apart."""
+        return models
+
     def embedding(self, body: bytes) -> list[float] | None:
         """The one vector in a response body, or None when there is none."""
         raise NotImplementedError
@@ -171,9 +185,14 @@ class Peer:
         """Ready once one real embedding request succeeds for every model name."""
 
         def ready() -> bool:
-            for model in models:
+            for model in self.ready_models(models):
                 path, body = self.embed_call(model, "Is the server ready?")
-                response = httpx.post(base_url + path, json=body, timeout=READY_REQUEST_TIMEOUT_S)
+                response = httpx.post(
+                    base_url + path,
+                    json=body,
+                    headers=self.model_headers(model),
+                    timeout=READY_REQUEST_TIMEOUT_S,
+                )
                 if not self.embed_ok(response.status_code, response.content):
                     return False
             return True
@@ -182,9 +201,16 @@ class Peer:
 
     @contextlib.contextmanager
     def serve(
-        self, peers_dir: Path, work: Path, model_dir: Path, models: list[str], threads: int
+        self,
+        peers_dir: Path,
+        work: Path,
+        model_dir: Path,
+        models: list[str],
+        threads: int,
+        args: tuple[str, ...] = (),
     ) -> Iterator[RunningServer]:
-        """Run the peer on a free loopback port until every model name embeds; stop it on exit."""
+        """Run the peer on a free loopback port until it embeds (``ready_models``); stop it
+        on exit. ``args`` go to the peer's script."""
         if not models:
             raise ValueError("serve needs at least one model name")
         if not self.installed(peers_dir):
@@ -192,7 +218,7 @@ class Peer:
         work.mkdir(parents=True, exist_ok=True)
         port = free_port()
         base_url = f"http://127.0.0.1:{port}"
-        command = self.command(Launch(peers_dir, work, model_dir, models, threads, port))
+        command = self.command(Launch(peers_dir, work, model_dir, models, threads, port, args))
         log_path = _fresh(work / f"peer-{self.name}-{len(models)}m.log")
         ready = self.ready_check(base_url, models)
         env = self.env(peers_dir, threads)
@@ -328,6 +354,82 @@ class LitServePeer(Peer):
         return _vector(answer.get("embedding"))
 
 
+class RayServePeer(Peer):
+    """Ray Serve 2.60: one deployment whose replicas multiplex models by a header.
+
+    Its configuration's ``args`` say ``--replicas R --models-per-replica M``;
+    Ray's cluster runs on a free GCS port (never Redis's 6379) with its files
+    in a temporary folder of its own, removed once it has stopped. Every load
+    is a line in ``load_events``: the report's loads and swap-in times.
+    """
+
+    def command(self, run: Launch) -> list[str]:
+        return [
+            *self._script(run.peers_dir, "rayserve_server.py"),
+            *self._common(run),
+            *["--ray-port", str(free_port()), "--temp-dir", str(_ray_temp(run.port))],
+            *["--events", str(self.load_events(run.work, run.port)), *run.args],
+        ]
+
+    @staticmethod
+    def load_events(work: Path, port: int) -> Path:
+        return work / f"rayserve-{port}-loads.jsonl"
+
+    def env(self, peers_dir: Path, threads: int) -> dict[str, str]:
+        quiet = {"RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+        return {**super().env(peers_dir, threads), **quiet}
+
+    def settings(self, models: list[str], threads: int) -> dict[str, object]:
+        return {
+            "peer": self.name,
+            "models": len(models),
+            "torch_threads_total": threads,
+            "batching": "none (@serve.batch does not group by model)",
+            "layout": "one deployment, @serve.multiplexed replicas, routed by "
+            "the serve_multiplexed_model_id header",
+        }
+
+    def embed_call(self, model: str, text: str) -> tuple[str, dict[str, Any]]:
+        return "/embed", {"input": text}
+
+    def model_headers(self, model: str) -> dict[str, str]:
+        return {"serve_multiplexed_model_id": model}
+
+    def ready_models(self, models: list[str]) -> list[str]:
+        return models[:1]  # any replica serves any model: one load shows it serves
+
+    def embedding(self, body: bytes) -> list[float] | None:
+        answer = _json(body)
+        return _vector(answer.get("embedding")) if isinstance(answer, dict) else None
+
+    @contextlib.contextmanager
+    def serve(
+        self,
+        peers_dir: Path,
+        work: Path,
+        model_dir: Path,
+        models: list[str],
+        threads: int,
+        args: tuple[str, ...] = (),
+    ) -> Iterator[RunningServer]:
+        """As every peer, and Ray's session folder removed once it has stopped."""
+        port: int | None = None
+        try:
+            with super().serve(peers_dir, work, model_dir, models, threads, args) as server:
+                port = int(server.base_url.rsplit(":", 1)[1])
+                server.extra["load_events"] = str(self.load_events(work, port))
+                server.extra["args"] = " ".join(args)
+                yield server
+        finally:
+            if port is not None:
+                shutil.rmtree(_ray_temp(port), ignore_errors=True)
+
+
+def _ray_temp(port: int) -> Path:
+    """Ray's session folder: short, as its Unix sockets' paths must be."""
+    return Path(tempfile.gettempdir()) / f"tessera-ray-{port}"
+
+
 def _normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
@@ -358,4 +460,5 @@ PEERS: dict[str, Peer] = {
     "torchserve": TorchServePeer("torchserve", "torchserve", process_per_worker=True),
     "infinity": InfinityPeer("infinity", "infinity-emb", process_per_worker=False),
     "litserve": LitServePeer("litserve", "litserve", process_per_worker=True),
+    "rayserve": RayServePeer("rayserve", "ray", process_per_worker=False),
 }

@@ -42,15 +42,23 @@ def throughput_plot(results: dict[str, Any], path: Path) -> Path | None:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    by_rate = any(s.get("rate") is not None for c in served.values() for s in c["steps"])
     for name, outcome in served.items():
-        steps = outcome["steps"]
-        xs, ys = [s["concurrency"] for s in steps], [s["req_per_s"] for s in steps]
-        ax.plot(xs, ys, "o-", label=name)
+        lines: dict[str, list[dict[str, Any]]] = {}
+        for step in outcome["steps"]:  # a line per popularity, where steps have one
+            lines.setdefault(step.get("popularity") or "", []).append(step)
+        for popularity, steps in lines.items():
+            xs = [s["rate"] if by_rate else s["concurrency"] for s in steps]
+            label = f"{name} ({popularity})" if len(lines) > 1 else name
+            ax.plot(xs, [s["req_per_s"] for s in steps], "o-", label=label)
     raw = results["configurations"].get("raw", {}).get("raw")
     if raw:
         ax.axhline(raw["main"]["sentences_per_s"], color="k", ls="--", label="raw (batches of 32)")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="concurrency (closed loop)", ylabel="requests / s", title="Throughput")
+    if by_rate:
+        ax.set(xlabel="offered requests / s (open loop)", ylabel="answered / s", title="Throughput")
+    else:
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="concurrency (closed loop)", ylabel="requests / s", title="Throughput")
     return _save(plt, fig, ax, path, legend_size=8)
 
 

@@ -8,7 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.figures import within_capacity
+
 MIB = 1024**2
+MAX_MODEL_ROWS = 20  # per step and configuration; past this, per-model figures stay in the JSON
 
 Bar = tuple[str, str, str, str]  # figure, measured, bar, verdict
 
@@ -256,6 +259,65 @@ def bars(results: dict[str, Any]) -> list[Bar]:
     return judge(results) if judge else []
 
 
+def step_label(results: dict[str, Any], step: dict[str, Any]) -> str:
+    """A step's concurrency, or its offered rate; its popularity where the
+    scenario has several."""
+    rate = step.get("rate")
+    label = _fmt(step["concurrency"]) if rate is None else f"{rate:g}/s"
+    if len(results["scenario"].get("popularities") or ()) > 1:
+        label += f" {step.get('popularity')}"
+    return label
+
+
+def capacities(results: dict[str, Any]) -> list[list[str]]:
+    """Per configuration and popularity of a rate sweep: the highest rate
+    within capacity (``figures.within_capacity``), its figures, and the
+    configuration's peak PSS over every step beside the least of them."""
+    peaks = {
+        name: max((s["peak_pss_bytes"] or 0 for s in outcome.get("steps", [])), default=0)
+        for name, outcome in results["configurations"].items()
+    }
+    least = min((v for v in peaks.values() if v), default=0)
+    rows = []
+    for name, outcome in results["configurations"].items():
+        lines: dict[str, list[dict[str, Any]]] = {}
+        for step in outcome.get("steps", []):
+            if step.get("rate") is not None:
+                lines.setdefault(step.get("popularity") or "", []).append(step)
+        for popularity, steps in lines.items():
+            held = [s for s in steps if within_capacity(s)]
+            best = max(held, key=lambda s: s["rate"], default=None)
+            swaps = (best or {}).get("swaps") or {}
+            host = swaps.get("host_used_bytes")
+            rows.append([
+                name, popularity, "below the lowest" if best is None else f"{best['rate']:g}",
+                _fmt(None if best is None else best["req_per_s"]),
+                _pct(None if best is None else best["within_target_share"]),
+                _fmt(None if best is None else best["p99_ms"]),
+                _mib(peaks[name] or None), _fmt(peaks[name] / least if least else None, 2),
+                _mib(host) if host else "-",
+            ])  # fmt: skip
+    return rows
+
+
+def _swap_rows(results: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for name, outcome in results["configurations"].items():
+        for s in outcome.get("steps", []):
+            swaps = s.get("swaps")
+            if not swaps:
+                continue
+            files = swaps.get("from_files_last") or swaps.get("load") or {}
+            host = swaps.get("from_host_last") or {}
+            rows.append([
+                name, step_label(results, s), _fmt(swaps.get("loads")),
+                _fmt(swaps.get("host_loads")), _fmt(files.get("p50_ms")),
+                _fmt(files.get("p99_ms")), _fmt(host.get("p50_ms")), _fmt(host.get("p99_ms")),
+                _mib(swaps.get("host_used_bytes")),
+            ])  # fmt: skip
+    return rows
+
+
 def _step_rows(results: dict[str, Any]) -> list[list[str]]:
     rows = []
     for name, outcome in results["configurations"].items():
@@ -265,7 +327,7 @@ def _step_rows(results: dict[str, Any]) -> list[list[str]]:
             continue
         for s in outcome["steps"]:
             rows.append([
-                name, _fmt(s["concurrency"]), _fmt(s["req_per_s"]), _fmt(s["p50_ms"]),
+                name, step_label(results, s), _fmt(s["req_per_s"]), _fmt(s["p50_ms"]),
                 _fmt(s["p95_ms"]), _fmt(s["p99_ms"]), str(s["failed"]),
                 _pct(s["within_target_share"]), _fmt(s["cpu_s_per_1k_requests"], 1),
                 _mib(s["peak_pss_bytes"]), _mib(s["reserved_bytes"]),
@@ -291,7 +353,7 @@ def _tenant_rows(results: dict[str, Any], key: str) -> list[list[str]]:
                 entries[f"{group} ({f['tenants']} tenants; worst p99 {worst})"] = f
             for who, f in entries.items():
                 rows.append([
-                    name, _fmt(s["concurrency"]), who, str(f["requests"]), str(f["failed"]),
+                    name, step_label(results, s), who, str(f["requests"]), str(f["failed"]),
                     _fmt(f["req_per_s"]), _fmt(f["p50_ms"]), _fmt(f["p95_ms"]), _fmt(f["p99_ms"]),
                     _pct(f["within_target_share"]),
                 ])  # fmt: skip
@@ -333,13 +395,40 @@ def render(results: dict[str, Any], plots: list[Path]) -> str:
             table(["figure", "measured", "bar", ""], [list(b) for b in verdicts]),
             "",
         ]
-    header = ["configuration", "conc.", "req/s", "p50 ms", "p95 ms", "p99 ms", "failed",
+    header = ["configuration", "step", "req/s", "p50 ms", "p95 ms", "p99 ms", "failed",
               "in target", "CPU-s/1k", "peak PSS MiB", "reserved MiB", "mem. util.",
               "cold loads", "GB-s/1k in target"]  # fmt: skip
     lines += ["## Configurations", "", table(header, _step_rows(results)), ""]
+    capacity = capacities(results)
+    if capacity:
+        lines += [
+            "## Capacity",
+            "",
+            "The highest offered rate with at least 95% of requests within target and none"
+            " failed; peak PSS is the configuration's over every step (every process), beside"
+            " the least of them; host tier: tessera's evicted copies at that step's end.",
+            "",
+            table(["configuration", "popularity", "capacity req/s", "answered req/s",
+                   "in target", "p99 ms", "peak PSS MiB", "PSS / least", "host tier MiB"],
+                  capacity),
+            "",
+        ]  # fmt: skip
+    swaps = _swap_rows(results)
+    if swaps:
+        lines += [
+            "## Loads",
+            "",
+            "Loads in each step. tessera: each model's last load from files and from its"
+            " host tier (a copy), quantiles over models, and the host tier's bytes at the"
+            " step's end; a peer: every load it logged in the step.",
+            "",
+            table(["configuration", "step", "loads", "from host tier", "files p50 ms",
+                   "files p99 ms", "host p50 ms", "host p99 ms", "host tier MiB"], swaps),
+            "",
+        ]  # fmt: skip
     per = [
         "configuration",
-        "conc.",
+        "step",
         "",
         "requests",
         "failed",
@@ -355,12 +444,16 @@ def render(results: dict[str, Any], plots: list[Path]) -> str:
         table(["tenant" if h == "" else h for h in per], _tenant_rows(results, "per_tenant")),
         "",
     ]
-    lines += [
-        "## Per model",
-        "",
-        table(["model" if h == "" else h for h in per], _tenant_rows(results, "per_model")),
-        "",
-    ]
+    models = len(scenario.get("models") or ())
+    if models > MAX_MODEL_ROWS:  # a row per model and step would bury the rest
+        lines += ["## Per model", "", f"{models} models: their figures are in the JSON.", ""]
+    else:
+        lines += [
+            "## Per model",
+            "",
+            table(["model" if h == "" else h for h in per], _tenant_rows(results, "per_model")),
+            "",
+        ]
     settings = [[n, _settings(c)] for n, c in results["configurations"].items()]
     lines += ["## Settings", "", table(["configuration", "settings"], settings), ""]
     if results["errors"]:

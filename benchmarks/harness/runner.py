@@ -4,12 +4,16 @@ Configurations run one after the other, never two at once, on this machine:
 each starts its servers, runs every step (a warm-up, then the measured load
 with CPU, PSS and residency sampled), and stops them before the next starts.
 One configuration that fails is recorded and the others still run.
+Where a scenario sweeps rates, a configuration's sweep under each popularity
+stops at the first rate it misses (fewer than 95% within target, or any
+failed): the last rate before it is its capacity.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sys
 import time
@@ -29,8 +33,9 @@ from harness.deploy import (
     latency_targets_ms,
 )
 from harness.driver import Driver
-from harness.figures import Cost, step_figures
+from harness.figures import Cost, percentile_ms, step_figures, within_capacity
 from harness.machine import machine_info
+from harness.perturbed import bench_models_dir, ensure_models
 from harness.probes import (
     CpuMeter,
     Sampler,
@@ -40,7 +45,7 @@ from harness.probes import (
 )
 from harness.progress import BenchProgress
 from harness.raw import run_raw
-from harness.scenario import Configuration, Scenario, ScenarioError
+from harness.scenario import Configuration, Scenario, ScenarioError, Step
 from harness.servers import log
 
 
@@ -70,14 +75,21 @@ def _reserved(deployment: Deployment, residency: dict[str, Any]) -> int | None:
     return sum(budgets.values())
 
 
-async def _residency_now(deployment: Deployment) -> dict[str, Any]:
+async def _residency_by_server(deployment: Deployment) -> dict[str, Any]:
+    """Each tessera server's ``/admin/residency``, by base URL."""
     out = {}
     async with httpx.AsyncClient(timeout=30, headers=deployment.admin_headers) as client:
-        for model, server in deployment.routes.items():
+        for server in deployment.servers:
             response = await client.get(f"{server.base_url}/admin/residency")
             response.raise_for_status()
-            out[model] = response.json()
+            out[server.base_url] = response.json()
     return out
+
+
+async def _residency_now(deployment: Deployment) -> dict[str, Any]:
+    """The residency of the server that serves each model, by model."""
+    by_server = await _residency_by_server(deployment)
+    return {model: by_server[server.base_url] for model, server in deployment.routes.items()}
 
 
 async def _histograms(deployment: Deployment) -> dict[str, dict[str, float]]:
@@ -89,18 +101,80 @@ async def _histograms(deployment: Deployment) -> dict[str, dict[str, float]]:
     return merged
 
 
+PRIME_BOUND_S = 1800.0
+
+
+async def prime(deployment: Deployment, scenario: Scenario, configuration: Configuration) -> None:
+    """One request to each model in turn, least popular first, by the first tenant."""
+    tenant = next(t for t in scenario.tenants_for(configuration, None) if not t.background)
+    models = list(reversed(scenario.models))
+    once = replace(tenant, rate=None, concurrency=1, requests=len(models), background=False)
+    driver = Driver(
+        deployment, models, None, round_robin=True, model_headers=deployment.model_headers
+    )
+    result = await driver.run([once], len(models), PRIME_BOUND_S)
+    failed = sum(not r.ok for r in result.records)
+    log(f"  primed {len(result.records)} models in {result.seconds:.0f} s, {failed} failed")
+
+
+def _load_events(path: Path | None) -> list[dict[str, Any]]:
+    if path is None or not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _quantiles_ms(seconds: list[float]) -> dict[str, float | None]:
+    return {"p50_ms": percentile_ms(seconds, 0.5), "p99_ms": percentile_ms(seconds, 0.99)}
+
+
+def swap_figures(
+    deployment: Deployment,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    events_before: int,
+) -> dict[str, Any]:
+    """Loads in a step and how long they took, where the configuration tells:
+    tessera's residency by server, before and after (each model's last load
+    from files and from the host tier, and the host tier's bytes at the end),
+    a peer's load events."""
+    if deployment.kind == "peer":
+        if deployment.load_events is None:
+            return {}
+        events = _load_events(deployment.load_events)[events_before:]
+        return {"loads": len(events), "load": _quantiles_ms([e["load_s"] for e in events])}
+    loads = host_loads = host_used = 0
+    files_s: list[float] = []
+    host_s: list[float] = []
+    for server, now in after.items():
+        then = before.get(server, {})
+        loads += int(now["loads_total"]) - int(then.get("loads_total", 0))
+        host_loads += int(now["host_loads_total"]) - int(then.get("host_loads_total", 0))
+        host_used += int(now["host_used_bytes"])
+        files_s += [m["files_load_s"] for m in now["models"] if m["files_load_s"] is not None]
+        host_s += [m["host_load_s"] for m in now["models"] if m["host_load_s"] is not None]
+    return {
+        "loads": loads,
+        "host_loads": host_loads,
+        "host_used_bytes": host_used,
+        "from_files_last": _quantiles_ms(files_s),
+        "from_host_last": _quantiles_ms(host_s),
+    }
+
+
 async def run_step(
     deployment: Deployment,
     scenario: Scenario,
     configuration: Configuration,
-    step: int | None,
+    step: Step,
     seed: int,
 ) -> dict[str, Any]:
-    tenants = scenario.tenants_for(configuration, step)
+    tenants = scenario.tenants_for(configuration, step.concurrency, step.rate)
     models = list(scenario.models)
+    headers = deployment.model_headers
     if scenario.warmup_requests:
         warm = [t for t in tenants if not t.background]
-        await Driver(deployment, models, scenario.zipf, seed + 1).run(
+        await Driver(deployment, models, step.zipf, seed + 1, model_headers=headers).run(
             warm, scenario.warmup_requests, scenario.duration_s
         )
     total = sum((t.requests or scenario.requests) for t in tenants if not t.background)
@@ -109,8 +183,10 @@ async def run_step(
     def advance() -> None:
         progress.advance()
 
-    driver = Driver(deployment, models, scenario.zipf, seed, on_answer=advance)
+    driver = Driver(deployment, models, step.zipf, seed, on_answer=advance, model_headers=headers)
     before = await _histograms(deployment)
+    servers_before = {} if deployment.kind == "peer" else await _residency_by_server(deployment)
+    events_before = len(_load_events(deployment.load_events))
     sampler = Sampler(deployment.processes, deployment.residencies())
     meter = CpuMeter(deployment.processes)
     meter.start()
@@ -125,7 +201,11 @@ async def run_step(
     groups = {t.name: t.group for t in tenants if t.group is not None}
     targets = latency_targets_ms(scenario)
     figures = step_figures(result.records, result.seconds, targets, cost, groups)
-    figures["concurrency"] = step
+    figures["concurrency"] = step.concurrency
+    figures["rate"] = step.rate
+    figures["popularity"] = step.popularity
+    servers_after = {} if deployment.kind == "peer" else await _residency_by_server(deployment)
+    figures["swaps"] = swap_figures(deployment, servers_before, servers_after, events_before)
     figures["batch_size_histogram"] = histogram_delta(before, await _histograms(deployment))
     figures["peak_used_bytes"] = peaks
     if deployment.kind != "peer":
@@ -172,16 +252,32 @@ def run_configuration(
         raw = run_raw(bases.pop(), threads, min(20.0, scenario.duration_s), 200)
         return {"kind": "raw", "raw": raw}
     with _deployed(scenario, configuration, work, done, slices) as deployment:
-        steps = []
-        for n, step in enumerate(scenario.steps()):
-            log(f"{scenario.name} / {configuration.name}: step {step or 'as written'}")
+        if scenario.prime:
+            asyncio.run(prime(deployment, scenario, configuration))
+        steps: list[dict[str, Any]] = []
+        missed: set[str] = set()  # popularities whose capacity is found
+        for n, step in enumerate(scenario.plan()):
+            if step.popularity in missed:
+                log(f"  skip {step.rate} req/s ({step.popularity}): a lower rate missed")
+                continue
+            label = _label(step)
+            log(f"{scenario.name} / {configuration.name}: step {label}")
             figures = asyncio.run(run_step(deployment, scenario, configuration, step, seed=n))
             log(
                 f"  {figures['req_per_s']} req/s, p99 {figures['p99_ms']} ms, "
-                f"{figures['failed']} failed"
+                f"{figures['failed']} failed, {figures['within_target_share']} within target"
             )
             steps.append(figures)
+            if step.rate is not None and not within_capacity(figures):
+                missed.add(step.popularity)
         return {"kind": configuration.kind, "settings": deployment.settings, "steps": steps}
+
+
+def _label(step: Step) -> str:
+    if step.rate is not None:
+        return f"{step.rate:g} req/s, {step.popularity}"
+    concurrency = "as written" if step.concurrency is None else str(step.concurrency)
+    return concurrency if step.zipf is None else f"{concurrency}, {step.popularity}"
 
 
 def scenario_json(scenario: Scenario) -> dict[str, Any]:
@@ -204,6 +300,9 @@ def run_scenario(scenario: Scenario, work: Path, only: set[str] | None = None) -
     }
     slices: dict[str, int] | None = None
     start = time.perf_counter()
+    if scenario.generated is not None:
+        made = ensure_models(scenario.generated, bench_models_dir())
+        log(f"{scenario.generated.count} models in {made} ({time.perf_counter() - start:.0f} s)")
     for configuration in scenario.configurations:
         if only is not None and configuration.name not in only:
             continue

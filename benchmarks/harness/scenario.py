@@ -6,12 +6,18 @@ A scenario is YAML (see ``benchmarks/scenarios/``)::
     about: what it measures, in a sentence or two
     models: [all-minilm-l6-v2, minilm-rerank, ...]   # in popularity order
     aliases: {minilm-a: all-minilm-l6-v2}          # extra names for the same weights
-    popularity: {zipf: 1.1}                          # or omitted: uniform
+    popularity: {zipf: 1.1}                          # or omitted: uniform; or a list
+                                                     # of them ([uniform, {zipf: 1.1}]):
+                                                     # every step under each in turn
     memory_budget: 700MiB                            # tessera's, for every configuration
     requests: 2000                                   # each tenant's bound, per step
     duration_s: 60                                   # each step's time bound
     warmup_requests: 50                              # per step, not measured
     sweep: [1, 8, 32, 64]                            # closed-loop concurrency steps
+    rates: [5, 10, 15, 25]                           # or open-loop steps: the open-loop
+                                                     # tenants' rates together (split as
+                                                     # written), up to the first rate a
+                                                     # configuration misses (capacity)
     tenants:
       - {name: quiet, tier: standard, rate: 10}          # open loop, Poisson arrivals
       - {name: flood, concurrency: 16, inputs: 8, background: true}  # closed loop
@@ -23,6 +29,14 @@ A scenario is YAML (see ``benchmarks/scenarios/``)::
       - {name: vip, kind: tessera, tiers: {quiet: vip},
          config: {tiers: {vip: {latency_target_ms: {p99_of: alone, tenant: quiet, times: 3}}}}}
       - {name: pytriton, kind: peer}
+      - {name: small, kind: tessera, memory_budget: 1GiB}  # the scenario's, overridden
+
+Generated models stand in for ``models``: ``generated_models: {from:
+all-minilm-l6-v2, count: 100, noise: 1.0e-3, prefix: minilm}`` serves
+``minilm-000`` to ``minilm-099``, each the packaged model with its weights
+perturbed (``harness.perturbed``), with ``latency_target_ms`` on their cards.
+``prime: true`` sends one request to each model in turn, least popular first,
+before a configuration's first step (what loads them is not measured).
 
 Kinds: ``tessera`` (one shared server), ``fifo`` (fair scheduling off),
 ``static`` (every model preloaded into fixed slices sized by the dedicated run,
@@ -39,16 +53,20 @@ from typing import Any
 
 import yaml
 
+from harness.perturbed import ModelSet
+
 KINDS = ("tessera", "fifo", "static", "dedicated", "raw", "peer")
 _SCENARIO_KEYS = {
     "name", "about", "models", "aliases", "popularity", "memory_budget", "requests",
     "duration_s", "warmup_requests", "sweep", "tenants", "configurations", "server_args",
+    "generated_models", "latency_target_ms", "rates", "prime",
 }  # fmt: skip
+_GENERATED_KEYS = {"from", "count", "noise", "prefix"}
 _TENANT_KEYS = {
     "name", "tier", "rate", "concurrency", "inputs", "requests", "models", "background", "count",
     "words", "max_tokens",
 }  # fmt: skip
-_CONFIG_KEYS = {"name", "kind", "peer", "tenants", "tiers", "config", "args"}
+_CONFIG_KEYS = {"name", "kind", "peer", "tenants", "tiers", "config", "args", "memory_budget"}
 
 
 class ScenarioError(ValueError):
@@ -100,7 +118,23 @@ class Configuration:
     tenants: tuple[str, ...] | None = None  # a subset of the scenario's, else all
     tiers: dict[str, str] = field(default_factory=dict)  # tenant -> tier, overriding
     config: dict[str, Any] = field(default_factory=dict)  # tessera config file contents
-    args: tuple[str, ...] = ()  # more `tessera serve` arguments
+    args: tuple[str, ...] = ()  # more `tessera serve` arguments, or a peer script's
+    memory_budget: str | None = None  # tessera's, else the scenario's
+
+
+@dataclass(frozen=True)
+class Step:
+    """One measured step: closed-loop tenants' concurrency, or the open-loop
+    tenants' rate together, where the scenario sweeps one; the popularity
+    (``zipf`` exponent, None: uniform)."""
+
+    concurrency: int | None = None
+    rate: float | None = None
+    zipf: float | None = None
+
+    @property
+    def popularity(self) -> str:
+        return "uniform" if self.zipf is None else f"zipf {self.zipf:g}"
 
 
 @dataclass(frozen=True)
@@ -119,6 +153,10 @@ class Scenario:
     sweep: tuple[int, ...] = ()
     server_args: tuple[str, ...] = ()
     path: Path | None = None
+    generated: ModelSet | None = None  # the models, where made from a packaged one
+    popularities: tuple[float | None, ...] = ()  # each in turn; else (zipf,)
+    rates: tuple[float, ...] = ()
+    prime: bool = False
 
     def base_model(self, name: str) -> str:
         """The default model a served name stands for (itself unless an alias)."""
@@ -128,7 +166,22 @@ class Scenario:
         """Concurrency of the closed-loop tenants at each step; ``None``: as written."""
         return self.sweep or (None,)
 
-    def tenants_for(self, configuration: Configuration, step: int | None) -> list[TenantLoad]:
+    def plan(self) -> tuple[Step, ...]:
+        """Every step, each popularity in turn: the concurrency sweep, or the rates."""
+        out = []
+        for zipf in self.popularities or (self.zipf,):
+            if self.rates:
+                out += [Step(rate=rate, zipf=zipf) for rate in self.rates]
+            else:
+                out += [Step(concurrency=c, zipf=zipf) for c in self.steps()]
+        return tuple(out)
+
+    def tenants_for(
+        self, configuration: Configuration, step: int | None, rate: float | None = None
+    ) -> list[TenantLoad]:
+        """The configuration's tenants at a step: closed-loop ones at ``step``'s
+        concurrency, open-loop ones at rates that add up to ``rate`` (in the
+        proportions written), each where given."""
         chosen = [
             t
             for t in self.tenants
@@ -136,11 +189,15 @@ class Scenario:
             or t.name in configuration.tenants
             or t.group in configuration.tenants
         ]
+        written = sum(t.rate or 0.0 for t in chosen)
         out = []
         for tenant in chosen:
             tier = self.tier_of(configuration, tenant)
             concurrency = step if step is not None and tenant.rate is None else tenant.concurrency
-            out.append(replace(tenant, tier=tier, concurrency=concurrency))
+            scaled = tenant.rate
+            if rate is not None and tenant.rate is not None and written > 0:
+                scaled = rate * tenant.rate / written
+            out.append(replace(tenant, tier=tier, concurrency=concurrency, rate=scaled))
         return out
 
     def tier_of(self, configuration: Configuration, tenant: TenantLoad) -> str:
@@ -224,6 +281,34 @@ def _configuration(raw: Any) -> Configuration:
         tiers={str(k): str(v) for k, v in (raw.get("tiers") or {}).items()},
         config=dict(raw.get("config") or {}),
         args=tuple(str(a) for a in raw.get("args", ())),
+        memory_budget=None if raw.get("memory_budget") is None else str(raw["memory_budget"]),
+    )
+
+
+def _zipf(raw: Any) -> float | None:
+    """One popularity: ``uniform`` (or nothing), or ``{zipf: S}``."""
+    if not raw or raw == "uniform":
+        return None
+    if isinstance(raw, dict) and set(raw) == {"zipf"}:
+        return float(raw["zipf"])
+    raise ScenarioError(f"a popularity is uniform or {{zipf: S}}, not {raw!r}")
+
+
+def _generated(raw: Any, target: Any) -> ModelSet | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or "from" not in raw or "count" not in raw:
+        raise ScenarioError("generated_models needs a mapping with from and count")
+    _unknown("generated_models", raw, _GENERATED_KEYS)
+    count = raw["count"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ScenarioError("generated_models: count must be a whole number, 1 or more")
+    return ModelSet(
+        base=str(raw["from"]),
+        count=count,
+        noise=float(raw.get("noise", 1e-3)),
+        prefix=str(raw.get("prefix", "model")),
+        latency_target_ms=None if target is None else float(target),
     )
 
 
@@ -231,13 +316,20 @@ def parse_scenario(raw: Any, path: Path | None = None) -> Scenario:
     if not isinstance(raw, dict) or "name" not in raw:
         raise ScenarioError("a scenario is a mapping with a name")
     _unknown(f"scenario {raw['name']}", raw, _SCENARIO_KEYS)
-    popularity = raw.get("popularity") or {}
+    popularity = raw.get("popularity")
+    popularities = tuple(_zipf(p) for p in popularity) if isinstance(popularity, list) else ()
+    generated = _generated(raw.get("generated_models"), raw.get("latency_target_ms"))
+    if generated is not None and raw.get("models"):
+        raise ScenarioError(f"{raw['name']}: give models or generated_models, not both")
+    if generated is None and raw.get("latency_target_ms") is not None:
+        raise ScenarioError(f"{raw['name']}: latency_target_ms is for generated_models' cards")
+    models = generated.names() if generated is not None else raw.get("models", ())
     scenario = Scenario(
         name=str(raw["name"]),
         about=str(raw.get("about", "")).strip(),
-        models=tuple(str(m) for m in raw.get("models", ())),
+        models=tuple(str(m) for m in models),
         aliases={str(k): str(v) for k, v in (raw.get("aliases") or {}).items()},
-        zipf=None if "zipf" not in popularity else float(popularity["zipf"]),
+        zipf=popularities[0] if popularities else _zipf(popularity),
         tenants=tuple(t for entry in raw.get("tenants", ()) for t in _tenants(entry)),
         configurations=tuple(_configuration(c) for c in raw.get("configurations", ())),
         memory_budget=None if raw.get("memory_budget") is None else str(raw["memory_budget"]),
@@ -247,6 +339,10 @@ def parse_scenario(raw: Any, path: Path | None = None) -> Scenario:
         sweep=tuple(int(c) for c in raw.get("sweep", ())),
         server_args=tuple(str(a) for a in raw.get("server_args", ())),
         path=path,
+        generated=generated,
+        popularities=popularities,
+        rates=tuple(float(r) for r in raw.get("rates", ())),
+        prime=bool(raw.get("prime", False)),
     )
     _check(scenario)
     return scenario
@@ -266,6 +362,12 @@ def _check(scenario: Scenario) -> None:
             raise ScenarioError(f"{configuration.name}: unknown tenants {unknown - tenant_names}")
     if all(t.background for t in scenario.tenants):
         raise ScenarioError(f"{scenario.name}: every tenant is background; nothing bounds a step")
+    if scenario.rates and scenario.sweep:
+        raise ScenarioError(f"{scenario.name}: sweep concurrency or rates, not both")
+    if scenario.rates and not any(t.rate for t in scenario.tenants):
+        raise ScenarioError(f"{scenario.name}: rates need an open-loop tenant (one with a rate)")
+    if any(r <= 0 for r in scenario.rates):
+        raise ScenarioError(f"{scenario.name}: rates must be positive")
 
 
 def load_scenario(path: Path) -> Scenario:

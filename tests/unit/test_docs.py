@@ -58,10 +58,10 @@ def test_no_page_is_too_long_or_tells_its_history() -> None:
 def test_the_benchmark_reports_kept_are_the_ones_cited() -> None:
     cited: set[str] = set()
     for page in _pages():
-        pattern = r"benchmarks/results/([A-Za-z0-9._-]+\.(?:md|json))"
+        pattern = r"benchmarks/results/([A-Za-z0-9._-]+\.(?:md|txt|json))"
         cited |= set(re.findall(pattern, page.read_text(encoding="utf-8")))
     kept = {p.name for p in RESULTS.iterdir()}
     assert cited <= kept, f"cited but missing: {sorted(cited - kept)}"
-    twins = {name.removesuffix(".md") + ".json" for name in cited if name.endswith(".md")}
+    twins = {name.rsplit(".", 1)[0] + ".json" for name in cited if name.endswith((".md", ".txt"))}
     assert kept <= cited | twins, f"kept but not cited: {sorted(kept - cited - twins)}"
     assert sum(p.stat().st_size for p in RESULTS.iterdir()) < 2 * 2**20

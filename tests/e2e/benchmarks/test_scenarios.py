@@ -93,3 +93,44 @@ def test_dedicated_and_static_partition_beside_shared(tmp_path: Path) -> None:
     assert static["reserved_bytes"] == pytest.approx(1.1 * dedicated["reserved_bytes"], rel=1e-3)
     assert results["configurations"]["dedicated"]["settings"]["processes"] == 2
     assert static["evictions"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_generated_models_under_a_budget_for_one_find_a_capacity_and_count_swaps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hundred-models in small: three generated models, a budget that holds one,
+    two rates; tessera primes them, swaps them through its host tier, and the
+    report gives its capacity, loads and swap-in times."""
+    monkeypatch.setenv("TESSERA_BENCH_MODELS", str(tmp_path / "models"))
+    results, markdown, log = run_scenario(
+        tmp_path,
+        {
+            "name": "hundred-models",
+            "about": "three generated models",
+            "generated_models": {"from": "all-minilm-l6-v2", "count": 3, "prefix": "minilm"},
+            "latency_target_ms": 5000,
+            "popularity": ["uniform"],
+            "rates": [2, 3],
+            "requests": 1000,
+            "duration_s": 6,
+            "prime": True,
+            "tenants": [{"name": "a", "rate": 1}, {"name": "b", "rate": 1}],
+            "configurations": [{"name": "tessera-1", "kind": "tessera", "memory_budget": "100MiB"}],
+        },
+    )
+    assert results["errors"] == {}
+    assert "primed 3 models" in log
+    steps = results["configurations"]["tessera-1"]["steps"]
+    assert [(s["rate"], s["popularity"]) for s in steps] == [(2, "uniform"), (3, "uniform")]
+    for step in steps:
+        assert step["failed"] == 0
+        assert set(step["per_model"]) <= {"minilm-000", "minilm-001", "minilm-002"}
+        assert 0 < step["swaps"]["host_loads"] <= step["swaps"]["loads"]  # copies back
+        assert step["swaps"]["host_used_bytes"] > 0
+        assert step["swaps"]["from_files_last"]["p50_ms"] > 0
+    text = markdown.read_text()
+    assert "## Capacity" in text
+    assert "| tessera-1 | uniform |" in text
+    assert "## Loads" in text

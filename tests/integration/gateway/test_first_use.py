@@ -84,11 +84,16 @@ async def test_a_cards_misspelt_key_is_a_422_naming_it(
     message = response.json()["error"]["message"]
     assert "batching: unknown key 'max_bach_size'; did you mean 'max_batch_size'?" in message
 
-    card = {"task": "embedding", "runtime": "torch", "adapter": "fake", "options": {"own_byte": 1}}
+    card = {
+        "task": "embedding",
+        "runtime": "torch",
+        "adapter": "hf-encoder",
+        "options": {"poolin": 1},
+    }
     (folder / "model.yaml").write_text(yaml.safe_dump(card))
     response = await client.post("/admin/models", json={"path": str(folder)})
     assert response.status_code == 422, response.text
-    assert "did you mean 'own_bytes'?" in response.json()["error"]["message"]
+    assert "did you mean 'pooling'?" in response.json()["error"]["message"]
     assert (await client.get("/v1/models/typo")).status_code == 404
 
 

@@ -25,6 +25,7 @@ GOOD = {
     "torchserve": body(VECTOR),
     "infinity": body({"object": "list", "data": [{"object": "embedding", "embedding": VECTOR}]}),
     "litserve": body({"embedding": VECTOR}),
+    "rayserve": body({"embedding": VECTOR}),
 }
 
 
@@ -38,7 +39,7 @@ def fake_venv(peers_dir: Path, name: str, stamp: bool = True) -> Path:
 
 
 def test_every_peer_is_there() -> None:
-    assert set(PEERS) == {"pytriton", "torchserve", "infinity", "litserve"}
+    assert set(PEERS) == {"pytriton", "torchserve", "infinity", "litserve", "rayserve"}
     assert all(peer.name == name for name, peer in PEERS.items())
 
 
@@ -143,6 +144,23 @@ def test_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytriton = PEERS["pytriton"].command(launch(tmp_path, ["a"], threads=2))
     assert pytriton[pytriton.index("--threads") + 1] == "2"
     assert "--workspace" in pytriton
+
+
+def test_ray_serve_routes_by_header_on_a_port_of_its_own(tmp_path: Path) -> None:
+    ray = PEERS["rayserve"]
+    run = Launch(tmp_path, tmp_path / "work", Path("/models"), ["m-0", "m-1"], 2, 8123,
+                 ("--replicas", "2", "--models-per-replica", "10"))  # fmt: skip
+    command = ray.command(run)
+    assert Path(command[1]).name == "rayserve_server.py"
+    assert Path(command[1]).is_file()
+    assert command[-4:] == ["--replicas", "2", "--models-per-replica", "10"]
+    assert int(command[command.index("--ray-port") + 1]) not in (6379, 8123)
+    assert command[command.index("--events") + 1].startswith(str(tmp_path / "work"))
+    assert ray.embed_call("m-1", "hi") == ("/embed", {"input": "hi"})
+    assert ray.model_headers("m-1") == {"serve_multiplexed_model_id": "m-1"}
+    assert ray.ready_models(["m-0", "m-1"]) == ["m-0"]  # any replica loads any model
+    assert PEERS["litserve"].model_headers("m-1") == {}
+    assert ray.env(tmp_path, 2)["RAY_USAGE_STATS_ENABLED"] == "0"
 
 
 def test_env_stays_offline_and_quiet(tmp_path: Path) -> None:

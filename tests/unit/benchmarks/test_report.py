@@ -200,3 +200,33 @@ def test_a_group_of_tenants_is_pooled_and_reported_as_one_row(tmp_path: Path) ->
     assert "| fair | - | user (2 tenants; worst p99 90.0) | 4 |" in markdown
     assert "| user-1 |" not in markdown
     assert "| fair | - | flood | 4 |" in markdown
+
+
+def rate_step(
+    rate: float, latencies_ms: list[float], popularity: str = "uniform"
+) -> dict[str, Any]:
+    out = step(records("a", "m", latencies_ms), used=[MIB, MIB], reserved=2 * MIB)
+    out.update(rate=rate, popularity=popularity, concurrency=None)
+    out["swaps"] = {"loads": 3, "load": {"p50_ms": 210.0, "p99_ms": 400.0}}
+    return out
+
+
+def test_capacity_is_the_highest_rate_within_target_beside_the_least_memory(
+    tmp_path: Path,
+) -> None:
+    fast, slow = [50.0] * 20, [50.0] * 18 + [500.0] * 2  # 100% and 90% within 100 ms
+    ours = served("tessera", rate_step(5, fast), rate_step(10, fast), rate_step(15, slow))
+    theirs = served("peer", rate_step(5, slow))
+    for s in ours["steps"]:
+        s["peak_pss_bytes"] = 300 * MIB
+    theirs["steps"][0]["peak_pss_bytes"] = 100 * MIB
+    made = results("hundred-models", {"tessera-20": ours, "ray-1x20": theirs})
+    made["scenario"]["popularities"] = [None, 1.1]
+    text = render(made, [])
+    assert "| tessera-20 | uniform | 10 | 2.0 | 100.0% |" in text
+    assert "| ray-1x20 | uniform | below the lowest |" in text
+    assert "| 300 | 3.00 |" in text
+    assert "| tessera-20 | 15/s uniform | 3 | - | 210.0 | 400.0 |" in text
+    assert "| tessera-20 | 5/s uniform | m |" in text  # a few models: a row each
+    made["scenario"]["models"] = [f"m-{i}" for i in range(100)]
+    assert "100 models: their figures are in the JSON." in render(made, [])

@@ -98,6 +98,10 @@ def test_shortened_scales_every_bound() -> None:
 def test_shipped_scenarios_parse_and_name_served_models(path: Path) -> None:
     scenario = load_scenario(path)
     assert scenario.name == path.stem
+    if scenario.generated is not None:  # made from a default model, with their own target
+        read_spec(default_repository_path() / scenario.generated.base)
+        assert scenario.generated.latency_target_ms is not None
+        return
     for model in scenario.models:
         spec = read_spec(default_repository_path() / scenario.base_model(model))
         assert spec.latency_target_ms is not None
@@ -158,3 +162,118 @@ def test_a_tenants_request_shape_reaches_its_requests() -> None:
     assert protocol.call("o", 0, RequestShape())[0] == "/v1/ocr"
     assert protocol.call("c", 0, RequestShape(max_tokens=64))[1]["max_tokens"] == 64
     assert protocol.call("c", 0, RequestShape())[1]["max_tokens"] == 8
+
+
+def test_hundred_models_serves_generated_models_at_rates_under_each_popularity() -> None:
+    from harness.deploy import card_folder
+    from harness.perturbed import bench_models_dir
+
+    scenario = load_scenario(SCENARIOS / "hundred-models.yaml")
+    assert scenario.generated is not None
+    assert (scenario.generated.base, scenario.generated.count) == ("all-minilm-l6-v2", 100)
+    assert scenario.generated.latency_target_ms == 500
+    assert scenario.models[0] == "minilm-000"
+    assert scenario.models[-1] == "minilm-099"
+    plan = scenario.plan()
+    assert [(s.rate, s.popularity) for s in plan[:5]] == [
+        (5, "uniform"), (10, "uniform"), (15, "uniform"), (25, "uniform"), (5, "zipf 1.1")
+    ]  # fmt: skip
+    assert len([t for t in scenario.tenants if t.rate]) == 4
+    by_name = {c.name: c for c in scenario.configurations}
+    assert by_name["tessera-20"].memory_budget == by_name["tessera-20-no-host-tier"].memory_budget
+    assert by_name["tessera-20-no-host-tier"].config == {"host_memory_budget": 0}
+    assert {c.peer for c in scenario.configurations if c.kind == "peer"} == {"rayserve"}
+    assert by_name["ray-2x10"].args == ("--replicas", "2", "--models-per-replica", "10")
+    root = scenario.generated.folder(bench_models_dir())
+    assert card_folder(scenario, "minilm-042") == root / "minilm-042"
+
+
+def test_a_rate_step_splits_its_rate_among_open_loop_tenants_as_written() -> None:
+    raw = minimal(
+        rates=[5, 20],
+        tenants=[
+            {"name": "a", "rate": 3},
+            {"name": "b", "rate": 1},
+            {"name": "c", "concurrency": 2},
+        ],
+    )
+    scenario = parse_scenario(raw)
+    assert [s.rate for s in scenario.plan()] == [5, 20]
+    tenants = scenario.tenants_for(scenario.configurations[0], None, 20)
+    assert [(t.name, t.rate, t.concurrency) for t in tenants] == [
+        ("a", 15.0, None), ("b", 5.0, None), ("c", None, 2)
+    ]  # fmt: skip
+    as_written = scenario.tenants_for(scenario.configurations[0], None)
+    assert [t.rate for t in as_written] == [3.0, 1.0, None]
+
+
+def test_popularity_as_a_list_runs_every_step_under_each() -> None:
+    scenario = parse_scenario(minimal(sweep=[1, 4], popularity=["uniform", {"zipf": 1.1}]))
+    assert [(s.concurrency, s.zipf) for s in scenario.plan()] == [
+        (1, None), (4, None), (1, 1.1), (4, 1.1)
+    ]  # fmt: skip
+    assert scenario.zipf is None  # the first, for what reads one
+    assert parse_scenario(minimal(popularity={"zipf": 1.2})).plan()[0].zipf == 1.2
+
+
+def test_a_configuration_may_set_its_own_budget() -> None:
+    raw = minimal(memory_budget="1GiB", configurations=[{"name": "t", "kind": "tessera",
+                                                         "memory_budget": "2GiB"}])  # fmt: skip
+    assert parse_scenario(raw).configurations[0].memory_budget == "2GiB"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"rates": [5], "sweep": [1]}, "not both"),
+        ({"rates": [5]}, "open-loop tenant"),
+        ({"rates": [0], "tenants": [{"name": "a", "rate": 1}]}, "positive"),
+        ({"popularity": ["pareto"]}, "uniform or"),
+        ({"generated_models": {"from": "all-minilm-l6-v2", "count": 3}}, "not both"),
+        ({"generated_models": {"from": "x"}, "models": []}, "from and count"),
+        ({"generated_models": {"from": "x", "count": 0}, "models": []}, "count"),
+        ({"generated_models": {"from": "x", "count": 2, "seed": 1}, "models": []}, "seed"),
+        ({"latency_target_ms": 500}, "generated_models' cards"),
+    ],
+)
+def test_bad_rates_popularities_and_generated_models_are_refused(
+    extra: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        parse_scenario(minimal(**extra))
+
+
+def test_generated_models_take_the_place_of_models() -> None:
+    raw = minimal(models=[], generated_models={"from": "all-minilm-l6-v2", "count": 2})
+    scenario = parse_scenario(raw)
+    assert scenario.models == ("model-000", "model-001")
+    assert scenario.generated is not None
+    assert scenario.generated.noise == 1e-3
+
+
+def test_a_written_repository_finds_packaged_and_generated_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A packaged card's source stays its package's; a generated card's folder
+    source points at the generated folder, wherever the copy is written."""
+    from harness.deploy import _write_repository
+
+    monkeypatch.setenv("TESSERA_BENCH_MODELS", str(tmp_path / "models"))
+    packaged = parse_scenario(minimal())
+    repo = _write_repository(tmp_path / "a", packaged, list(packaged.models))
+    spec = read_spec(repo / "all-minilm-l6-v2")
+    assert (
+        spec.resolve_source()
+        == read_spec(default_repository_path() / "all-minilm-l6-v2").resolve_source()
+    )
+    raw = minimal(models=[], generated_models={"from": "all-minilm-l6-v2", "count": 1})
+    generated = parse_scenario(raw)
+    assert generated.generated is not None
+    card = generated.generated.folder(tmp_path / "models") / "model-000"
+    card.mkdir(parents=True)
+    (card / "model.yaml").write_text(
+        "name: model-000\ntask: embedding\nruntime: torch\nadapter: hf-encoder\n"
+        "source: {path: .}\nlatency_target_ms: 500\n"
+    )
+    repo = _write_repository(tmp_path / "b", generated, ["model-000"])
+    assert read_spec(repo / "model-000").resolve_source() == card
