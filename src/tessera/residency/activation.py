@@ -104,7 +104,7 @@ class ActivationStats:
         peaks = heapq.nlargest(
             2, (r.peak_bytes for r in self._window if r.units <= units and not r.provisional)
         )
-        return peaks[1] if len(peaks) > 1 else 0
+        return peaks[-1] if len(peaks) == 2 else 0
 
 
 class ActivationBook:

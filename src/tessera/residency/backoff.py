@@ -13,11 +13,19 @@ Invariants:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tessera.clock import Clock
 from tessera.errors import ModelUnavailableError
 
 # What callers are told of a failed load: its cause may name the server's files.
 LOAD_FAILED = "its load failed (the cause is in the server log)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    at: float  # when the load may be tried again
+    reason: str  # what callers may be told
 
 
 class LoadBackoff:
@@ -28,31 +36,27 @@ class LoadBackoff:
         self._retry_s = retry_s
         self._max_retry_s = max_retry_s
         self._failures: dict[str, int] = {}
-        self._retry_at: dict[str, float] = {}
-        self._reasons: dict[str, str] = {}  # what callers may be told
+        self._retries: dict[str, _Retry] = {}
 
     def fail(self, name: str, public_reason: str) -> float:
         """One more failure of ``name``'s load; the seconds until it is tried again."""
         failures = self._failures[name] = self._failures.get(name, 0) + 1
         retry_s = min(self._max_retry_s, self._retry_s * 2.0 ** (failures - 1))
-        self._retry_at[name] = self._clock.now() + retry_s
-        self._reasons[name] = public_reason
+        self._retries[name] = _Retry(self._clock.now() + retry_s, public_reason)
         return retry_s
 
     def succeeded(self, name: str) -> None:
-        """``name`` loaded: its row of failures ends."""
+        """``name`` loaded (or is forgotten): its row of failures ends."""
         self._failures.pop(name, None)
-        self._retry_at.pop(name, None)
-
-    def forget(self, name: str) -> None:
-        self.succeeded(name)
-        self._reasons.pop(name, None)
+        self._retries.pop(name, None)
 
     def raise_if_waiting(self, name: str) -> None:
         """``ModelUnavailableError``, with Retry-After, until ``name``'s retry time."""
-        wait_s = self._retry_at.get(name, 0.0) - self._clock.now()
+        retry = self._retries.get(name)
+        if retry is None:
+            return
+        wait_s = retry.at - self._clock.now()
         if wait_s > 0:
-            reason = self._reasons.get(name, LOAD_FAILED)
             raise ModelUnavailableError(
-                name, f"{reason}; retried in {wait_s:.3g}s", retry_after_s=wait_s
+                name, f"{retry.reason}; retried in {wait_s:.3g}s", retry_after_s=wait_s
             )

@@ -16,7 +16,13 @@ class ModelHost(Protocol):
 
     async def load(self, spec: ModelSpec) -> LoadedModel: ...
 
-    async def unload(self, spec: ModelSpec, model: LoadedModel, *, eviction: bool = False) -> None:
+    async def unload(
+        self,
+        spec: ModelSpec,
+        model: LoadedModel,
+        *,
+        eviction: bool = False,  # pragma: no mutate
+    ) -> None:
         """Free what ``model`` holds (``eviction``: to make room; a host may then
         keep it in a state cheaper to reload, outside the budget)."""
         ...

@@ -213,9 +213,10 @@ class ModelLoads:
             self.fail(spec.key, e.reason, e.reason)
             raise
         while not self._table.settle_load(spec.key, measured):
+            # settle_load failed: the measured bytes need more than is free.
             need = self._table.extra_bytes(spec.key, measured) - self._table.free_bytes()
             reason = f"{spec.key}, measured above its estimate"
-            if not speculative and await self._evict_to_settle(need, spec.key, reason):
+            if not speculative and await self.evict(self._victims.to_settle(need), need, reason):
                 continue
             # No room for the measured bytes: give them back now rather than hold
             # more than the budget; the next try reserves the measured figure.
@@ -232,13 +233,6 @@ class ModelLoads:
         self._backoff.succeeded(spec.key)
         if not speculative:
             self._fresh.add(spec.key)
-
-    async def _evict_to_settle(self, need_bytes: int, name: str, reason: str) -> bool:
-        """Evict idle models to free ``need_bytes`` for ``name``'s measured
-        bytes; False if the policy finds too few."""
-        if need_bytes <= 0:
-            return True
-        return await self.evict(self._victims.to_settle(need_bytes, name), need_bytes, reason)
 
     async def evict(self, victims: list[str] | None, need_bytes: int, reason: str) -> bool:
         """Evict ``victims`` (chosen to free ``need_bytes`` for ``reason``, said

@@ -368,7 +368,7 @@ class ResidencyManager:
         self.table.entries.pop(name, None)
         self._catalogue.forget(name)
         self._loads.forget(name)
-        self._backoff.forget(name)
+        self._backoff.succeeded(name)
         self._fresh.discard(name)
         self._victims.keep(name, False)
         self.activations.forget(name)

@@ -70,10 +70,11 @@ class VictimChooser:
         else:
             self._kept.discard(name)
 
-    def to_settle(self, need_bytes: int, name: str) -> list[str] | None:
-        """Idle models other than ``name`` (and kept and fresh ones) that free
-        ``need_bytes``, by the policy; None if too few."""
-        candidates = self._table.evictable({name} | self._fresh.names() | self._kept)
+    def to_settle(self, need_bytes: int) -> list[str] | None:
+        """Idle models, neither kept nor fresh, that free ``need_bytes`` for a
+        load's measured bytes (the loading model is no candidate: it is not
+        ready), by the policy; None if too few."""
+        candidates = self._table.evictable(self._fresh.names() | self._kept)
         return self._policy.choose(candidates, need_bytes, self._table.freed_by)
 
     def for_caller(

@@ -40,10 +40,10 @@ def test_callers_are_refused_with_the_public_reason_until_the_retry_time() -> No
     backoff.raise_if_waiting("m")  # the retry time has come
 
 
-def test_a_forgotten_model_starts_afresh() -> None:
-    backoff = LoadBackoff(FakeClock(), retry_s=1.0, max_retry_s=60.0)
-    backoff.fail("m", "why")
-    backoff.fail("m", "why")
-    backoff.forget("m")
-    backoff.raise_if_waiting("m")
-    assert backoff.fail("m", LOAD_FAILED) == 1.0
+def test_each_failure_tells_its_own_reason() -> None:
+    clock = FakeClock()
+    backoff = LoadBackoff(clock, retry_s=1.0, max_retry_s=60.0)
+    backoff.fail("m", "first")
+    backoff.fail("m", "second")
+    with pytest.raises(ModelUnavailableError, match="second; retried in 2s"):
+        backoff.raise_if_waiting("m")
