@@ -502,3 +502,20 @@ async def test_a_zero_byte_acquire_of_a_ready_model_skips_the_line() -> None:
     assert not waiting.done()
     manager.release(running)
     manager.release(await waiting)
+
+
+async def test_close_logs_a_model_it_cannot_unload_and_unloads_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    host, clock = FakeModelHost(), FakeClock()
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru"), clock, wait_s=1.0)
+    busy, idle = make_spec("busy", 100), make_spec("idle", 100)
+    lease = await manager.acquire(busy, 0)  # pinned through close
+    await manager.ensure_loaded(idle)
+    with caplog.at_level("WARNING", logger="tessera.residency"):
+        await manager.close()
+    assert host.on_unload == ["idle"]
+    (record,) = caplog.records
+    assert record.getMessage().startswith("could not unload busy at close: ")
+    assert "no room in the memory budget for model 'busy'" in record.getMessage()
+    manager.release(lease)

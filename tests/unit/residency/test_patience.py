@@ -68,3 +68,24 @@ def test_with_nothing_busy_the_patience_ends_now() -> None:
     ends = BatchEnds(FakeClock())
     patience = Patience(3.0)
     assert not ends.bound(patience, [])
+
+
+def test_a_batch_ending_before_the_latest_does_not_move_it_whatever_its_run() -> None:
+    clock = FakeClock(4.0)
+    ends = BatchEnds(clock)
+    ends.start("m", 1.0)  # ends at 5
+    ends.start("m", 0.5)  # ends at 4.5, before 5: the end stays 5 (and its run 1)
+    patience = Patience(100.0)
+    ends.bound(patience, ["m"])
+    assert patience.until == pytest.approx(6.0)
+
+
+def test_a_batch_ending_with_the_latest_keeps_the_first_ones_run() -> None:
+    clock = FakeClock()
+    ends = BatchEnds(clock)
+    ends.start("m", 5.0)  # ends at 5, runs 5
+    clock.advance(4.0)
+    ends.start("m", 1.0)  # ends at 5 too
+    patience = Patience(100.0)
+    ends.bound(patience, ["m"])
+    assert patience.until == pytest.approx(10.0)
