@@ -50,6 +50,7 @@ class WaitingLine:
 
     def __init__(self) -> None:
         self._tickets = itertools.count()
+        # Every place in line has a ticket and a need: the two keep the same keys.
         self._places: dict[object, int] = {}  # place -> ticket
         self._needs: dict[object, int] = {}
         self._patience: dict[object, Patience] = {}
@@ -97,7 +98,7 @@ class WaitingLine:
         """The first ``num`` loads behind ``place``, in line order."""
         mine = self._places.get(place, math.inf)
         behind = [
-            (ticket, self._needs.get(p, 0), p.name)
+            (ticket, self._needs[p], p.name)
             for p, ticket in self._places.items()
             if ticket > mine and isinstance(p, LoadPlace)
         ]
@@ -112,5 +113,5 @@ class WaitingLine:
         ahead of older places, with ``pool_bytes`` beside the weights (see the
         module notes)."""
         mine = self._places.get(place, math.inf)
-        older = [self._needs.get(p, 0) for p, ticket in self._places.items() if ticket < mine]
+        older = [self._needs[p] for p, ticket in self._places.items() if ticket < mine]
         return pool_bytes - self.passed_bytes - need_bytes >= max(older, default=0)

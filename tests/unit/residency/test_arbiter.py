@@ -181,3 +181,21 @@ def test_a_models_batch_end_stays_while_another_of_its_batches_runs() -> None:
     assert "m" in arbiter.batch_ends
     arbiter.release(second)
     assert "m" not in arbiter.batch_ends
+
+
+def test_a_batch_passes_older_places_only_where_the_pool_beside_the_weights_holds_their_needs() -> (
+    None
+):
+    setup = Setup()
+    setup.ready("m", 600)  # a pool of 400 beside the weights
+    arbiter = setup.arbiter
+    batch = object()
+    arbiter.line.join(batch, 300)
+    assert arbiter.may_pass(batch, 300)  # no one older: its own need is no obstacle
+    older = object()
+    arbiter.line.join(older, 150)  # behind the batch: still no one older
+    assert arbiter.may_pass(batch, 300)
+    late = object()
+    arbiter.line.join(late, 100)
+    assert arbiter.may_pass(late, 100)  # 400 - 100 leaves the 300 and the 150
+    assert not arbiter.may_pass(late, 101)
