@@ -313,7 +313,7 @@ class ResidencyManager:
     # -- models -------------------------------------------------------------
 
     async def ensure_loaded(self, spec: ModelSpec) -> None:
-        self.release(await self.acquire(spec, 0))
+        self.release(await self.acquire(spec))
 
     async def unload(self, name: str) -> bool:
         """Unload a model once it is idle, and drop its host-tier copy; False if

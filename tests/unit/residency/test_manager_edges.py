@@ -46,6 +46,8 @@ async def test_stats_report_every_models_figures() -> None:
     assert (stats.budget_bytes, stats.used_bytes) == (1000, 651)
     assert stats.peak_used_bytes == 661  # with the 10 bytes the failed load held
     assert (stats.loads_total, stats.evictions_total) == (2, 0)
+    assert (stats.host_budget_bytes, stats.host_used_bytes) == (0, 0)  # no host tier
+    assert (stats.host_loads_total, stats.host_drops_total) == (0, 0)
     by_name = {m.name: m for m in stats.models}
     a, b, bad = by_name["a"], by_name["b"], by_name["bad"]
     assert (a.state, a.bytes, a.weights_bytes) == ("ready", 100 + 150, 401)
