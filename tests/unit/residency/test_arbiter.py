@@ -13,13 +13,15 @@ from tessera.clock import FakeClock
 from tessera.errors import OverloadedError
 from tessera.footprint import Footprint
 from tessera.repository import ModelSpec
+from tessera.residency import make_eviction_policy
 from tessera.residency.arbiter import EVICT_AHEAD, RoomArbiter
 from tessera.residency.catalogue import Catalogue
 from tessera.residency.fake import FakeModelHost
 from tessera.residency.fresh import FRESH_PROTECTION_S, FreshModels
 from tessera.residency.line import LoadPlace
 from tessera.residency.patience import Patience
-from tessera.residency.table import ResidencyTable
+from tessera.residency.table import ModelEntry, ResidencyTable
+from tessera.residency.tier import HostTier
 from tessera.residency.transfer import TierTransfers
 
 
@@ -199,3 +201,44 @@ def test_a_batch_passes_older_places_only_where_the_pool_beside_the_weights_hold
     arbiter.line.join(late, 100)
     assert arbiter.may_pass(late, 100)  # 400 - 100 leaves the 300 and the 150
     assert not arbiter.may_pass(late, 101)
+
+
+def tiered_setup(max_loads: int, *in_tier: str) -> Setup:
+    """Under pressure, with ``in_tier`` models waiting in a host tier."""
+    setup = Setup(1000, make_spec("big", 2000), max_loads=max_loads)
+    tier = HostTier(10_000, make_eviction_policy("lru"), setup.clock)
+    setup.transfers.tier = tier
+    for name in in_tier:
+        assert tier.begin_admit(name, Footprint(100))
+        assert tier.settle(name, Footprint(100), ModelEntry(name))
+    return setup
+
+
+def test_loads_next_from_the_host_tier_count_only_as_far_as_they_could_begin() -> None:
+    setup = tiered_setup(2, "h0", "h1", "h2")
+    line = setup.arbiter.line
+    for place, need in ((LoadPlace("h0"), 50), (LoadPlace("h1"), 100), (LoadPlace("f"), 200)):
+        line.join(place, need)
+    line.join(LoadPlace("h2"), 300)
+    # h0 (at the head) takes one of two restores; h1 the other; f loads from its
+    # files; h2 would have to wait for a restore to end.
+    assert setup.arbiter.bytes_for_loads_next(LoadPlace("h0")) == 300
+    # A head that loads from its files (or a batch) takes no restore: both
+    # tiered loads behind it count.
+    files_first = tiered_setup(2, "h1", "h2")
+    for place, need in ((LoadPlace("f"), 50), (LoadPlace("h1"), 100), (LoadPlace("h2"), 300)):
+        files_first.arbiter.line.join(place, need)
+    assert files_first.arbiter.bytes_for_loads_next(LoadPlace("f")) == 400
+
+
+def test_with_a_restore_in_flight_fewer_loads_next_count() -> None:
+    setup = tiered_setup(2, "h1", "h2")
+    setup.transfers.num_loads = 1
+    line = setup.arbiter.line
+    head = object()
+    line.join(head, 10)
+    for place, need in ((LoadPlace("h1"), 100), (LoadPlace("f"), 200), (LoadPlace("h2"), 300)):
+        line.join(place, need)
+    assert setup.arbiter.bytes_for_loads_next(head) == 300
+    setup.transfers.num_loads = 0
+    assert setup.arbiter.bytes_for_loads_next(head) == 600

@@ -122,7 +122,9 @@ async def test_with_no_one_waiting_a_batchs_room_is_not_kept() -> None:
 
 
 async def test_an_unload_gives_back_the_room_kept_for_the_next_batch() -> None:
-    manager, host, _, _, waiting = await chat_waits_for_a_page()
+    manager, host, clock, _, waiting = await chat_waits_for_a_page()
+    asked = clock.now()
     assert await manager.unload("ocr")
+    assert clock.now() == asked  # at once: not after the kept room's time
     await waiting
     assert host.on_unload == ["chat", "ocr"]

@@ -102,3 +102,9 @@ def test_a_newer_place_does_not_hold_up_an_older_one() -> None:
     line.join(older, 10)
     line.join(object(), 10_000)
     assert line.may_pass(older, 100, pool_bytes=100)
+
+
+def test_no_load_is_next_behind_a_place_out_of_line() -> None:
+    line = WaitingLine()
+    line.join(LoadPlace("a"), 100)
+    assert line.loads_next(object(), 5) == []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from builders import make_spec
 from tessera.clock import FakeClock
 from tessera.footprint import Footprint
@@ -85,3 +87,11 @@ async def test_restores_in_flight_are_bounded_and_each_end_is_told() -> None:
     assert await restoring is not None
     assert ended == ["end"]
     assert not transfers.loads_full("b")
+
+
+async def test_a_drop_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    transfers, _, _ = make_transfers()
+    assert await keep(transfers, "m")
+    with caplog.at_level("INFO", logger="tessera.residency"):
+        await transfers.drop("m")
+    assert [r.getMessage() for r in caplog.records] == ["dropping m from the host tier"]
