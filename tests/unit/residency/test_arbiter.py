@@ -242,3 +242,11 @@ def test_with_a_restore_in_flight_fewer_loads_next_count() -> None:
     assert setup.arbiter.bytes_for_loads_next(head) == 300
     setup.transfers.num_loads = 0
     assert setup.arbiter.bytes_for_loads_next(head) == 600
+
+
+def test_a_tiered_head_takes_one_restore_of_the_bound() -> None:
+    setup = tiered_setup(3, "h0", "h1", "h2", "h3")
+    line = setup.arbiter.line
+    for i, need in enumerate((10, 100, 200, 300)):
+        line.join(LoadPlace(f"h{i}"), need)
+    assert setup.arbiter.bytes_for_loads_next(LoadPlace("h0")) == 300  # h1 and h2, not h3

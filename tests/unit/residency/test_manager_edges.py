@@ -571,3 +571,26 @@ def test_the_book_passes_warm_ups_on_and_keeps_its_window() -> None:
     for peak in (100, 200, 50, 60):
         book.observe("m", peak, 1.0)
     assert book.of("m").reserve_bytes(1.0) == 60  # the two latest
+
+
+async def test_a_failed_load_is_logged_with_its_cause_and_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    manager, _host, _clock = make_manager(1000)
+    with caplog.at_level("ERROR", logger="tessera.residency"), pytest.raises(ModelUnavailableError):
+        await manager.ensure_loaded(make_spec("bad", 10, fail_load=True))
+    assert [r.getMessage() for r in caplog.records] == [
+        "model bad failed to load, retried in 2 s: RuntimeError: fake load failure"
+    ]
+
+
+async def test_a_retired_model_registered_again_starts_a_new_row_of_failures() -> None:
+    manager, _host, _clock = make_manager(1000)
+    bad = make_spec("bad", 10, fail_load=True)
+    with pytest.raises(ModelUnavailableError):
+        await manager.ensure_loaded(bad)
+    await manager.retire("bad")
+    manager.register([bad])
+    with pytest.raises(ModelUnavailableError) as again:
+        await manager.ensure_loaded(bad)
+    assert again.value.retry_after_s == 2.0  # the first failure of a new row
