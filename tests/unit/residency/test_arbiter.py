@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from builders import make_spec
+from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
 from tessera.errors import OverloadedError
 from tessera.footprint import Footprint
@@ -16,7 +17,6 @@ from tessera.repository import ModelSpec
 from tessera.residency import make_eviction_policy
 from tessera.residency.arbiter import EVICT_AHEAD, RoomArbiter
 from tessera.residency.catalogue import Catalogue
-from tessera.residency.fake import FakeModelHost
 from tessera.residency.fresh import FRESH_PROTECTION_S, FreshModels
 from tessera.residency.line import LoadPlace
 from tessera.residency.patience import Patience

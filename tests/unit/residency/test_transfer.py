@@ -8,14 +8,14 @@ import asyncio
 import pytest
 
 from builders import make_spec
+from harness.fake_host import FakeModelHost
+from harness.fake_models import make_fake_model
 from tessera.clock import FakeClock
 from tessera.footprint import Footprint
 from tessera.residency import make_eviction_policy
-from tessera.residency.fake import FakeModelHost
 from tessera.residency.table import ModelEntry
 from tessera.residency.tier import HostTier
 from tessera.residency.transfer import TierTransfers
-from tessera.runtimes.fake import make_fake_model
 
 
 def make_transfers(max_loads: int = 0) -> tuple[TierTransfers, FakeModelHost, list[str]]:
