@@ -10,7 +10,7 @@ SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test venv lint bench bench-reload bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
+.PHONY: serve test test-bench venv lint bench bench-reload bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,10 +32,20 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
+# The tests run on TEST_JOBS worker processes (pytest-xdist): each test file whole on one
+# worker, so that its module fixtures (servers, loaded models) are made once; files are
+# handed out in collection order, tests/e2e's long ones first. TEST_JOBS=0: one process.
+TEST_JOBS ?= 2
+
 test: $(STAMP) lint
 	# The live page's browser test drives Debian's Chromium (installed if absent).
 	bash scripts/ensure-chromium.sh
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The benchmark harness's own long runs (tests marked `bench`), each benchmark end to end;
+# `make test` keeps a short smoke of the harness (tests/*/benchmarks without the mark).
+test-bench: $(STAMP)
+	$(BIN)/pytest -m bench $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine_bench.py $(ARGS)
