@@ -10,7 +10,7 @@ SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test test-bench venv lint bench bench-reload bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
+.PHONY: serve test test-bench venv lint chromium bench bench-reload bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,10 +39,14 @@ lint: $(STAMP)
 # handed out in collection order, tests/e2e's long ones first. TEST_JOBS=0: one process.
 TEST_JOBS ?= 2
 
-test: $(STAMP) lint
-	# The live page's browser test drives Debian's Chromium (installed if absent).
-	bash scripts/ensure-chromium.sh
+test: $(STAMP)
+	# The checks and the browser's install (mostly a download) side by side.
+	$(MAKE) --no-print-directory -j 2 --output-sync=target lint chromium
 	$(BIN)/pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The live page's browser test drives Debian's Chromium (installed if absent).
+chromium:
+	bash scripts/ensure-chromium.sh
 
 # The benchmark harness's own long runs (tests marked `bench`), each benchmark end to end;
 # `make test` keeps a short smoke of the harness (tests/*/benchmarks without the mark).
