@@ -330,9 +330,8 @@ class EngineHost:
         with self._asleep_lock:
             self._kept[spec.key] = model
         # A swap's two lines are DEBUG: under pressure on a GPU there are
-        # hundreds a second (the H200 run: about 400 lines a second, beside
-        # the eviction's own INFO line); tessera_model_evictions and
-        # tessera_model_host_tier_loads count them.
+        # hundreds a second, beside the eviction's own INFO line;
+        # tessera_model_evictions and tessera_model_host_tier_loads count them.
         log.debug(
             "%s waits in the host tier: %d bytes (%s), moved in %.3f s",
             spec.key,
