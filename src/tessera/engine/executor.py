@@ -67,10 +67,9 @@ LONG_WORK_NICE = 10
 QUIET_BYTES = 8 * 2**20
 
 # Batches at once on a CUDA device where the config names no figure: one
-# launches while another is prepared or finished. Threads launching kernels
-# contend for the GIL and a device runs one stream's kernels in order anyway:
-# plain torch on an H200 ran 100 models round robin at 414 forwards/s from one
-# thread and at 167 from sixteen (../shared/GPU.md).
+# launches while another is prepared or finished. More threads launching
+# kernels contend for the interpreter lock, and a device runs one stream's
+# kernels in order anyway.
 CUDA_WORKERS = 2
 # Threads for batches that may run in one forward with other models' (a
 # model's ``stacks_across_models``, ``runtimes/stacking.py``): two rounds of

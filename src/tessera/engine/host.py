@@ -128,11 +128,8 @@ class EngineHost:
         # them (seconds). With one pool for both ways a round of evictions
         # (the line's head evicts for itself and the loads behind it) can fill
         # every thread, each waiting for its copy on the stream out, and the
-        # returns queue behind them. (What kept copies out and back apart in
-        # engine_ceiling_bench --swap-ms was the line's patience for models
-        # still loading, residency/manager.py's _SOON_FOR_A_LOAD; this split alone did
-        # not move that bench, whose CPU pools have one thread a way.) On
-        # CUDA two each way (a copy queued on the stream while another runs).
+        # returns queue behind them. On CUDA two each way (a copy queued on
+        # the stream while another runs).
         per_way = 2 if device.kind == "cuda" else 1
         self._copy_out_pool = ThreadPoolExecutor(per_way, thread_name_prefix="tessera-copy-out")
         self._copy_back_pool = ThreadPoolExecutor(per_way, thread_name_prefix="tessera-copy-back")
@@ -330,9 +327,8 @@ class EngineHost:
         with self._asleep_lock:
             self._kept[spec.key] = model
         # A swap's two lines are DEBUG: under pressure on a GPU there are
-        # hundreds a second (the H200 run: about 400 lines a second, beside
-        # the eviction's own INFO line); tessera_model_evictions and
-        # tessera_model_host_tier_loads count them.
+        # hundreds a second, beside the eviction's own INFO line;
+        # tessera_model_evictions and tessera_model_host_tier_loads count them.
         log.debug(
             "%s waits in the host tier: %d bytes (%s), moved in %.3f s",
             spec.key,

@@ -32,7 +32,7 @@ class EngineConfig:
     num_workers: int | None = None  # None: one per thread
     eviction_policy: str = "cost"
     # The share of its latency target a caller short of room waits for busy
-    # models cheaper to evict than idle ones (residency/manager.py's
+    # models cheaper to evict than idle ones (``residency/patience.py``'s
     # ``PATIENCE_SHARE``); 0: it evicts idle ones at once.
     eviction_patience: float = PATIENCE_SHARE
     # Requests waiting per model, at most: a bound on memory; before it, a
@@ -40,7 +40,7 @@ class EngineConfig:
     max_queue: int = 1000
     default_timeout_s: float = 60.0
     residency_wait_s: float = 30.0
-    # Loads from the host tier in flight at once (residency/manager.py's
+    # Loads from the host tier in flight at once (``residency/transfer.py``'s
     # ``MAX_HOST_LOADS``); None: that on CUDA, whose copies back run one at a
     # time on a copy stream, no bound on the CPU; 0: no bound.
     max_host_loads: int | None = None

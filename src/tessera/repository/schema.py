@@ -74,7 +74,7 @@ COMMON_OPTIONS = frozenset(
         "prompts",
     }
 )
-# A torch model's precision, CUDA graphs and stacked forwards (``runtimes/graphs.py``).
+# A torch model's precision, CUDA graphs and stacked forwards (``runtimes/forward.py``).
 _DEVICE = frozenset({"dtype", "cuda_graphs", "stack"})
 # A sentence encoder's pooling (``runtimes/hf.py``).
 _ENCODER = frozenset({"pooling", "normalize"})

@@ -7,9 +7,8 @@ the readings no smaller than half the largest one of at most ``u`` units (all
 of them where none is that small). So a reservation is never below what a
 recent batch of about its size used per unit. Readings much smaller than one
 nearer the size are left out: a batch's peak has a fixed part, which a
-reading of a few units spreads over those few, and scaled up to hundreds of
-units a two-token batch's reading made a 120-token text "need" 1.8 GB where a
-55-token reading says 0.2. (A fixed part is still over-reserved above the
+reading of a few units spreads over those few: scaled up to hundreds of
+units it would reserve many times what a batch needs. (A fixed part is still over-reserved above the
 nearest reading and under-reserved below it; and a text's attention grows with
 the square of its length, which a linear scale from a shorter one leaves out.)
 Until a model has a measurement, it reserves nothing extra (its warm-up batch
@@ -18,22 +17,20 @@ is measured right after load).
 A model's first readings settle before they count: the warm-up's reading and
 then each lower one (per unit) replaces the last, until a reading is no lower
 than the one before (or ``SETTLING_READINGS`` were taken); from then on every
-reading goes into the window. A first run carries one-off costs the runs
-after it do not: PP-OCRv6 on CPU read 148 MiB a page-unit at its warm-up, then
-103, 83, 70.3, and 70-71 for every page after those. As the window's maximum
-the first readings would hold that excess for the next 64 batches: under a
-budget that cannot hold every model and one such batch beside them, every page
-evicted twice the bytes it needed.
+reading goes into the window. Reason: a first run carries one-off costs the
+runs after it do not, and as the window's maximum those first readings would
+hold that excess for the whole window, every batch evicting for bytes it
+never needs.
 
 What refuses a request for good (413: it could never run) is not that
 estimate but ``proven_bytes``: what two real batches of no more units each
 peaked at, at least (the lower of the two highest). A peak only grows with a
 batch's units, so such a request needs as much; an extrapolation, a warm-up's
-reading or a single first run with its one-off costs refused every OCR page
-after the first under a budget of 300 MiB, for good (no batch ran to correct
-it). A single request's reservation over the most room its model could ever
-have beside its weights is cut to that room (``ResidencyManager.plan_batch``):
-the batch runs, and its reading is the next estimate's.
+reading or a single first run with its one-off costs would refuse requests
+for good, with no batch run to correct it. A single request's reservation
+over the most room its model could ever have beside its weights is cut to
+that room (``room.ActivationRoom.plan_batch``): the batch runs, and its
+reading is the next estimate's.
 """
 
 from __future__ import annotations
@@ -107,7 +104,7 @@ class ActivationStats:
         peaks = heapq.nlargest(
             2, (r.peak_bytes for r in self._window if r.units <= units and not r.provisional)
         )
-        return peaks[1] if len(peaks) > 1 else 0
+        return peaks[-1] if len(peaks) == 2 else 0
 
 
 class ActivationBook:

@@ -8,18 +8,16 @@ it where it must, up to the most room the model could ever have beside its own
 weights; over that, it reserves that most, runs, and its measured peak is the
 next estimate's (what refuses a request for good, 413, is what batches of its
 size were measured to need, ``ActivationStats.proven_bytes``, not an
-estimate). Cut to the pool instead, an OCR page's estimate waited for every
-other batch to end: 18% of pages within target where evicting gave 73%
-(``mixed-zipf`` under 650 MiB). Parts keep the batch's order, so a request is
-answered by exactly one part.
+estimate). Reason: cut to the pool instead, a large request would wait for
+every other batch to end rather than evict an idle model. Parts keep the
+batch's order, so a request is answered by exactly one part.
 
 A part's *peak units* are the work units whose activations it holds at once:
 all of them, except for items its runtime runs alone, one after another
 (``QueuedRequest.alone_units``): of those only the largest counts, or the
-items run together where those are more. Four OCR pages run one at a time
-peak at one page's activations; reserving four pages' evicted models a batch
-never needed gone, and the measured peak per unit, taken over four, read a
-quarter of a page's.
+items run together where those are more. Reason: four OCR pages run one at a
+time peak at one page's activations; reserving four pages' would evict models
+for bytes the batch never uses.
 """
 
 from __future__ import annotations

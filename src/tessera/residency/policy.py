@@ -51,8 +51,7 @@ def eviction_score(entry: ModelEntry, now: float) -> float:
     """What evicting ``entry`` is expected to cost per byte it frees: uses x
     (miss seconds / latency target) / bytes, where a miss costs its
     ``miss_s``, else its ``load_s``, at least ``MIN_LOAD_S``. Written out in
-    one function: the cost policy reads it for every idle model at each load
-    (with a hundred models swapping, half of a choice's time went in calls)."""
+    one function: the cost policy reads it for every idle model at each load."""
     seconds = entry.miss_s if entry.miss_s is not None else entry.load_s
     miss_s = DEFAULT_LOAD_S if seconds is None else max(MIN_LOAD_S, seconds)
     per_s = (entry.target_s or DEFAULT_TARGET_S) * max(1, entry.footprint.total_bytes)
@@ -97,8 +96,8 @@ class EvictionPolicyName(StrEnum):
 
 class _OrderedPolicy:
     """Evict in a fixed order of preference until enough bytes are freed:
-    ``key(entry, now)``, read at one ``now`` a choice (a clock read for each
-    candidate was a third of a choice's time with a hundred models swapping)."""
+    ``key(entry, now)``, read at one ``now`` a choice (one clock read, not
+    one per candidate)."""
 
     def __init__(
         self,

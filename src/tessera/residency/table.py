@@ -109,9 +109,7 @@ class ResidencyTable:
 
     # -- accounting -------------------------------------------------------
     # Kept as running totals, changed with each transition, so that a batch's
-    # reservation costs the same with a hundred models held as with one (a
-    # recount over every entry at each reservation was the engine process's
-    # largest cost with a hundred resident models round robin).
+    # reservation costs the same with a hundred models held as with one.
 
     def _count(self, entry: ModelEntry, sign: int) -> None:
         """Add (``sign`` 1) or take away (-1) a holding entry's bytes from the totals."""

@@ -32,7 +32,7 @@ STEPS = (
     "peer",
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 
 def processes_naming(path: Path) -> list[int]:

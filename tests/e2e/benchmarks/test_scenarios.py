@@ -58,6 +58,7 @@ def test_sweep_beside_the_raw_model_writes_json_markdown_and_plots(tmp_path: Pat
     assert "bench: 40/40 requests done" in log or "requests done" in log
 
 
+@pytest.mark.bench
 @pytest.mark.timeout(600)
 def test_dedicated_and_static_partition_beside_shared(tmp_path: Path) -> None:
     models = ["all-minilm-l6-v2", "all-minilm-l6-v2-int8"]

@@ -14,7 +14,7 @@ import torch
 from gpu_check import TorchEncoder, bench_sentences, package_dir, shared_graphs_round_robin
 from tessera.runtimes.graph_runner import eager_runner
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 
 def test_models_in_turn_through_one_architectures_graphs_give_a_rate() -> None:

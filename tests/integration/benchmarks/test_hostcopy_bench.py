@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.bench]
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "hostcopy_bench.py"
 

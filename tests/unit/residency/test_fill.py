@@ -3,6 +3,8 @@ and a fake clock: what fits loads, nothing is evicted, demand orders it."""
 
 from __future__ import annotations
 
+import asyncio
+
 from builders import make_spec
 from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
@@ -11,9 +13,12 @@ from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.manager import FILL_SHARE
 
 
-def make_manager(budget: int, specs: list[ModelSpec]) -> tuple[ResidencyManager, FakeModelHost]:
+def make_manager(
+    budget: int, specs: list[ModelSpec], wait_s: float = 30.0
+) -> tuple[ResidencyManager, FakeModelHost]:
     host = FakeModelHost()
-    manager = ResidencyManager(budget, host, make_eviction_policy("cost"), FakeClock())
+    policy = make_eviction_policy("cost")
+    manager = ResidencyManager(budget, host, policy, FakeClock(), wait_s=wait_s)
     manager.register(specs)
     return manager, host
 
@@ -55,8 +60,51 @@ async def test_a_model_filled_in_is_not_protected_from_the_first_caller() -> Non
     """A speculative load is evicted at once for a model asked for, not kept
     fresh for seconds while the caller waits (wait_s 0: it would fail)."""
     specs = [make_spec(n, b) for n, b in (("w", 600), ("x", 300), ("y", 250))]
-    manager, host = make_manager(1000, specs)
+    manager, host = make_manager(1000, specs, wait_s=0.0)
     assert await manager.fill(specs, {}) == ["y", "x"]
     await manager.ensure_loaded(specs[0])
     assert manager.state("w") is ModelState.READY
     assert host.evicted
+
+
+async def test_a_budget_that_every_model_fills_exactly_is_filled_whole() -> None:
+    specs = [make_spec("a", 300), make_spec("b", 300), make_spec("c", 400)]
+    manager, _ = make_manager(1000, specs)  # every model fits: no share is left free
+    assert await manager.fill(specs, {}) == ["a", "b", "c"]
+    assert manager.table.used_bytes() == 1000
+
+
+async def test_under_pressure_a_model_that_fits_the_budget_but_not_the_share_waits() -> None:
+    specs = [make_spec(n, b) for n, b in (("a", 300), ("b", 300), ("c", 350), ("d", 500))]
+    manager, host = make_manager(1000, specs)
+    assert await manager.fill(specs, {}) == ["a", "b"]  # c: 950 fits 1000, not 900
+    assert manager.table.used_bytes() == 600
+    assert host.loads["c"] == 0
+
+
+async def test_only_remembered_demand_goes_before_size() -> None:
+    specs = [make_spec("small", 100), make_spec("asked", 200), make_spec("big", 300)]
+    manager, _ = make_manager(1000, specs)
+    assert await manager.fill(specs, {"asked": 1}) == ["asked", "small", "big"]
+
+
+async def test_a_model_that_does_not_fit_is_passed_over_for_the_next() -> None:
+    specs = [make_spec("big", 800), make_spec("loaded", 300), make_spec("small", 100)]
+    manager, _ = make_manager(1000, specs)
+    await manager.ensure_loaded(specs[1])
+    assert await manager.fill(specs, {"big": 9, "loaded": 5}) == ["small"]
+
+
+async def test_it_loads_nothing_while_a_caller_waits_for_room() -> None:
+    clock = FakeClock()
+    host = FakeModelHost(clock)
+    manager = ResidencyManager(1000, host, make_eviction_policy("cost"), clock, wait_s=60)
+    big, other, small = make_spec("big", 600), make_spec("other", 600), make_spec("small", 100)
+    manager.register([big, other, small])
+    lease = await manager.acquire(big, 0)  # pinned: the other waits for room
+    waiting = asyncio.ensure_future(manager.ensure_loaded(other))
+    await asyncio.sleep(0)
+    assert await manager.fill([small], {}) == []
+    assert manager.state("small") is ModelState.UNLOADED
+    manager.release(lease)
+    await waiting

@@ -29,21 +29,22 @@ def make_manager() -> tuple[ResidencyManager, FakeModelHost, FakeClock]:
     return manager, host, clock
 
 
-def models() -> tuple[ModelSpec, ModelSpec]:
-    """An OCR model (3 s target, 5 ms gathering wait) and a chat model (10 s target)."""
+def models(gather_ms: int = 5) -> tuple[ModelSpec, ModelSpec]:
+    """An OCR model (3 s target, ``gather_ms`` gathering wait) and a chat model (10 s target)."""
     ocr = replace(
-        make_spec("ocr", 100, batching=BatchingSpec(max_wait_ms=5)), latency_target_ms=3_000
+        make_spec("ocr", 100, batching=BatchingSpec(max_wait_ms=gather_ms)),
+        latency_target_ms=3_000,
     )
     chat = replace(make_spec("chat", 400, load_s=0.5), latency_target_ms=10_000)
     return ocr, chat
 
 
-async def chat_waits_for_a_page() -> tuple[
-    ResidencyManager, FakeModelHost, FakeClock, ModelSpec, asyncio.Future[None]
-]:
+async def chat_waits_for_a_page(
+    gather_ms: int = 5,
+) -> tuple[ResidencyManager, FakeModelHost, FakeClock, ModelSpec, asyncio.Future[None]]:
     """The chat model evicted for a page, and a chat request waiting to reload it."""
     manager, host, clock = make_manager()
-    ocr, chat = models()
+    ocr, chat = models(gather_ms)
     manager.register([ocr, chat])
     manager.release(await manager.acquire(chat, 0))
     page = await manager.acquire(ocr, PAGE_BYTES)
@@ -82,6 +83,13 @@ async def test_kept_room_goes_back_when_no_batch_takes_it() -> None:
     assert clock.now() - released == pytest.approx(0.005 + HOLD_SLACK_S + 0.5, abs=0.01)
 
 
+async def test_kept_room_waits_for_as_long_as_its_model_gathers_a_batch() -> None:
+    _, _, clock, _, waiting = await chat_waits_for_a_page(gather_ms=300)
+    released = clock.now()
+    await waiting
+    assert clock.now() - released == pytest.approx(0.3 + HOLD_SLACK_S + 0.5, abs=0.01)
+
+
 async def test_room_is_kept_only_for_batches_that_end_within_every_waiters_patience() -> None:
     manager, host, clock, ocr, waiting = await chat_waits_for_a_page()
     asked = clock.now()
@@ -114,7 +122,9 @@ async def test_with_no_one_waiting_a_batchs_room_is_not_kept() -> None:
 
 
 async def test_an_unload_gives_back_the_room_kept_for_the_next_batch() -> None:
-    manager, host, _, _, waiting = await chat_waits_for_a_page()
+    manager, host, clock, _, waiting = await chat_waits_for_a_page()
+    asked = clock.now()
     assert await manager.unload("ocr")
+    assert clock.now() == asked  # at once: not after the kept room's time
     await waiting
     assert host.on_unload == ["chat", "ocr"]

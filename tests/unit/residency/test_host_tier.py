@@ -350,3 +350,21 @@ def test_both_budgets_hold_and_a_model_is_never_on_the_device_and_in_the_tier(
         assert manager.stats().host_used_bytes == 0
 
     asyncio.run(run())
+
+
+async def test_a_copy_taken_back_is_no_drop_and_each_restore_and_drop_is_counted() -> None:
+    manager, host, clock = make_manager(1000, 2000)
+    # Loads and copies back of no stated time take none.
+    a, b = make_spec("a", 600, host_tier=True), make_spec("b", 600, host_tier=True)
+    await use(manager, a)
+    for _ in range(2):
+        await use(manager, b)  # a to the tier (b from it, the second time)
+        await use(manager, a)  # b to the tier, a back from it
+    assert (host.restores["a"], host.restores["b"]) == (2, 1)
+    assert clock.now() == 0.0
+    assert manager.stats().host_drops_total == 0  # copies taken back were not dropped
+    for _ in range(2):
+        await manager.unload("b")  # it waits in the tier: its copy is dropped
+        await use(manager, b)  # from its files
+        await use(manager, a)  # b to the tier again
+    assert host.drops["b"] == 2

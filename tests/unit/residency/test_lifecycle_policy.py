@@ -10,7 +10,12 @@ import pytest
 from builders import make_spec
 from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
-from tessera.errors import ModelTooLargeError, OverloadedError, RequestTooLargeError
+from tessera.errors import (
+    ModelTooLargeError,
+    ModelUnavailableError,
+    OverloadedError,
+    RequestTooLargeError,
+)
 from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.activation import ActivationBook
 
@@ -123,3 +128,28 @@ async def test_weights_over_the_cap_are_too_large_not_a_request_too_large() -> N
     manager, _host, _clock = make_manager(10_000)
     with pytest.raises(ModelTooLargeError, match="over its cap of 500 bytes"):
         await manager.ensure_loaded(make_spec("big", 600, max_bytes=500))
+
+
+async def test_a_retired_model_is_forgotten_by_every_part() -> None:
+    host, clock = FakeModelHost(), FakeClock()
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru"), clock, wait_s=0.0)
+    spec, bad = make_spec("gone", 600), make_spec("bad", 100, fail_load=True)
+    manager.register([spec, bad])
+    await manager.ensure_loaded(spec)  # fresh: loaded for a caller, no batch yet
+    manager.keep("gone")
+    with pytest.raises(ModelUnavailableError):
+        await manager.ensure_loaded(bad)
+    await manager.retire("gone")
+    await manager.retire("bad")
+    await manager.retire("never-registered")  # nothing to forget
+    assert manager._loads.spec("gone") is None
+    assert "gone" not in manager._fresh.names()
+    # Registered again, each starts afresh: the failed one is not backed off,
+    # the kept one is evicted for another like any idle model.
+    good_again = make_spec("bad", 100)
+    manager.register([spec, good_again])
+    await manager.ensure_loaded(good_again)
+    await manager.fill([spec], {})  # loaded, not fresh (no caller waited)
+    clock.advance(1.0)
+    await manager.ensure_loaded(make_spec("new", 600))
+    assert state(manager, "gone") == "unloaded"

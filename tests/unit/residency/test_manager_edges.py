@@ -46,6 +46,8 @@ async def test_stats_report_every_models_figures() -> None:
     assert (stats.budget_bytes, stats.used_bytes) == (1000, 651)
     assert stats.peak_used_bytes == 661  # with the 10 bytes the failed load held
     assert (stats.loads_total, stats.evictions_total) == (2, 0)
+    assert (stats.host_budget_bytes, stats.host_used_bytes) == (0, 0)  # no host tier
+    assert (stats.host_loads_total, stats.host_drops_total) == (0, 0)
     by_name = {m.name: m for m in stats.models}
     a, b, bad = by_name["a"], by_name["b"], by_name["bad"]
     assert (a.state, a.bytes, a.weights_bytes) == ("ready", 100 + 150, 401)
@@ -502,3 +504,93 @@ async def test_a_zero_byte_acquire_of_a_ready_model_skips_the_line() -> None:
     assert not waiting.done()
     manager.release(running)
     manager.release(await waiting)
+
+
+async def test_close_logs_a_model_it_cannot_unload_and_unloads_the_rest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    host, clock = FakeModelHost(), FakeClock()
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru"), clock, wait_s=1.0)
+    busy, idle = make_spec("busy", 100), make_spec("idle", 100)
+    lease = await manager.acquire(busy, 0)  # pinned through close
+    await manager.ensure_loaded(idle)
+    with caplog.at_level("WARNING", logger="tessera.residency"):
+        await manager.close()
+    assert host.on_unload == ["idle"]
+    (record,) = caplog.records
+    assert record.getMessage().startswith("could not unload busy at close: ")
+    assert "no room in the memory budget for model 'busy'" in record.getMessage()
+    manager.release(lease)
+
+
+def test_every_part_of_a_split_batch_keeps_the_single_requests_cut(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    batch = requests(loop, [50, 1, 50])
+    parts = split_to_fit(batch, lambda units: int(units * 10), room_bytes=20, most_bytes=100)
+    assert [p.activation_bytes for p in parts] == [100, 10, 100]
+
+
+def test_two_requests_that_do_not_fit_together_run_apart(loop: asyncio.AbstractEventLoop) -> None:
+    parts = split_to_fit(requests(loop, [1, 1]), lambda units: int(units * 10), room_bytes=10)
+    assert [p.activation_bytes for p in parts] == [10, 10]
+
+
+def test_no_room_at_all_reserves_nothing_rather_than_less(loop: asyncio.AbstractEventLoop) -> None:
+    (part,) = split_to_fit(requests(loop, [5]), lambda units: int(units * 10), 0, most_bytes=-5)
+    assert part.activation_bytes == 0
+
+
+def test_items_of_under_a_unit_peak_at_their_own_units() -> None:
+    assert items_peak_units(0.5, (), 0.0) == 0.5
+
+
+def test_a_reservation_scales_the_readings_near_its_size_the_nearest_included() -> None:
+    stats = ActivationBook().of("m")
+    stats.observe(120, 4.0)  # 30 a unit
+    stats.observe(100, 2.0)  # 50 a unit, at exactly half of 4
+    assert stats.reserve_bytes(4.0) == 200
+    far = ActivationBook().of("m")
+    far.observe(120, 4.0)
+    far.observe(100, 1.0)  # a quarter of 4: left out for a batch of 4
+    assert far.reserve_bytes(4.0) == 120
+
+
+def test_readings_all_larger_than_a_batch_all_count() -> None:
+    stats = ActivationBook().of("m")
+    stats.observe(50, 0.5)
+    stats.observe(60, 0.5)
+    assert stats.reserve_bytes(0.25) == 30
+
+
+def test_the_book_passes_warm_ups_on_and_keeps_its_window() -> None:
+    book = ActivationBook(window=2)
+    book.observe("warm", 100, 1.0, provisional=True)
+    book.observe("warm", 200, 1.0, provisional=True)
+    assert book.of("warm").proven_bytes(1.0) == 0  # warm-ups prove nothing
+    for peak in (100, 200, 50, 60):
+        book.observe("m", peak, 1.0)
+    assert book.of("m").reserve_bytes(1.0) == 60  # the two latest
+
+
+async def test_a_failed_load_is_logged_with_its_cause_and_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    manager, _host, _clock = make_manager(1000)
+    with caplog.at_level("ERROR", logger="tessera.residency"), pytest.raises(ModelUnavailableError):
+        await manager.ensure_loaded(make_spec("bad", 10, fail_load=True))
+    assert [r.getMessage() for r in caplog.records] == [
+        "model bad failed to load, retried in 2 s: RuntimeError: fake load failure"
+    ]
+
+
+async def test_a_retired_model_registered_again_starts_a_new_row_of_failures() -> None:
+    manager, _host, _clock = make_manager(1000)
+    bad = make_spec("bad", 10, fail_load=True)
+    with pytest.raises(ModelUnavailableError):
+        await manager.ensure_loaded(bad)
+    await manager.retire("bad")
+    manager.register([bad])
+    with pytest.raises(ModelUnavailableError) as again:
+        await manager.ensure_loaded(bad)
+    assert again.value.retry_after_s == 2.0  # the first failure of a new row

@@ -95,7 +95,7 @@ async def test_an_eviction_says_in_the_log_what_it_makes_room_for(
     for name in ("a", "b", "c"):
         await manager.ensure_loaded(make_spec(name, 300))
         clock.advance(1)
-    with caplog.at_level("INFO", logger="tessera.residency.manager"):
+    with caplog.at_level("INFO", logger="tessera.residency"):
         manager.release(await manager.acquire(make_spec("d", 300), 50))
     assert "evicting a to free 250 bytes for loading d (300 bytes, 50 for its first batch);" in (
         caplog.text
@@ -418,7 +418,9 @@ async def test_a_line_of_loads_moves_as_each_head_leaves_it_without_timers() -> 
         for _ in range(5):
             await asyncio.sleep(0)
     assert not any(load.done() for load in loads)
-    assert len(manager._line_waiters) == len(names) - 1  # all but the head sleep on the line
+    assert (
+        manager._arbiter.wakeups.num_places() == len(names) - 1
+    )  # all but the head sleep on the line
     manager.release(lease)
     for load in loads:  # each in turn: loaded, used, released, evicted for the next
         manager.release(await load)

@@ -438,7 +438,7 @@ async def test_a_later_batch_passes_a_waiting_load_only_where_that_delays_it_not
     await use(manager, b)  # b's first batch: it may now be evicted for the large one
     await large
     assert order == ["small a", "load b", "large a"]
-    assert manager._passed_bytes == 0
+    assert manager._arbiter.line.passed_bytes == 0
 
 
 async def test_a_waiting_load_is_not_overtaken_by_a_later_batch() -> None:

@@ -318,7 +318,7 @@ def test_readings_that_keep_falling_settle_after_a_few() -> None:
 def test_a_choice_among_some_candidates_is_the_order_of_all_less_the_others(
     rows: list[tuple[int, int, int, bool]], need: int, name: str
 ) -> None:
-    """What patience relies on (``ResidencyManager._room_for``): the policy's
+    """What patience relies on (``VictimChooser.for_caller``): the policy's
     choice among the idle models is its order of idle and busy ones, less the
     busy ones, taken until enough is freed."""
     clock = FakeClock(100.0)
