@@ -326,7 +326,8 @@ def table(f: dict[str, Any]) -> list[str]:
     rows = [
         f"| {t or '(unattributed)'} | {f['requests'].get(t, {}).get('200', 0) if t else '-'}"
         f" | {f['device_s'].get(t, 0.0):.3f} | {f['audit_device_s'].get(t, 0.0):.3f}"
-        f" | {f['byte_s'].get(t, 0.0) / 1e9:.2f} | {f['audit_byte_s'].get(t, 0.0) / 1e9:.2f} |"
+        f" | {f['byte_s'].get(t, 0.0) / 1e9:.2f}"
+        f" | {f['audit_byte_s'].get('' if t == 'unattributed' else t, 0.0) / 1e9:.2f} |"
         for t in sorted(set(f["device_s"]) | set(f["byte_s"]))
     ]
     return [
