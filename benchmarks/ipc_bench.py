@@ -132,7 +132,7 @@ def request_cases(num_items: int) -> list[Case]:
         Case(
             f"done, {label}",
             lambda: ("done", 17, outputs, 0.004, 0.012, num_items, units),
-            lambda: Done(17, Payload(outputs), 0.004, 0.012, num_items, units),
+            lambda: Done(17, Payload(outputs), 0.004, 0.012, num_items, units, 0.003),
             to_gateway,
         ),
     ]
@@ -157,7 +157,7 @@ async def engine_state(num_models: int) -> tuple[str, dict[str, ServedModel], En
 
 def other_cases(phase: str, served: dict[str, ServedModel], snapshot: EngineStats) -> list[Case]:
     return [
-        Case("settled", lambda: ("settled", 17, 3.5), lambda: Settled(17, 3.5), to_gateway),
+        Case("settled", lambda: ("settled", 17, 3.5), lambda: Settled(17, 3.5, 0.003), to_gateway),
         Case(
             "state, the interval's",
             lambda: ("state", phase, None, snapshot, False),

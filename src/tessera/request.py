@@ -56,13 +56,16 @@ class RequestResult:
 
 class Charge:
     """The units a request is charged: settled once, on the event loop (the
-    first ``settle`` wins; listeners hear it once, at once if already settled)."""
+    first ``settle`` wins; listeners hear it once, at once if already settled).
+    ``device_s``: its share of the run time of the batches it ran in
+    (``tessera.costs``), added before it settles."""
 
-    __slots__ = ("_listeners", "started", "units")
+    __slots__ = ("_listeners", "device_s", "started", "units")
 
     def __init__(self) -> None:
         self.started = False  # its batch began to run
         self.units: float | None = None
+        self.device_s = 0.0
         self._listeners: list[Callable[[float], None]] = []
 
     @property

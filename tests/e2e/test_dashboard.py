@@ -270,12 +270,18 @@ def test_live_page_shows_residency_traffic_and_tenants(
     for tenant in TENANTS:
         page.get_by_test_id(f"tenant-row-{tenant}").wait_for(state="visible")
     page.get_by_test_id("batch-hist-minilm-embed").wait_for(state="visible")
+    # What each tenant cost: device-seconds per hour, from the audit log.
+    page.get_by_test_id("cost-legend").get_by_test_id("cost-legend-acme").wait_for(state="visible")
+    assert page.get_by_test_id("cost-chart").locator("rect").count() > 0
     rejections = page.get_by_test_id("rejections").get_by_test_id("rejection-row")
     rejections.filter(has_text="limited").filter(has_text="rate").first.wait_for(state="visible")
     rejections.filter(has_text="umbrella").filter(has_text="quota").first.wait_for(state="visible")
 
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    page.get_by_test_id("cost-chart").locator("xpath=..").screenshot(
+        path=str(ARTIFACTS / "tenant-costs.png")
+    )
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
 
 

@@ -189,7 +189,7 @@ class EngineCore:
         gateway.send(Queued(call_id, submission.model, submission.version, request.units, timeout))
 
         def settled(units: float) -> None:
-            gateway.send(Settled(call_id, units))
+            gateway.send(Settled(call_id, units, request.charge.device_s))
 
         trace = RequestTrace()
         try:
@@ -203,7 +203,15 @@ class EngineCore:
         # The charge is settled with the answer, but for a generation that
         # stops at its next step: then it follows as its own message.
         units = request.charge.units
-        done = Done(call_id, Payload(outputs), trace.queued_s, trace.run_s, trace.batch_size, units)
+        done = Done(
+            call_id,
+            Payload(outputs),
+            trace.queued_s,
+            trace.run_s,
+            trace.batch_size,
+            units,
+            request.charge.device_s,
+        )
         gateway.send(done)
         if units is None:
             request.charge.when_settled(settled)

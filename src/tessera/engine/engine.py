@@ -30,8 +30,16 @@ from typing import Any
 
 from tessera.admission import AdmissionControl, AdmissionController
 from tessera.clock import Clock, MonotonicClock
+from tessera.costs import CostLedger
 from tessera.device import Device, default_host_budget_bytes, make_device
-from tessera.metrics import EngineStats, FanoutSink, ModelStats, RolloutStats, StatsSink
+from tessera.metrics import (
+    EngineStats,
+    FanoutSink,
+    ModelStats,
+    RolloutStats,
+    StatsSink,
+    TenantCost,
+)
 from tessera.repository import ModelRepository, ModelSpec
 from tessera.repository.watch import RepositoryWatcher
 from tessera.residency import (
@@ -115,8 +123,11 @@ class Engine:
             max_host_loads=_max_host_loads(config, self._device),
             patience_share=config.eviction_patience,
         )
+        # What each tenant costs (``tessera.costs``): read by the snapshot's
+        # counters, drained by the audit log's writer of memory rows.
+        self.costs = CostLedger()
         policies = StepPolicies(
-            self._residency, self._executor, self._stats, self.clock, self._device.kind
+            self._residency, self._executor, self._stats, self.clock, self._device.kind, self.costs
         )
         self._loops = ModelLoops(config, policies)
         served: dict[str, ServedModel] = {}
@@ -254,6 +265,7 @@ class Engine:
         keep the windows themselves and need only what is new)."""
         residency = self._residency.stats()
         held = {m.name: m for m in residency.models}
+        self.costs.held({m.name: m.bytes for m in residency.models}, self.clock.now())
         runtimes = runtime_totals()
         since = batches_since or {}
         versions = self._lifecycle.staged_versions()
@@ -293,6 +305,10 @@ class Engine:
             stacked_rounds_total=runtimes.stacked_rounds,
             stacked_batches_total=runtimes.stacked_batches,
             admission_degraded=self._admission.degraded,
+            tenant_costs=tuple(
+                TenantCost(tenant, model, cost.device_s, cost.byte_s)
+                for (tenant, model), cost in sorted(self.costs.totals().items())
+            ),
         )
 
     def model_names(self) -> list[str]:

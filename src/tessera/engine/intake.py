@@ -358,6 +358,7 @@ def _joined(whole: QueuedRequest, parts: list[QueuedRequest]) -> None:
     def part_charged(index: int, units: float) -> None:
         charged[index] = units
         if all(units is not None for units in charged):
+            whole.charge.device_s = sum(part.charge.device_s for part in parts)
             whole.charge.settle(sum(u for u in charged if u is not None))
 
     def whole_done(future: asyncio.Future[RequestResult]) -> None:

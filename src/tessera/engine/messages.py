@@ -188,11 +188,13 @@ class Done(Message, frozen=True, tag="done"):
     run_s: float
     batch_size: int
     units: float | None
+    device_s: float  # its share of its batches' run time (``tessera.costs``), when settled
 
 
 class Settled(Message, frozen=True, tag="settled"):
     call_id: int
     units: float
+    device_s: float
 
 
 class Piece(Message, frozen=True, tag="piece"):

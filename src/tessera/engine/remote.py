@@ -266,6 +266,7 @@ class _Requests:
                 on_logprobs(message.tokens.value)
         elif isinstance(message, Done):
             if message.units is not None:
+                request.charge.device_s = message.device_s
                 request.charge.settle(message.units)
             if not request.future.done():
                 outputs = message.outputs.value
@@ -275,6 +276,7 @@ class _Requests:
             if not request.future.done():
                 request.future.set_exception(message.error.exception())
         elif isinstance(message, Settled):
+            request.charge.device_s = message.device_s
             request.charge.settle(message.units)
             if request not in self._by_request:  # its wait is over
                 self.finish(message.call_id)

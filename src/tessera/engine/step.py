@@ -36,6 +36,7 @@ from typing import Any
 
 from tessera.batching import ModelBatcher, make_queue
 from tessera.clock import Clock
+from tessera.costs import CostLedger
 from tessera.errors import InferenceError, ModelUnavailableError, OverloadedError, TesseraError
 from tessera.metrics import StatsSink
 from tessera.repository.spec import ModelSpec
@@ -63,6 +64,7 @@ class StepPolicies:
     stats: StatsSink
     clock: Clock
     device_kind: str
+    costs: CostLedger
 
 
 @dataclass(frozen=True)
@@ -236,10 +238,21 @@ class ModelLoop:
         self.predictor.observe(part.units, run.run_s)
         self.counters.batch_ran(num_items, run.run_s)
         self.policies.stats.on_batch(key, num_items, run.run_s)
-        start = 0
+        units, start = [], 0
         for request in part.requests:
+            units.append(_units_run(request, run.outputs[start : start + len(request.items)]))
+            start += len(request.items)
+        shares = self.policies.costs.batch_ran(
+            key,
+            run.run_s,
+            [(r.tenant, u) for r, u in zip(part.requests, units, strict=True)],
+            self.policies.clock.now(),
+        )
+        start = 0
+        for request, charged, device_s in zip(part.requests, units, shares, strict=True):
             end = start + len(request.items)
-            request.charge.settle(_units_run(request, run.outputs[start:end]))
+            request.charge.device_s += device_s
+            request.charge.settle(charged)
             if not request.future.done():
                 queued_s = formed_at - request.arrival
                 result = RequestResult(run.outputs[start:end], queued_s, run.run_s, num_items)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from fastapi.telemetry import TelemetryConfig
 
 from tessera import __version__
 from tessera.config import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
+from tessera.costs import CostLedger
 from tessera.engine import PreloadProgress, ServingEngine
 from tessera.gateway import (
     admin,
@@ -46,6 +48,7 @@ from tessera.repository.watch import RepositoryWatcher
 from tessera.scheduling import DEFAULT_TIERS, TierSpec
 from tessera.tasks.image import RequestImageLimits
 from tessera.tenants import AuditLog, TenantStore
+from tessera.tenants.audit import MemoryRecord
 
 if TYPE_CHECKING:
     from tessera.cluster.client import RayEngines
@@ -55,6 +58,29 @@ log = logging.getLogger(__name__)
 
 # How long a stopping gRPC server lets its calls in flight finish.
 GRPC_STOP_GRACE_S = 5.0
+
+
+MEMORY_ROWS_INTERVAL_S = 10.0
+
+
+def record_memory(engine: ServingEngine, audit_log: AuditLog) -> None:
+    """Audit rows of the memory each tenant's models held since the last call
+    (``tessera.costs``); the snapshot accounts it up to now."""
+    engine.snapshot()
+    costs = getattr(engine, "costs", None)
+    if not isinstance(costs, CostLedger):
+        return
+    now = time.time()
+    for (tenant, model), byte_s in sorted(costs.drain_memory().items()):
+        audit_log.record(MemoryRecord(now, tenant, model, byte_s))
+
+
+async def record_memory_every(
+    engine: ServingEngine, audit_log: AuditLog, interval_s: float = MEMORY_ROWS_INTERVAL_S
+) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        record_memory(engine, audit_log)
 
 
 def create_app(
@@ -111,6 +137,11 @@ def create_app(
             await audit_log.start()
         preload = asyncio.create_task(start(), name="preload")
         tasks = [preload]
+        # The process that holds the engine writes down the memory its models
+        # held for each tenant (gateway processes hold a remote one: not theirs).
+        memory_log = audit_log if isinstance(getattr(engine, "costs", None), CostLedger) else None
+        if memory_log is not None:
+            tasks.append(asyncio.create_task(record_memory_every(engine, memory_log), name="costs"))
         if watcher is not None:
             tasks.append(asyncio.create_task(watch_after(preload, watcher), name="watch"))
         # KServe v2 over gRPC beside HTTP, where the serving side has set an address.
@@ -129,6 +160,8 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             try:
+                if memory_log is not None:  # the last interval's, before the models go
+                    record_memory(engine, memory_log)
                 await engine.close()
                 if cluster is not None:
                     await cluster.close()

@@ -1,6 +1,8 @@
 """Around every request: a request id, authentication, and one audit row.
 
-- ``x-request-id`` is taken from the request or made, and returned.
+- ``x-request-id`` is taken from the request or made, and returned;
+  ``x-device-seconds``, on an answer whose work ran, is its share of the
+  device time of the batches it ran in (``tessera.costs``), as audited.
 - When the app has a tenant store, every route but the health probes needs
   an API key (``Authorization: Bearer KEY``, DeepL's ``DeepL-Auth-Key KEY``,
   or ``x-api-key``): none, unknown or revoked → 401; ``/admin``, Triton's
@@ -197,6 +199,10 @@ class RequestContextMiddleware:
                 if "model_version" in state:  # the version that answered
                     version = state["model_version"].encode("latin-1")
                     message["headers"].append((b"x-model-version", version))
+                charge = info.trace.charge
+                if charge is not None and charge.settled:  # what it cost (``tessera.costs``)
+                    device_s = f"{charge.device_s:.6f}".encode()
+                    message["headers"].append((b"x-device-seconds", device_s))
                 if _draining(app_state):
                     # Its connection closes after this answer (uvicorn honours
                     # the header): a client that kept it alive would otherwise
@@ -315,6 +321,7 @@ def audit_request(
                 request_id=request_id,
                 reason=info.reason,
                 action=info.action,
+                device_s=trace.charge.device_s if trace.charge is not None else None,
             )
         )
 

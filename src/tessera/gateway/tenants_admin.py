@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from tessera.errors import InvalidTenantError, TenantError
+from tessera.errors import InvalidInputError, InvalidTenantError, TenantError
 from tessera.tenants.audit import AuditLog, parse_time, start_of_day_utc
 from tessera.tenants.store import DEFAULT_TIER, ApiKey, Tenant, TenantStore
 
@@ -64,6 +64,9 @@ def _store(request: Request) -> TenantStore:
     if not isinstance(store, TenantStore):
         raise TenantError("the tenant store is not configured")
     return store
+
+
+MAX_STEPS = 10_000
 
 
 def _audit_log(request: Request) -> AuditLog:
@@ -141,11 +144,25 @@ def revoke_key(prefix: str, request: Request) -> JSONResponse:
 
 
 @router.get("/usage")
-def usage(request: Request, since: str | None = None, until: str | None = None) -> JSONResponse:
-    """Per tenant and model, from the audit log. ``since`` and ``until`` take
-    ISO 8601, ``today`` or ``-1h``-style; ``since`` defaults to 00:00 UTC today."""
+def usage(
+    request: Request,
+    since: str | None = None,
+    until: str | None = None,
+    step: float | None = None,
+) -> JSONResponse:
+    """Per tenant and model, from the audit log: requests, units, errors,
+    device-seconds and byte-seconds of memory (tenant '': held with no use).
+    ``since`` and ``until`` take ISO 8601, ``today`` or ``-1h``-style;
+    ``since`` defaults to 00:00 UTC today. With ``step`` (seconds), also the
+    cost per tenant over time: device-seconds and byte-seconds per step."""
     now = time.time()
     start = parse_time(since, now) if since is not None else start_of_day_utc(now)
     end = parse_time(until, now) if until is not None else None
-    rows = _audit_log(request).usage(start, end)
-    return JSONResponse({"since": start, "until": end, "usage": rows})
+    log = _audit_log(request)
+    body: dict[str, Any] = {"since": start, "until": end, "usage": log.usage(start, end)}
+    if step is not None:
+        if not step > 0 or ((end if end is not None else now) - start) / step > MAX_STEPS:
+            raise InvalidInputError(f"step must be positive, at most {MAX_STEPS} steps a query")
+        body["step"] = step
+        body["series"] = log.cost_series(start, step, end)
+    return JSONResponse(body)

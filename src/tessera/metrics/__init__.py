@@ -9,6 +9,7 @@ from tessera.metrics.stats import (
     RolloutCount,
     RolloutStats,
     StatsSink,
+    TenantCost,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "RolloutCount",
     "RolloutStats",
     "StatsSink",
+    "TenantCost",
 ]

@@ -9,8 +9,9 @@ nothing between scrapes.
 
 Label cardinality is bounded: ``model`` is a repository name (else "unknown"),
 ``tier`` a configured tier (or "none" when auth is off), ``status`` an HTTP
-code, ``reason`` one of six; ``tenant`` only with ``per_tenant_labels``, and at
-most ``max_tenant_labels`` distinct values (later ones become "other").
+code, ``reason`` one of six; ``tenant`` only with ``per_tenant_labels`` (and
+always on the ``tessera_tenant_*`` cost counters), and at most
+``max_tenant_labels`` distinct values (later ones become "other").
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ LOAD_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120
 MODEL_STATES = ("unloaded", "loading", "ready", "unloading", "failed")
 RESIDENT_STATES = frozenset({"loading", "ready", "unloading"})
 OTHER_TENANT = "other"
+UNATTRIBUTED_LABEL = "unattributed"  # memory held with no use in the window
 # An engine process's figures (ModelStats.engine_metrics) -> tessera's families:
 # (name, help, counter?). vLLM's are read from its /metrics (runtimes/vllm.py).
 ENGINE_FAMILIES = {
@@ -110,7 +112,7 @@ class PrometheusMetrics:
         self._tenant_lock = threading.Lock()
         self.targets_s = dict(targets_s)
         self._make_families()
-        self.registry.register(EngineCollector(snapshot, self.targets_s))
+        self.registry.register(EngineCollector(snapshot, self.targets_s, self._tenant_label))
 
     def _make_families(self) -> None:
         r = self.registry
@@ -214,9 +216,15 @@ class PrometheusMetrics:
 class EngineCollector(Collector):
     """Gauges read from one engine snapshot at scrape time (on the event loop)."""
 
-    def __init__(self, snapshot: Snapshot, targets_s: Mapping[str, float]) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        targets_s: Mapping[str, float],
+        tenant_label: Callable[[str | None], str],
+    ) -> None:
         self.snapshot = snapshot
         self.targets_s = targets_s
+        self.tenant_label = tenant_label
         self._process = psutil.Process()
 
     def describe(self) -> Iterable[Metric]:
@@ -228,7 +236,33 @@ class EngineCollector(Collector):
         yield from self._queues_and_slo(stats)
         yield from self._device(stats)
         yield from self._engines(stats)
+        yield from self._costs(stats)
         yield from self._process_metrics()
+
+    def _costs(self, stats: EngineStats) -> Iterable[Metric]:
+        """Per tenant and model (``tessera.costs``); tenants past
+        ``max_tenant_labels`` are summed as "other", memory held with no use
+        is tenant "unattributed"."""
+        device = CounterMetricFamily(
+            "tessera_tenant_device_seconds",
+            "A tenant's share of the device time of the batches its requests ran in.",
+            labels=["tenant", "model"],
+        )
+        memory = CounterMetricFamily(
+            "tessera_tenant_memory_byte_seconds",
+            "Byte-seconds of a model's memory attributed to a tenant by its use in a"
+            " sliding window (unattributed: held with no use).",
+            labels=["tenant", "model"],
+        )
+        sums: dict[tuple[str, str], tuple[float, float]] = {}
+        for cost in stats.tenant_costs:
+            tenant = self.tenant_label(cost.tenant) if cost.tenant else UNATTRIBUTED_LABEL
+            device_s, byte_s = sums.get((tenant, cost.model), (0.0, 0.0))
+            sums[tenant, cost.model] = (device_s + cost.device_s, byte_s + cost.byte_s)
+        for labels, (device_s, byte_s) in sorted(sums.items()):
+            device.add_metric(list(labels), device_s)
+            memory.add_metric(list(labels), byte_s)
+        yield from (device, memory)
 
     def _residency(self, stats: EngineStats) -> Iterable[Metric]:
         yield GaugeMetricFamily(

@@ -199,6 +199,19 @@ class RolloutStats:
 
 @_pickled_as_tuple
 @dataclass(frozen=True, slots=True)
+class TenantCost:
+    """What ``tenant`` has cost on ``model`` since the engine started: its share
+    of the device time of the batches its requests ran in, and byte-seconds
+    of the model's memory (``tessera.costs``; tenant '': held with no use)."""
+
+    tenant: str
+    model: str
+    device_s: float
+    byte_s: float
+
+
+@_pickled_as_tuple
+@dataclass(frozen=True, slots=True)
 class RolloutCount:
     """How many rollouts of ``model`` ended with ``outcome`` (done | rolled_back)."""
 
@@ -240,6 +253,7 @@ class EngineStats:
     # Admission's shared store (Redis) is lost: limits are kept on this
     # gateway's share of them (``admission.shared``).
     admission_degraded: bool = False
+    tenant_costs: tuple[TenantCost, ...] = ()  # each (tenant, model) that cost anything
 
     def model(self, name: str) -> ModelStats | None:
         """The version served as ``name``, or the current version of model ``name``."""

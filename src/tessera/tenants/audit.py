@@ -84,6 +84,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("UPDATE audit SET units = 0 WHERE status >= 400",),
     # An admin change's row names what it did: its method and route.
     ("ALTER TABLE audit ADD COLUMN action TEXT",),
+    # What each tenant costs (``tessera.costs``): a request's share of the
+    # device time of the batches it ran in, and the memory its models held.
+    (
+        "ALTER TABLE audit ADD COLUMN device_s REAL",
+        """CREATE TABLE memory_usage (
+            id INTEGER PRIMARY KEY,
+            ts REAL NOT NULL,           -- the end of the span the bytes were held
+            tenant TEXT NOT NULL,       -- '' for bytes held with no use in the window
+            model TEXT NOT NULL,
+            byte_s REAL NOT NULL
+        )""",
+        "CREATE INDEX memory_usage_ts ON memory_usage(ts)",
+    ),
 )
 
 
@@ -107,6 +120,18 @@ class AuditRecord:
     request_id: str | None = None
     reason: str | None = None
     action: str | None = None
+    device_s: float | None = None  # its share of its batches' run time (None: it ran none)
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    """Byte-seconds of a model's memory attributed to a tenant over a span
+    ending at ``ts`` (``tenant`` '': held with no use, ``costs.UNATTRIBUTED``)."""
+
+    ts: float
+    tenant: str
+    model: str
+    byte_s: float
 
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AuditRecord))
@@ -114,6 +139,12 @@ _INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * le
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit"
 # Not dataclasses.astuple: it deep-copies, several times slower.
 _values = operator.attrgetter(*COLUMNS)
+_MEMORY_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(MemoryRecord))
+_INSERT_MEMORY = (
+    f"INSERT INTO memory_usage ({', '.join(_MEMORY_COLUMNS)})"
+    f" VALUES ({', '.join('?' * len(_MEMORY_COLUMNS))})"
+)
+_memory_values = operator.attrgetter(*_MEMORY_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -173,7 +204,9 @@ class AuditLog:
             self._conn.close()
             raise
         self._lock = threading.Lock()  # the connection; never taken by record()
-        self._pending: collections.deque[AuditRecord] = collections.deque(maxlen=max_pending)
+        self._pending: collections.deque[AuditRecord | MemoryRecord] = collections.deque(
+            maxlen=max_pending
+        )
         self._closing = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
@@ -186,7 +219,7 @@ class AuditLog:
 
     # -- the hot path --------------------------------------------------------
 
-    def record(self, rec: AuditRecord) -> None:
+    def record(self, rec: AuditRecord | MemoryRecord) -> None:
         """Queue one row; no I/O. Safe from any thread."""
         # The counters are plain ints: exact on the event loop, close enough
         # from threads; they feed stats, not decisions.
@@ -301,12 +334,18 @@ class AuditLog:
         cutoff = self._wall() - self.retention_days * DAY_S
         with self._lock, self._errors():
             deleted = self._conn.execute("DELETE FROM audit WHERE ts < ?", (cutoff,)).rowcount
+            self._conn.execute("DELETE FROM memory_usage WHERE ts < ?", (cutoff,))
             self._purged += deleted
         return deleted
 
-    def _insert(self, chunk: list[AuditRecord]) -> None:
+    def _insert(self, chunk: list[AuditRecord | MemoryRecord]) -> None:
+        requests = [_values(r) for r in chunk if isinstance(r, AuditRecord)]
+        memory = [_memory_values(r) for r in chunk if isinstance(r, MemoryRecord)]
         with self._conn.transaction():
-            self._conn.executemany(_INSERT, [_values(rec) for rec in chunk])
+            if requests:
+                self._conn.executemany(_INSERT, requests)
+            if memory:
+                self._conn.executemany(_INSERT_MEMORY, memory)
 
     def stats(self) -> AuditStats:
         return AuditStats(
@@ -344,18 +383,69 @@ class AuditLog:
 
     def usage(self, since: float, until: float | None = None) -> list[dict[str, Any]]:
         """Per tenant and model: requests, units charged, errors (status >= 400),
-        mean and max total seconds."""
+        mean and max total seconds, device-seconds, and the byte-seconds of
+        memory its models held (tenant '': held with no use)."""
         where, params = _window(since, until)
         sql = (
             "SELECT tenant, model, COUNT(*) AS requests,"
             " COALESCE(SUM(units), 0.0) AS units,"
             " SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END) AS errors,"
-            " AVG(total_s) AS mean_total_s, MAX(total_s) AS max_total_s"
-            " FROM audit" + _where(where) + " GROUP BY tenant, model ORDER BY tenant, model"
+            " AVG(total_s) AS mean_total_s, MAX(total_s) AS max_total_s,"
+            " COALESCE(SUM(device_s), 0.0) AS device_s"
+            " FROM audit" + _where(where) + " GROUP BY tenant, model"
+        )
+        memory_sql = (
+            "SELECT tenant, model, SUM(byte_s) AS byte_s FROM memory_usage"
+            + _where(where)
+            + " GROUP BY tenant, model"
         )
         with self._lock, self._errors():
-            rows = self._conn.execute(sql, params).fetchall()
-        return [dict(row) for row in rows]
+            rows = {
+                (row["tenant"], row["model"]): {**dict(row), "byte_s": 0.0}
+                for row in self._conn.execute(sql, params).fetchall()
+            }
+            for row in self._conn.execute(memory_sql, params).fetchall():
+                key = (row["tenant"], row["model"])
+                found = rows.setdefault(key, {**_NO_REQUESTS, "tenant": key[0], "model": key[1]})
+                found["byte_s"] = float(row["byte_s"])
+        return [rows[key] for key in sorted(rows, key=lambda k: (k[0] or "", k[1] or ""))]
+
+    def cost_series(
+        self, since: float, step_s: float, until: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Per ``step_s`` from ``since`` and per tenant: device-seconds and
+        byte-seconds of memory (tenant '': held with no use), oldest first;
+        ``start`` is each step's first second."""
+        if step_s <= 0:
+            raise InvalidInputError("step must be positive")
+        # Steps counted from ``since``: ts >= since, so truncation is the floor.
+        step = (
+            "CAST((ts - ?) / ? AS INTEGER)"
+            if self._conn.dialect is Dialect.SQLITE
+            else "FLOOR((ts - ?) / ?)"
+        )
+        where, params = _window(since, until)
+        series: dict[tuple[int, str], dict[str, Any]] = {}
+        queries = (
+            ("device_s", f"SELECT {step} AS step, tenant, SUM(device_s) AS v FROM audit"),
+            ("byte_s", f"SELECT {step} AS step, tenant, SUM(byte_s) AS v FROM memory_usage"),
+        )
+        with self._lock, self._errors():
+            for column, select in queries:
+                sql = select + _where([*where, "tenant IS NOT NULL"]) + " GROUP BY step, tenant"
+                for row in self._conn.execute(sql, [since, step_s, *params]).fetchall():
+                    key = (int(row["step"]), str(row["tenant"]))
+                    found = series.setdefault(
+                        key,
+                        {
+                            "start": since + key[0] * step_s,
+                            "tenant": key[1],
+                            "device_s": 0.0,
+                            "byte_s": 0.0,
+                        },
+                    )
+                    found[column] = float(row["v"] or 0.0)
+        return [series[key] for key in sorted(series)]
 
     def units_since(self, tenant: str, since: float) -> float:
         """Work units charged to ``tenant`` since ``since`` (as written)."""
@@ -383,6 +473,16 @@ class AuditLog:
             yield
         except self._conn.errors as e:
             raise TenantError(f"audit log {self._conn.where}: {e}") from e
+
+
+_NO_REQUESTS: dict[str, Any] = {
+    "requests": 0,
+    "units": 0.0,
+    "errors": 0,
+    "mean_total_s": None,
+    "max_total_s": None,
+    "device_s": 0.0,
+}
 
 
 def _window(since: float | None, until: float | None) -> tuple[list[str], list[Any]]:

@@ -25,7 +25,14 @@ from typing import Annotated, Any
 import typer
 
 from tessera.errors import InvalidTenantError, TesseraError
-from tessera.tenants.audit import AUDIT_DB_FILE, COLUMNS, AuditLog, iso_time, parse_time
+from tessera.tenants.audit import (
+    AUDIT_DB_FILE,
+    COLUMNS,
+    AuditLog,
+    iso_time,
+    parse_time,
+    start_of_day_utc,
+)
 from tessera.tenants.store import (
     DEFAULT_TIER,
     KNOWN_TIERS,
@@ -249,16 +256,70 @@ def audit(
         now = time.time()
         start = parse_time(since, now) if since is not None else None
         end = parse_time(until, now) if until is not None else None
-        url = os.environ.get(STORE_ENV)
-        if url is None and not (data_dir / AUDIT_DB_FILE).exists():
-            raise InvalidTenantError(f"no audit log in {data_dir} (is --data-dir right?)")
-        log = AuditLog(data_dir, url=url, retention_days=None)
-        try:
+        with _audit_log(data_dir) as log:
             records = log.query(tenant=tenant, since=start, until=end)
-        finally:
-            log.close_sync()
     header = ("time", *COLUMNS[1:])
     rows = [(iso_time(r.ts), *(getattr(r, c) for c in COLUMNS[1:])) for r in records]
+    _print_table(header, rows, fmt)
+
+
+_USAGE_HEADER = (
+    "tenant",
+    "model",
+    "requests",
+    "units",
+    "errors",
+    "device_seconds",
+    "gb_seconds",
+)
+
+
+@tenants_app.command("usage")
+def tenants_usage(
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="ISO 8601 (UTC if no zone), today, or -1h/7d; default today."),
+    ] = None,
+    until: Annotated[str | None, typer.Option("--until", help="As --since; exclusive.")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.csv,
+    data_dir: DataDirOpt = Path("data"),
+) -> None:
+    """What each tenant used, per model: requests, units, device-seconds and
+    GB-seconds of memory (tenant empty: memory held with no use), for billing."""
+    with _clear_errors():
+        now = time.time()
+        start = parse_time(since, now) if since is not None else start_of_day_utc(now)
+        end = parse_time(until, now) if until is not None else None
+        with _audit_log(data_dir) as log:
+            usage = log.usage(start, end)
+    rows = [
+        (
+            u["tenant"] or "",
+            u["model"] or "",
+            u["requests"],
+            round(float(u["units"]), 6),
+            u["errors"],
+            round(float(u["device_s"]), 6),
+            round(float(u["byte_s"]) / 1e9, 6),
+        )
+        for u in usage
+    ]
+    _print_table(_USAGE_HEADER, rows, fmt)
+
+
+@contextlib.contextmanager
+def _audit_log(data_dir: Path) -> Iterator[AuditLog]:
+    url = os.environ.get(STORE_ENV)
+    if url is None and not (data_dir / AUDIT_DB_FILE).exists():
+        raise InvalidTenantError(f"no audit log in {data_dir} (is --data-dir right?)")
+    log = AuditLog(data_dir, url=url, retention_days=None)
+    try:
+        yield log
+    finally:
+        log.close_sync()
+
+
+def _print_table(header: Sequence[str], rows: Sequence[Sequence[Any]], fmt: Format) -> None:
     if fmt is Format.json:
         objects = [json.dumps(dict(zip(header, row, strict=True))) for row in rows]
         typer.echo("[\n" + ",\n".join(objects) + "\n]" if objects else "[]")

@@ -100,6 +100,22 @@ async def test_outputs_trace_and_charge_are_the_engines(tmp_path: Path) -> None:
         assert trace.run_s >= 0
         await until(lambda: submission.request.charge.settled)
         assert submission.request.charge.units == submission.request.units > 0
+        # Its device time crosses with its charge: the engine's split of its batch.
+        (cost,) = [c for c in engine.snapshot().tenant_costs if c.device_s > 0]
+        direct_s = cost.device_s - submission.request.charge.device_s
+        assert 0 < submission.request.charge.device_s <= cost.device_s
+        assert direct_s > 0  # the direct request's share, on the same tenant and model
+
+
+async def test_a_generations_device_time_follows_with_its_charge(tmp_path: Path) -> None:
+    async with split(tmp_path) as (engine, _, (remote,)):
+        chat = ChatInput(messages=(ChatMessage("user", "hello there"),), max_tokens=4)
+        submission = await remote.asubmit("chat", Task.GENERATE, [chat])
+        await remote.wait(submission)
+        await until(lambda: submission.request.charge.settled)
+        (cost,) = [c for c in engine.snapshot().tenant_costs if c.model.startswith("chat")]
+        assert submission.request.charge.device_s == pytest.approx(cost.device_s)
+        assert cost.device_s > 0
 
 
 async def test_models_state_and_phase_come_from_the_engine(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from tessera.gateway import tenants_admin
 from tessera.gateway.errors import install_error_handlers
 from tessera.scheduling.tiers import DEFAULT_TIERS
 from tessera.tenants import AuditLog, AuditRecord, TenantStore
+from tessera.tenants.audit import MemoryRecord
 
 
 @pytest.fixture
@@ -94,6 +96,8 @@ async def test_tenant_crud(admin: httpx.AsyncClient) -> None:
         ("GET", "/admin/keys?tenant=nope", None, 404),
         ("DELETE", "/admin/keys/tsk_zzzzzzzz", None, 404),
         ("GET", "/admin/usage?since=yesterday-ish", None, 422),
+        ("GET", "/admin/usage?step=0", None, 422),
+        ("GET", "/admin/usage?since=-7d&step=1", None, 422),
     ],
 )
 async def test_errors(
@@ -153,6 +157,34 @@ async def test_usage(admin: httpx.AsyncClient, app: FastAPI) -> None:
     assert {row["tenant"]: row["requests"] for row in r.json()["usage"]} == {"a": 3, "b": 1}
     r = await admin.get("/admin/usage", params={"since": "-7d", "until": "-1d"})
     assert [row["units"] for row in r.json()["usage"]] == [50.0]
+
+
+async def test_usage_has_what_each_tenant_cost_over_time(
+    admin: httpx.AsyncClient, app: FastAPI
+) -> None:
+    audit: AuditLog = app.state.audit_log
+    start = float(int(time.time()) - 30)
+    since = dt.datetime.fromtimestamp(start, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for tenant, device_s in [("a", 0.5), ("a", 0.25), ("b", 1.0)]:
+        audit.record(
+            AuditRecord(
+                start + 1, tenant, None, "embed", "embedding", 1.0, 200, 0.0, 0.1, device_s=device_s
+            )
+        )
+    audit.record(MemoryRecord(start + 2, "a", "embed", 2e9))
+    await audit.flush()
+    r = await admin.get("/admin/usage", params={"since": since, "step": 60})
+    assert r.status_code == 200, r.text
+    usage = {row["tenant"]: row for row in r.json()["usage"]}
+    assert usage["a"]["device_s"] == 0.75
+    assert usage["a"]["byte_s"] == 2e9
+    assert usage["b"]["byte_s"] == 0.0
+    series = r.json()["series"]
+    assert [(p["tenant"], p["device_s"], p["byte_s"]) for p in series] == [
+        ("a", 0.75, 2e9),
+        ("b", 1.0, 0.0),
+    ]
+    assert all(p["start"] == start for p in series)
 
 
 async def test_missing_state_is_503(tmp_path: Path) -> None:

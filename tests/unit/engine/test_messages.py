@@ -66,8 +66,8 @@ TO_ENGINE: list[Message] = [
 ]
 TO_GATEWAY: list[Message] = [
     Queued(1, "echo", "1", 3.0, 30.0),
-    Done(1, Payload([0.5, 0.25]), 0.001, 0.002, 4, None),
-    Settled(1, 2.5),
+    Done(1, Payload([0.5, 0.25]), 0.001, 0.002, 4, None, 0.0),
+    Settled(1, 2.5, 0.003),
     Piece(1, 0, "hello"),
     Logprobs(1, 0, Payload([{"token": "a", "logprob": -0.1}])),
     Reply(4, Payload(3), None),
@@ -92,7 +92,7 @@ def test_an_engine_message_arrives_as_it_was_sent(message: Message) -> None:
 def test_embeddings_come_back_as_writable_arrays_of_their_dtype_and_shape() -> None:
     batch = np.arange(3 * 384, dtype=np.float32).reshape(3, 384)
     for outputs in (list(batch), list(batch[:, ::2]), [np.ones((2, 3), np.float16)] * 2):
-        done = through(Done(7, Payload(outputs), 0.0, 0.0, len(outputs), 1.0), to_gateway)
+        done = through(Done(7, Payload(outputs), 0.0, 0.0, len(outputs), 1.0, 0.0), to_gateway)
         assert isinstance(done, Done)
         arrived = done.outputs.value
         assert len(arrived) == len(outputs)
@@ -107,7 +107,7 @@ def test_other_outputs_come_back_as_the_objects_they_were() -> None:
     chat = ChatOutput("hi", 3, 1, "tool_calls", tool_calls=(ToolCall("c1", "f", "{}"),))
     mixed: list[Any] = [np.zeros(4, np.float32), np.zeros(5, np.float32)]  # two shapes
     for outputs in ([chat], mixed, [np.float32(1.5)], []):
-        done = through(Done(7, Payload(outputs), 0.0, 0.0, 1, 1.0), to_gateway)
+        done = through(Done(7, Payload(outputs), 0.0, 0.0, 1, 1.0, 0.0), to_gateway)
         assert isinstance(done, Done)
         assert [type(o) for o in done.outputs.value] == [type(o) for o in outputs]
         assert repr(done.outputs.value) == repr(outputs)

@@ -21,6 +21,7 @@ from tessera.tenants.audit import (
     AUDIT_DB_FILE,
     DAY_S,
     MIGRATIONS,
+    MemoryRecord,
     iso_time,
     parse_time,
     start_of_day_utc,
@@ -171,6 +172,48 @@ def test_usage_per_tenant_and_model(audit: AuditLog) -> None:
     assert [r["requests"] for r in audit.usage(since=T0, until=T0 + 2)] == [2]
 
 
+def test_usage_sums_device_seconds_and_memory_byte_seconds(audit: AuditLog) -> None:
+    audit.record(make_record(T0, tenant="a", model="m", device_s=0.25))
+    audit.record(make_record(T0 + 1, tenant="a", model="m", device_s=0.5))
+    audit.record(make_record(T0 + 2, tenant="a", model="m", status=429))  # ran nothing
+    audit.record(MemoryRecord(T0 + 1, tenant="a", model="m", byte_s=3e9))
+    audit.record(MemoryRecord(T0 + 2, tenant="a", model="m", byte_s=1e9))
+    # Held with no use: a row of its own, with no requests.
+    audit.record(MemoryRecord(T0 + 2, tenant="", model="idle", byte_s=2e9))
+    audit.record(MemoryRecord(T0 - 100, tenant="a", model="m", byte_s=1e12))
+    audit.write_pending()
+    by_key = {(r["tenant"], r["model"]): r for r in audit.usage(since=T0)}
+    assert set(by_key) == {("a", "m"), ("", "idle")}
+    am = by_key["a", "m"]
+    assert am["requests"] == 3
+    assert am["device_s"] == pytest.approx(0.75)
+    assert am["byte_s"] == pytest.approx(4e9)
+    idle = by_key["", "idle"]
+    assert (idle["requests"], idle["device_s"], idle["byte_s"]) == (0, 0.0, 2e9)
+    assert [r["byte_s"] for r in audit.usage(since=T0, until=T0 + 2)] == [3e9]
+
+
+def test_cost_series_per_step_and_tenant(audit: AuditLog) -> None:
+    audit.record(make_record(T0 + 10, tenant="a", device_s=1.0))
+    audit.record(make_record(T0 + 50, tenant="a", device_s=2.0))
+    audit.record(make_record(T0 + 70, tenant="b", device_s=4.0))
+    audit.record(make_record(T0 + 75, tenant=None, device_s=None, status=401))
+    audit.record(MemoryRecord(T0 + 61, tenant="a", model="m", byte_s=5e9))
+    audit.record(MemoryRecord(T0 + 130, tenant="", model="m", byte_s=1e9))
+    audit.record(MemoryRecord(T0 - 1, tenant="a", model="m", byte_s=1e12))
+    audit.write_pending()
+    series = audit.cost_series(T0, step_s=60.0)
+    assert [(p["start"] - T0, p["tenant"], p["device_s"], p["byte_s"]) for p in series] == [
+        (0.0, "a", 3.0, 0.0),
+        (60.0, "a", 0.0, 5e9),
+        (60.0, "b", 4.0, 0.0),
+        (120.0, "", 0.0, 1e9),
+    ]
+    assert len(audit.cost_series(T0, step_s=60.0, until=T0 + 60)) == 1
+    with pytest.raises(InvalidInputError, match="step"):
+        audit.cost_series(T0, step_s=0)
+
+
 def test_units_since_counts_every_unit_charged(audit: AuditLog) -> None:
     audit.record(make_record(T0 - 1, units=1000))
     audit.record(make_record(T0, units=10))
@@ -254,7 +297,7 @@ def test_audit_file_holds_the_schema_once(tmp_path: Path) -> None:
         AuditLog(tmp_path).close_sync()
     conn = sqlite3.connect(tmp_path / AUDIT_DB_FILE)
     try:
-        assert [r[0] for r in conn.execute("SELECT version FROM schema_version")] == [1, 2, 3]
+        assert [r[0] for r in conn.execute("SELECT version FROM schema_version")] == [1, 2, 3, 4]
     finally:
         conn.close()
 

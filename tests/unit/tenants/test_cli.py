@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from tessera.tenants import AuditLog, TenantStore
-from tessera.tenants.audit import AuditRecord
+from tessera.tenants.audit import AuditRecord, MemoryRecord
 from tessera.tenants.cli import register
 
 T0 = 1_700_000_000.0
@@ -212,8 +212,45 @@ def test_audit_json_with_a_window(cli: Cli) -> None:
         "request_id",
         "reason",
         "action",
+        "device_s",
     }
     assert json.loads(cli("audit", "--format", "json", "--tenant", "nobody")) == []
+
+
+def test_tenants_usage_csv_for_billing(cli: Cli) -> None:
+    audit = AuditLog(cli.data_dir, retention_days=None)
+    for i, (tenant, device_s) in enumerate([("a", 0.25), ("b", 0.5), ("a", 0.75)]):
+        audit.record(
+            AuditRecord(
+                ts=T0 + i,
+                tenant=tenant,
+                key_prefix=None,
+                model="embed",
+                task="embedding",
+                units=2.0,
+                status=200,
+                queue_s=0.0,
+                total_s=0.1,
+                device_s=device_s,
+            )
+        )
+    audit.record(MemoryRecord(T0 + 1, tenant="a", model="embed", byte_s=1.5e9))
+    audit.record(MemoryRecord(T0 + 2, tenant="", model="embed", byte_s=0.5e9))
+    audit.close_sync()
+    out = cli("tenants", "usage", "--since", "2023-11-14T22:13:20Z")
+    assert out.splitlines()[0] == ("tenant,model,requests,units,errors,device_seconds,gb_seconds")
+    rows = {r["tenant"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert set(rows) == {"", "a", "b"}
+    assert (rows["a"]["requests"], rows["a"]["units"]) == ("2", "4.0")
+    assert float(rows["a"]["device_seconds"]) == pytest.approx(1.0)
+    assert float(rows["a"]["gb_seconds"]) == pytest.approx(1.5)
+    assert float(rows[""]["gb_seconds"]) == pytest.approx(0.5)
+    assert rows[""]["requests"] == "0"
+    later = json.loads(
+        cli("tenants", "usage", "--since", "2023-11-14T22:13:21Z", "--format", "json")
+    )
+    assert {r["tenant"] for r in later} == {"", "a", "b"}
+    assert sum(r["device_seconds"] for r in later) == pytest.approx(1.25)
 
 
 def test_the_commands_reach_a_shared_database_through_the_environment(

@@ -8,6 +8,7 @@
   // Today's usage is a query over the audit log: asked less often than the rest.
   const USAGE_MS = 10000;
   const MAX_REJECTION_ROWS = 10;
+  const COST_STEP_S = 3600; // the cost chart's bars: one an hour
   const BUCKETS = ["1", "2-4", "5-8", "9-16", "17-32", "33+"];
   const PALETTE = [
     "#4f6bed", "#e0803a", "#2f9e77", "#c2417d", "#8a5cd1",
@@ -138,7 +139,7 @@
     const [residency, stats, usage] = await Promise.allSettled([
       getJSON("admin/residency", key),
       getJSON("admin/stats", key, true),
-      usageDue ? getJSON("admin/usage", key, true) : Promise.resolve(usageCache.value),
+      usageDue ? getJSON(`admin/usage?step=${COST_STEP_S}`, key, true) : Promise.resolve(usageCache.value),
     ]);
     const all = [residency, stats, usage];
     const refused = all.find((r) => r.status === "rejected" && r.reason instanceof AuthError);
@@ -280,12 +281,17 @@
     const byName = new Map();
     const entry = (name) => {
       const key = name ?? "(no key)";
-      if (!byName.has(key)) byName.set(key, { window: null, today: 0, units: 0, errors: 0, seen: false });
+      if (!byName.has(key)) {
+        byName.set(key, { window: null, today: 0, units: 0, errors: 0, deviceS: 0, gbS: 0, seen: false });
+      }
       return byName.get(key);
     };
     for (const t of (stats && stats.tenants) || []) entry(t.tenant).window = t.requests;
     for (const row of (usage && usage.usage) || []) {
+      if (row.tenant === "") continue; // memory held with no use: no tenant's
       const t = entry(row.tenant);
+      t.deviceS += row.device_s || 0;
+      t.gbS += (row.byte_s || 0) / 1e9;
       t.seen = true;
       t.today += row.requests || 0;
       t.units += row.units || 0;
@@ -308,10 +314,68 @@
         el("td", { className: "num qps" }, el("span", { className: "minibar-track" }, bar),
           el("span", { text: usage ? num(t.units) : "—" })),
         el("td", { className: `num${t.errors > 0 ? " hot" : ""}`, text: usage ? num(t.errors) : "—" }),
+        el("td", { className: "num", text: usage ? seconds(t.deviceS) : "—" }),
+        el("td", { className: "num", text: usage ? seconds(t.gbS) : "—" }),
       );
     });
     const none = stats || usage ? "no tenant traffic yet" : "no data";
-    $("tenants").replaceChildren(...(rows.length ? rows : [emptyRow(5, none)]));
+    $("tenants").replaceChildren(...(rows.length ? rows : [emptyRow(7, none)]));
+  }
+
+  function seconds(value) {
+    return Number(value).toLocaleString("en-US", { maximumFractionDigits: value < 10 ? 2 : 0 });
+  }
+
+  // Device-seconds per tenant, one stacked bar a step (an hour) of today.
+  function drawCosts(usage) {
+    const series = (usage && usage.series) || [];
+    const points = series.filter((p) => p.tenant !== "" && p.device_s > 0);
+    if (!points.length) {
+      $("cost-chart").replaceChildren(el("p", { className: "muted", text: usage ? "no cost yet today" : "no data" }));
+      $("cost-legend").replaceChildren();
+      return;
+    }
+    const width = 480;
+    const height = 120;
+    const base = 100;
+    const steps = Math.max(24, ...points.map((p) => Math.round((p.start - usage.since) / usage.step) + 1));
+    const slot = width / steps;
+    const byStep = new Map();
+    for (const p of points) {
+      const i = Math.round((p.start - usage.since) / usage.step);
+      if (!byStep.has(i)) byStep.set(i, []);
+      byStep.get(i).push(p);
+    }
+    const max = Math.max(...[...byStep.values()].map((ps) => ps.reduce((a, p) => a + p.device_s, 0)));
+    const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "cost", role: "img",
+      "aria-label": "device-seconds per tenant per hour" });
+    chart.append(svg("line", { x1: 0, x2: width, y1: base + 0.5, y2: base + 0.5, class: "axis" }));
+    for (const [i, ps] of byStep) {
+      let top = base;
+      for (const p of ps.sort((a, b) => a.tenant.localeCompare(b.tenant))) {
+        const h = Math.max(1, ((base - 8) * p.device_s) / max);
+        top -= h;
+        const rect = svg("rect", { x: i * slot + 1, y: top, width: Math.max(1, slot - 2), height: h });
+        rect.style.fill = colorOf(`tenant:${p.tenant}`);
+        const tip = svg("title");
+        tip.textContent = `${p.tenant}, ${new Date(p.start * 1000).toISOString().slice(11, 16)} UTC: `
+          + `${seconds(p.device_s)} device-s, ${seconds(p.byte_s / 1e9)} GB-s`;
+        rect.append(tip);
+        chart.append(rect);
+      }
+    }
+    for (const hour of [0, 6, 12, 18]) {
+      const label = svg("text", { x: hour * slot + 2, y: height - 4, class: "label" });
+      label.textContent = `${String(hour).padStart(2, "0")}:00`;
+      chart.append(label);
+    }
+    $("cost-chart").replaceChildren(chart);
+    const tenants = [...new Set(points.map((p) => p.tenant))].sort();
+    $("cost-legend").replaceChildren(...tenants.map((name) => {
+      const swatch = el("i", { className: "swatch" });
+      swatch.style.background = colorOf(`tenant:${name}`);
+      return el("li", { "data-testid": `cost-legend-${name}` }, swatch, el("span", { text: name }));
+    }));
   }
 
   function histogram(name, counts) {
@@ -414,6 +478,7 @@
     drawResident(data.residency);
     drawTraffic(data.stats);
     drawTenants(data.stats, data.usage);
+    drawCosts(data.usage);
     drawBatches(data.stats);
     drawRejections(data.stats);
   }
