@@ -220,8 +220,10 @@ class EngineCollector(Collector):
         self,
         snapshot: Snapshot,
         targets_s: Mapping[str, float],
-        tenant_label: Callable[[str | None], str],
+        tenant_label: Callable[[str | None], str] = lambda tenant: tenant or NONE_LABEL,
     ) -> None:
+        """``tenant_label``: a cost counter's tenant label (``PrometheusMetrics``
+        bounds them; by default every tenant by name)."""
         self.snapshot = snapshot
         self.targets_s = targets_s
         self.tenant_label = tenant_label
