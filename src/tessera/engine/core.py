@@ -109,13 +109,14 @@ class EngineCore:
         engine = self.engine
         served = engine.served_models()
         if not changed_only:
-            return State(engine.phase, Payload(served), Payload(engine.snapshot()), whole=True)
+            whole = engine.snapshot(with_costs=False)
+            return State(engine.phase, Payload(served), Payload(whole), whole=True)
         # Equal at the cost of identities: the specs are the same objects
         # until a model is added, versioned or removed.
         changed = served != self._served_pushed
         if changed:
             self._served_pushed = served
-        snapshot = engine.snapshot(batches_since=self._batches_pushed)
+        snapshot = engine.snapshot(batches_since=self._batches_pushed, with_costs=False)
         self._batches_pushed = {model.name: model.num_batches for model in snapshot.models}
         return State(
             engine.phase, Payload(served) if changed else None, Payload(snapshot), whole=False

@@ -256,13 +256,17 @@ class Engine:
         """``cpu`` or ``cuda``."""
         return self._device.kind
 
-    def snapshot(self, batches_since: Mapping[str, int] | None = None) -> EngineStats:
+    def snapshot(
+        self, batches_since: Mapping[str, int] | None = None, *, with_costs: bool = True
+    ) -> EngineStats:
         """The engine at this instant, as one immutable object.
 
         ``batches_since`` (model version -> its ``num_batches`` in an earlier
         snapshot): each model's ``recent_batches`` holds only the batches run
         after that count (the engine process's pushes to its gateways, which
-        keep the windows themselves and need only what is new)."""
+        keep the windows themselves and need only what is new).
+        ``with_costs``: each tenant's costs too (left out of those pushes: a
+        gateway forwards ``/metrics`` and ``/admin`` to the engine process)."""
         residency = self._residency.stats()
         held = {m.name: m for m in residency.models}
         self.costs.held({m.name: m.bytes for m in residency.models}, self.clock.now())
@@ -308,7 +312,9 @@ class Engine:
             tenant_costs=tuple(
                 TenantCost(tenant, model, cost.device_s, cost.byte_s)
                 for (tenant, model), cost in sorted(self.costs.totals().items())
-            ),
+            )
+            if with_costs
+            else (),
         )
 
     def model_names(self) -> list[str]:

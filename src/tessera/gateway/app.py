@@ -63,24 +63,24 @@ GRPC_STOP_GRACE_S = 5.0
 MEMORY_ROWS_INTERVAL_S = 10.0
 
 
-def record_memory(engine: ServingEngine, audit_log: AuditLog) -> None:
+def record_memory(engine: ServingEngine, costs: CostLedger, audit_log: AuditLog) -> None:
     """Audit rows of the memory each tenant's models held since the last call
-    (``tessera.costs``); the snapshot accounts it up to now."""
+    (``engine``'s ledger, ``costs``); the snapshot accounts it up to now."""
     engine.snapshot()
-    costs = getattr(engine, "costs", None)
-    if not isinstance(costs, CostLedger):
-        return
     now = time.time()
     for (tenant, model), byte_s in sorted(costs.drain_memory().items()):
         audit_log.record(MemoryRecord(now, tenant, model, byte_s))
 
 
 async def record_memory_every(
-    engine: ServingEngine, audit_log: AuditLog, interval_s: float = MEMORY_ROWS_INTERVAL_S
+    engine: ServingEngine,
+    costs: CostLedger,
+    audit_log: AuditLog,
+    interval_s: float = MEMORY_ROWS_INTERVAL_S,
 ) -> None:
     while True:
         await asyncio.sleep(interval_s)
-        record_memory(engine, audit_log)
+        record_memory(engine, costs, audit_log)
 
 
 def create_app(
@@ -139,9 +139,12 @@ def create_app(
         tasks = [preload]
         # The process that holds the engine writes down the memory its models
         # held for each tenant (gateway processes hold a remote one: not theirs).
-        memory_log = audit_log if isinstance(getattr(engine, "costs", None), CostLedger) else None
-        if memory_log is not None:
-            tasks.append(asyncio.create_task(record_memory_every(engine, memory_log), name="costs"))
+        ledger = getattr(engine, "costs", None)
+        memory_rows = None
+        if isinstance(ledger, CostLedger) and audit_log is not None:
+            memory_rows = (ledger, audit_log)
+            writer = record_memory_every(engine, *memory_rows)
+            tasks.append(asyncio.create_task(writer, name="costs"))
         if watcher is not None:
             tasks.append(asyncio.create_task(watch_after(preload, watcher), name="watch"))
         # KServe v2 over gRPC beside HTTP, where the serving side has set an address.
@@ -160,8 +163,8 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             try:
-                if memory_log is not None:  # the last interval's, before the models go
-                    record_memory(engine, memory_log)
+                if memory_rows is not None:  # the last interval's, before the models go
+                    record_memory(engine, *memory_rows)
                 await engine.close()
                 if cluster is not None:
                     await cluster.close()

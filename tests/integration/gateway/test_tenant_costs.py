@@ -93,16 +93,16 @@ async def test_memory_goes_to_the_tenants_that_used_the_model(
     served: tuple[Engine, AuditLog, dict[str, httpx.AsyncClient]],
 ) -> None:
     engine, audit, clients = served
-    record_memory(engine, audit)
+    record_memory(engine, engine.costs, audit)
     await asyncio.sleep(0.1)
-    record_memory(engine, audit)  # held, and nobody has used it yet
+    record_memory(engine, engine.costs, audit)  # held, and nobody has used it yet
     began = time.monotonic()
     for _ in range(3):
         await clients["three"].post("/v1/embeddings", json={"model": "embed", "input": SHORT})
     await clients["one"].post("/v1/embeddings", json={"model": "embed", "input": SHORT})
-    record_memory(engine, audit)
+    record_memory(engine, engine.costs, audit)
     await asyncio.sleep(0.2)
-    record_memory(engine, audit)
+    record_memory(engine, engine.costs, audit)
     held_s = time.monotonic() - began
     await audit.flush()
     usage = {row["tenant"]: row for row in audit.usage(since=time.time() - 3600)}
