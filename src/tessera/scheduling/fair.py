@@ -25,9 +25,10 @@ Invariants:
   size batches from measured execution times to meet the tightest target).
 - Batches are the quantum of service: a request cannot join one that runs.
   So while two or more tenants are active on the model (an arrival of each
-  within ``latency_horizon_s``, or within the predicted run of the batch the
-  backlog would make uncapped, or a backlog of each now: a page of OCR every
-  few seconds is active beside requests of eight), a batch's run time is capped at
+  within its own pace's window (``TenantActivity``: a few of its typical
+  gaps, at least ``latency_horizon_s``), or within the predicted run of the
+  batch the backlog would make uncapped, or a backlog of each now: a page of
+  OCR every few seconds is active beside requests of eight), a batch's run time is capped at
   ``quantum_s``, and a tenant that arrives waits about one quantum for a
   worker, not one full batch (VTC gets the same from one decoding step). One
   tenant alone gets full batches. ``quantum_s=None`` turns the cap off. The
@@ -57,6 +58,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from tessera.request import QueuedRequest
+from tessera.scheduling.activity import TenantActivity
 from tessera.scheduling.predictor import BatchTimePredictor
 
 LATENCY_SHARE_IN_BATCH = 0.5
@@ -81,6 +83,7 @@ class FairQueue:
         self._last: tuple[str, float] | None = None
         self._other_last = -math.inf
         self._latency_horizon_s = latency_horizon_s
+        self._activity = TenantActivity(latency_horizon_s)
         self._queues: dict[str, deque[QueuedRequest]] = {}  # backlogged tenants only
         self._units: dict[str, float] = {}  # tenant -> units of its backlog
         self._total_units = 0.0  # of every backlog
@@ -107,6 +110,7 @@ class FairQueue:
         if last is not None and last[0] != tenant:
             self._other_last = last[1]
         self._last = (tenant, request.arrival)
+        self._activity.arrived(tenant, request.arrival)
         queue = self._queues.get(tenant)
         if queue is None:
             self._lift(tenant)
@@ -210,8 +214,11 @@ class FairQueue:
         horizon = self._latency_horizon_s
         targets = [t for t, seen in self._latency_seen.items() if now - seen <= horizon]
         cap = min(targets) * LATENCY_SHARE_WHILE_ACTIVE if targets else None
+        backlogged = next(iter(self._queues), None)
         if self._quantum_s is not None and (
-            len(self._queues) > 1 or now - self._other_last <= self._other_horizon(max_units)
+            len(self._queues) > 1
+            or (backlogged is not None and self._activity.active_other_than(backlogged, now))
+            or now - self._other_last <= self._other_horizon(max_units)
         ):
             cap = _min_optional(cap, self._quantum_s)
         return cap

@@ -302,6 +302,23 @@ def test_quantum_counts_a_tenant_seen_within_the_run_of_an_uncapped_batch(
     assert len(queue.pop_batch(8, 1e9, now=13.0)) == 7
 
 
+def test_quantum_counts_a_paced_tenant_active_for_several_of_its_gaps(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """An OCR page every 2 s (Poisson: a third of its gaps are over 2 s): past
+    the horizon and the run of a full batch, a tenant with a pace is active for
+    a few of its gaps, so it comes back to a part running, not eight pages."""
+    queue = FairQueue(linear_predictor(0.25), latency_horizon_s=1.0, quantum_s=0.025)
+    for i in range(5):
+        queue.push(make_queued(loop, "quiet", units=1, arrival=2.0 * i))
+        queue.pop_batch(8, 1e9, now=2.0 * i)
+    for _ in range(8):  # 4 s after the quiet tenant's last arrival (at 8 s)
+        queue.push(make_queued(loop, "flood", units=1, arrival=12.0))
+    assert len(queue.pop_batch(8, 1e9, now=12.0)) == 1
+    assert len(queue.pop_batch(8, 1e9, now=17.9)) == 1  # within five 2 s gaps
+    assert len(queue.pop_batch(8, 1e9, now=18.1)) == 6  # then one tenant alone
+
+
 def test_quantum_is_the_smaller_of_it_and_the_latency_cap(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
