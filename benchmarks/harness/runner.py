@@ -173,7 +173,9 @@ async def run_step(
     models = list(scenario.models)
     headers = deployment.model_headers
     if scenario.warmup_requests:
-        warm = [t for t in tenants if not t.background]
+        # Each tenant's warm-up is ``warmup_requests``, whatever its own bound
+        # (a flooder's ``requests: 1000`` would warm up for the whole duration).
+        warm = [replace(t, requests=None) for t in tenants if not t.background]
         await Driver(deployment, models, step.zipf, seed + 1, model_headers=headers).run(
             warm, scenario.warmup_requests, scenario.duration_s
         )
