@@ -1,7 +1,8 @@
 """What each tenant costs, checked against what the server measured.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/cost_bench.py \
-        [--seconds 180] [--mixed-seconds 300] [--rate 2] [--out benchmarks/results]
+        [--seconds 180] [--mixed-seconds 300] [--shared-seconds 60] [--rate 2] \
+        [--out benchmarks/results]
 
 One `tessera serve` (keys on; ``all-minilm-l6-v2`` and ``pp-ocrv6``
 preloaded, nothing else filled), four tenants made through the admin API,
@@ -15,6 +16,18 @@ requests at a steady pace (later if the server falls behind):
 - ``mixed`` (``--mixed-seconds``): all of them, and ``reader`` with a
   receipt-sized page to OCR every 2 s.
 
+Then ``shared-batches`` (``--shared-seconds``), on a second server that runs
+one batch at a time in arrival order (``--scheduling fifo --workers 1``):
+``one`` and ``long`` send in rounds, both requests at once and the next
+round once both are answered, so that a batch holds a request of each (the
+phase counts requests a batch: 2 where every one does). The server
+above runs the two tenants' requests mostly in batches of their own (one
+that arrives after the other's batch formed runs in the next one, or beside
+it), each batch carrying a fixed cost (about 9 ms on the 2-core CPU, a larger
+share of a batch of short texts): its long / one is the device's ratio for
+the two requests apart, shown; the split by units is read where the batches
+are shared.
+
 Per phase, from the server's own figures: the tenants' device-seconds
 (``tessera_tenant_device_seconds_total``) against the workers' busy time (the
 sum of every batch's run, ``tessera_batch_duration_seconds_sum``), and their
@@ -24,7 +37,7 @@ read every ``--sample-s``) integrated over the phase; and the audit log's sums
 (``/admin/usage``) beside the counters. Bars: conservation within 2% (mixed),
 three / one within 10% of 3 (memory: from one window of use in, when the
 window holds the phase's traffic alone), long / one per request within 20%
-of 4. Writes
+of 4 (in shared batches). Writes
 ``OUT/costs-DATE[-N].{md,json}``.
 """
 
@@ -114,6 +127,35 @@ def paced(
     return counts
 
 
+class Rounds:
+    """Threads that send in rounds: a round begins once every thread has its
+    last answer, so that their requests arrive together. Whether another
+    round begins is decided once a round (the barrier's action), so every
+    thread sees the same."""
+
+    def __init__(self, parties: int, until: float) -> None:
+        self._until = until
+        self._more = True
+        self._barrier = threading.Barrier(parties, action=self._decide)
+
+    def _decide(self) -> None:
+        self._more = time.monotonic() < self._until
+
+    def next(self) -> bool:
+        self._barrier.wait()
+        return self._more
+
+
+def in_rounds(
+    send: Callable[[httpx.Client], int], rounds: Rounds, client: httpx.Client
+) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    while rounds.next():
+        status = str(send(client))
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
 def metrics(base_url: str, admin_key: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     """Every sample of /metrics, by name and labels."""
     text = httpx.get(
@@ -139,17 +181,17 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 
 Send = Callable[[httpx.Client], int]
-# tenant -> (send, requests a second, threads enough to hold the pace)
-Plan = dict[str, tuple[Send, float, int]]
+# tenant -> (send, requests a second or None: in rounds with the others so, threads)
+Plan = dict[str, tuple[Send, float | None, int]]
 
 
 def phase(
     base_url: str, admin_key: str, keys: dict[str, str], plan: Plan, seconds: float, sample_s: float
 ) -> dict[str, Any]:
     """``plan``'s tenants at once, each sending its rate x ``seconds``
-    requests at its pace (later if the server falls behind); the server's
-    counters before and after, its used bytes every ``sample_s``, and the
-    audit log's sums over the phase."""
+    requests at its pace (later if the server falls behind), or in rounds
+    for ``seconds`` (rate None); the server's counters before and after, its
+    used bytes every ``sample_s``, and the audit log's sums over the phase."""
     for tenant, (send, _, _) in plan.items():  # warm: the first batches, connections
         with httpx.Client(
             base_url=base_url, headers={"authorization": f"Bearer {keys[tenant]}"}, timeout=120
@@ -162,16 +204,22 @@ def phase(
     counts: dict[str, dict[str, int]] = {t: {} for t in plan}
     lock = threading.Lock()
 
-    def worker(tenant: str, send: Send, share: float) -> None:
+    # The threads that send in rounds (rate None); where none does, nothing waits on it.
+    rounds = Rounds(sum(n for _, rate, n in plan.values() if rate is None) or 1, until)
+
+    def worker(tenant: str, send: Send, share: float | None) -> None:
         headers = {"authorization": f"Bearer {keys[tenant]}"}
         with httpx.Client(base_url=base_url, headers=headers, timeout=120) as client:
-            got = paced(send, share, until, client)
+            if share is None:
+                got = in_rounds(send, rounds, client)
+            else:
+                got = paced(send, share, until, client)
         with lock:
             for status, n in got.items():
                 counts[tenant][status] = counts[tenant].get(status, 0) + n
 
     threads = [
-        threading.Thread(target=worker, args=(tenant, send, rate / n))
+        threading.Thread(target=worker, args=(tenant, send, None if rate is None else rate / n))
         for tenant, (send, rate, n) in plan.items()
         for _ in range(n)
     ]
@@ -211,15 +259,16 @@ def phase(
     }
 
 
+def embed(inputs: list[str]) -> Send:
+    body = {"model": EMBED, "input": inputs}
+    return lambda c: c.post("/v1/embeddings", json=body).status_code
+
+
 def run(
     base_url: str, admin_key: str, seconds: float, mixed_s: float, rate: float, sample_s: float
 ) -> dict[str, Any]:
     keys = make_keys(base_url, admin_key, ["three", "one", "long", "reader"])
     short, long_texts, page = texts(25), texts(100), page_png()
-
-    def embed(inputs: list[str]) -> Send:
-        body = {"model": EMBED, "input": inputs}
-        return lambda c: c.post("/v1/embeddings", json=body).status_code
 
     def ocr(client: httpx.Client) -> int:
         return client.post("/v1/ocr", json={"model": OCR, "image": page}).status_code
@@ -249,6 +298,15 @@ def run(
     }
 
 
+def run_shared(base_url: str, admin_key: str, seconds: float, sample_s: float) -> dict[str, Any]:
+    """``one`` and ``long`` sending in rounds (both requests at once, the next
+    round once both are answered), on a server that runs one batch at a time
+    in arrival order: each batch holds both."""
+    keys = make_keys(base_url, admin_key, ["one", "long"])
+    plan: Plan = {"one": (embed(texts(25)), None, 1), "long": (embed(texts(100)), None, 1)}
+    return phase(base_url, admin_key, keys, plan, seconds, sample_s)
+
+
 def integral(points: list[tuple[float, float]]) -> float:
     """The trapezoid integral of (time, value) points."""
     return sum((t1 - t0) * (v0 + v1) / 2 for (t0, v0), (t1, v1) in itertools.pairwise(points))
@@ -273,6 +331,7 @@ def figures_of(r: dict[str, Any]) -> dict[str, Any]:
         else None
     )
     busy = sum(family("tessera_batch_duration_seconds_sum", "model").values())
+    batches = sum(family("tessera_batch_duration_seconds_count", "model").values())
     used_byte_s = integral(r["used"])
     answered = {t: c.get("200", 0) for t, c in r["counts"].items()}
     per_request = {t: device.get(t, 0.0) / n for t, n in answered.items() if n}
@@ -282,6 +341,8 @@ def figures_of(r: dict[str, Any]) -> dict[str, Any]:
         "device_s": device,
         "byte_s": memory,
         "busy_s": busy,
+        "batches": batches,
+        "requests_per_batch": sum(answered.values()) / batches if batches else None,
         "used_byte_s": used_byte_s,
         "device_conservation": sum(device.values()) / busy if busy else None,
         "memory_conservation": sum(memory.values()) / used_byte_s if used_byte_s else None,
@@ -298,12 +359,14 @@ def ratio(values: dict[str, float], a: str, b: str) -> float | None:
 
 def bars(phases: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     three, longer, mixed = phases["three-to-one"], phases["four-times-longer"], phases["mixed"]
+    shared = phases["shared-batches"]
     return {
         "device_conservation": mixed["device_conservation"],
         "memory_conservation": mixed["memory_conservation"],
         "three_one_device": ratio(three["device_s"], "three", "one"),
         "three_one_memory": ratio(three["byte_s_from_one_window_in"] or {}, "three", "one"),
-        "long_one_per_request": ratio(longer["device_s_per_request"], "long", "one"),
+        "long_one_per_request": ratio(shared["device_s_per_request"], "long", "one"),
+        "long_one_apart": ratio(longer["device_s_per_request"], "long", "one"),
     }
 
 
@@ -336,10 +399,16 @@ def table(f: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Workers' busy time {f['busy_s']:.2f} s, attributed {f['device_conservation']:.4f} of"
-        f" it; used bytes x time {f['used_byte_s'] / 1e9:.2f} GB-s, attributed"
+        f"Workers' busy time {f['busy_s']:.2f} s in {f['batches']:.0f} batches"
+        f" ({f['requests_per_batch'] or 0:.2f} requests a batch), attributed"
+        f" {f['device_conservation']:.4f} of it; used bytes x time"
+        f" {f['used_byte_s'] / 1e9:.2f} GB-s, attributed"
         f" {f['memory_conservation']:.4f} of it.",
     ]
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def markdown(figures: dict[str, Any], rate: float, date: str) -> str:
@@ -350,7 +419,9 @@ def markdown(figures: dict[str, Any], rate: float, date: str) -> str:
         f"One server, `{EMBED}` and `{OCR}` preloaded; three phases, each tenant sending at a"
         " steady pace (its rate x the phase's seconds requests). `three` and `one` send the same"
         f" 8 texts (~25 words) at {3 * rate:g} and {rate:g} requests/s; `long` 8 texts four"
-        f" times as long at {rate:g}/s; `reader` a page to OCR every 2 s. Rerun:"
+        f" times as long at {rate:g}/s; `reader` a page to OCR every 2 s. Then `one` and"
+        " `long` on a second server that runs one batch at a time in arrival order, sending"
+        " in rounds (both at once), so that a batch holds both (shared-batches). Rerun:"
         " `HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/cost_bench.py`.",
         "",
         f"- device-seconds attributed / the workers' busy time (mixed phase):"
@@ -360,8 +431,11 @@ def markdown(figures: dict[str, Any], rate: float, date: str) -> str:
         f"- three / one, device-seconds: {_bar(b['three_one_device'], 3.0, RATIO_BAR)}",
         f"- three / one, memory (from one window, {WINDOW_S:g} s, in):"
         f" {_bar(b['three_one_memory'], 3.0, RATIO_BAR)}",
-        "- long / one, device-seconds per request:"
+        "- long / one, device-seconds per request, in the batches they share (shared-batches):"
         f" {_bar(b['long_one_per_request'], 4.0, LONG_BAR)}",
+        "- long / one, device-seconds per request, as the first server runs them, mostly in"
+        f" batches of their own (four-times-longer; shown): {_fmt(b['long_one_apart'])}: a"
+        " batch's fixed cost is a larger share of a batch of short texts",
     ]
     for name, f in phases.items():
         lines += ["", f"## {name} ({f['seconds']:.0f} s)", "", *table(f)]
@@ -372,6 +446,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=180.0, help="each ratio phase")
     parser.add_argument("--mixed-seconds", type=float, default=300.0)
+    parser.add_argument("--shared-seconds", type=float, default=60.0, help="shared-batches")
     parser.add_argument("--rate", type=float, default=2.0, help="tenant one's requests a second")
     parser.add_argument("--sample-s", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -388,6 +463,13 @@ def main() -> None:
                 args.mixed_seconds,
                 args.rate,
                 args.sample_s,
+            )
+        one_at_a_time = ["--preload", EMBED, "--no-fill", "--scheduling", "fifo", "--workers", "1"]
+        with running_tessera(Path(tmp), "shared-batches", one_at_a_time) as server:
+            if server.key is None:
+                raise RuntimeError("the server printed no admin key")
+            result["shared-batches"] = run_shared(
+                server.base_url, server.key, args.shared_seconds, args.sample_s
             )
     phases = {name: figures_of(r) for name, r in result.items()}
     figures = {"rate": args.rate, "bars": bars(phases), "phases": phases}

@@ -360,6 +360,45 @@ def _tenant_rows(results: dict[str, Any], key: str) -> list[list[str]]:
     return rows
 
 
+def _cost_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Per step and tenant, each configuration's requests within target,
+    device-seconds and GB-seconds per 1,000 of them, side by side (the
+    configurations whose servers keep cost ledgers: ``harness.costs``)."""
+    names = [
+        n
+        for n, c in results["configurations"].items()
+        if any("tenant_costs" in s for s in c.get("steps", []))
+    ]
+    by_step: dict[str, dict[str, dict[str, Any]]] = {}  # step label -> configuration -> rows
+    for name in names:
+        for s in results["configurations"][name]["steps"]:
+            if "tenant_costs" in s:
+                by_step.setdefault(step_label(results, s), {})[name] = s["tenant_costs"]
+    header = ["step", "tenant"]
+    for name in names:
+        header += [f"{name} in target", f"{name} device-s/1k", f"{name} GB-s/1k"]
+    rows = []
+    for label, configurations in by_step.items():
+        tenants: list[str] = []
+        for costs in configurations.values():
+            tenants += [t for t in costs if t not in tenants]
+        for tenant in tenants:
+            row = [label, tenant]
+            for name in names:
+                f = configurations.get(name, {}).get(tenant)
+                row += (
+                    ["-"] * 3
+                    if f is None
+                    else [
+                        str(f["within_target"]),
+                        _fmt(f["device_s_per_1k_within_target"], 2),
+                        _fmt(f["gb_s_per_1k_within_target"], 2),
+                    ]
+                )
+            rows.append(row)
+    return header, rows
+
+
 def _settings(outcome: dict[str, Any]) -> str:
     settings = dict(outcome.get("settings") or outcome.get("raw") or {})
     parts = []
@@ -444,6 +483,20 @@ def render(results: dict[str, Any], plots: list[Path]) -> str:
         table(["tenant" if h == "" else h for h in per], _tenant_rows(results, "per_tenant")),
         "",
     ]
+    cost_header, cost_rows = _cost_table(results)
+    if cost_rows:
+        lines += [
+            "## Cost per tenant",
+            "",
+            "What each server's cost ledger attributed to each tenant in the step"
+            " (docs/costs.md), summed over a configuration's processes, per 1,000 of the"
+            " tenant's requests answered within target: device-seconds, and GB-seconds of"
+            " its models' memory. unattributed: memory held with no use; all: everything,"
+            " both over every tenant's requests within target.",
+            "",
+            table(cost_header, cost_rows),
+            "",
+        ]
     models = len(scenario.get("models") or ())
     if models > MAX_MODEL_ROWS:  # a row per model and step would bury the rest
         lines += ["## Per model", "", f"{models} models: their figures are in the JSON.", ""]

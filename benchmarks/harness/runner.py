@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from harness.costs import read_costs, spent, tenant_costs
 from harness.deploy import (
     Deployment,
     deploy_dedicated,
@@ -193,7 +194,11 @@ async def run_step(
     meter = CpuMeter(deployment.processes)
     meter.start()
     sampler.start()
+    # The tenants' cost counters, read around the load alone (``harness.costs``).
+    ledgers = [] if deployment.kind == "peer" else [s.base_url for s in deployment.servers]
+    costs_before = await read_costs(ledgers, deployment.admin_headers)
     result = await driver.run(tenants, scenario.requests, scenario.duration_s)
+    costs_after = await read_costs(ledgers, deployment.admin_headers)
     await sampler.stop()
     cpu = meter.stop()
     progress.close()
@@ -210,6 +215,10 @@ async def run_step(
     figures["swaps"] = swap_figures(deployment, servers_before, servers_after, events_before)
     figures["batch_size_histogram"] = histogram_delta(before, await _histograms(deployment))
     figures["peak_used_bytes"] = peaks
+    if ledgers:
+        within = {t: f["within_target"] for t, f in figures["per_tenant"].items()}
+        step_costs = spent(costs_before, costs_after)
+        figures["tenant_costs"] = tenant_costs(step_costs, within, groups)
     if deployment.kind != "peer":
         figures["batches"] = {
             s.base_url: scrape_batches(s.base_url, deployment.admin_headers)

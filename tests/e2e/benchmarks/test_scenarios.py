@@ -84,6 +84,12 @@ def test_dedicated_and_static_partition_beside_shared(tmp_path: Path) -> None:
         assert set(step["per_model"]) <= set(models)
         assert set(step["per_tenant"]) == {"a", "b"}
         assert 0 < step["memory_utilization"] <= 1.0
+        costs = step["tenant_costs"]  # every process's ledger, summed
+        assert list(costs) == ["a", "b", "unattributed", "all"]
+        for tenant in ("a", "b"):
+            assert costs[tenant]["within_target"] == step["per_tenant"][tenant]["within_target"]
+            assert costs[tenant]["device_s"] > 0
+            assert costs[tenant]["byte_s"] > 0
     assert shared["reserved_bytes"] == 300 * 1024**2
     # tessera held the scenario's two models only (about 120 MB), not the default
     # models that a fill at start would have loaded into the budget (about 270 MiB).
