@@ -9,6 +9,10 @@ SCENARIOS ?= embed-saturation three-models mixed-zipf shared-vs-dedicated noisy-
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# Each module's bytecode is written at its first import and read after, even where the
+# environment says not to: the tests start over a hundred Python processes (servers, CLIs,
+# workers), and compiling torch and transformers again in each cost about 3 s a server.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: serve test test-bench venv lint chromium docs bench bench-reload bench-peers bench-all soak scaleout-sim bench-cluster mutation clean
 

@@ -71,7 +71,7 @@ def start_server(
                 return process, server
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)  # a fake-model server is ready about 2 s after its start
     stop_server(process)
     raise RuntimeError(f"server not ready in {READY_TIMEOUT_S}s:\n{server.log()}")
 

@@ -103,6 +103,7 @@ def test_dedicated_and_static_partition_beside_shared(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.timeout(600)
 def test_generated_models_under_a_budget_for_one_find_a_capacity_and_count_swaps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from builders import fake_engine
 from tessera.engine import Engine
@@ -48,6 +49,25 @@ async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
 @pytest.fixture
 async def client(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(engine, max_body_bytes=64 * 1024)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
+        yield client
+
+
+# Tests whose requests leave nothing that another test reads (refusals, answers
+# of the fake models) share one engine a module: an engine's close runs a full
+# garbage collection (``EngineHost.shutdown``), about 0.4 s in a test process,
+# most of such a test's time. Its leak checks run at the module's end.
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Engine]:
+    root = tmp_path_factory.mktemp("shared") / "repo"
+    async with fake_engine(root, FAKE_MODELS, max_queue=8) as engine:
+        yield engine
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_client(shared_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(shared_engine, max_body_bytes=64 * 1024)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
         yield client

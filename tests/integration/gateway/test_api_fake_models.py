@@ -19,13 +19,13 @@ from tessera.gateway.openai_chat import ChatRequest
 from tessera.tasks.samples import sample_page
 
 
-async def test_embeddings_float_and_base64(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/embeddings", json={"model": "embed", "input": ["a b", "c"]})
+async def test_embeddings_float_and_base64(shared_client: httpx.AsyncClient) -> None:
+    r = await shared_client.post("/v1/embeddings", json={"model": "embed", "input": ["a b", "c"]})
     assert r.status_code == 200, r.text
     body = r.json()
     assert [d["index"] for d in body["data"]] == [0, 1]
     np.testing.assert_allclose(body["data"][1]["embedding"], fake_embedding("c"), rtol=1e-6)
-    r = await client.post(
+    r = await shared_client.post(
         "/v1/embeddings", json={"model": "embed", "input": "a b", "encoding_format": "base64"}
     )
     vector = np.frombuffer(base64.b64decode(r.json()["data"][0]["embedding"]), dtype="<f4")
@@ -34,16 +34,18 @@ async def test_embeddings_float_and_base64(client: httpx.AsyncClient) -> None:
 
 
 async def test_embeddings_shortened_to_dimensions_stay_unit_vectors(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
-    r = await client.post("/v1/embeddings", json={"model": "embed", "input": "c", "dimensions": 3})
+    r = await shared_client.post(
+        "/v1/embeddings", json={"model": "embed", "input": "c", "dimensions": 3}
+    )
     assert r.status_code == 200, r.text
     head = fake_embedding("c")[:3]
     np.testing.assert_allclose(
         r.json()["data"][0]["embedding"], head / np.linalg.norm(head), rtol=1e-5
     )
     body = {"model": "embed", "input": "c", "dimensions": FAKE_DIMS}
-    r = await client.post("/v1/embeddings", json=body)
+    r = await shared_client.post("/v1/embeddings", json=body)
     np.testing.assert_allclose(r.json()["data"][0]["embedding"], fake_embedding("c"), rtol=1e-6)
 
 
@@ -60,8 +62,10 @@ async def test_embeddings_shortened_to_dimensions_stay_unit_vectors(
         ({"model": "embed", "input": "x", "dimensions": FAKE_DIMS + 1}, 400),
     ],
 )
-async def test_bad_embedding_requests(client: httpx.AsyncClient, body: object, status: int) -> None:
-    r = await client.post("/v1/embeddings", json=body)
+async def test_bad_embedding_requests(
+    shared_client: httpx.AsyncClient, body: object, status: int
+) -> None:
+    r = await shared_client.post("/v1/embeddings", json=body)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error["message"]
@@ -70,26 +74,26 @@ async def test_bad_embedding_requests(client: httpx.AsyncClient, body: object, s
 
 @pytest.mark.parametrize("tokens", [[101, 7592, 102], [[101, 7592], [102]]])
 async def test_token_ids_as_input_are_refused_with_why(
-    client: httpx.AsyncClient, tokens: object
+    shared_client: httpx.AsyncClient, tokens: object
 ) -> None:
-    r = await client.post("/v1/embeddings", json={"model": "embed", "input": tokens})
+    r = await shared_client.post("/v1/embeddings", json={"model": "embed", "input": tokens})
     assert r.status_code == 400
     assert "send the text" in r.json()["error"]["message"]
 
 
-async def test_malformed_json_and_oversized_body(client: httpx.AsyncClient) -> None:
-    r = await client.post(
+async def test_malformed_json_and_oversized_body(shared_client: httpx.AsyncClient) -> None:
+    r = await shared_client.post(
         "/v1/embeddings", content=b"{not json", headers={"content-type": "application/json"}
     )
     assert r.status_code == 400
     assert r.json()["error"]["message"]
-    r = await client.post("/v1/embeddings", json={"model": "embed", "input": "x" * 100_000})
+    r = await shared_client.post("/v1/embeddings", json={"model": "embed", "input": "x" * 100_000})
     assert r.status_code == 413
     assert "bytes" in r.json()["error"]["message"]
 
 
-async def test_rerank_classify_translate(client: httpx.AsyncClient) -> None:
-    r = await client.post(
+async def test_rerank_classify_translate(shared_client: httpx.AsyncClient) -> None:
+    r = await shared_client.post(
         "/v1/rerank",
         json={
             "model": "rerank",
@@ -105,13 +109,15 @@ async def test_rerank_classify_translate(client: httpx.AsyncClient) -> None:
     assert results[0]["relevance_score"] >= results[1]["relevance_score"]
     assert {"index", "relevance_score", "document"} <= set(results[0])
 
-    r = await client.post("/v1/classify", json={"model": "intent", "input": ["hello", "hey"]})
+    r = await shared_client.post(
+        "/v1/classify", json={"model": "intent", "input": ["hello", "hey"]}
+    )
     assert r.status_code == 200, r.text
     first = r.json()["data"][0]
     assert first["label"] == "label-2"
     assert first["labels"][0]["label"] == first["label"]
     # Cohere's classify: inputs in, its classifications out.
-    r = await client.post("/v1/classify", json={"model": "intent", "inputs": ["hello"]})
+    r = await shared_client.post("/v1/classify", json={"model": "intent", "inputs": ["hello"]})
     assert r.status_code == 200, r.text
     (cohere,) = r.json()["classifications"]
     assert (cohere["input"], cohere["prediction"], cohere["predictions"]) == (
@@ -128,38 +134,40 @@ async def test_rerank_classify_translate(client: httpx.AsyncClient) -> None:
         ({"model": "intent", "inputs": []}, "must not be empty"),
         ({"model": "intent", "input": []}, "input must not be empty"),  # not "input[0]"
     ):
-        r = await client.post("/v1/classify", json=body)
+        r = await shared_client.post("/v1/classify", json=body)
         assert r.status_code == 400, r.text
         assert why in r.json()["error"]["message"]
 
-    r = await client.post("/v1/translate", json={"model": "mt", "input": ["abc", "xy"]})
+    r = await shared_client.post("/v1/translate", json={"model": "mt", "input": ["abc", "xy"]})
     assert r.json()["data"] == [
         {"index": 0, "translation": "cba"},
         {"index": 1, "translation": "yx"},
     ]
 
 
-async def test_ocr_json_multipart_and_bad_image(client: httpx.AsyncClient) -> None:
+async def test_ocr_json_multipart_and_bad_image(shared_client: httpx.AsyncClient) -> None:
     from PIL import Image
 
     buffer = io.BytesIO()
     Image.fromarray(sample_page(40, 60)[:, :, ::-1]).save(buffer, format="PNG")
     png = buffer.getvalue()
-    r = await client.post("/v1/ocr", json={"model": "ocr", "image": base64.b64encode(png).decode()})
+    r = await shared_client.post(
+        "/v1/ocr", json={"model": "ocr", "image": base64.b64encode(png).decode()}
+    )
     assert r.status_code == 200, r.text
     assert r.json()["text"] == "60x40"
-    r = await client.post(
+    r = await shared_client.post(
         "/v1/ocr",
         files={"file": ("p.png", png, "image/png")},
         data={"model": "ocr", "mode": "line"},
     )
     assert r.status_code == 200, r.text
     assert r.json()["lines"][0]["box"][2] == [60.0, 40.0]
-    r = await client.post(
+    r = await shared_client.post(
         "/v1/ocr", json={"model": "ocr", "image": base64.b64encode(b"not an image").decode()}
     )
     assert r.status_code == 415
-    r = await client.post("/v1/ocr", json={"model": "ocr", "image": "%%%"})
+    r = await shared_client.post("/v1/ocr", json={"model": "ocr", "image": "%%%"})
     assert r.status_code == 400
     # A body that does not validate says where, in one line, as other routes do
     # (it had been pydantic's whole report: the input, a link, several lines).
@@ -168,21 +176,23 @@ async def test_ocr_json_multipart_and_bad_image(client: httpx.AsyncClient) -> No
         ([1], "invalid request: "),
         ({"image": "aGk="}, "invalid request: model: Field required"),
     ):
-        r = await client.post("/v1/ocr", json=body)
+        r = await shared_client.post("/v1/ocr", json=body)
         assert r.status_code == 400, r.text
         message = r.json()["error"]["message"]
         assert message.startswith(says), message
         assert "\n" not in message
         assert "pydantic" not in message
-    r = await client.post(
+    r = await shared_client.post(
         "/v1/ocr", files={"file": ("p.png", png)}, data={"model": "ocr", "max_tokens": "abc"}
     )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"].startswith("invalid request: max_tokens: ")
 
 
-async def test_speech_returns_wav(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/audio/speech", json={"model": "tts", "input": "hello", "voice": "x"})
+async def test_speech_returns_wav(shared_client: httpx.AsyncClient) -> None:
+    r = await shared_client.post(
+        "/v1/audio/speech", json={"model": "tts", "input": "hello", "voice": "x"}
+    )
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == "audio/wav"
     with wave.open(io.BytesIO(r.content)) as wav:
@@ -191,13 +201,13 @@ async def test_speech_returns_wav(client: httpx.AsyncClient) -> None:
 
 
 async def test_speech_as_server_sent_events(
-    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+    shared_client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(openai_audio, "SPEECH_EVENT_BYTES", 128)  # the fake's clip: 1,000 bytes
     body = {"model": "tts", "input": "hello", "response_format": "pcm"}
-    whole = await client.post("/v1/audio/speech", json=body)
+    whole = await shared_client.post("/v1/audio/speech", json=body)
     events = []
-    async with client.stream(
+    async with shared_client.stream(
         "POST", "/v1/audio/speech", json={**body, "stream_format": "sse"}
     ) as stream:
         assert stream.status_code == 200
@@ -220,31 +230,35 @@ async def test_speech_as_server_sent_events(
     ("audio_format", "media_type"), [("mp3", "audio/mpeg"), ("flac", "audio/flac")]
 )
 async def test_speech_in_openais_other_formats(
-    client: httpx.AsyncClient, audio_format: str, media_type: str
+    shared_client: httpx.AsyncClient, audio_format: str, media_type: str
 ) -> None:
     soundfile = pytest.importorskip("soundfile")
     body = {"model": "tts", "input": "hello", "response_format": audio_format}
-    r = await client.post("/v1/audio/speech", json=body)
+    r = await shared_client.post("/v1/audio/speech", json=body)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"] == media_type
     info = soundfile.info(io.BytesIO(r.content))
     assert (info.samplerate, info.channels) == (22050, 1)
 
 
-async def test_speech_in_aac_is_refused_saying_what_is_served(client: httpx.AsyncClient) -> None:
+async def test_speech_in_aac_is_refused_saying_what_is_served(
+    shared_client: httpx.AsyncClient,
+) -> None:
     body = {"model": "tts", "input": "hello", "response_format": "aac"}
-    r = await client.post("/v1/audio/speech", json=body)
+    r = await shared_client.post("/v1/audio/speech", json=body)
     assert r.status_code == 400
     assert "mp3, opus, flac, wav, pcm" in r.json()["error"]["message"]
 
 
-async def test_chat_plain_and_streaming(client: httpx.AsyncClient) -> None:
+async def test_chat_plain_and_streaming(shared_client: httpx.AsyncClient) -> None:
     messages = [{"role": "user", "content": "one two three"}]
-    r = await client.post("/v1/chat/completions", json={"model": "chat", "messages": messages})
+    r = await shared_client.post(
+        "/v1/chat/completions", json={"model": "chat", "messages": messages}
+    )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"] == "one two three "
     pieces = []
-    async with client.stream(
+    async with shared_client.stream(
         "POST", "/v1/chat/completions", json={"model": "chat", "messages": messages, "stream": True}
     ) as stream:
         async for line in stream.aiter_lines():
@@ -255,9 +269,9 @@ async def test_chat_plain_and_streaming(client: httpx.AsyncClient) -> None:
 
 
 async def test_legacy_completions_plain_echo_and_several_prompts(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
-    r = await client.post("/v1/completions", json={"model": "chat", "prompt": "one two"})
+    r = await shared_client.post("/v1/completions", json={"model": "chat", "prompt": "one two"})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion"
@@ -267,7 +281,7 @@ async def test_legacy_completions_plain_echo_and_several_prompts(
     ]
     assert body["usage"] == {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
     prompts = ["a b c", "d", "e f"]
-    r = await client.post(
+    r = await shared_client.post(
         "/v1/completions", json={"model": "chat", "prompt": prompts, "echo": True}
     )
     assert r.status_code == 200, r.text
@@ -287,11 +301,11 @@ async def test_legacy_completions_plain_echo_and_several_prompts(
     ],
 )
 async def test_json_answers_where_the_runtime_cannot_hold_them_say_why(
-    client: httpx.AsyncClient, response_format: object, status: int, says: str
+    shared_client: httpx.AsyncClient, response_format: object, status: int, says: str
 ) -> None:
     messages = [{"role": "user", "content": "one two"}]
     body = {"model": "chat", "messages": messages, "response_format": response_format}
-    r = await client.post("/v1/chat/completions", json=body)
+    r = await shared_client.post("/v1/chat/completions", json=body)
     assert r.status_code == status, r.text
     if status != 200:
         assert says in r.json()["error"]["message"]
@@ -339,15 +353,15 @@ def as_tool(schema: dict[str, object]) -> dict[str, object]:
     ],
 )
 async def test_a_schema_past_openais_bounds_says_why(
-    client: httpx.AsyncClient, extra: dict[str, object], says: str
+    shared_client: httpx.AsyncClient, extra: dict[str, object], says: str
 ) -> None:
-    await chat_refused(client, extra, says)
+    await chat_refused(shared_client, extra, says)
 
 
-async def test_a_schema_within_the_bounds_is_taken(client: httpx.AsyncClient) -> None:
+async def test_a_schema_within_the_bounds_is_taken(shared_client: httpx.AsyncClient) -> None:
     # The fake model cannot hold an answer to JSON: it says so, past the bounds' check.
-    await chat_refused(client, as_format(nested_schema(20)), "cannot hold an answer to JSON")
-    await chat_refused(client, as_format(enum_schema(1000)), "cannot hold an answer to JSON")
+    await chat_refused(shared_client, as_format(nested_schema(20)), "cannot hold an answer to JSON")
+    await chat_refused(shared_client, as_format(enum_schema(1000)), "cannot hold an answer to JSON")
 
 
 @pytest.mark.parametrize(
@@ -359,12 +373,12 @@ async def test_a_schema_within_the_bounds_is_taken(client: httpx.AsyncClient) ->
     ],
 )
 async def test_logprobs_where_the_runtime_cannot_give_them_say_why(
-    client: httpx.AsyncClient, extra: dict[str, object], says: str
+    shared_client: httpx.AsyncClient, extra: dict[str, object], says: str
 ) -> None:
-    body = await chat_refused(client, extra, says)
+    body = await chat_refused(shared_client, extra, says)
     body["logprobs"] = False
     body.pop("top_logprobs", None)
-    r = await client.post("/v1/chat/completions", json=body)
+    r = await shared_client.post("/v1/chat/completions", json=body)
     assert r.json()["choices"][0]["logprobs"] is None
 
 
@@ -380,27 +394,29 @@ async def test_logprobs_where_the_runtime_cannot_give_them_say_why(
     ],
 )
 async def test_penalties_and_logit_bias_out_of_openais_ranges_say_why(
-    client: httpx.AsyncClient, extra: dict[str, object], says: str
+    shared_client: httpx.AsyncClient, extra: dict[str, object], says: str
 ) -> None:
     bodies = {
         "/v1/chat/completions": {"model": "chat", "messages": [{"role": "user", "content": "x"}]},
         "/v1/completions": {"model": "chat", "prompt": "x"},
     }
     for path, body in bodies.items():
-        r = await client.post(path, json={**body, **extra})
+        r = await shared_client.post(path, json={**body, **extra})
         assert r.status_code == 400, r.text
         assert says in r.json()["error"]["message"]
 
 
-async def test_penalties_and_logit_bias_in_range_are_taken(client: httpx.AsyncClient) -> None:
+async def test_penalties_and_logit_bias_in_range_are_taken(
+    shared_client: httpx.AsyncClient,
+) -> None:
     extra = {"presence_penalty": -2, "frequency_penalty": 2, "logit_bias": {"12": 100, "7": -1}}
     chat = {"model": "chat", "messages": [{"role": "user", "content": "a b"}], **extra}
-    r = await client.post("/v1/chat/completions", json=chat)
+    r = await shared_client.post("/v1/chat/completions", json=chat)
     assert r.json()["choices"][0]["message"]["content"] == "a b "
     sampling = ChatRequest.model_validate(chat).sampling()
     assert (sampling["presence_penalty"], sampling["frequency_penalty"]) == (-2.0, 2.0)
     assert sampling["logit_bias"] == ((7, -1.0), (12, 100.0))
-    r = await client.post("/v1/completions", json={"model": "chat", "prompt": "c", **extra})
+    r = await shared_client.post("/v1/completions", json={"model": "chat", "prompt": "c", **extra})
     assert r.json()["choices"][0]["text"] == "c "
 
 
@@ -429,22 +445,22 @@ CALLED = {
     ],
 )
 async def test_tools_where_they_cannot_be_called_or_do_not_agree_say_why(
-    client: httpx.AsyncClient, extra: dict[str, object], says: str
+    shared_client: httpx.AsyncClient, extra: dict[str, object], says: str
 ) -> None:
-    await chat_refused(client, extra, says)
+    await chat_refused(shared_client, extra, says)
 
 
-async def test_tool_choice_none_leaves_the_tools_out(client: httpx.AsyncClient) -> None:
+async def test_tool_choice_none_leaves_the_tools_out(shared_client: httpx.AsyncClient) -> None:
     messages = [{"role": "user", "content": "a b"}]
     body = {"model": "chat", "messages": messages, "tools": [TOOL], "tool_choice": "none"}
-    r = await client.post("/v1/chat/completions", json=body)
+    r = await shared_client.post("/v1/chat/completions", json=body)
     assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": "a b "}
 
 
-async def test_n_choices_of_a_chat_and_of_each_prompt(client: httpx.AsyncClient) -> None:
+async def test_n_choices_of_a_chat_and_of_each_prompt(shared_client: httpx.AsyncClient) -> None:
     messages = [{"role": "user", "content": "one two"}]
     body = {"model": "chat", "messages": messages, "n": 3}
-    r = await client.post("/v1/chat/completions", json=body)
+    r = await shared_client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     choices = r.json()["choices"]
     assert [(c["index"], c["message"]["content"]) for c in choices] == [
@@ -454,26 +470,28 @@ async def test_n_choices_of_a_chat_and_of_each_prompt(client: httpx.AsyncClient)
     ]
     assert r.json()["usage"]["completion_tokens"] == 6
     # The prompt is counted once, as OpenAI and vLLM count it, not once a choice.
-    one = await client.post("/v1/chat/completions", json={**body, "n": 1})
+    one = await shared_client.post("/v1/chat/completions", json={**body, "n": 1})
     assert r.json()["usage"]["prompt_tokens"] == one.json()["usage"]["prompt_tokens"] > 0
     body = {"model": "chat", "prompt": ["a", "b c"], "n": 2}
-    r = await client.post("/v1/completions", json=body)
+    r = await shared_client.post("/v1/completions", json=body)
     texts = [(c["index"], c["text"]) for c in r.json()["choices"]]
     assert texts == [(0, "a "), (1, "a "), (2, "b c "), (3, "b c ")]
-    one = await client.post("/v1/completions", json={**body, "n": 1})
+    one = await shared_client.post("/v1/completions", json={**body, "n": 1})
     assert r.json()["usage"]["prompt_tokens"] == one.json()["usage"]["prompt_tokens"] > 0
-    r = await client.post("/v1/chat/completions", json={**body, "messages": messages, "n": 17})
+    r = await shared_client.post(
+        "/v1/chat/completions", json={**body, "messages": messages, "n": 17}
+    )
     assert r.status_code == 400
 
 
 async def test_a_streamed_chat_of_n_choices_streams_each_by_index(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     messages = [{"role": "user", "content": "one two three"}]
     body = {"model": "chat", "messages": messages, "n": 2, "stream": True}
     texts: dict[int, str] = {0: "", 1: ""}
     roles, finished = [], {}
-    async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+    async with shared_client.stream("POST", "/v1/chat/completions", json=body) as stream:
         async for line in stream.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -490,7 +508,7 @@ async def test_a_streamed_chat_of_n_choices_streams_each_by_index(
 
 
 async def test_legacy_completions_stream_each_prompts_pieces_by_index(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     body = {
         "model": "chat",
@@ -501,7 +519,7 @@ async def test_legacy_completions_stream_each_prompts_pieces_by_index(
     texts: dict[int, str] = {0: "", 1: ""}
     finished: dict[int, str] = {}
     events = []
-    async with client.stream("POST", "/v1/completions", json=body) as stream:
+    async with shared_client.stream("POST", "/v1/completions", json=body) as stream:
         assert stream.status_code == 200
         async for line in stream.aiter_lines():
             if line.startswith("data: "):
@@ -537,9 +555,9 @@ async def test_legacy_completions_stream_each_prompts_pieces_by_index(
     ],
 )
 async def test_bad_legacy_completions_say_why(
-    client: httpx.AsyncClient, body: object, status: int, says: str
+    shared_client: httpx.AsyncClient, body: object, status: int, says: str
 ) -> None:
-    r = await client.post("/v1/completions", json=body)
+    r = await shared_client.post("/v1/completions", json=body)
     assert r.status_code == status, r.text
     assert says in r.json()["error"]["message"]
 
@@ -638,16 +656,16 @@ async def test_models_residency_and_admin(client: httpx.AsyncClient) -> None:
     assert (await client.post("/admin/models/nope/load")).status_code == 404
 
 
-async def test_kserve_health_metadata_and_json_infer(client: httpx.AsyncClient) -> None:
-    assert (await client.get("/v2/health/live")).status_code == 200
-    assert (await client.get("/v2/health/ready")).status_code == 200
-    meta = (await client.get("/v2/models/embed")).json()
+async def test_kserve_health_metadata_and_json_infer(shared_client: httpx.AsyncClient) -> None:
+    assert (await shared_client.get("/v2/health/live")).status_code == 200
+    assert (await shared_client.get("/v2/health/ready")).status_code == 200
+    meta = (await shared_client.get("/v2/models/embed")).json()
     assert meta["outputs"][0]["datatype"] == "FP32"
-    assert (await client.get("/v2/models/embed/ready")).status_code == 200
-    assert (await client.get("/v2/models/embed/versions/1/ready")).status_code == 200
-    assert (await client.get("/v2/models/nope/ready")).status_code == 404
-    assert (await client.get("/v2/models/embed/versions/999/ready")).status_code == 404
-    r = await client.post(
+    assert (await shared_client.get("/v2/models/embed/ready")).status_code == 200
+    assert (await shared_client.get("/v2/models/embed/versions/1/ready")).status_code == 200
+    assert (await shared_client.get("/v2/models/nope/ready")).status_code == 404
+    assert (await shared_client.get("/v2/models/embed/versions/999/ready")).status_code == 404
+    r = await shared_client.post(
         "/v2/models/embed/infer",
         json={"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]},
     )
@@ -655,43 +673,43 @@ async def test_kserve_health_metadata_and_json_infer(client: httpx.AsyncClient) 
     out = r.json()["outputs"][0]
     assert out["shape"] == [2, FAKE_DIMS]
     np.testing.assert_allclose(out["data"][:FAKE_DIMS], fake_embedding("a"), rtol=1e-6)
-    r = await client.post("/v2/models/embed/infer", json={"inputs": []})
+    r = await shared_client.post("/v2/models/embed/infer", json={"inputs": []})
     assert r.status_code == 400
     assert isinstance(r.json()["error"], str)
     # Only the outputs asked for come back, as Triton answers.
     text = {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["a"]}
     body = {"inputs": [text], "outputs": [{"name": "SCORE"}]}
-    r = await client.post("/v2/models/intent/infer", json=body)
+    r = await shared_client.post("/v2/models/intent/infer", json=body)
     assert [o["name"] for o in r.json()["outputs"]] == ["SCORE"]
-    r = await client.post("/v2/models/intent/infer", json={"inputs": [text]})
+    r = await shared_client.post("/v2/models/intent/infer", json={"inputs": [text]})
     assert [o["name"] for o in r.json()["outputs"]] == ["LABEL", "SCORE"]
 
 
-async def test_kserve_translate_and_rerank(client: httpx.AsyncClient) -> None:
+async def test_kserve_translate_and_rerank(shared_client: httpx.AsyncClient) -> None:
     texts = {"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": ["abc", "xy"]}
-    r = await client.post("/v2/models/mt/infer", json={"inputs": [texts]})
+    r = await shared_client.post("/v2/models/mt/infer", json={"inputs": [texts]})
     assert r.status_code == 200, r.text
     assert r.json()["outputs"] == [
         {"name": "TRANSLATION", "datatype": "BYTES", "shape": [2], "data": ["cba", "yx"]}
     ]
     query = {"name": "QUERY", "datatype": "BYTES", "shape": [1], "data": ["abc"]}
-    r = await client.post("/v2/models/rerank/infer", json={"inputs": [query, texts]})
+    r = await shared_client.post("/v2/models/rerank/infer", json={"inputs": [query, texts]})
     assert r.status_code == 200, r.text
     (scores,) = r.json()["outputs"]
     assert (scores["name"], scores["shape"]) == ("SCORE", [2])
     expected = [float(fake_embedding("abc") @ fake_embedding(d)) for d in ("abc", "xy")]
     np.testing.assert_allclose(scores["data"], expected, rtol=1e-5)
-    meta = (await client.get("/v2/models/rerank")).json()
+    meta = (await shared_client.get("/v2/models/rerank")).json()
     assert [i["name"] for i in meta["inputs"]] == ["QUERY", "TEXT"]
     for inputs, says in (
         ([texts], "'QUERY' is missing"),
         ([{**query, "shape": [2], "data": ["a", "b"]}, texts], "one query"),
         ([query, {**texts, "shape": [0], "data": []}], "at least one document"),
     ):
-        r = await client.post("/v2/models/rerank/infer", json={"inputs": inputs})
+        r = await shared_client.post("/v2/models/rerank/infer", json={"inputs": inputs})
         assert r.status_code == 400, r.text
         assert says in r.json()["error"]
-    r = await client.post("/v2/models/embed/infer", json={"inputs": [query, texts]})
+    r = await shared_client.post("/v2/models/embed/infer", json={"inputs": [query, texts]})
     assert r.status_code == 400
     assert "takes one input" in r.json()["error"]
 
@@ -762,17 +780,17 @@ def tensor(name: str, texts: list[str]) -> dict[str, object]:
     ],
 )
 async def test_kserve_refuses_what_triton_and_the_http_routes_refuse(
-    client: httpx.AsyncClient, model: str, body: dict[str, object], says: str
+    shared_client: httpx.AsyncClient, model: str, body: dict[str, object], says: str
 ) -> None:
-    r = await client.post(f"/v2/models/{model}/infer", json=body)
+    r = await shared_client.post(f"/v2/models/{model}/infer", json=body)
     assert r.status_code == 400, r.text
     assert says in r.json()["error"]
 
 
-async def test_cohere_embed_in_each_embedding_type(client: httpx.AsyncClient) -> None:
+async def test_cohere_embed_in_each_embedding_type(shared_client: httpx.AsyncClient) -> None:
     kinds = ["float", "binary", "ubinary", "base64"]
     body = {"model": "embed", "texts": ["a cat", "a car"], "embedding_types": kinds}
-    r = await client.post("/v2/embed", json=body)
+    r = await shared_client.post("/v2/embed", json=body)
     assert r.status_code == 200, r.text
     embeddings = r.json()["embeddings"]
     assert set(embeddings) == set(kinds)
@@ -784,17 +802,17 @@ async def test_cohere_embed_in_each_embedding_type(client: httpx.AsyncClient) ->
     assert np.array_equal(np.array(embeddings["binary"]), unsigned - 128)
     decoded = [np.frombuffer(base64.b64decode(b), dtype="<f4") for b in embeddings["base64"]]
     assert np.array_equal(np.stack(decoded), floats)
-    r = await client.post("/v1/embed", json={**body, "embedding_types": ["uint8"]})
+    r = await shared_client.post("/v1/embed", json={**body, "embedding_types": ["uint8"]})
     assert r.status_code == 400
     assert "served are float, binary, ubinary, base64" in r.json()["error"]["message"]
 
 
 async def test_cohere_embed_output_dimension_shortens_as_openais_dimensions(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     body = {"model": "embed", "texts": ["a b", "c"], "embedding_types": ["float"]}
-    full = (await client.post("/v2/embed", json=body)).json()["embeddings"]["float"]
-    r = await client.post("/v2/embed", json={**body, "output_dimension": 4})
+    full = (await shared_client.post("/v2/embed", json=body)).json()["embeddings"]["float"]
+    r = await shared_client.post("/v2/embed", json={**body, "output_dimension": 4})
     assert r.status_code == 200, r.text
     short = np.array(r.json()["embeddings"]["float"])
     assert short.shape == (2, 4)
@@ -803,7 +821,7 @@ async def test_cohere_embed_output_dimension_shortens_as_openais_dimensions(
     if np.allclose(norms, 1.0, atol=1e-3):  # unit rows stay unit rows
         expected = expected / np.linalg.norm(expected, axis=1, keepdims=True)
     np.testing.assert_allclose(short, expected, rtol=1e-5, atol=1e-6)
-    r = await client.post("/v2/embed", json={**body, "output_dimension": FAKE_DIMS + 1})
+    r = await shared_client.post("/v2/embed", json={**body, "output_dimension": FAKE_DIMS + 1})
     assert r.status_code == 400
     assert f"embeddings have {FAKE_DIMS}" in r.json()["error"]["message"]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from builders import fake_engine
 from tessera.gateway import create_app
@@ -23,9 +24,10 @@ MODELS = {
 }
 
 
-@pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async with fake_engine(tmp_path / "repo", MODELS) as engine:
+# One engine for the module: no tenants, so a request leaves no usage behind.
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    async with fake_engine(tmp_path_factory.mktemp("deepl") / "repo", MODELS) as engine:
         transport = httpx.ASGITransport(app=create_app(engine))
         async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
             yield client

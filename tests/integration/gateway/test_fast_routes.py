@@ -192,15 +192,15 @@ def _png() -> str:
     ],
 )
 async def test_the_apps_hot_routes_answer_as_fastapi_does(
-    client: httpx.AsyncClient, engine: Engine, path: str, body: Any
+    shared_client: httpx.AsyncClient, shared_engine: Engine, path: str, body: Any
 ) -> None:
     """The same request to the app and to one without FastRoutes (FastAPI serves
     every route) gets the same answer."""
-    app = create_app(engine, max_body_bytes=64 * 1024)
+    app = create_app(shared_engine, max_body_bytes=64 * 1024)
     app.user_middleware = [m for m in app.user_middleware if m.cls is not FastRoutes]
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as plain:
-        fast = await client.post(path, json=body)
+        fast = await shared_client.post(path, json=body)
         slow = await plain.post(path, json=body)
     assert fast.status_code == slow.status_code
     assert _without_ids(fast) == _without_ids(slow)

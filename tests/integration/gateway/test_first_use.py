@@ -5,12 +5,14 @@ its content type."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+import pytest_asyncio
 import yaml
 
 from builders import fake_engine, write_fake_repository
@@ -24,21 +26,42 @@ MODELS = {
 }
 
 
-@pytest.fixture
-async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
-    root = tmp_path / "repo"
+@contextlib.asynccontextmanager
+async def served(tmp: Path) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
+    """An engine over ``MODELS`` and ``ver``, and a client of its app."""
+    root = tmp / "repo"
     # ``ver`` is served from its version folder 1 (where the fake needs no weights).
     write_fake_repository(root, {"ver": {"task": "embedding", "preload": True}})
     (root / "ver" / "1").mkdir()
     async with fake_engine(root, MODELS) as engine:
-        yield engine
+        app = create_app(engine, model_roots=[tmp])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
+            yield engine, client
 
 
 @pytest.fixture
-async def client(engine: Engine, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(engine, model_roots=[tmp_path])
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
+async def served_here(tmp_path: Path) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
+    async with served(tmp_path) as both:
+        yield both
+
+
+@pytest.fixture
+def engine(served_here: tuple[Engine, httpx.AsyncClient]) -> Engine:
+    return served_here[0]
+
+
+@pytest.fixture
+def client(served_here: tuple[Engine, httpx.AsyncClient]) -> httpx.AsyncClient:
+    return served_here[1]
+
+
+# One app for the module's requests that leave nothing behind (the bodies read).
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_client(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[httpx.AsyncClient]:
+    async with served(tmp_path_factory.mktemp("bodies")) as (_, client):
         yield client
 
 
@@ -113,15 +136,15 @@ ROUTES = [
     "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "application/json"]
 )
 async def test_a_json_body_is_read_whatever_its_content_type(
-    client: httpx.AsyncClient, path: str, body: dict[str, object], content_type: str | None
+    shared_client: httpx.AsyncClient, path: str, body: dict[str, object], content_type: str | None
 ) -> None:
     headers = {} if content_type is None else {"content-type": content_type}
-    response = await client.post(path, content=json.dumps(body).encode(), headers=headers)
+    response = await shared_client.post(path, content=json.dumps(body).encode(), headers=headers)
     assert response.status_code == 200, response.text
 
 
-async def test_a_body_that_is_not_json_is_still_refused(client: httpx.AsyncClient) -> None:
-    response = await client.post(
+async def test_a_body_that_is_not_json_is_still_refused(shared_client: httpx.AsyncClient) -> None:
+    response = await shared_client.post(
         "/v1/embeddings", content=b"model=plain&input=hi", headers={"content-type": "text/plain"}
     )
     assert response.status_code == 400, response.text

@@ -4,6 +4,7 @@ models: tritonclient's aio client, and the raw stub for what it never sends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import pytest_asyncio
 
 from harness.fake_models import fake_classify, fake_embedding
 from serverproc import free_port
@@ -26,8 +28,9 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from tessera.gateway.grpc_kserve import _headers, start_grpc  # noqa: E402
 
 
-@pytest.fixture
-async def address(engine: Engine) -> AsyncIterator[str]:
+@contextlib.asynccontextmanager
+async def grpc_server(engine: Engine) -> AsyncIterator[str]:
+    """The gRPC face of ``engine``'s app; its address."""
     app = create_app(engine, max_body_bytes=64 * 1024)
     port = free_port()
     server = await start_grpc(app, "127.0.0.1", port)
@@ -37,14 +40,27 @@ async def address(engine: Engine) -> AsyncIterator[str]:
         await server.stop(None)
 
 
+@pytest.fixture
+async def address(engine: Engine) -> AsyncIterator[str]:
+    async with grpc_server(engine) as address:
+        yield address
+
+
+# One server for the module's calls that leave nothing behind (answers, refusals).
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_address(shared_engine: Engine) -> AsyncIterator[str]:
+    async with grpc_server(shared_engine) as address:
+        yield address
+
+
 def texts_input(texts: list[str]) -> object:
     tensor = triton.InferInput("TEXT", [len(texts)], "BYTES")
     tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object))
     return tensor
 
 
-async def test_infer_answers_embeddings_and_labels_as_the_models_do(address: str) -> None:
-    async with triton.InferenceServerClient(address) as client:
+async def test_infer_answers_embeddings_and_labels_as_the_models_do(shared_address: str) -> None:
+    async with triton.InferenceServerClient(shared_address) as client:
         result = await client.infer("embed", [texts_input(["a b", "c"])], request_id="r-1")
         np.testing.assert_allclose(
             result.as_numpy("EMBEDDING"), [fake_embedding("a b"), fake_embedding("c")], rtol=1e-6
@@ -71,18 +87,20 @@ async def test_infer_answers_embeddings_and_labels_as_the_models_do(address: str
         np.testing.assert_allclose(ranked.as_numpy("SCORE"), expected, rtol=1e-5)
 
 
-async def test_texts_in_bytes_contents_are_read_as_in_raw_contents(address: str) -> None:
+async def test_texts_in_bytes_contents_are_read_as_in_raw_contents(shared_address: str) -> None:
     request = service_pb2.ModelInferRequest(model_name="embed")
     tensor = request.inputs.add(name="TEXT", datatype="BYTES", shape=[2])
     tensor.contents.bytes_contents.extend([b"a b", b"c"])
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with grpc.aio.insecure_channel(shared_address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         response = await stub.ModelInfer(request)
     vectors = np.frombuffer(response.raw_output_contents[0], dtype="<f4").reshape(2, -1)
     np.testing.assert_allclose(vectors, [fake_embedding("a b"), fake_embedding("c")], rtol=1e-6)
 
 
-async def test_raw_contents_are_for_every_input_or_none_as_triton_holds(address: str) -> None:
+async def test_raw_contents_are_for_every_input_or_none_as_triton_holds(
+    shared_address: str,
+) -> None:
     both = service_pb2.ModelInferRequest(model_name="embed")
     tensor = both.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
     tensor.contents.bytes_contents.append(b"a")
@@ -90,7 +108,7 @@ async def test_raw_contents_are_for_every_input_or_none_as_triton_holds(address:
     extra = service_pb2.ModelInferRequest(model_name="embed")
     extra.inputs.add(name="TEXT", datatype="BYTES", shape=[1])
     extra.raw_input_contents.extend([b"\x01\x00\x00\x00b", b"\x01\x00\x00\x00c"])
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with grpc.aio.insecure_channel(shared_address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         for request, says in ((both, "both contents and raw"), (extra, "2 entries for 1")):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -99,7 +117,7 @@ async def test_raw_contents_are_for_every_input_or_none_as_triton_holds(address:
             assert says in str(refused.value.details())
 
 
-async def test_image_files_in_bytes_contents_stay_bytes(address: str) -> None:
+async def test_image_files_in_bytes_contents_stay_bytes(shared_address: str) -> None:
     import io
 
     from PIL import Image
@@ -109,7 +127,7 @@ async def test_image_files_in_bytes_contents_stay_bytes(address: str) -> None:
     request = service_pb2.ModelInferRequest(model_name="ocr")
     tensor = request.inputs.add(name="IMAGE", datatype="BYTES", shape=[1])
     tensor.contents.bytes_contents.append(buffer.getvalue())
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with grpc.aio.insecure_channel(shared_address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         response = await stub.ModelInfer(request)
     assert [o.name for o in response.outputs][:2] == ["TEXT", "LINE_TEXT"]
@@ -117,13 +135,13 @@ async def test_image_files_in_bytes_contents_stay_bytes(address: str) -> None:
 
 
 async def test_a_generation_takes_numbers_and_parameters_raw_and_in_contents(
-    address: str,
+    shared_address: str,
 ) -> None:
     prompt = triton.InferInput("text_input", [1, 1], "BYTES")
     prompt.set_data_from_numpy(np.array([[b"one two three"]], dtype=object))
     tokens = triton.InferInput("max_tokens", [1, 1], "INT32")
     tokens.set_data_from_numpy(np.array([[2]], dtype=np.int32))
-    async with triton.InferenceServerClient(address) as client:
+    async with triton.InferenceServerClient(shared_address) as client:
         result = await client.infer(
             "chat",
             [prompt, tokens],
@@ -140,7 +158,7 @@ async def test_a_generation_takes_numbers_and_parameters_raw_and_in_contents(
     flag = request.inputs.add(name="exclude_input_in_output", datatype="BOOL", shape=[1])
     flag.contents.bool_contents.append(False)
     request.parameters["max_tokens"].int64_param = 5
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with grpc.aio.insecure_channel(shared_address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         response = await stub.ModelInfer(request)
         assert response.raw_output_contents[0] == b"\x07\x00\x00\x00a ba b "
@@ -159,7 +177,7 @@ def generation_inputs(prompt: str, stream: bool) -> list[object]:
     return [text, flag]
 
 
-async def test_a_stream_answers_each_request_as_it_comes(address: str) -> None:
+async def test_a_stream_answers_each_request_as_it_comes(shared_address: str) -> None:
     async def requests() -> AsyncIterator[dict[str, object]]:
         yield {
             "model_name": "chat",
@@ -178,7 +196,7 @@ async def test_a_stream_answers_each_request_as_it_comes(address: str) -> None:
 
     answers: dict[str, list[object]] = {}
     errors: list[str] = []
-    async with triton.InferenceServerClient(address) as client:
+    async with triton.InferenceServerClient(shared_address) as client:
         async for result, error in client.stream_infer(requests()):
             if error is not None:
                 errors.append(str(error.message()))
@@ -199,13 +217,13 @@ async def test_a_stream_answers_each_request_as_it_comes(address: str) -> None:
 
 
 async def test_an_empty_final_response_ends_a_streamed_generation_where_asked(
-    address: str,
+    shared_address: str,
 ) -> None:
     import tritonclient.grpc as triton_sync
 
     def generate() -> list[tuple[list[bytes], bool]]:
         got: queue.Queue[tuple[object, object]] = queue.Queue()
-        client = triton_sync.InferenceServerClient(address)
+        client = triton_sync.InferenceServerClient(shared_address)
         try:
             client.start_stream(callback=lambda result, error: got.put((result, error)))
             client.async_stream_infer(
@@ -266,9 +284,9 @@ async def test_tritonclient_loads_and_unloads_over_grpc(address: str) -> None:
     ],
 )
 async def test_errors_take_their_grpc_status_and_message(
-    address: str, model: str, status: str, says: str
+    shared_address: str, model: str, status: str, says: str
 ) -> None:
-    async with triton.InferenceServerClient(address) as client:
+    async with triton.InferenceServerClient(shared_address) as client:
         with pytest.raises(InferenceServerException) as error:
             await client.infer(model, [texts_input(["x"])])
     assert error.value.status() == status
@@ -330,8 +348,8 @@ async def test_readiness_asked_without_a_key_is_unauthenticated_not_unready(
             await server.stop(None)
 
 
-async def test_metadata_config_readiness_and_the_index(address: str) -> None:
-    async with triton.InferenceServerClient(address) as client:
+async def test_metadata_config_readiness_and_the_index(shared_address: str) -> None:
+    async with triton.InferenceServerClient(shared_address) as client:
         assert await client.is_server_live()
         metadata = await client.get_model_metadata("embed")
         assert [(t.name, t.datatype) for t in metadata.outputs] == [("EMBEDDING", "FP32")]
@@ -344,9 +362,9 @@ async def test_metadata_config_readiness_and_the_index(address: str) -> None:
 
 
 async def test_what_is_not_served_is_unimplemented(
-    address: str, caplog: pytest.LogCaptureFixture
+    shared_address: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with grpc.aio.insecure_channel(shared_address) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as error:
             await stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest())

@@ -6,11 +6,11 @@ models, with a real tenant store."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from builders import fake_engine
 from tessera.gateway import create_app
@@ -39,12 +39,14 @@ FACES: list[tuple[str, str, Any]] = [
 ]
 
 
-@pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    with TenantStore(tmp_path / "data") as store:
+# One app for the module: each request is refused before any model is asked.
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    tmp = tmp_path_factory.mktemp("hidden")
+    with TenantStore(tmp / "data") as store:
         store.add_tenant("acme", models=["embed"])
         key = store.create_key("acme").key
-        async with fake_engine(tmp_path / "repo", MODELS) as engine:
+        async with fake_engine(tmp / "repo", MODELS) as engine:
             transport = httpx.ASGITransport(app=create_app(engine, tenant_store=store))
             headers = {"authorization": f"Bearer {key}"}
             async with httpx.AsyncClient(

@@ -11,15 +11,17 @@ from collections.abc import AsyncIterator
 import httpx
 import openai
 import pytest
+import pytest_asyncio
 
 NOT_JSON = b"{not json"
 JSON = {"content-type": "application/json"}
 
 
-@pytest.fixture
-async def oai(client: httpx.AsyncClient) -> AsyncIterator[openai.AsyncOpenAI]:
+# One engine for the module (``shared_client``): every request here is refused.
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def oai(shared_client: httpx.AsyncClient) -> AsyncIterator[openai.AsyncOpenAI]:
     async with openai.AsyncOpenAI(
-        base_url="http://tessera/v1", api_key="none", http_client=client, max_retries=0
+        base_url="http://tessera/v1", api_key="none", http_client=shared_client, max_retries=0
     ) as oai:
         yield oai
 
@@ -65,9 +67,9 @@ async def test_the_openai_client_raises_bad_request_for_an_invalid_chat_request(
     ],
 )
 async def test_a_body_that_is_not_json_gets_its_apis_status_and_shape(
-    client: httpx.AsyncClient, path: str, status: int, body: object
+    shared_client: httpx.AsyncClient, path: str, status: int, body: object
 ) -> None:
-    r = await client.post(path, content=NOT_JSON, headers=JSON)
+    r = await shared_client.post(path, content=NOT_JSON, headers=JSON)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     if isinstance(body, dict):
@@ -80,7 +82,9 @@ async def test_a_body_that_is_not_json_gets_its_apis_status_and_shape(
         assert r.json()["error_type"] == "Validation"
 
 
-async def test_deepls_invalid_request_is_its_400_bad_request(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v2/translate", json={"text": ["x"], "target_lang": 5})
+async def test_deepls_invalid_request_is_its_400_bad_request(
+    shared_client: httpx.AsyncClient,
+) -> None:
+    r = await shared_client.post("/v2/translate", json={"text": ["x"], "target_lang": 5})
     assert r.status_code == 400, r.text
     assert set(r.json()) == {"message"}

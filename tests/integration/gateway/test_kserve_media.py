@@ -49,10 +49,10 @@ def files(*images: bytes) -> bytes:
 
 
 async def test_ocr_reads_image_files_in_binary_data_and_base64(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     body, headers = binary_body([("IMAGE", "BYTES", [2], files(png(40, 60), png(30, 20)))])
-    r = await client.post("/v2/models/ocr/infer", content=body, headers=headers)
+    r = await shared_client.post("/v2/models/ocr/infer", content=body, headers=headers)
     assert r.status_code == 200, r.text
     outputs = {o["name"]: o for o in r.json()["outputs"]}
     assert outputs["TEXT"]["data"] == ["60x40", "20x30"]
@@ -65,19 +65,19 @@ async def test_ocr_reads_image_files_in_binary_data_and_base64(
     image = {"name": "IMAGE", "datatype": "BYTES", "shape": [1]}
     url = "data:image/png;base64," + base64.b64encode(png(10, 12)).decode()
     body = {"inputs": [{**image, "data": [url]}], "parameters": {"mode": "line"}}
-    r = await client.post("/v2/models/ocr/infer", json=body)
+    r = await shared_client.post("/v2/models/ocr/infer", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"] == ["12x10"]
 
 
-async def test_ocr_reads_pixels(client: httpx.AsyncClient) -> None:
+async def test_ocr_reads_pixels(shared_client: httpx.AsyncClient) -> None:
     pages = np.zeros((2, 5, 7, 3), dtype=np.uint8)
     body, headers = binary_body([("IMAGE", "UINT8", [2, 5, 7, 3], pages.tobytes())])
-    r = await client.post("/v2/models/ocr/infer", content=body, headers=headers)
+    r = await shared_client.post("/v2/models/ocr/infer", content=body, headers=headers)
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"] == ["7x5", "7x5"]
     gray = {"name": "IMAGE", "datatype": "UINT8", "shape": [2, 3, 1], "data": [0] * 6}
-    r = await client.post("/v2/models/ocr/infer", json={"inputs": [gray]})
+    r = await shared_client.post("/v2/models/ocr/infer", json={"inputs": [gray]})
     assert r.json()["outputs"][0]["data"] == ["3x2"]
 
 
@@ -117,22 +117,22 @@ def test_pixels_are_taken_as_rgb_and_given_to_the_model_as_decoded_files_are() -
     ],
 )
 async def test_what_an_ocr_model_cannot_read_says_why(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
     tensor: dict[str, Any],
     parameters: dict[str, Any],
     status: int,
     says: str,
 ) -> None:
     body = {"inputs": [{"name": "IMAGE", **tensor}], "parameters": parameters}
-    r = await client.post("/v2/models/ocr/infer", json=body)
+    r = await shared_client.post("/v2/models/ocr/infer", json=body)
     assert r.status_code == status, r.text
     assert says in r.json()["error"]
 
 
-async def test_speech_answers_samples_and_their_rate(client: httpx.AsyncClient) -> None:
+async def test_speech_answers_samples_and_their_rate(shared_client: httpx.AsyncClient) -> None:
     text = {"name": "TEXT", "datatype": "BYTES", "shape": [1], "data": ["hello"]}
     body = {"inputs": [text], "parameters": {"speed": 1.5, "binary_data_output": True}}
-    r = await client.post("/v2/models/tts/infer", json=body)
+    r = await shared_client.post("/v2/models/tts/infer", json=body)
     assert r.status_code == 200, r.text
     split = int(r.headers["inference-header-content-length"])
     header = json.loads(r.content[:split])
@@ -149,15 +149,15 @@ async def test_speech_answers_samples_and_their_rate(client: httpx.AsyncClient) 
         ([text], {"speed": 9}, "speed is a number from 0.25 to 4"),
         ([text], {"voice": "x"}, "takes speed alone"),
     ):
-        r = await client.post(
+        r = await shared_client.post(
             "/v2/models/tts/infer", json={"inputs": inputs, "parameters": parameters}
         )
         assert r.status_code == 400, r.text
         assert says in r.json()["error"]
 
 
-async def test_ocr_and_speech_metadata_name_their_tensors(client: httpx.AsyncClient) -> None:
-    ocr = (await client.get("/v2/models/ocr")).json()
+async def test_ocr_and_speech_metadata_name_their_tensors(shared_client: httpx.AsyncClient) -> None:
+    ocr = (await shared_client.get("/v2/models/ocr")).json()
     assert [i["name"] for i in ocr["inputs"]] == ["IMAGE"]
     assert [o["name"] for o in ocr["outputs"]] == [
         "TEXT",
@@ -166,7 +166,7 @@ async def test_ocr_and_speech_metadata_name_their_tensors(client: httpx.AsyncCli
         "LINE_BOX",
         "LINE_IMAGE",
     ]
-    config = (await client.get("/v2/models/tts/config")).json()
+    config = (await shared_client.get("/v2/models/tts/config")).json()
     assert config["output"] == [
         {"name": "AUDIO", "data_type": "TYPE_INT16", "dims": [-1]},
         {"name": "SAMPLE_RATE", "data_type": "TYPE_INT32", "dims": [1]},

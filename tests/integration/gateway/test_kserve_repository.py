@@ -49,24 +49,24 @@ async def test_load_makes_a_model_resident_and_unload_evicts_it(
     ],
 )
 async def test_what_a_load_or_unload_cannot_take_says_why(
-    client: httpx.AsyncClient, action: str, body: object, status: int, says: str
+    shared_client: httpx.AsyncClient, action: str, body: object, status: int, says: str
 ) -> None:
-    r = await client.post(f"/v2/repository/models/mt/{action}", json=body)
+    r = await shared_client.post(f"/v2/repository/models/mt/{action}", json=body)
     assert r.status_code == status, r.text
     assert says in r.json()["error"]
 
 
 async def test_unknown_or_failing_models_are_errors_in_kserves_shape(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
-    r = await client.post("/v2/repository/models/nope/load")
+    r = await shared_client.post("/v2/repository/models/nope/load")
     assert (r.status_code, r.json()) == (404, {"error": "model 'nope' not found"})
-    r = await client.post("/v2/repository/models/nope/unload")
+    r = await shared_client.post("/v2/repository/models/nope/unload")
     assert r.status_code == 404
-    r = await client.post("/v2/repository/models/broken/load")
+    r = await shared_client.post("/v2/repository/models/broken/load")
     assert r.status_code == 503
     assert isinstance(r.json()["error"], str)
-    r = await client.post("/v2/repository/models/mt/load", content=b"{nope")
+    r = await shared_client.post("/v2/repository/models/mt/load", content=b"{nope")
     assert (r.status_code, r.json()) == (400, {"error": "the body is not valid JSON"})
 
 

@@ -5,6 +5,7 @@ version rolled back, a model registered and retired while serving."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import pytest_asyncio
 import yaml
 
 from builders import write_fake_repository
@@ -31,9 +33,10 @@ def write_version(model_dir: Path, version: int, **options: Any) -> None:
     (folder / "model.yaml").write_text(yaml.safe_dump({"options": options}))
 
 
-@pytest.fixture
-async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
-    repo = write_fake_repository(tmp_path / "repo", {"ver": {"task": "embedding"}})
+@contextlib.asynccontextmanager
+async def ver_engine(tmp: Path) -> AsyncIterator[Engine]:
+    """An engine serving version 1 of model ``ver``, in a budget of 1 MiB."""
+    repo = write_fake_repository(tmp / "repo", {"ver": {"task": "embedding"}})
     write_version(repo / "ver", 1, scale=1.0)
     engine = Engine(
         ModelRepository.from_folders([repo]),
@@ -49,6 +52,12 @@ async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
     yield engine
     await engine.close()
     assert engine.snapshot().used_bytes == 0
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
+    async with ver_engine(tmp_path) as engine:
+        yield engine
 
 
 class Load:
@@ -184,6 +193,20 @@ async def client(engine: Engine, tmp_path: Path) -> AsyncIterator[httpx.AsyncCli
         yield client
 
 
+# The refusals share one app for the module, its root the folder it may register
+# from: each leaves the engine as it found it (and checks so).
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def refusing(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[httpx.AsyncClient, Path]]:
+    root = tmp_path_factory.mktemp("refusals")
+    async with ver_engine(root) as engine:
+        app = create_app(engine, model_roots=[root])
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
+            yield client, root
+
+
 async def test_requests_name_a_version_while_the_policy_serves_two(
     engine: Engine, client: httpx.AsyncClient, tmp_path: Path
 ) -> None:
@@ -253,9 +276,10 @@ async def test_a_model_registered_while_serving_answers_at_once_and_gives_its_by
     ],
 )
 async def test_a_bad_registration_is_refused_with_its_reason(
-    client: httpx.AsyncClient, tmp_path: Path, path: str, status: int, kind: str
+    refusing: tuple[httpx.AsyncClient, Path], path: str, status: int, kind: str
 ) -> None:
-    response = await client.post("/admin/models", json={"path": path.format(root=tmp_path)})
+    client, root = refusing
+    response = await client.post("/admin/models", json={"path": path.format(root=root)})
     assert response.status_code == status
     assert response.json()["error"]["type"] == kind
 
@@ -322,9 +346,10 @@ async def test_a_model_yaml_sent_with_the_path_of_its_weights_registers_and_roll
     ],
 )
 async def test_a_bad_model_yaml_or_weights_path_is_refused_before_registering(
-    client: httpx.AsyncClient, tmp_path: Path, body: dict[str, str], kind: str
+    refusing: tuple[httpx.AsyncClient, Path], body: dict[str, str], kind: str
 ) -> None:
-    body = {key: value.format(root=tmp_path) for key, value in body.items()}
+    client, root = refusing
+    body = {key: value.format(root=root) for key, value in body.items()}
     response = await client.post("/admin/models", json=body)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["type"] == kind

@@ -18,9 +18,11 @@ from tessera.tenants import TenantStore
 
 
 async def test_embed_gives_unit_vectors_and_the_older_route_one(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
-    r = await client.post("/api/embed", json={"model": "embed:latest", "input": ["a b", "c"]})
+    r = await shared_client.post(
+        "/api/embed", json={"model": "embed:latest", "input": ["a b", "c"]}
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model"] == "embed:latest"
@@ -28,29 +30,31 @@ async def test_embed_gives_unit_vectors_and_the_older_route_one(
         body["embeddings"], [fake_embedding("a b"), fake_embedding("c")], rtol=1e-6
     )
     assert body["prompt_eval_count"] > 0
-    r = await client.post("/api/embed", json={"model": "embed", "input": "c", "dimensions": 3})
+    r = await shared_client.post(
+        "/api/embed", json={"model": "embed", "input": "c", "dimensions": 3}
+    )
     head = fake_embedding("c")[:3]
     np.testing.assert_allclose(r.json()["embeddings"], [head / np.linalg.norm(head)], rtol=1e-5)
-    r = await client.post("/api/embeddings", json={"model": "embed", "prompt": "c"})
+    r = await shared_client.post("/api/embeddings", json={"model": "embed", "prompt": "c"})
     np.testing.assert_allclose(r.json()["embedding"], fake_embedding("c"), rtol=1e-6)
     # JSON whatever the content type says, as Ollama reads it (curl -d sends a form's).
     form = {"content-type": "application/x-www-form-urlencoded"}
     raw = json.dumps({"model": "embed", "prompt": "c"})
-    r = await client.post("/api/embeddings", content=raw, headers=form)
+    r = await shared_client.post("/api/embeddings", content=raw, headers=form)
     np.testing.assert_allclose(r.json()["embedding"], fake_embedding("c"), rtol=1e-6)
 
 
-async def test_chat_whole_and_streamed(client: httpx.AsyncClient) -> None:
+async def test_chat_whole_and_streamed(shared_client: httpx.AsyncClient) -> None:
     messages = [{"role": "user", "content": "one two three"}]
     body = {"model": "chat", "messages": messages, "stream": False}
-    r = await client.post("/api/chat", json=body)
+    r = await shared_client.post("/api/chat", json=body)
     assert r.status_code == 200, r.text
     answer = r.json()
     assert answer["message"] == {"role": "assistant", "content": "one two three "}
     assert (answer["done"], answer["done_reason"]) == (True, "stop")
     assert answer["eval_count"] == 3
     # Streamed by default, as Ollama's: a JSON object a line, the last one done.
-    async with client.stream(
+    async with shared_client.stream(
         "POST", "/api/chat", json={"model": "chat", "messages": messages}
     ) as s:
         assert s.headers["content-type"] == "application/x-ndjson"
@@ -60,13 +64,13 @@ async def test_chat_whole_and_streamed(client: httpx.AsyncClient) -> None:
     assert lines[-1]["eval_count"] == 3
 
 
-async def test_generate_whole_raw_and_streamed(client: httpx.AsyncClient) -> None:
+async def test_generate_whole_raw_and_streamed(shared_client: httpx.AsyncClient) -> None:
     body = {"model": "chat", "prompt": "x y", "system": "be brief", "stream": False}
-    r = await client.post("/api/generate", json=body)
+    r = await shared_client.post("/api/generate", json=body)
     assert r.json()["response"] == "x y "  # the fake echoes the last message
-    r = await client.post("/api/generate", json={**body, "raw": True})
+    r = await shared_client.post("/api/generate", json={**body, "raw": True})
     assert r.json()["response"] == "x y "
-    async with client.stream("POST", "/api/generate", json={**body, "stream": True}) as s:
+    async with shared_client.stream("POST", "/api/generate", json={**body, "stream": True}) as s:
         lines = [json.loads(line) async for line in s.aiter_lines() if line]
     assert "".join(line["response"] for line in lines) == "x y "
     assert lines[-1]["done"]
@@ -81,9 +85,9 @@ async def test_tags_and_ps(client: httpx.AsyncClient) -> None:
     assert (await client.get("/api/version")).json()["version"]
 
 
-async def test_show_says_what_a_model_can_do(client: httpx.AsyncClient) -> None:
+async def test_show_says_what_a_model_can_do(shared_client: httpx.AsyncClient) -> None:
     async def capabilities(**body: str) -> list[str]:
-        r = await client.post("/api/show", json=body)
+        r = await shared_client.post("/api/show", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["details"]["family"]
         found: list[str] = r.json()["capabilities"]
@@ -94,10 +98,12 @@ async def test_show_says_what_a_model_can_do(client: httpx.AsyncClient) -> None:
     assert await capabilities(model="intent") == []
 
 
-async def test_pulling_a_model_served_here_succeeds_at_once(client: httpx.AsyncClient) -> None:
-    r = await client.post("/api/pull", json={"model": "embed:latest", "stream": False})
+async def test_pulling_a_model_served_here_succeeds_at_once(
+    shared_client: httpx.AsyncClient,
+) -> None:
+    r = await shared_client.post("/api/pull", json={"model": "embed:latest", "stream": False})
     assert r.json() == {"status": "success"}
-    async with client.stream("POST", "/api/pull", json={"model": "chat"}) as s:
+    async with shared_client.stream("POST", "/api/pull", json={"model": "chat"}) as s:
         lines = [json.loads(line) async for line in s.aiter_lines() if line]
     assert [line["status"] for line in lines] == ["pulling manifest", "success"]
 
@@ -205,9 +211,9 @@ async def test_only_an_admin_key_unloads_through_ollamas_api(
     ],
 )
 async def test_errors_read_as_ollamas(
-    client: httpx.AsyncClient, path: str, body: dict[str, object], status: int, says: str
+    shared_client: httpx.AsyncClient, path: str, body: dict[str, object], status: int, says: str
 ) -> None:
-    r = await client.post(path, json=body)
+    r = await shared_client.post(path, json=body)
     assert r.status_code == status, r.text
     assert list(r.json()) == ["error"]
     assert says in r.json()["error"]

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import pytest_asyncio
 from fastapi import FastAPI
 
 from tessera.engine import Engine
@@ -34,9 +35,10 @@ async def openai_client(app: FastAPI) -> AsyncIterator[openai.AsyncOpenAI]:
         yield client
 
 
-@pytest.fixture
-async def oai(engine: Engine) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with openai_client(create_app(engine)) as client:
+# One app for the module: without a response store a request leaves nothing behind.
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def oai(shared_engine: Engine) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with openai_client(create_app(shared_engine)) as client:
         yield client
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import pytest_asyncio
 
 from builders import fake_engine
 from harness.fake_models import FAKE_DIMS, fake_embedding
@@ -16,63 +16,65 @@ from tessera.repository import default_repository_path, read_spec
 from tessera.runtimes.tokens import tokenizer_file
 
 
-async def test_embed_a_text_or_a_list_normalized_or_not(client: httpx.AsyncClient) -> None:
-    r = await client.post("/tei/embed/embed", json={"inputs": "a b"})
+async def test_embed_a_text_or_a_list_normalized_or_not(shared_client: httpx.AsyncClient) -> None:
+    r = await shared_client.post("/tei/embed/embed", json={"inputs": "a b"})
     assert r.status_code == 200, r.text
     np.testing.assert_allclose(r.json(), [fake_embedding("a b")], rtol=1e-6)
-    r = await client.post("/tei/embed/embed", json={"inputs": ["a", "b"], "normalize": False})
+    r = await shared_client.post(
+        "/tei/embed/embed", json={"inputs": ["a", "b"], "normalize": False}
+    )
     np.testing.assert_allclose(r.json(), [fake_embedding("a"), fake_embedding("b")], rtol=1e-6)
-    r = await client.post("/tei/embed/embed", json={"inputs": "c", "dimensions": 3})
+    r = await shared_client.post("/tei/embed/embed", json={"inputs": "c", "dimensions": 3})
     head = fake_embedding("c")[:3]
     np.testing.assert_allclose(r.json(), [head / np.linalg.norm(head)], rtol=1e-5)
-    r = await client.post("/tei/embed/embed", json={"inputs": "c", "truncate": True})
+    r = await shared_client.post("/tei/embed/embed", json={"inputs": "c", "truncate": True})
     assert np.asarray(r.json()).shape == (1, FAKE_DIMS)
 
 
 async def test_rerank_gives_each_texts_index_and_score_best_first(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     texts = ["a", "b", "c"]
     body = {"query": "q", "texts": texts, "return_text": True}
-    r = await client.post("/tei/rerank/rerank", json=body)
+    r = await shared_client.post("/tei/rerank/rerank", json=body)
     assert r.status_code == 200, r.text
     ranks = r.json()
     expected = [float(fake_embedding("q") @ fake_embedding(t)) for t in texts]
     assert sorted(rank["index"] for rank in ranks) == [0, 1, 2]
     assert [rank["score"] for rank in ranks] == sorted(expected, reverse=True)
     assert all(rank["text"] == texts[rank["index"]] for rank in ranks)
-    r = await client.post("/tei/rerank/rerank", json={"query": "q", "texts": texts})
+    r = await shared_client.post("/tei/rerank/rerank", json={"query": "q", "texts": texts})
     assert all("text" not in rank for rank in r.json())
 
 
-async def test_predict_a_text_or_a_batch(client: httpx.AsyncClient) -> None:
-    r = await client.post("/tei/intent/predict", json={"inputs": "hello"})
+async def test_predict_a_text_or_a_batch(shared_client: httpx.AsyncClient) -> None:
+    r = await shared_client.post("/tei/intent/predict", json={"inputs": "hello"})
     assert r.status_code == 200, r.text
     assert r.json() == [{"score": 0.9, "label": "label-2"}, {"score": 0.1, "label": "other"}]
-    r = await client.post("/tei/intent/predict", json={"inputs": [["hello"], ["hey"]]})
+    r = await shared_client.post("/tei/intent/predict", json={"inputs": [["hello"], ["hey"]]})
     assert [labels[0]["label"] for labels in r.json()] == ["label-2", "label-0"]
-    r = await client.post("/tei/intent/predict", json={"inputs": ["hello"]})
+    r = await shared_client.post("/tei/intent/predict", json={"inputs": ["hello"]})
     assert r.json()[0]["label"] == "label-2"  # one text in a list: one input, as TEI reads it
 
 
-async def test_the_root_route_is_the_models_tasks(client: httpx.AsyncClient) -> None:
-    r = await client.post("/tei/embed", json={"inputs": "a b"})
+async def test_the_root_route_is_the_models_tasks(shared_client: httpx.AsyncClient) -> None:
+    r = await shared_client.post("/tei/embed", json={"inputs": "a b"})
     np.testing.assert_allclose(r.json(), [fake_embedding("a b")], rtol=1e-6)
-    r = await client.post("/tei/rerank/", json={"query": "q", "texts": ["a"]})
+    r = await shared_client.post("/tei/rerank/", json={"query": "q", "texts": ["a"]})
     assert r.json()[0]["index"] == 0
-    r = await client.post("/tei/intent/invocations", json={"inputs": "hello"})
+    r = await shared_client.post("/tei/intent/invocations", json={"inputs": "hello"})
     assert r.json()[0]["label"] == "label-2"
 
 
-async def test_info_and_health(client: httpx.AsyncClient) -> None:
-    r = await client.get("/tei/embed/info")
+async def test_info_and_health(shared_client: httpx.AsyncClient) -> None:
+    r = await shared_client.get("/tei/embed/info")
     assert r.status_code == 200, r.text
     info = r.json()
     assert info["model_id"] == "embed"
     assert "embedding" in info["model_type"]
     assert info["max_client_batch_size"] >= 1
-    assert "reranker" in (await client.get("/tei/rerank/info")).json()["model_type"]
-    assert (await client.get("/tei/intent/health")).status_code == 200
+    assert "reranker" in (await shared_client.get("/tei/rerank/info")).json()["model_type"]
+    assert (await shared_client.get("/tei/intent/health")).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -100,14 +102,14 @@ async def test_info_and_health(client: httpx.AsyncClient) -> None:
     ],
 )
 async def test_errors_read_as_teis(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
     method: str,
     path: str,
     body: object,
     status: int,
     says: str,
 ) -> None:
-    r = await client.request(method, path, json=body)
+    r = await shared_client.request(method, path, json=body)
     assert r.status_code == status, r.text
     error = r.json()
     assert set(error) == {"error", "error_type"}
@@ -115,13 +117,16 @@ async def test_errors_read_as_teis(
     assert error["error_type"] == "Validation"
 
 
-@pytest.fixture
-async def minilm_client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    """The app over a fake embedding model reading MiniLM's ``tokenizer.json``."""
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def minilm_client(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The app over a fake embedding model reading MiniLM's ``tokenizer.json``
+    (one for the module: tokenizing and decoding leave nothing behind)."""
     path = tokenizer_file(read_spec(default_repository_path() / "all-minilm-l6-v2"))
     assert path is not None
     models = {"tok": {"task": "embedding", "options": {"tokenizer": str(path.parent)}}}
-    async with fake_engine(tmp_path / "repo", models) as engine:
+    async with fake_engine(tmp_path_factory.mktemp("tok") / "repo", models) as engine:
         transport = httpx.ASGITransport(app=create_app(engine))
         async with httpx.AsyncClient(transport=transport, base_url="http://tessera") as client:
             yield client
@@ -158,7 +163,7 @@ async def test_decode_as_tei_does(minilm_client: httpx.AsyncClient) -> None:
     assert r.json()["error_type"] == "Validation"
 
 
-async def test_a_model_without_a_tokenizer_says_so(client: httpx.AsyncClient) -> None:
-    r = await client.post("/tei/embed/tokenize", json={"inputs": "a"})
+async def test_a_model_without_a_tokenizer_says_so(shared_client: httpx.AsyncClient) -> None:
+    r = await shared_client.post("/tei/embed/tokenize", json={"inputs": "a"})
     assert r.status_code == 422
     assert "no tokenizer.json" in r.json()["error"]

@@ -6,10 +6,10 @@ over a fake model."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from builders import fake_engine
 from tessera.gateway import create_app
@@ -22,9 +22,11 @@ ROUTES = [
 ]
 
 
-@pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    async with fake_engine(tmp_path / "repo", {"embed": {"task": "embedding"}}) as engine:
+# One engine for the module: every request here is answered alone.
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[httpx.AsyncClient]:
+    root = tmp_path_factory.mktemp("timeout") / "repo"
+    async with fake_engine(root, {"embed": {"task": "embedding"}}) as engine:
         transport = httpx.ASGITransport(app=create_app(engine))
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             yield client

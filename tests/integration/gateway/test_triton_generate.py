@@ -22,9 +22,11 @@ async def streamed(client: httpx.AsyncClient, body: dict[str, Any]) -> list[dict
         return events([line async for line in stream.aiter_lines()])
 
 
-async def test_generate_answers_the_text_with_its_parameters(client: httpx.AsyncClient) -> None:
+async def test_generate_answers_the_text_with_its_parameters(
+    shared_client: httpx.AsyncClient,
+) -> None:
     body = {"text_input": "one two three", "parameters": {"stream": False, "temperature": 0}}
-    r = await client.post("/v2/models/chat/generate", json=body)
+    r = await shared_client.post("/v2/models/chat/generate", json=body)
     assert r.status_code == 200, r.text
     assert r.json() == {"model_name": "chat", "model_version": "1", "text_output": "one two three "}
     # TensorRT-LLM's form: parameters beside the prompt, empty word lists; the
@@ -43,7 +45,7 @@ async def test_generate_answers_the_text_with_its_parameters(client: httpx.Async
             "random_seed": 3,
         },
     }
-    r = await client.post("/v2/models/chat/versions/1/generate", json=body)
+    r = await shared_client.post("/v2/models/chat/versions/1/generate", json=body)
     assert r.status_code == 200, r.text
     assert r.json() == {
         "model_name": "chat",
@@ -72,39 +74,41 @@ async def test_generate_answers_the_text_with_its_parameters(client: httpx.Async
     ],
 )
 async def test_bad_generate_requests_say_why_in_kserves_shape(
-    client: httpx.AsyncClient, body: object, status: int, says: str
+    shared_client: httpx.AsyncClient, body: object, status: int, says: str
 ) -> None:
-    r = await client.post("/v2/models/chat/generate", json=body)
+    r = await shared_client.post("/v2/models/chat/generate", json=body)
     assert r.status_code == status, r.text
     assert says in r.json()["error"]
 
 
-async def test_generate_refuses_what_it_cannot_serve(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v2/models/chat/generate", content=b"{not json")
+async def test_generate_refuses_what_it_cannot_serve(shared_client: httpx.AsyncClient) -> None:
+    r = await shared_client.post("/v2/models/chat/generate", content=b"{not json")
     assert (r.status_code, r.json()) == (400, {"error": "the body is not valid JSON"})
-    r = await client.post("/v2/models/embed/generate", json={"text_input": "a"})
+    r = await shared_client.post("/v2/models/embed/generate", json={"text_input": "a"})
     assert r.status_code == 400
     assert "does embedding, not generate" in r.json()["error"]
-    r = await client.post("/v2/models/nope/generate", json={"text_input": "a"})
+    r = await shared_client.post("/v2/models/nope/generate", json={"text_input": "a"})
     assert r.status_code == 404
     assert isinstance(r.json()["error"], str)
 
 
-async def test_generate_stream_sends_pieces_as_they_come(client: httpx.AsyncClient) -> None:
+async def test_generate_stream_sends_pieces_as_they_come(shared_client: httpx.AsyncClient) -> None:
     parameters = {"stream": True, "return_num_output_tokens": True}
-    sent = await streamed(client, {"text_input": "a b c", "parameters": parameters})
+    sent = await streamed(shared_client, {"text_input": "a b c", "parameters": parameters})
     assert [event["text_output"] for event in sent] == ["a ", "b ", "c ", ""]
     assert sent[-1]["num_output_tokens"] == 3
     assert all(event["model_name"] == "chat" for event in sent)
     # The prompt first where it is not excluded; nothing after the text without extras.
     parameters = {"stream": True, "exclude_input_in_output": False}
-    sent = await streamed(client, {"text_input": "x y", "parameters": parameters})
+    sent = await streamed(shared_client, {"text_input": "x y", "parameters": parameters})
     assert [event["text_output"] for event in sent] == ["x y", "x ", "y "]
     # Without stream: the whole text in one event, as Triton's backends answer.
-    sent = await streamed(client, {"text_input": "x y"})
+    sent = await streamed(shared_client, {"text_input": "x y"})
     assert [event["text_output"] for event in sent] == ["x y "]
     # A request refused before it runs is an HTTP error, not an event.
-    r = await client.post("/v2/models/chat/generate_stream", json={"text_input": "a", "top_k": 3})
+    r = await shared_client.post(
+        "/v2/models/chat/generate_stream", json={"text_input": "a", "top_k": 3}
+    )
     assert r.status_code == 400
     assert "top-k" in r.json()["error"]
 
@@ -113,7 +117,9 @@ def tensor(name: str, datatype: str, shape: list[int], data: list[Any]) -> dict[
     return {"name": name, "datatype": datatype, "shape": shape, "data": data}
 
 
-async def test_infer_generates_text_output_in_text_inputs_shape(client: httpx.AsyncClient) -> None:
+async def test_infer_generates_text_output_in_text_inputs_shape(
+    shared_client: httpx.AsyncClient,
+) -> None:
     body = {
         "inputs": [
             tensor("text_input", "BYTES", [2, 1], [["one two"], ["three"]]),
@@ -124,7 +130,7 @@ async def test_infer_generates_text_output_in_text_inputs_shape(client: httpx.As
         "parameters": {"top_p": 0.9, "priority": 1},  # priority: Triton's own, not sampling
         "outputs": [{"name": "text_output"}, {"name": "num_output_tokens"}],
     }
-    r = await client.post("/v2/models/chat/infer", json=body)
+    r = await shared_client.post("/v2/models/chat/infer", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["outputs"] == [
         tensor("text_output", "BYTES", [2, 1], ["one two ", "three "]),
@@ -132,15 +138,15 @@ async def test_infer_generates_text_output_in_text_inputs_shape(client: httpx.As
     ]
     # Without outputs named: the text alone, unless a return_ flag asks for more.
     body = {"inputs": [tensor("text_input", "BYTES", [1], ["hi"])]}
-    r = await client.post("/v2/models/chat/infer", json=body)
+    r = await shared_client.post("/v2/models/chat/infer", json=body)
     assert [o["name"] for o in r.json()["outputs"]] == ["text_output"]
     body["inputs"].append(tensor("return_finish_reason", "BOOL", [1], [True]))
-    r = await client.post("/v2/models/chat/infer", json=body)
+    r = await shared_client.post("/v2/models/chat/infer", json=body)
     assert r.json()["outputs"][1] == tensor("finish_reason", "BYTES", [1], ["stop"])
 
 
 async def test_infer_streams_a_generation_to_a_caller_that_accepts_events(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     body = {
         "id": "r7",
@@ -151,7 +157,9 @@ async def test_infer_streams_a_generation_to_a_caller_that_accepts_events(
         ],
     }
     accept = {"accept": "text/event-stream"}
-    async with client.stream("POST", "/v2/models/chat/infer", json=body, headers=accept) as r:
+    async with shared_client.stream(
+        "POST", "/v2/models/chat/infer", json=body, headers=accept
+    ) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         sent = events([line async for line in r.aiter_lines()])
     assert [(e["id"], e["outputs"], e["parameters"]) for e in sent] == [
@@ -165,12 +173,12 @@ async def test_infer_streams_a_generation_to_a_caller_that_accepts_events(
     ]
     # Not streamed where it cannot be: two prompts, or a caller without the header.
     two = {"inputs": [tensor("text_input", "BYTES", [2], ["a", "b"]), *body["inputs"][1:]]}
-    r = await client.post("/v2/models/chat/infer", json=two, headers=accept)
+    r = await shared_client.post("/v2/models/chat/infer", json=two, headers=accept)
     assert (r.status_code, r.json()["error"]) == (
         400,
         "a streamed generation takes one prompt, not 2",
     )
-    r = await client.post("/v2/models/chat/infer", json=body)
+    r = await shared_client.post("/v2/models/chat/infer", json=body)
     assert r.status_code == 400
     assert "infer answers once" in r.json()["error"]
 
@@ -186,18 +194,18 @@ async def test_infer_streams_a_generation_to_a_caller_that_accepts_events(
     ],
 )
 async def test_bad_generation_infer_requests_say_why(
-    client: httpx.AsyncClient, extra: dict[str, Any], says: str
+    shared_client: httpx.AsyncClient, extra: dict[str, Any], says: str
 ) -> None:
     body = {"inputs": [tensor("text_input", "BYTES", [1], ["hi"]), extra]}
-    r = await client.post("/v2/models/chat/infer", json=body)
+    r = await shared_client.post("/v2/models/chat/infer", json=body)
     assert r.status_code == 400, r.text
     assert says in r.json()["error"]
 
 
 async def test_a_generate_models_metadata_and_config_name_its_tensors(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
-    meta = (await client.get("/v2/models/chat")).json()
+    meta = (await shared_client.get("/v2/models/chat")).json()
     assert meta["inputs"][0] == {"name": "text_input", "datatype": "BYTES", "shape": [-1]}
     assert {"max_tokens", "temperature", "sampling_parameters"} <= {
         i["name"] for i in meta["inputs"]
@@ -208,7 +216,7 @@ async def test_a_generate_models_metadata_and_config_name_its_tensors(
         "num_input_tokens",
         "num_output_tokens",
     ]
-    config = (await client.get("/v2/models/chat/config")).json()
+    config = (await shared_client.get("/v2/models/chat/config")).json()
     assert config["input"][0] == {"name": "text_input", "data_type": "TYPE_STRING", "dims": [-1]}
     assert {"name": "max_tokens", "data_type": "TYPE_INT32", "dims": [1], "optional": True} in (
         config["input"]

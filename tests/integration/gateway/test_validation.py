@@ -72,9 +72,9 @@ def nested(depth: int) -> object:
     ],
 )
 async def test_malformed_kserve_bodies_are_4xx_json(
-    client: httpx.AsyncClient, body: bytes, says: str
+    shared_client: httpx.AsyncClient, body: bytes, says: str
 ) -> None:
-    r = await client.post(INFER, content=body)
+    r = await shared_client.post(INFER, content=body)
     assert 400 <= r.status_code < 500, r.text
     assert says in r.json()["error"]
 
@@ -92,7 +92,7 @@ async def test_malformed_kserve_bodies_are_4xx_json(
     ],
 )
 async def test_malformed_binary_tensors_are_4xx_json(
-    client: httpx.AsyncClient, size: object, header_length: str | None, says: str
+    shared_client: httpx.AsyncClient, size: object, header_length: str | None, says: str
 ) -> None:
     tensor = {
         "name": "TEXT",
@@ -103,7 +103,7 @@ async def test_malformed_binary_tensors_are_4xx_json(
     head = json.dumps({"inputs": [tensor]}).encode()
     blob = struct.pack("<I", 1) + b"a"
     length = str(len(head)) if header_length is None else header_length
-    r = await client.post(
+    r = await shared_client.post(
         INFER, content=head + blob, headers={"inference-header-content-length": length}
     )
     assert 400 <= r.status_code < 500, r.text
@@ -111,9 +111,9 @@ async def test_malformed_binary_tensors_are_4xx_json(
 
 
 async def test_a_well_formed_kserve_body_nested_by_its_shape_is_served(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
-    r = await client.post(INFER, json=bytes_input([["a", "b"], ["c", "d"]], [2, 2]))
+    r = await shared_client.post(INFER, json=bytes_input([["a", "b"], ["c", "d"]], [2, 2]))
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["shape"][0] == 4
 
@@ -139,10 +139,12 @@ SURROGATE = '"a\\ud800b"'
     ],
 )
 async def test_a_lone_surrogate_in_a_text_is_refused_before_the_model(
-    client: httpx.AsyncClient, path: str, body: str, status: int
+    shared_client: httpx.AsyncClient, path: str, body: str, status: int
 ) -> None:
     content = body.replace("$S", SURROGATE).encode()
-    r = await client.post(path, content=content, headers={"content-type": "application/json"})
+    r = await shared_client.post(
+        path, content=content, headers={"content-type": "application/json"}
+    )
     assert r.status_code == status, r.text
     assert "surrogate" in r.text
 
@@ -165,19 +167,21 @@ def png_header(width: int, height: int) -> bytes:
 
 @pytest.mark.parametrize(("width", "height"), [(7000, 7000), (100_000, 100_000), (2**31 - 1, 2)])
 async def test_decompression_bombs_are_refused_from_the_header(
-    client: httpx.AsyncClient, width: int, height: int
+    shared_client: httpx.AsyncClient, width: int, height: int
 ) -> None:
     bomb = png_header(width, height)
-    r = await client.post("/v1/ocr", files={"file": ("bomb.png", bomb)}, data={"model": "ocr"})
+    r = await shared_client.post(
+        "/v1/ocr", files={"file": ("bomb.png", bomb)}, data={"model": "ocr"}
+    )
     assert r.status_code == 413, r.text
     assert "40,000,000 pixels" in r.json()["error"]["message"]
     image = base64.b64encode(bomb).decode()
-    r = await client.post("/v1/ocr", json={"model": "ocr", "image": image})
+    r = await shared_client.post("/v1/ocr", json={"model": "ocr", "image": image})
     assert r.status_code == 413, r.text
 
 
 async def test_a_decompression_bomb_in_a_chat_image_url_is_refused_from_the_header(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     url = "data:image/png;base64," + base64.b64encode(png_header(100_000, 100_000)).decode()
     content = [
@@ -185,21 +189,21 @@ async def test_a_decompression_bomb_in_a_chat_image_url_is_refused_from_the_head
         {"type": "image_url", "image_url": {"url": url}},
     ]
     body = {"model": "chat", "messages": [{"role": "user", "content": content}]}
-    r = await client.post("/v1/chat/completions", json=body)
+    r = await shared_client.post("/v1/chat/completions", json=body)
     assert r.status_code == 413, r.text
     assert "40,000,000 pixels" in r.json()["error"]["message"]
 
 
-async def test_a_base64_image_over_the_body_limit_is_413(client: httpx.AsyncClient) -> None:
+async def test_a_base64_image_over_the_body_limit_is_413(shared_client: httpx.AsyncClient) -> None:
     image = base64.b64encode(b"\0" * 100_000).decode()
-    r = await client.post("/v1/ocr", json={"model": "ocr", "image": image})
+    r = await shared_client.post("/v1/ocr", json={"model": "ocr", "image": image})
     assert r.status_code == 413
     assert "bytes" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(("width", "height"), [(5000, 1), (3, 3000), (8000, 10)])
 async def test_an_image_too_thin_for_rapidocrs_resize_is_400(
-    client: httpx.AsyncClient, width: int, height: int
+    shared_client: httpx.AsyncClient, width: int, height: int
 ) -> None:
     # Brought to 2,000 pixels on its long side, its short side rounds to 0
     # multiples of 32: rapidocr raised ResizeImgError, a 500.
@@ -209,32 +213,34 @@ async def test_an_image_too_thin_for_rapidocrs_resize_is_400(
     Image.new("RGB", (width, height), "white").save(buffer, format="PNG")
     image = base64.b64encode(buffer.getvalue()).decode()
     for mode in ("page", "line"):
-        r = await client.post("/v1/ocr", json={"model": "ocr", "image": image, "mode": mode})
+        r = await shared_client.post("/v1/ocr", json={"model": "ocr", "image": image, "mode": mode})
         assert r.status_code == 400, r.text
         assert f"{width} x {height} pixels" in r.json()["error"]["message"]
 
 
 async def test_ocr_json_bodies_nested_deeply_or_of_the_wrong_shape_are_4xx(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     over_limit = b"[" * 50_000 + b"]" * 50_000
     deep = b"[" * 3000 + b"]" * 3000  # within the body limit, past the JSON parser's depth
     for body in (over_limit, deep, b'{"model": "ocr", "image": 5}', b"[]", b'"x"'):
-        r = await client.post("/v1/ocr", content=body, headers={"content-type": "application/json"})
+        r = await shared_client.post(
+            "/v1/ocr", content=body, headers={"content-type": "application/json"}
+        )
         assert 400 <= r.status_code < 500, r.text
         assert r.json()["error"]["message"]
     fields = {"model": "ocr", "fields": deep.decode()}
-    r = await client.post("/v1/ocr", files={"file": ("page.png", b"x")}, data=fields)
+    r = await shared_client.post("/v1/ocr", files={"file": ("page.png", b"x")}, data=fields)
     assert r.status_code == 400, r.text
     assert "'fields' must be JSON" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
 async def test_compressed_bodies_are_refused_with_415(
-    client: httpx.AsyncClient, encoding: str
+    shared_client: httpx.AsyncClient, encoding: str
 ) -> None:
     body = zlib.compress(json.dumps({"model": "embed", "input": "x"}).encode())
-    r = await client.post(
+    r = await shared_client.post(
         "/v1/embeddings",
         content=body,
         headers={"content-type": "application/json", "content-encoding": encoding},
@@ -265,11 +271,11 @@ async def test_a_request_whose_activations_could_never_fit_is_413_not_503(
 
 
 async def test_a_long_text_is_served_and_charged_to_its_window(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     # The window is 512 tokens by default: a text of about 10,000 tokens is
     # truncated to it, served, and charged (and counted in usage) as 512.
-    r = await client.post("/v1/embeddings", json={"model": "embed", "input": "word " * 8000})
+    r = await shared_client.post("/v1/embeddings", json={"model": "embed", "input": "word " * 8000})
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == 512
 
@@ -400,30 +406,30 @@ def kserve_images(pages: list[bytes]) -> dict[str, object]:
 
 
 async def test_twelve_big_pages_in_one_request_are_413_from_their_headers(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     # Each page's header says 6,300 x 6,300 and its data is empty: decoding
     # any of them would fail (415), so the 413 shows none was decoded.
     pages = [png_header(6300, 6300)] * 12
-    r = await client.post("/v2/models/ocr/infer", json=kserve_images(pages))
+    r = await shared_client.post("/v2/models/ocr/infer", json=kserve_images(pages))
     assert r.status_code == 413, r.text
     message = r.json()["error"]
     assert f"12 images of {TWELVE_BIG_PAGES:,} pixels in all" in message
     assert "at most 120,000,000 pixels (max_request_pixels)" in message
     # Three such pages are within the bound: queued undecoded (the fake model
     # reads their shape alone, the real one decodes each as its page runs).
-    r = await client.post("/v2/models/ocr/infer", json=kserve_images(pages[:3]))
+    r = await shared_client.post("/v2/models/ocr/infer", json=kserve_images(pages[:3]))
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"] == ["6300x6300"] * 3
 
 
 async def test_a_chat_with_more_images_than_a_request_may_carry_is_413(
-    client: httpx.AsyncClient,
+    shared_client: httpx.AsyncClient,
 ) -> None:
     url = "data:image/png;base64," + base64.b64encode(png_header(8, 8)).decode()
     content = [{"type": "image_url", "image_url": {"url": url}}] * 65
     body = {"model": "chat", "messages": [{"role": "user", "content": content}]}
-    r = await client.post("/v1/chat/completions", json=body)
+    r = await shared_client.post("/v1/chat/completions", json=body)
     assert r.status_code == 413, r.text
     assert (
         "65 images in one request; at most 64 (max_request_pages)" in r.json()["error"]["message"]
