@@ -61,9 +61,10 @@ from .lifecycle import (
     served_versions,
     spec_for_task,
 )
+from .loops import ModelLoops
 from .snapshot import device_stats, model_stats
 from .startup import start_models
-from .step import ModelLoops, StepPolicies
+from .step import StepPolicies
 from .types import Caller, EngineConfig, PreloadProgress, RequestTrace, Submission
 
 
@@ -129,7 +130,7 @@ class Engine:
         policies = StepPolicies(
             self._residency, self._executor, self._stats, self.clock, self._device.kind, self.costs
         )
-        self._loops = ModelLoops(config, policies)
+        self._loops = ModelLoops(config, policies, self._host.stage_key)
         served: dict[str, ServedModel] = {}
         for name in repository.names():
             versions = repository.versions(name)
@@ -229,6 +230,7 @@ class Engine:
             self._residency,
             held,
             self._host,
+            self._loops.queue_depths()[spec.key],
             current=_is_current(self._lifecycle.served, spec),
         )
 
@@ -272,6 +274,7 @@ class Engine:
         self.costs.held({m.name: m.bytes for m in residency.models}, self.clock.now())
         runtimes = runtime_totals()
         since = batches_since or {}
+        queues = self._loops.queue_depths()
         versions = self._lifecycle.staged_versions()
         for served in self._lifecycle.served.values():
             versions.update(served.specs)
@@ -299,6 +302,7 @@ class Engine:
                     self._residency,
                     held,
                     self._host,
+                    queues[key],
                     current=_is_current(self._lifecycle.served, spec),
                     batches_since=since.get(key, 0),
                 )
