@@ -216,12 +216,13 @@ class EncoderHeadLoader:
         except (OSError, ValueError) as e:
             raise ModelUnavailableError(spec.name, f"cannot read its head: {e}") from e
         key, encoder = acquire_encoder(ctx, self._encoder_path(spec), spec)
-        if encoder.dim != head.weight.shape[1]:
+        dims = encoder.dim
+        if dims != head.weight.shape[1]:
             ctx.shared.release(key)
             raise ModelUnavailableError(
                 spec.name,
                 f"its head takes vectors of {head.weight.shape[1]} dimensions,"
-                f" its encoder makes {encoder.dim}",
+                f" its encoder makes {dims}",
             )
         model = EncoderHeadModel(ctx.shared, key, encoder, options, head)
         model.take_ids_ahead(spec)
