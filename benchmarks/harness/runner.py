@@ -35,6 +35,7 @@ from harness.deploy import (
 )
 from harness.driver import Driver
 from harness.figures import Cost, percentile_ms, step_figures, within_capacity
+from harness.heads import HeadSet, ensure_heads
 from harness.machine import machine_info
 from harness.perturbed import bench_models_dir, ensure_models
 from harness.probes import (
@@ -311,9 +312,13 @@ def run_scenario(scenario: Scenario, work: Path, only: set[str] | None = None) -
     }
     slices: dict[str, int] | None = None
     start = time.perf_counter()
-    if scenario.generated is not None:
-        made = ensure_models(scenario.generated, bench_models_dir())
-        log(f"{scenario.generated.count} models in {made} ({time.perf_counter() - start:.0f} s)")
+    generated = scenario.generated
+    if generated is not None:
+        if isinstance(generated, HeadSet):
+            made = ensure_heads(generated, bench_models_dir())
+        else:
+            made = ensure_models(generated, bench_models_dir())
+        log(f"{generated.count} models in {made} ({time.perf_counter() - start:.0f} s)")
     for configuration in scenario.configurations:
         if only is not None and configuration.name not in only:
             continue
