@@ -312,6 +312,8 @@ class Engine:
             rollouts_total=self._lifecycle.rollout_counts(),
             stacked_rounds_total=runtimes.stacked_rounds,
             stacked_batches_total=runtimes.stacked_batches,
+            encoder_batches_total=sum(g.num_batches for g in self._loops.groups()),
+            encoder_rows_total=sum(g.num_rows for g in self._loops.groups()),
             admission_degraded=self._admission.degraded,
             tenant_costs=tuple(
                 TenantCost(tenant, model, cost.device_s, cost.byte_s)

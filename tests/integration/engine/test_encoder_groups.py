@@ -49,6 +49,7 @@ async def test_one_request_each_to_four_models_runs_as_one_batch_each_row_throug
             assert output.labels[0].label == model  # its own head answered it
             assert trace.batch_size == 4  # the batch held every model's request
         stats = engine.snapshot()
+        assert (stats.encoder_batches_total, stats.encoder_rows_total) == (1, 4)
         for model in HEADS:
             model_stats = stats.model(model)
             assert model_stats is not None
@@ -61,6 +62,7 @@ async def test_with_encoder_batching_off_each_model_batches_alone(tmp_path: Path
 
         assert [trace.batch_size for _, trace in answers] == [1, 1, 1, 1]
         assert [output.labels[0].label for output, _ in answers] == list(HEADS)
+        assert engine.snapshot().encoder_batches_total == 0
 
 
 async def test_a_model_alone_in_its_group_batches_on_its_own_queue(tmp_path: Path) -> None:
