@@ -22,6 +22,7 @@ Nothing outside ``engine/`` reaches into its parts.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -52,7 +53,7 @@ from tessera.runtimes.base import ModelLoader
 from tessera.tasks.types import Task
 
 from .executor import ComputeExecutor, default_workers
-from .host import EngineHost, runtime_totals
+from .host import EngineHost, runtime_totals, stage_key
 from .intake import RequestIntake
 from .lifecycle import (
     ModelLifecycle,
@@ -130,7 +131,7 @@ class Engine:
         policies = StepPolicies(
             self._residency, self._executor, self._stats, self.clock, self._device.kind, self.costs
         )
-        self._loops = ModelLoops(config, policies, self._host.stage_key)
+        self._loops = ModelLoops(config, policies, functools.partial(stage_key, self._host))
         served: dict[str, ServedModel] = {}
         for name in repository.names():
             versions = repository.versions(name)

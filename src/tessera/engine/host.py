@@ -183,23 +183,6 @@ class EngineHost:
             self._apart[key] = loader if isinstance(loader, ItemsApart) else None
         return self._apart[key]
 
-    def stage_key(self, spec: ModelSpec) -> str | None:
-        """The stage key of ``spec``'s model where its loader says one before
-        it loads (a head model's, ``runtimes/heads.py``): encoder batching's
-        group (``engine/groups.py``). None for any other model, one isolated
-        in a process of its own, and one whose files are not there (its load
-        says why). Only the loaders of built-in adapters that make head models
-        and those of the config's own adapters are asked: asking imports them."""
-        if spec.isolation != "inline" or spec.adapter in NOT_STAGED:
-            return None
-        try:
-            staged = getattr(self.loader(spec), "stage_key", None)
-            key = staged(spec, self.device) if callable(staged) else None
-        except (TesseraError, OSError, ValueError) as e:
-            log.info("%s batches its encoder on its own: %s", spec.key, e)
-            return None
-        return key if isinstance(key, str) else None
-
     def estimate(self, spec: ModelSpec) -> Footprint:
         loader = self.loader(spec)
         total = loader.estimate_bytes(spec)
@@ -455,6 +438,24 @@ class EngineHost:
         PINNED_POOL.clear()
         collect_all()
         self._empty_device_cache()
+
+
+def stage_key(host: EngineHost, spec: ModelSpec) -> str | None:
+    """The stage key of ``spec``'s model where its loader says one before
+    it loads (a head model's, ``runtimes/heads.py``): encoder batching's
+    group (``engine/groups.py``). None for any other model, one isolated in
+    a process of its own, and one whose files are not there (its load says
+    why). Only the loaders of built-in adapters that make head models and
+    those of the config's own adapters are asked: asking imports them."""
+    if spec.isolation != "inline" or spec.adapter in NOT_STAGED:
+        return None
+    try:
+        staged = getattr(host.loader(spec), "stage_key", None)
+        key = staged(spec, host.device) if callable(staged) else None
+    except (TesseraError, OSError, ValueError) as e:
+        log.info("%s batches its encoder on its own: %s", spec.key, e)
+        return None
+    return key if isinstance(key, str) else None
 
 
 def _unmeasured(fn: Callable[[], Any]) -> Measured:

@@ -5,7 +5,7 @@ A version's requests queue on its own loop's batcher, or on its encoder
 group's where the group takes them (``EncoderGroup.takes``: two members or
 more, the version not held behind the one it replaces). A version joins a
 group when it is added, by the stage key its loader says
-(``EngineHost.stage_key``); with ``encoder_batching`` off no version does.
+(``host.stage_key``); with ``encoder_batching`` off no version does.
 The members of a group share its run-time predictor: a member's own batches
 and the group's run the same encoder.
 
@@ -28,7 +28,7 @@ from .groups import EncoderGroup
 from .step import ModelLoop, StepPolicies
 from .types import EngineConfig
 
-# A version's stage key, or None (``EngineHost.stage_key``).
+# A version's stage key, or None (``host.stage_key``).
 StageOf = Callable[[ModelSpec], str | None]
 
 
