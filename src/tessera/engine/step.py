@@ -20,6 +20,11 @@ waits for its deadline because its batch failed); a version whose
 predecessor still has requests (``ModelLoops.hold``) starts no batch until
 they are answered; the loop runs in a context of its own, not that of the
 request that started it (whose id would mark every later batch's log lines).
+
+An encoder group's loop (``groups.py``) runs batches of several head models'
+requests the same way, and hands each model's rows to that model's loop:
+``answer`` (its counters, sinks, costs and callers), or ``run`` and
+``recover`` for the rows that could not run with the others.
 """
 
 from __future__ import annotations
