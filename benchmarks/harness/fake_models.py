@@ -50,6 +50,11 @@ Its descriptor's ``options`` set what it reports and does::
                              # CUDA's copy stream each way
       copy_calls: 0          # calls each such copy (of more than 0 s) makes first that
                              # hand the interpreter lock over: a copy in 4 MiB pieces
+      stage: enc             # a head model (runtimes.base.EncoderHead) of stage key
+                             # "fake-stage:enc": its first stage the fake embeddings
+                             # (run_s, unit_s, fail_on as a batch's), its head a label
+                             # named after the model, scored by the vector
+      fail_head: false       # its head raises on rows of texts holding HEAD_POISON
 
 ``run`` answers each item with an output of its task's type derived from the
 item alone (an embedding seeded by the text, a translation that is the text
@@ -116,6 +121,8 @@ def harness_pythonpath(environ: Mapping[str, str] = os.environ) -> str:
 
 
 FAKE_DIMS = 8
+# A text whose row a fake head of ``fail_head`` raises on (``FakeHeadModel``).
+HEAD_POISON = "poison-head"
 
 
 def _text_of(item: object) -> str:
@@ -412,6 +419,9 @@ class FakeLoader:
     def alone_units(self, spec: ModelSpec, item: object) -> float | None:
         return work_units(item, spec.inputs) if spec.options.get("items_alone") else None
 
+    def stage_key(self, spec: ModelSpec, device: object = None) -> str | None:
+        return fake_stage_key(spec)
+
     def load(self, spec: ModelSpec, ctx: LoadContext) -> FakeModel:
         load_s = float(spec.options.get("load_s", 0.0))
         if load_s:
@@ -423,10 +433,60 @@ class FakeLoader:
 
 def make_fake_model(spec: ModelSpec, ctx: LoadContext | None = None) -> FakeModel:
     """The fake model of ``spec``: one that can wait in the host tier if its
-    options say ``host_tier``."""
+    options say ``host_tier``, a head model if they say ``stage``."""
     if spec.options.get("host_tier"):
         return FakeOffloadingModel(spec, ctx)
+    if spec.options.get("stage"):
+        return FakeHeadModel(spec, ctx)
     return FakeModel(spec, ctx)
+
+
+def fake_stage_key(spec: ModelSpec) -> str | None:
+    """The stage key of a fake head model (option ``stage``), else None."""
+    stage = spec.options.get("stage")
+    return f"fake-stage:{stage}" if stage else None
+
+
+class FakeHeadModel(FakeModel):
+    """A fake head model (``runtimes.base.EncoderHead``, option ``stage``):
+    its first stage's rows are the fake embeddings of the texts and a last
+    column, 1 for a text holding ``HEAD_POISON``; its head answers each row
+    with one label, the model's name, scored by the row (and raises on a
+    poisoned row where the options say ``fail_head``)."""
+
+    @property
+    def stage_key(self) -> str:
+        key = fake_stage_key(self.spec)
+        assert key is not None  # made only for a spec with a stage
+        return key
+
+    def vectors(self, items: Sequence[Any]) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """The first stage of ``items``, as a fake batch runs (its time, its failures)."""
+        options = self.spec.options
+        with self._lock:
+            self.num_batches += 1
+        units = sum(work_units(item, self.spec.inputs) for item in items)
+        run_s = float(options.get("run_s", 0.0)) + float(options.get("unit_s", 0.0)) * units
+        if run_s:
+            time.sleep(run_s)
+        marker = options.get("fail_on")
+        if marker and any(marker in _text_of(item) for item in items):
+            raise RuntimeError(f"fake model failure on an input holding {marker!r}")
+        texts = [_text_of(item) for item in items]
+        poisoned = np.array([[float(HEAD_POISON in t)] for t in texts], dtype=np.float32)
+        return np.hstack([np.stack([fake_embedding(t) for t in texts]), poisoned])
+
+    def head(self, vectors: np.ndarray[Any, np.dtype[np.float32]]) -> list[Any]:
+        if self.spec.options.get("fail_head") and vectors[:, -1].any():
+            raise RuntimeError(f"fake head failure of {self.spec.name}")
+        return [
+            ClassifyOutput((LabelScore(self.spec.name, float(abs(row[0]))),)) for row in vectors
+        ]
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        if not items:
+            return []
+        return self.head(self.vectors(items))
 
 
 def _nan_like(output: Any) -> Any:

@@ -15,7 +15,9 @@ process (one ``--model-id`` and ``--served-model-name`` each); LitServe runs one
 LitAPI per name, each on its own route with its own workers.
 
 Ray Serve serves many distinct models (``model_dir/NAME`` each) by model
-multiplexing: replicas that load models on demand, routed by a header.
+multiplexing: replicas that load models on demand, routed by a header; and
+(``rayserve-heads``) many classifier heads over one encoder, as whole models
+multiplexed or as an encoder deployment behind a multiplexed ingress.
 """
 
 from __future__ import annotations
@@ -425,6 +427,58 @@ class RayServePeer(Peer):
                 shutil.rmtree(_ray_temp(port), ignore_errors=True)
 
 
+class RayServeHeadsPeer(RayServePeer):
+    """Ray Serve 2.60 serving classifier heads over one encoder (a head set,
+    ``harness.heads``), as its configuration's ``args`` say: ``--mode
+    whole`` (each head a whole model, encoder and head, multiplexed: ``--replicas
+    R --models-per-replica M``) or ``--mode expert`` (the encoder once, batched
+    with ``@serve.batch``, behind an ingress that multiplexes the heads);
+    ``benchmarks/peers/rayserve_heads.py``. Each answer is the head's best
+    labels, as tessera's ``encoder-head`` answers."""
+
+    def venv(self, peers_dir: Path) -> Path:
+        """Ray Serve's venv (``scripts/bench-peers.sh rayserve``)."""
+        return peers_dir / "rayserve"
+
+    def command(self, run: Launch) -> list[str]:
+        return [
+            *self._script(run.peers_dir, "rayserve_heads.py"),
+            *self._common(run),
+            *["--ray-port", str(free_port()), "--temp-dir", str(_ray_temp(run.port))],
+            *["--events", str(self.load_events(run.work, run.port)), *run.args],
+        ]
+
+    def settings(self, models: list[str], threads: int) -> dict[str, object]:
+        return {
+            "peer": self.name,
+            "models": len(models),
+            "torch_threads_total": threads,
+            "batching": "whole: none (@serve.batch does not group by model); expert: "
+            f"@serve.batch on the encoder, max_batch_size {MAX_BATCH}, {DELAY_MS:g} ms",
+            "layout": "whole: one deployment, @serve.multiplexed encoder+head per model; "
+            "expert: an encoder deployment behind an ingress multiplexing the heads",
+        }
+
+    def embed_call(self, model: str, text: str) -> tuple[str, dict[str, Any]]:
+        return "/classify", {"input": text}
+
+    def embedding(self, body: bytes) -> list[float] | None:
+        return None  # it answers labels, not vectors (``embed_ok``)
+
+    def embed_ok(self, status: int, body: bytes) -> bool:
+        """200 and a list of labels, each with a numeric score."""
+        answer = _json(body)
+        labels = answer.get("labels") if isinstance(answer, dict) else None
+        if status != 200 or not isinstance(labels, list) or not labels:
+            return False
+        return all(
+            isinstance(x, dict)
+            and isinstance(x.get("label"), str)
+            and isinstance(x.get("score"), (int, float))
+            for x in labels
+        )
+
+
 def _ray_temp(port: int) -> Path:
     """Ray's session folder: short, as its Unix sockets' paths must be."""
     return Path(tempfile.gettempdir()) / f"tessera-ray-{port}"
@@ -461,4 +515,6 @@ PEERS: dict[str, Peer] = {
     "infinity": InfinityPeer("infinity", "infinity-emb", process_per_worker=False),
     "litserve": LitServePeer("litserve", "litserve", process_per_worker=True),
     "rayserve": RayServePeer("rayserve", "ray", process_per_worker=False),
+    # The same venv as rayserve's (``venv``): another script over it.
+    "rayserve-heads": RayServeHeadsPeer("rayserve-heads", "ray", process_per_worker=False),
 }

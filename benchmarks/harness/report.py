@@ -318,6 +318,20 @@ def _swap_rows(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _encoder_rows(results: dict[str, Any]) -> list[list[str]]:
+    """Each tessera step's batches through a shared encoder (encoder batching)."""
+    rows = []
+    for name, outcome in results["configurations"].items():
+        for step in outcome.get("steps", []):
+            encoder = step.get("encoder_batches") or {}
+            if encoder.get("batches"):
+                rows.append([
+                    name, step_label(results, step), str(encoder["batches"]),
+                    str(encoder["rows"]), _fmt(encoder["rows_per_batch"], 2),
+                ])  # fmt: skip
+    return rows
+
+
 def _step_rows(results: dict[str, Any]) -> list[list[str]]:
     rows = []
     for name, outcome in results["configurations"].items():
@@ -465,6 +479,17 @@ def render(results: dict[str, Any], plots: list[Path]) -> str:
                    "files p99 ms", "host p50 ms", "host p99 ms", "host tier MiB"], swaps),
             "",
         ]  # fmt: skip
+    encoder = _encoder_rows(results)
+    if encoder:
+        lines += [
+            "## Encoder batches",
+            "",
+            "Batches tessera ran through a shared encoder for several head models' requests"
+            " (encoder batching), their items, and the items a batch.",
+            "",
+            table(["configuration", "step", "batches", "items", "items a batch"], encoder),
+            "",
+        ]
     per = [
         "configuration",
         "step",

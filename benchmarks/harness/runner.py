@@ -35,6 +35,7 @@ from harness.deploy import (
 )
 from harness.driver import Driver
 from harness.figures import Cost, percentile_ms, step_figures, within_capacity
+from harness.heads import HeadSet, ensure_heads
 from harness.machine import machine_info
 from harness.perturbed import bench_models_dir, ensure_models
 from harness.probes import (
@@ -163,6 +164,20 @@ def swap_figures(
     }
 
 
+def encoder_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Batches tessera ran through a shared encoder for several head models'
+    requests in a step (encoder batching), their items, and the items a
+    batch; from each server's residency before and after."""
+    batches = rows = 0
+    for server, now in after.items():
+        then = before.get(server, {})
+        batches += int(now.get("encoder_batches_total", 0)) - int(
+            then.get("encoder_batches_total", 0)
+        )
+        rows += int(now.get("encoder_rows_total", 0)) - int(then.get("encoder_rows_total", 0))
+    return {"batches": batches, "rows": rows, "rows_per_batch": rows / batches if batches else None}
+
+
 async def run_step(
     deployment: Deployment,
     scenario: Scenario,
@@ -213,6 +228,8 @@ async def run_step(
     figures["popularity"] = step.popularity
     servers_after = {} if deployment.kind == "peer" else await _residency_by_server(deployment)
     figures["swaps"] = swap_figures(deployment, servers_before, servers_after, events_before)
+    if deployment.kind != "peer":
+        figures["encoder_batches"] = encoder_figures(servers_before, servers_after)
     figures["batch_size_histogram"] = histogram_delta(before, await _histograms(deployment))
     figures["peak_used_bytes"] = peaks
     if ledgers:
@@ -311,9 +328,13 @@ def run_scenario(scenario: Scenario, work: Path, only: set[str] | None = None) -
     }
     slices: dict[str, int] | None = None
     start = time.perf_counter()
-    if scenario.generated is not None:
-        made = ensure_models(scenario.generated, bench_models_dir())
-        log(f"{scenario.generated.count} models in {made} ({time.perf_counter() - start:.0f} s)")
+    generated = scenario.generated
+    if generated is not None:
+        if isinstance(generated, HeadSet):
+            made = ensure_heads(generated, bench_models_dir())
+        else:
+            made = ensure_models(generated, bench_models_dir())
+        log(f"{generated.count} models in {made} ({time.perf_counter() - start:.0f} s)")
     for configuration in scenario.configurations:
         if only is not None and configuration.name not in only:
             continue

@@ -35,6 +35,9 @@ Generated models stand in for ``models``: ``generated_models: {from:
 all-minilm-l6-v2, count: 100, noise: 1.0e-3, prefix: minilm}`` serves
 ``minilm-000`` to ``minilm-099``, each the packaged model with its weights
 perturbed (``harness.perturbed``), with ``latency_target_ms`` on their cards.
+With ``heads: true`` they are classifier heads over the packaged model's
+encoder instead (``encoder-head`` cards, ``harness.heads``): ``generated_models:
+{from: all-minilm-l6-v2, count: 1000, heads: true, prefix: head}``.
 ``prime: true`` sends one request to each model in turn, least popular first,
 before a configuration's first step (what loads them is not measured).
 
@@ -53,6 +56,7 @@ from typing import Any
 
 import yaml
 
+from harness.heads import HeadSet
 from harness.perturbed import ModelSet
 
 KINDS = ("tessera", "fifo", "static", "dedicated", "raw", "peer")
@@ -61,7 +65,7 @@ _SCENARIO_KEYS = {
     "duration_s", "warmup_requests", "sweep", "tenants", "configurations", "server_args",
     "generated_models", "latency_target_ms", "rates", "prime",
 }  # fmt: skip
-_GENERATED_KEYS = {"from", "count", "noise", "prefix"}
+_GENERATED_KEYS = {"from", "count", "noise", "prefix", "heads"}
 _TENANT_KEYS = {
     "name", "tier", "rate", "concurrency", "inputs", "requests", "models", "background", "count",
     "words", "max_tokens",
@@ -153,7 +157,8 @@ class Scenario:
     sweep: tuple[int, ...] = ()
     server_args: tuple[str, ...] = ()
     path: Path | None = None
-    generated: ModelSet | None = None  # the models, where made from a packaged one
+    # The models, where made from a packaged one: perturbed copies, or heads over it.
+    generated: ModelSet | HeadSet | None = None
     popularities: tuple[float | None, ...] = ()  # each in turn; else (zipf,)
     rates: tuple[float, ...] = ()
     prime: bool = False
@@ -294,7 +299,7 @@ def _zipf(raw: Any) -> float | None:
     raise ScenarioError(f"a popularity is uniform or {{zipf: S}}, not {raw!r}")
 
 
-def _generated(raw: Any, target: Any) -> ModelSet | None:
+def _generated(raw: Any, target: Any) -> ModelSet | HeadSet | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or "from" not in raw or "count" not in raw:
@@ -303,6 +308,14 @@ def _generated(raw: Any, target: Any) -> ModelSet | None:
     count = raw["count"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise ScenarioError("generated_models: count must be a whole number, 1 or more")
+    latency_target_ms = None if target is None else float(target)
+    if raw.get("heads", False) not in (True, False):
+        raise ScenarioError("generated_models: heads must be true or false")
+    if raw.get("heads"):
+        if "noise" in raw:
+            raise ScenarioError("generated_models: heads are drawn, not perturbed (no noise)")
+        prefix = str(raw.get("prefix", "head"))
+        return HeadSet(str(raw["from"]), count, prefix, latency_target_ms)
     return ModelSet(
         base=str(raw["from"]),
         count=count,

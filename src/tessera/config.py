@@ -41,6 +41,9 @@ A config file may hold any of::
                                  # a quantum each, run as long work, and a tenant with nothing
                                  # running steps past a model's busy slots; false: requests
                                  # run whole, one batch each (up to max_batch_size items)
+    encoder_batching: true       # requests of head models over one shared encoder batch
+                                 # together through it, each row then through its own
+                                 # head; false: every model batches alone
     long_batch_ms: 500           # batches predicted this long are long work (null: none is)
     gil_switch_interval_ms: null # the engine process's interpreter switch interval
                                  # (sys.setswitchinterval); null: Python's 5 ms
@@ -258,6 +261,7 @@ _ENGINE_KEYS = {
     "scheduling",
     "long_work",
     "fair_parts",
+    "encoder_batching",
     "fill",
     "engine_commands",
     "trusted_pickle_dirs",
@@ -368,6 +372,10 @@ def build_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> Serv
         raise ConfigError(f"fill must be true, false or null, got {engine_values['fill']!r}")
     if engine_values.get("fair_parts", True) not in (True, False):
         raise ConfigError(f"fair_parts must be true or false, got {engine_values['fair_parts']!r}")
+    if engine_values.get("encoder_batching", True) not in (True, False):
+        raise ConfigError(
+            f"encoder_batching must be true or false, got {engine_values['encoder_batching']!r}"
+        )
     if engine_values.get("long_work", "steps") not in LONG_WORK_MODES:
         raise ConfigError(f"long_work must be one of {', '.join(LONG_WORK_MODES)}")
     for key, field_name in _MS_KEYS.items():

@@ -116,6 +116,9 @@ class QueuedRequest:
     # more items than a batch): throughput work, which the executor runs as
     # long work, so that short batches step past it.
     bulk: bool = False
+    # The served version it was queued for (a key): a batch of an encoder
+    # group holds several models' requests (``engine/groups.py``).
+    model: str = ""
 
     @property
     def gone(self) -> bool:

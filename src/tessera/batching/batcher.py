@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from tessera.batching.queue import FifoQueue, RequestQueue
@@ -95,10 +96,17 @@ class ModelBatcher:
         self._batch_s: float | None = None  # moving average of batch run times
         self.num_batches = 0
         self.num_dropped = 0
+        # Of those dropped, how many of each model (``QueuedRequest.model``):
+        # an encoder group's queue holds several models' requests.
+        self.dropped_by_model: Counter[str] = Counter()
 
     @property
     def depth(self) -> int:
         return len(self._queue)
+
+    def depth_by_model(self) -> Counter[str]:
+        """The requests waiting, by model (a pass over the queue)."""
+        return Counter(request.model for request in self._queue)
 
     def submit(self, request: QueuedRequest, *, counted: bool = True) -> None:
         """Queue a request; ``OverloadedError`` if the queue is full: it holds
@@ -233,6 +241,7 @@ class ModelBatcher:
         now = self._clock.now()
         for request in self._queue.remove_if(lambda r: r.gone or r.expired(now)):
             self.num_dropped += 1
+            self.dropped_by_model[request.model] += 1
             if not request.gone:
                 request.future.set_exception(
                     DeadlineExceededError(

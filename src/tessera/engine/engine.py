@@ -22,6 +22,7 @@ Nothing outside ``engine/`` reaches into its parts.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -52,7 +53,7 @@ from tessera.runtimes.base import ModelLoader
 from tessera.tasks.types import Task
 
 from .executor import ComputeExecutor, default_workers
-from .host import EngineHost, runtime_totals
+from .host import EngineHost, runtime_totals, stage_key
 from .intake import RequestIntake
 from .lifecycle import (
     ModelLifecycle,
@@ -61,9 +62,10 @@ from .lifecycle import (
     served_versions,
     spec_for_task,
 )
+from .loops import ModelLoops
 from .snapshot import device_stats, model_stats
 from .startup import start_models
-from .step import ModelLoops, StepPolicies
+from .step import StepPolicies
 from .types import Caller, EngineConfig, PreloadProgress, RequestTrace, Submission
 
 
@@ -129,7 +131,7 @@ class Engine:
         policies = StepPolicies(
             self._residency, self._executor, self._stats, self.clock, self._device.kind, self.costs
         )
-        self._loops = ModelLoops(config, policies)
+        self._loops = ModelLoops(config, policies, functools.partial(stage_key, self._host))
         served: dict[str, ServedModel] = {}
         for name in repository.names():
             versions = repository.versions(name)
@@ -229,6 +231,7 @@ class Engine:
             self._residency,
             held,
             self._host,
+            self._loops.queue_depths()[spec.key],
             current=_is_current(self._lifecycle.served, spec),
         )
 
@@ -272,6 +275,7 @@ class Engine:
         self.costs.held({m.name: m.bytes for m in residency.models}, self.clock.now())
         runtimes = runtime_totals()
         since = batches_since or {}
+        queues = self._loops.queue_depths()
         versions = self._lifecycle.staged_versions()
         for served in self._lifecycle.served.values():
             versions.update(served.specs)
@@ -299,6 +303,7 @@ class Engine:
                     self._residency,
                     held,
                     self._host,
+                    queues[key],
                     current=_is_current(self._lifecycle.served, spec),
                     batches_since=since.get(key, 0),
                 )
@@ -308,6 +313,8 @@ class Engine:
             rollouts_total=self._lifecycle.rollout_counts(),
             stacked_rounds_total=runtimes.stacked_rounds,
             stacked_batches_total=runtimes.stacked_batches,
+            encoder_batches_total=sum(g.num_batches for g in self._loops.groups()),
+            encoder_rows_total=sum(g.num_rows for g in self._loops.groups()),
             admission_degraded=self._admission.degraded,
             tenant_costs=tuple(
                 TenantCost(tenant, model, cost.device_s, cost.byte_s)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.device import Device
-from tessera.errors import ModelUnavailableError
+from tessera.errors import ModelUnavailableError, TesseraError
 from tessera.footprint import Footprint
 from tessera.metrics import NullSink, StatsSink
 from tessera.repository.spec import ModelSpec
@@ -46,7 +46,7 @@ from tessera.runtimes.base import (
 from tessera.runtimes.hostcopy import PINNED_POOL
 from tessera.runtimes.isolated import IsolatedLoader
 from tessera.runtimes.memory import Measured, collect_all, freeze_heap
-from tessera.runtimes.registry import get_loader
+from tessera.runtimes.registry import NOT_STAGED, get_loader
 from tessera.runtimes.stacking import stacked_totals
 from tessera.tasks.finiteness import check_finite
 from tessera.tasks.samples import warmup_items
@@ -438,6 +438,24 @@ class EngineHost:
         PINNED_POOL.clear()
         collect_all()
         self._empty_device_cache()
+
+
+def stage_key(host: EngineHost, spec: ModelSpec) -> str | None:
+    """The stage key of ``spec``'s model where its loader says one before
+    it loads (a head model's, ``runtimes/heads.py``): encoder batching's
+    group (``engine/groups.py``). None for any other model, one isolated in
+    a process of its own, and one whose files are not there (its load says
+    why). Only the loaders of built-in adapters that make head models and
+    those of the config's own adapters are asked: asking imports them."""
+    if spec.isolation != "inline" or spec.adapter in NOT_STAGED:
+        return None
+    try:
+        staged = getattr(host.loader(spec), "stage_key", None)
+        key = staged(spec, host.device) if callable(staged) else None
+    except (TesseraError, OSError, ValueError) as e:
+        log.info("%s batches its encoder on its own: %s", spec.key, e)
+        return None
+    return key if isinstance(key, str) else None
 
 
 def _unmeasured(fn: Callable[[], Any]) -> Measured:

@@ -34,7 +34,8 @@ from tessera.runtimes.tokens import TokenCounter, token_counter
 from tessera.tasks.types import cut_to_window, request_units, work_units
 
 from .host import EngineHost
-from .step import ModelLoop, ModelLoops
+from .loops import ModelLoops
+from .step import ModelLoop
 from .types import Caller, EngineConfig, RequestTrace, Submission
 
 # The most of a part's run its batch's fixed cost may be (``_part_units``).
@@ -282,6 +283,7 @@ class RequestIntake:
             deadline=deadline,
             apart_units=apart_units,
             alone_units=alone_units,
+            model=spec.key,
             **who,
         )
 
@@ -289,8 +291,7 @@ class RequestIntake:
         """Queue ``request``; a request's parts after its first are not held to
         the queue's count (``max_queue`` bounds requests, whatever their parts)."""
         loop = self._loops[spec.key]
-        loop.batcher.submit(request, counted=counted)
-        loop.start()
+        self._loops.submit(loop, request, counted=counted)
         self._pending.add(request)
         loop.pending.add(request)
         request.future.add_done_callback(functools.partial(self._forget, loop, request))

@@ -23,7 +23,7 @@ Design notes (the invariants the tests check):
 ``ModelLifecycle`` is the engine's collaborator for all of this: it owns the
 served versions (the engine reads them), and reaches the rest through a few
 calls: residency (register, keep, load, retire), the versions' loops (add,
-hold, release, remove: ``step.ModelLoops``) and the request path (a smoke
+hold, release, remove: ``loops.ModelLoops``) and the request path (a smoke
 request is submitted and waited for as any other).
 """
 
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from tessera.residency import ResidencyManager
 
     from .host import EngineHost
-    from .step import ModelLoops
+    from .loops import ModelLoops
     from .types import Caller, RequestTrace, Submission
 
 log = logging.getLogger(__name__)

@@ -36,12 +36,15 @@ def model_stats(
     residency: ResidencyManager,
     held_by_key: Mapping[str, ModelResidency],
     host: EngineHost,
+    queue: tuple[int, int],
     *,
     current: bool,
     batches_since: int = 0,
 ) -> ModelStats:
-    """Version ``spec``'s stats: residency's, its loop's counters and queue,
-    and the batches it ran after its ``batches_since``-th."""
+    """Version ``spec``'s stats: residency's, its loop's counters, its
+    ``queue`` (requests waiting and dropped, on its own queue and its encoder
+    group's: ``ModelLoops.queue_depths``), and the batches it ran after its
+    ``batches_since``-th."""
     key = spec.key
     held = held_by_key[key]  # every served version is registered with residency
     counters = loop.counters
@@ -69,12 +72,12 @@ def model_stats(
         evictions=held.evictions,
         pins=held.pins,
         error=held.error,
-        queue_depth=loop.batcher.depth,
+        queue_depth=queue[0],
         num_requests=counters.num_requests,
         num_items=counters.num_items,
         num_batches=counters.num_batches,
         num_failures=counters.num_failures,
-        num_dropped=loop.batcher.num_dropped,
+        num_dropped=queue[1],
         recent_batches=counters.batches_since(batches_since),
         model=spec.name,
         version=spec.version_label,

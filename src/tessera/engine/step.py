@@ -20,6 +20,11 @@ waits for its deadline because its batch failed); a version whose
 predecessor still has requests (``ModelLoops.hold``) starts no batch until
 they are answered; the loop runs in a context of its own, not that of the
 request that started it (whose id would mark every later batch's log lines).
+
+An encoder group's loop (``groups.py``) runs batches of several head models'
+requests the same way, and hands each model's rows to that model's loop:
+``answer`` (its counters, sinks, costs and callers), or ``run`` and
+``recover`` for the rows that could not run with the others.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tessera.batching import ModelBatcher, make_queue
+from tessera.batching import ModelBatcher
 from tessera.clock import Clock
 from tessera.costs import CostLedger
 from tessera.errors import InferenceError, ModelUnavailableError, OverloadedError, TesseraError
@@ -50,7 +55,6 @@ from tessera.tasks.types import ChatOutput
 from .counters import ModelCounters
 from .executor import BatchRun, ComputeExecutor
 from .host import UNMEASURED_RUNTIMES
-from .types import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -124,27 +128,38 @@ class ModelLoop:
             step.add_done_callback(self._steps.discard)
 
     async def _step(self, batch: Batch) -> None:
-        """Plan ``batch`` into parts, execute each and report its outcome."""
+        """Run ``batch`` (``run``), then give its slot back."""
         try:
             if self.gate is not None:  # a new version: its predecessor answers first
                 await self.gate.wait()
-            try:
-                plan = self.policies.residency.plan_batch(self.spec, batch.requests)
-            except Exception as e:  # answered, not left to wait for their deadlines
-                log.error(
-                    "no plan for a batch of model %s: %s: %s", self.spec.key, type(e).__name__, e
-                )
-                whole = BatchPart(tuple(batch.requests), 0.0, 0, 0.0)
-                self._fail(whole, InferenceError(f"model {self.spec.key!r} failed"))
-                return
-            for part, following in _with_following(plan):
-                outcome = await self._execute(part, following)
-                if outcome.run is not None:
-                    self._report(batch.formed_at, part, outcome.run)
-                elif outcome.error is not None:
-                    await self._recover(batch.formed_at, part, outcome.error)
+            await self.run(batch.formed_at, batch.requests)
         finally:
             self.batcher.finished(batch)
+
+    async def run(self, formed_at: float, requests: list[QueuedRequest]) -> None:
+        """Plan ``requests`` (a batch formed at ``formed_at``) into parts,
+        execute each and report its outcome: each request answered or failed."""
+        try:
+            plan = self.policies.residency.plan_batch(self.spec, requests)
+        except Exception as e:  # answered, not left to wait for their deadlines
+            log.error("no plan for a batch of model %s: %s: %s", self.spec.key, type(e).__name__, e)
+            whole = BatchPart(tuple(requests), 0.0, 0, 0.0)
+            self._fail(whole, InferenceError(f"model {self.spec.key!r} failed"))
+            return
+        for part, following in _with_following(plan):
+            outcome = await self._execute(part, following)
+            if outcome.run is not None:
+                self._report(formed_at, part, outcome.run)
+            elif outcome.error is not None:
+                await self._recover(formed_at, part, outcome.error)
+
+    async def recover(
+        self, formed_at: float, requests: list[QueuedRequest], cause: BaseException
+    ) -> None:
+        """Answer ``requests``, whose run on this model raised ``cause``, as a
+        failed part of its own batch is (``_recover``): retried in halves."""
+        for part in self.policies.residency.plan_batch(self.spec, requests):
+            await self._recover(formed_at, part, _RunFailed(cause))
 
     async def _execute(self, part: BatchPart, following: BatchPart | None = None) -> PartOutcome:
         """Lease the model and run ``part`` on it. ``following``: the next part
@@ -229,36 +244,55 @@ class ModelLoop:
                 self._fail(half, _caller_error(self.spec, half, half_error))
 
     def _report(self, formed_at: float, part: BatchPart, run: BatchRun) -> None:
-        """Hand a part's run to the policies that learn from it, the counters
-        and the sinks, and answer its callers."""
-        key = self.spec.key
-        num_items = len(run.outputs)
+        """Hand a part's run to the policies that learn from it, then count
+        it and answer its callers (``answer``)."""
         if run.peak_bytes is not None and self.spec.runtime not in UNMEASURED_RUNTIMES:
-            self.policies.residency.observe_batch(key, run.peak_bytes, part.peak_units)
+            self.policies.residency.observe_batch(self.spec.key, run.peak_bytes, part.peak_units)
         self.predictor.observe(part.units, run.run_s)
+        self.answer(formed_at, list(part.requests), run.outputs, run.run_s, run)
+
+    def answer(
+        self,
+        formed_at: float,
+        requests: list[QueuedRequest],
+        outputs: list[Any],
+        device_s: float,
+        run: BatchRun,
+    ) -> None:
+        """Count ``requests``' share of a batch that ran (``run``: this
+        model's, or an encoder group's, ``engine/groups.py``) in the counters
+        and the sinks, split ``device_s`` of its time among them by their units
+        (the cost ledger), settle each one's charge, and answer each with its
+        ``outputs`` (theirs, in order)."""
+        key = self.spec.key
+        num_items = len(outputs)
         self.counters.batch_ran(num_items, run.run_s)
         self.policies.stats.on_batch(key, num_items, run.run_s)
         units, start = [], 0
-        for request in part.requests:
-            units.append(_units_run(request, run.outputs[start : start + len(request.items)]))
+        for request in requests:
+            units.append(_units_run(request, outputs[start : start + len(request.items)]))
             start += len(request.items)
         shares = self.policies.costs.batch_ran(
             key,
-            run.run_s,
-            [(r.tenant, u) for r, u in zip(part.requests, units, strict=True)],
+            device_s,
+            [(r.tenant, u) for r, u in zip(requests, units, strict=True)],
             self.policies.clock.now(),
         )
-        start = 0
-        for request, charged, device_s in zip(part.requests, units, shares, strict=True):
+        start, batch_size = 0, len(run.outputs)
+        for request, charged, share_s in zip(requests, units, shares, strict=True):
             end = start + len(request.items)
-            request.charge.device_s += device_s
+            request.charge.device_s += share_s
             request.charge.settle(charged)
             if not request.future.done():
                 queued_s = formed_at - request.arrival
-                result = RequestResult(run.outputs[start:end], queued_s, run.run_s, num_items)
+                result = RequestResult(outputs[start:end], queued_s, run.run_s, batch_size)
                 request.future.set_result(result)
                 self.counters.request_answered(queued_s, run.run_s)
             start = end
+
+    def fail(self, requests: list[QueuedRequest], error: BaseException) -> None:
+        """Answer ``requests`` with ``error``: a failed part of their batch."""
+        self._fail(BatchPart(tuple(requests), 0.0, 0, 0.0), error)
 
     def _fail(self, part: BatchPart, error: BaseException) -> None:
         """Answer a part's callers with ``error``; a failed part costs them nothing."""
@@ -269,81 +303,6 @@ class ModelLoop:
             if not request.future.done():
                 request.future.set_exception(error)
                 self.counters.request_failed(now - request.arrival)
-
-
-class ModelLoops:
-    """The served versions' loops, by key: the engine's, and the lifecycle's
-    to add, hold and retire."""
-
-    def __init__(self, config: EngineConfig, policies: StepPolicies) -> None:
-        self._config = config
-        self._policies = policies
-        self._loops: dict[str, ModelLoop] = {}
-
-    def add(self, spec: ModelSpec) -> ModelLoop:
-        """A loop for version ``spec``, its queue as the config says."""
-        config, policies = self._config, self._policies
-        predictor = BatchTimePredictor()
-        batcher = ModelBatcher(
-            spec.key,
-            spec.batching,
-            policies.clock,
-            max_queue=config.max_queue,
-            queue=make_queue(config.scheduling, predictor, config.fair_quantum_s),
-            max_concurrent_batches=policies.executor.num_workers,
-            predictor=predictor,
-            # A partial batch waits for company on the CPU only (batcher.py).
-            gather_idle=policies.device_kind != "cuda",
-            step_past=_steps_past(config, spec),
-        )
-        loop = self._loops[spec.key] = ModelLoop(spec, batcher, predictor, policies)
-        return loop
-
-    def __getitem__(self, key: str) -> ModelLoop:
-        return self._loops[key]
-
-    def get(self, key: str) -> ModelLoop | None:
-        return self._loops.get(key)
-
-    def __iter__(self) -> Iterator[ModelLoop]:
-        return iter(list(self._loops.values()))
-
-    def pending(self, key: str) -> list[asyncio.Future[Any]]:
-        """The futures of the requests queued on version ``key``, not answered yet."""
-        loop = self._loops.get(key)
-        return [r.future for r in loop.pending] if loop is not None else []
-
-    def hold(self, key: str) -> None:
-        """Version ``key`` starts no batch until ``release``."""
-        self._loops[key].gate = asyncio.Event()
-
-    def release(self, key: str) -> None:
-        loop = self._loops.get(key)
-        if loop is not None and loop.gate is not None:
-            loop.gate.set()
-            loop.gate = None
-
-    def remove(self, key: str) -> None:
-        """Forget version ``key``'s loop (closed already: ``ModelLoop.close``)."""
-        self._loops.pop(key, None)
-
-    async def close(self) -> None:
-        """Open every gate, then close every loop."""
-        for loop in self._loops.values():
-            if loop.gate is not None:
-                loop.gate.set()
-        for loop in list(self._loops.values()):
-            await loop.close()
-
-
-def _steps_past(config: EngineConfig, spec: ModelSpec) -> bool:
-    """Whether a tenant with nothing running on ``spec``'s model may start
-    a batch beyond its busy slots (``ModelBatcher.step_past``): with fair
-    parts and fair scheduling, unless the card fixes the batches at once
-    for an in-process runtime (an external engine's window has room)."""
-    fair = config.fair_parts and config.scheduling == "fair"
-    fixed = spec.batching.max_concurrent_batches is not None
-    return fair and (not fixed or spec.runtime == "external")
 
 
 def _with_following(plan: list[BatchPart]) -> Iterator[tuple[BatchPart, BatchPart | None]]:

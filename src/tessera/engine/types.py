@@ -59,6 +59,10 @@ class EngineConfig:
     # starts a batch beyond the model's busy slots. False: a request runs
     # whole (up to ``max_batch_size`` items a part), as one batch.
     fair_parts: bool = True
+    # Encoder batching (``engine/groups.py``): requests of head models over
+    # one shared encoder (one stage key) batch together through it, each row
+    # then through its own model's head. False: every model batches alone.
+    encoder_batching: bool = True
     # Batches predicted to run this long (a page of OCR, a chat generation) are
     # long work; None: every batch is short, in one lane.
     long_batch_s: float | None = 0.5

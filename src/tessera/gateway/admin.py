@@ -74,6 +74,8 @@ async def residency(request: Request) -> JSONResponse:
             "host_copies_kept_total": stats.host_copies_kept_total,
             "stacked_rounds_total": stats.stacked_rounds_total,
             "stacked_batches_total": stats.stacked_batches_total,
+            "encoder_batches_total": stats.encoder_batches_total,
+            "encoder_rows_total": stats.encoder_rows_total,
             "models": [{f: getattr(m, f) for f in RESIDENCY_FIELDS} for m in stats.models],
             "rollouts": [dataclasses.asdict(r) for r in stats.rollouts],
         }

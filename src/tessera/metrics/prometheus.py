@@ -326,6 +326,17 @@ class EngineCollector(Collector):
             "Batches run in those rounds (the rest ran alone).",
             stats.stacked_batches_total,
         )
+        yield CounterMetricFamily(
+            "tessera_encoder_batches",
+            "Batches of head models' requests run through their shared encoder together"
+            " (encoder batching; each model's batch_size counts its own rows of them).",
+            stats.encoder_batches_total,
+        )
+        yield CounterMetricFamily(
+            "tessera_encoder_rows",
+            "Items of those batches, every model's.",
+            stats.encoder_rows_total,
+        )
 
     def _host_tier(self, stats: EngineStats) -> Iterable[Metric]:
         yield GaugeMetricFamily(

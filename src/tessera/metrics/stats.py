@@ -245,6 +245,10 @@ class EngineStats:
     # and the batches in them.
     stacked_rounds_total: int = 0
     stacked_batches_total: int = 0
+    # Batches of encoder groups run through their shared encoder (several
+    # head models' requests in one: ``engine/groups.py``), and their items.
+    encoder_batches_total: int = 0
+    encoder_rows_total: int = 0
     # Evictions to page-locked memory (CUDA): weights copied out, and weights
     # a buffer kept from the model's restore still held (runtimes/hostcopy.py).
     host_copies_out_total: int = 0

@@ -84,6 +84,7 @@ ADAPTER_OPTIONS: Mapping[str, frozenset[str]] = {
     "bi-encoder-rerank": _ENCODER | _DEVICE,
     "hf-sequence-classifier": _DEVICE | {"top_k"},
     "rag-intent": _ENCODER | {"head", "top_k"},
+    "encoder-head": _ENCODER | _DEVICE | {"head", "labels", "top_k", "multi_label"},
     "onnx-encoder": _ENCODER | {"output", "run_quantised", "int8_activations"},
     "onnx-sequence-classifier": _ENCODER
     | {"output", "run_quantised", "int8_activations", "labels", "multi_label", "top_k"},

@@ -107,6 +107,38 @@ def stacks(model: LoadedModel) -> bool:
     return bool(getattr(model, "stacks_across_models", False))
 
 
+class EncoderHead(Protocol):
+    """A loaded model that is a shared first stage (an encoder and its
+    readout) and a head of its own over that stage's vectors: encoder
+    batching (``engine/groups.py``) runs the first stage once for the rows
+    of many such models and each row's head after.
+
+    ``stage_key`` names the first stage: two models of one key make the same
+    vector of an item, so ``vectors`` of either runs any of their items.
+    ``run(items)`` is ``head(vectors(items))``."""
+
+    @property
+    def stage_key(self) -> str: ...
+
+    def vectors(self, items: Sequence[Any]) -> Any:
+        """The first stage's rows of ``items``, one row each, in order."""
+        ...
+
+    def head(self, vectors: Any) -> list[Any]:
+        """Its own outputs of rows of ``vectors``, one each, in order."""
+        ...
+
+
+def is_encoder_head(model: LoadedModel) -> TypeGuard[EncoderHead]:
+    """Whether ``model`` is an ``EncoderHead`` (its members looked up, as
+    ``offloads`` does)."""
+    return (
+        isinstance(getattr(model, "stage_key", None), str)
+        and callable(getattr(model, "vectors", None))
+        and callable(getattr(model, "head", None))
+    )
+
+
 @runtime_checkable
 class ItemsApart(Protocol):
     """A loader whose runtime runs some items one after another, each alone:

@@ -23,6 +23,10 @@ packaged heads are, or a folder of ``trusted_pickle_dirs``; never for a model
 registered over the API), and is then converted once into the cache, from
 which later loads read the safe form. ``python -m tessera.runtimes.intent
 FOLDER HEAD OUT`` converts a trusted head into ``OUT`` by hand.
+
+The model is a head model (``heads.HeadModel``): its requests may run the
+shared encoder in one batch with other head models' of the same stage key
+(encoder batching, ``engine/groups.py``).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,10 +48,10 @@ from tessera.errors import ModelUnavailableError, PermissionDeniedError
 from tessera.repository.trust import PICKLE_RULE, unpickle_allowed
 from tessera.runtimes.base import LoadContext, SharedComponents
 from tessera.runtimes.cache import private_dirs
+from tessera.runtimes.heads import HeadModel, stage_key
 from tessera.runtimes.hf import (
     EncoderOptions,
     SentenceEncoder,
-    SharedEncoderModel,
     acquire_encoder,
     encoder_key,
     expect_task,
@@ -186,7 +190,7 @@ class IntentHead:
         return np.asarray(self.classifier.decision_function(embeddings))
 
 
-class RagIntentModel(SharedEncoderModel):
+class RagIntentModel(HeadModel):
     """Intents of texts: the ``top_k`` labels by the head's probability."""
 
     def __init__(
@@ -206,10 +210,8 @@ class RagIntentModel(SharedEncoderModel):
         """Every label the head can return."""
         return self._head.labels
 
-    def run(self, items: Sequence[Any]) -> list[Any]:
-        if not items:
-            return []
-        scores = self._head.scores(self.vectors(items))
+    def head(self, vectors: np.ndarray[Any, Any]) -> list[Any]:
+        scores = self._head.scores(vectors)
         return [top_labels(row, self._head.labels, self._top_k) for row in scores]
 
 
@@ -242,6 +244,11 @@ class RagIntentLoader:
 
     def shared_keys(self, spec: ModelSpec, device: Device | None = None) -> tuple[str, ...]:
         return (encoder_key(self._encoder_path(spec), torch_device_of(device), spec),)
+
+    def stage_key(self, spec: ModelSpec, device: Device | None = None) -> str:
+        """The stage key its model will have on ``device`` (``heads.HeadModel``)."""
+        (encoder,) = self.shared_keys(spec, device)
+        return stage_key(encoder, _PACKAGE_ENCODING)
 
     def load(self, spec: ModelSpec, ctx: LoadContext) -> RagIntentModel:
         expect_task(spec, Task.CLASSIFY)

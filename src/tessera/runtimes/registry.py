@@ -21,6 +21,7 @@ ADAPTERS: dict[str, str] = {
     "hf-sequence-classifier": "tessera.runtimes.hf:HfSequenceClassifierLoader",
     "bi-encoder-rerank": "tessera.runtimes.hf:BiEncoderRerankLoader",
     "rag-intent": "tessera.runtimes.intent:RagIntentLoader",
+    "encoder-head": "tessera.runtimes.heads:EncoderHeadLoader",
     "onnx-encoder": "tessera.runtimes.onnx:OnnxEncoderLoader",
     "onnx-sequence-classifier": "tessera.runtimes.onnx:OnnxSequenceClassifierLoader",
     "rapidocr": "tessera.runtimes.ocr:RapidOcrLoader",
@@ -30,6 +31,13 @@ ADAPTERS: dict[str, str] = {
     "external": "tessera.runtimes.external:ExternalLoader",
     "hf-vision-ocr": "tessera.runtimes.vision_ocr:VisionOcrLoader",
 }
+
+# Built-in adapters whose models are head models (``runtimes/heads.py``),
+# whose loaders say a card's stage key before it loads.
+HEAD_ADAPTERS = frozenset({"encoder-head", "rag-intent"})
+# The other built-in adapters, whose modules need not be imported to know
+# that their models batch their encoder on their own.
+NOT_STAGED = frozenset(ADAPTERS) - HEAD_ADAPTERS
 
 
 def parse_adapters(raw: object) -> dict[str, str]:

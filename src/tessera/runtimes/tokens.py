@@ -108,7 +108,7 @@ def _counter(path: str) -> TokenCounter | None:
 
 # Adapters whose models take texts tokenised ahead, in a gateway process
 # (``TokenizedText``), and tokenise the rest themselves.
-TOKENIZED_AHEAD = frozenset({"hf-encoder", "rag-intent", "bi-encoder-rerank"})
+TOKENIZED_AHEAD = frozenset({"hf-encoder", "rag-intent", "bi-encoder-rerank", "encoder-head"})
 DEFAULT_MAX_LENGTH = 256  # the Hugging Face encoders' option max_length when a card gives none
 
 

@@ -39,7 +39,9 @@ def fake_venv(peers_dir: Path, name: str, stamp: bool = True) -> Path:
 
 
 def test_every_peer_is_there() -> None:
-    assert set(PEERS) == {"pytriton", "torchserve", "infinity", "litserve", "rayserve"}
+    embedding = {"pytriton", "torchserve", "infinity", "litserve", "rayserve"}
+    assert set(PEERS) == {*embedding, "rayserve-heads"}
+    assert set(GOOD) == embedding
     assert all(peer.name == name for name, peer in PEERS.items())
 
 
@@ -54,14 +56,14 @@ def test_embed_calls() -> None:
     assert PEERS["litserve"].embed_call("a", "hi") == ("/predict/a", {"input": "hi"})
 
 
-@pytest.mark.parametrize("name", sorted(PEERS))
+@pytest.mark.parametrize("name", sorted(GOOD))
 def test_embed_ok_on_a_good_body(name: str) -> None:
     peer = PEERS[name]
     assert peer.embed_ok(200, GOOD[name])
     assert peer.embedding(GOOD[name]) == pytest.approx(VECTOR)
 
 
-@pytest.mark.parametrize("name", sorted(PEERS))
+@pytest.mark.parametrize("name", sorted(GOOD))
 def test_embed_ok_rejects_bad_answers(name: str) -> None:
     peer = PEERS[name]
     short = GOOD[name].replace(b", 3.83]", b"]")
@@ -184,3 +186,30 @@ def test_serve_refuses_a_peer_not_installed(tmp_path: Path) -> None:
         PEERS["litserve"].serve(tmp_path, tmp_path / "work", Path("/weights"), ["a"], 1),
     ):
         pass
+
+
+def test_the_heads_peer_classifies_over_ray_serve_s_venv(tmp_path: Path) -> None:
+    heads = PEERS["rayserve-heads"]
+    assert heads.embed_call("head-007", "hi") == ("/classify", {"input": "hi"})
+    assert heads.model_headers("head-007") == {"serve_multiplexed_model_id": "head-007"}
+    fake_venv(tmp_path, "rayserve")
+    assert heads.installed(tmp_path)
+    run = Launch(
+        tmp_path, tmp_path / "work", Path("/heads"), ["a", "b"], 2, 8123, ("--mode", "expert")
+    )
+    command = heads.command(run)
+    assert command[0] == str(tmp_path / "rayserve" / "bin" / "python")
+    assert command[1].endswith("benchmarks/peers/rayserve_heads.py")
+    assert Path(command[1]).is_file()
+    assert command[-2:] == ["--mode", "expert"]
+
+
+def test_the_heads_peer_takes_labels_with_scores_only() -> None:
+    heads = PEERS["rayserve-heads"]
+    good = body({"labels": [{"label": "head-000-refund", "score": 0.7}]})
+    assert heads.embed_ok(200, good)
+    assert not heads.embed_ok(500, good)
+    assert not heads.embed_ok(200, body({"labels": []}))
+    assert not heads.embed_ok(200, body({"labels": [{"label": "x", "score": "0.7"}]}))
+    assert not heads.embed_ok(200, body({"embedding": VECTOR}))
+    assert not heads.embed_ok(200, b"not json")

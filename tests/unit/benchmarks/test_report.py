@@ -230,3 +230,23 @@ def test_capacity_is_the_highest_rate_within_target_beside_the_least_memory(
     assert "| tessera-20 | 5/s uniform | m |" in text  # a few models: a row each
     made["scenario"]["models"] = [f"m-{i}" for i in range(100)]
     assert "100 models: their figures are in the JSON." in render(made, [])
+
+
+def test_batches_through_a_shared_encoder_are_counted_and_reported() -> None:
+    from harness.runner import encoder_figures
+
+    before = {"s": {"encoder_batches_total": 10, "encoder_rows_total": 30}}
+    after = {"s": {"encoder_batches_total": 20, "encoder_rows_total": 70}}
+    figures = encoder_figures(before, after)
+    assert figures == {"batches": 10, "rows": 40, "rows_per_batch": 4.0}
+    assert encoder_figures({}, {"old": {}})["rows_per_batch"] is None  # a server without them
+
+    across, alone = step(records("b", "m", [10] * 20), 8), step(records("b", "m", [10] * 20), 8)
+    across["encoder_batches"] = figures
+    alone["encoder_batches"] = encoder_figures({}, {"s": {}})
+    data = results("thousand-heads", {"across": served("tessera", across)})
+    data["configurations"]["alone"] = served("tessera", alone)
+    markdown = render(data, [])
+    assert "## Encoder batches" in markdown
+    assert "| across | 8 | 10 | 40 | 4.00 |" in markdown
+    assert "| alone |" not in markdown.split("## Encoder batches")[1].split("##")[0]
