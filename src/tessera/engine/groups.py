@@ -59,8 +59,6 @@ makes no group.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import functools
 import logging
 from collections.abc import Iterable, Sequence
@@ -77,7 +75,7 @@ from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.finiteness import check_finite
 
 from .executor import BatchRun
-from .step import ModelLoop, StepPolicies
+from .step import BatchLoop, ModelLoop, StepPolicies
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +175,7 @@ def by_model(requests: Iterable[QueuedRequest]) -> dict[str, list[QueuedRequest]
     return out
 
 
-class EncoderGroup:
+class EncoderGroup(BatchLoop):
     """The models of one stage key: their shared queue, predictor and loop
     (module notes)."""
 
@@ -189,16 +187,14 @@ class EncoderGroup:
         policies: StepPolicies,
         max_queue: int,
     ) -> None:
+        super().__init__(batcher, f"encoder-group:{key}")
         self.key = key
-        self.batcher = batcher
         self.predictor = predictor
         self.policies = policies
         self.max_queue = max_queue  # each member's bound, as its own queue's
         self.members: dict[str, ModelLoop] = {}
         self.num_batches = 0  # batches run through the shared stage
         self.num_rows = 0  # their items
-        self._task: asyncio.Task[None] | None = None
-        self._steps: set[asyncio.Task[None]] = set()
 
     # -- members and requests ----------------------------------------------------
 
@@ -232,31 +228,6 @@ class EncoderGroup:
         self.start()
 
     # -- the loop ----------------------------------------------------------------
-
-    def start(self) -> None:
-        """Serve the batcher's batches from now on (once; a context of its own)."""
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._serve(), name=f"encoder-group:{self.key}", context=contextvars.Context()
-            )
-
-    async def close(self) -> None:
-        """Stop forming batches, fail what waits, and wait for the running steps."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        self.batcher.close()
-        if self._steps:
-            await asyncio.gather(*self._steps, return_exceptions=True)
-
-    async def _serve(self) -> None:
-        while True:
-            batch = await self.batcher.next_batch()
-            step = asyncio.get_running_loop().create_task(self._step(batch))
-            self._steps.add(step)
-            step.add_done_callback(self._steps.discard)
 
     async def _step(self, batch: Batch) -> None:
         """Plan ``batch`` into parts, execute each, report its outcome, and

@@ -79,25 +79,13 @@ class PartOutcome:
     error: BaseException | None = None
 
 
-class ModelLoop:
-    """One served version's batcher, run-time predictor, counters and loop."""
+class BatchLoop:
+    """Drives a batcher: each batch it forms runs as a step of its own
+    (``_step``), in a context of its own, until closed."""
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        batcher: ModelBatcher,
-        predictor: BatchTimePredictor,
-        policies: StepPolicies,
-    ) -> None:
-        self.spec = spec
+    def __init__(self, batcher: ModelBatcher, task_name: str) -> None:
         self.batcher = batcher
-        self.predictor = predictor
-        self.counters = ModelCounters()
-        self.policies = policies
-        # Requests queued on this version and not answered yet.
-        self.pending: set[QueuedRequest] = set()
-        # Set while the version this one replaces still answers its requests.
-        self.gate: asyncio.Event | None = None
+        self._task_name = task_name
         self._task: asyncio.Task[None] | None = None
         self._steps: set[asyncio.Task[None]] = set()
 
@@ -105,7 +93,7 @@ class ModelLoop:
         """Serve the batcher's batches from now on (once; a context of its own)."""
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
-                self._serve(), name=f"model-loop:{self.spec.key}", context=contextvars.Context()
+                self._serve(), name=self._task_name, context=contextvars.Context()
             )
 
     async def close(self) -> None:
@@ -126,6 +114,30 @@ class ModelLoop:
             step = asyncio.get_running_loop().create_task(self._step(batch))
             self._steps.add(step)
             step.add_done_callback(self._steps.discard)
+
+    async def _step(self, batch: Batch) -> None:
+        raise NotImplementedError
+
+
+class ModelLoop(BatchLoop):
+    """One served version's batcher, run-time predictor, counters and loop."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        batcher: ModelBatcher,
+        predictor: BatchTimePredictor,
+        policies: StepPolicies,
+    ) -> None:
+        super().__init__(batcher, f"model-loop:{spec.key}")
+        self.spec = spec
+        self.predictor = predictor
+        self.counters = ModelCounters()
+        self.policies = policies
+        # Requests queued on this version and not answered yet.
+        self.pending: set[QueuedRequest] = set()
+        # Set while the version this one replaces still answers its requests.
+        self.gate: asyncio.Event | None = None
 
     async def _step(self, batch: Batch) -> None:
         """Run ``batch`` (``run``), then give its slot back."""
