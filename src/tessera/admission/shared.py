@@ -456,10 +456,16 @@ class RedisAdmissionController:
             return
         self._num_gateways = max(1, int(live))
         with self._lock:
-            mine = dict(self._mine)
-        for tenant, count in mine.items():
-            args = (self.gateway_id, self.lease_s, count)
-            self._quietly("renew", self._renew, [self._key(tenant, "flight")], args)
+            tenants = list(self._mine)
+        for tenant in tenants:
+            # Each tenant's count read and written back under the lock that
+            # admit and release hold: a count read before a release and
+            # written back after it would bring back a slot already given up.
+            with self._lock:
+                count = self._mine.get(tenant, 0)
+                if count > 0:
+                    args = (self.gateway_id, self.lease_s, count)
+                    self._quietly("renew", self._renew, [self._key(tenant, "flight")], args)
 
     def _renew_until_closed(self) -> None:
         wait_s = 0.0  # the first heartbeat at once: the count of gateways

@@ -283,3 +283,37 @@ def test_a_gateway_dropped_while_alive_writes_its_count_back(prefix: str) -> Non
         gateway.close()
         other.close()
         client.close()
+
+
+def test_renewals_beside_releases_never_bring_back_a_slot_given_up(
+    gateways: list[RedisAdmissionController],
+) -> None:
+    # A renewal that read the count before a release and wrote it back after
+    # brought back a slot no request held (for a lease), so the next round
+    # was refused one place short.
+    limits = TenantLimits("acme", max_concurrency=1)
+    gateway = gateways[0]
+    stop = threading.Event()
+    # The renewal's script starts a little late, as it does on a busy machine
+    # when the thread is switched out, so a release can fall in between.
+    renew_script = gateway._renew
+
+    def late_renewal(keys: list[str], args: list[str | int | float]) -> object:
+        time.sleep(0.002)
+        return renew_script(keys=keys, args=args)
+
+    gateway._renew = late_renewal  # type: ignore[assignment]
+
+    def renew_all_the_time() -> None:
+        while not stop.is_set():
+            gateway.renew()
+
+    renewer = threading.Thread(target=renew_all_the_time)
+    renewer.start()
+    try:
+        for _ in range(200):
+            gateway.release(gateway.admit(limits, 1))
+            assert gateways[1].in_flight("acme") == 0
+    finally:
+        stop.set()
+        renewer.join()
