@@ -150,22 +150,30 @@ class Batch:
 _STOPS: contextvars.ContextVar[tuple[StopFlag, ...]] = contextvars.ContextVar(
     "tessera_item_stops", default=()
 )
+# The tenants of the batch the current thread runs, one per item.
+_TENANTS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "tessera_item_tenants", default=()
+)
 
 
 def with_stops(
     fn: Callable[[Sequence[Any]], list[Any]], requests: Sequence[QueuedRequest]
 ) -> Callable[[Sequence[Any]], list[Any]]:
     """``fn`` (a model's ``run``) to run the items of ``requests`` with their
-    stop flags in view of ``item_stops``; the requests count as started now."""
+    stop flags and tenants in view of ``item_stops`` and ``item_tenants``; the
+    requests count as started now."""
     stops = tuple(r.stop for r in requests for _ in r.items)
+    tenants = tuple(r.tenant for r in requests for _ in r.items)
     for request in requests:
         request.charge.started = True
 
     def run(items: Sequence[Any]) -> list[Any]:
         token = _STOPS.set(stops)
+        tenants_token = _TENANTS.set(tenants)
         try:
             return fn(items)
         finally:
+            _TENANTS.reset(tenants_token)
             _STOPS.reset(token)
 
     return run
@@ -178,3 +186,14 @@ def item_stops(num_items: int) -> tuple[StopFlag, ...]:
     if len(stops) == num_items:
         return stops
     return tuple(StopFlag() for _ in range(num_items))
+
+
+def item_tenants(num_items: int) -> tuple[str, ...]:
+    """The tenant of each of the ``num_items`` items this thread runs now
+    (a model that runs its batches on another machine's engine passes them
+    on, so that engine attributes its memory to them: ``tessera.costs``);
+    ``default`` for each when it runs none."""
+    tenants = _TENANTS.get()
+    if len(tenants) == num_items:
+        return tenants
+    return ("default",) * num_items

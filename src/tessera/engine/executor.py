@@ -94,6 +94,16 @@ class BatchRun:
     outputs: list[Any]
     run_s: float  # computing: the seconds it waited at step boundaries are not counted
     peak_bytes: int | None  # activation peak above the level before the batch
+    # The device-seconds the engine that ran it reported, for a model whose
+    # batches run on another machine (``runtimes.base.RemoteModel``): there
+    # ``run_s`` is a wait for that engine, not device time.
+    reported_s: float | None = None
+
+    @property
+    def device_s(self) -> float:
+        """The device time it cost (``tessera.costs``): what its engine
+        reported where it ran elsewhere, else its measured run."""
+        return self.reported_s if self.reported_s is not None else self.run_s
 
 
 class ComputeExecutor:

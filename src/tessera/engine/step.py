@@ -32,10 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +48,7 @@ from tessera.metrics import StatsSink
 from tessera.repository.spec import ModelSpec
 from tessera.request import Batch, QueuedRequest, RequestResult, with_stops
 from tessera.residency import BatchPart, ResidencyManager, peak_units
-from tessera.runtimes.base import stacks
+from tessera.runtimes.base import LoadedModel, runs_remotely, stacks
 from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.finiteness import finite_run
 from tessera.tasks.types import ChatOutput
@@ -189,7 +190,9 @@ class ModelLoop(BatchLoop):
                 functools.partial(self._next_batch_s, following),
                 expected_s,
             ) as lease:
-                run_items = finite_run(key, with_stops(lease.model.run, part.requests))
+                reported: list[float] = []
+                runner = _runner(lease.model, reported)
+                run_items = finite_run(key, with_stops(runner, part.requests))
                 run = await self.policies.executor.run(
                     run_items,
                     items,
@@ -210,6 +213,8 @@ class ModelLoop(BatchLoop):
                     f"model {key!r} returned {len(run.outputs)} outputs for {len(items)} inputs"
                 )
             )
+        if reported:  # run elsewhere: the device time is that engine's
+            run = dataclasses.replace(run, reported_s=sum(reported))
         return PartOutcome(run=run)
 
     def _next_batch_s(self, following: BatchPart | None) -> float | None:
@@ -261,7 +266,7 @@ class ModelLoop(BatchLoop):
         if run.peak_bytes is not None and self.spec.runtime not in UNMEASURED_RUNTIMES:
             self.policies.residency.observe_batch(self.spec.key, run.peak_bytes, part.peak_units)
         self.predictor.observe(part.units, run.run_s)
-        self.answer(formed_at, list(part.requests), run.outputs, run.run_s, run)
+        self.answer(formed_at, list(part.requests), run.outputs, run.device_s, run)
 
     def answer(
         self,
@@ -315,6 +320,22 @@ class ModelLoop(BatchLoop):
             if not request.future.done():
                 request.future.set_exception(error)
                 self.counters.request_failed(now - request.arrival)
+
+
+def _runner(model: LoadedModel, reported: list[float]) -> Callable[[Sequence[Any]], list[Any]]:
+    """``model``'s run as the executor calls it; a model whose batches run
+    elsewhere (``RemoteModel``) runs them with ``run_remote``, and the
+    device-seconds its engine reports for each call go to ``reported``."""
+    if not runs_remotely(model):
+        return model.run
+    remote = model
+
+    def run(items: Sequence[Any]) -> list[Any]:
+        answer = remote.run_remote(items)
+        reported.append(answer.device_s)
+        return answer.outputs
+
+    return run
 
 
 def _with_following(plan: list[BatchPart]) -> Iterator[tuple[BatchPart, BatchPart | None]]:

@@ -16,6 +16,10 @@ moves its weights off the device and back; a shared component it holds moves
 when the last of its holders on the device leaves (``SharedComponents.park``)
 and comes back with the first that returns (``unpark``, or ``acquire`` by a
 model loading beside it).
+
+A model whose batches run on another machine's engine (``RemoteModel``: a
+gateway's model on a Ray cluster) answers with the device time that engine
+measured, which the engine charges instead of the wait it sees here.
 """
 
 from __future__ import annotations
@@ -90,6 +94,36 @@ class OffloadingModel(LoadedModel, Protocol):
         """Bring the weights back to the device, ready to run; raises if it
         cannot (the caller then unloads it and loads it from its files)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRun:
+    """A batch's answer from an engine on another machine: its ``outputs``,
+    one per item, and the ``device_s`` that engine measured running them
+    (its share of the batches they ran in there, ``tessera.costs``)."""
+
+    outputs: list[Any]
+    device_s: float
+
+
+@runtime_checkable
+class RemoteModel(LoadedModel, Protocol):
+    """A loaded model whose batches run on another machine's engine (a model
+    of a gateway in front of a Ray cluster): the time its ``run`` takes here
+    is a wait (the remote engine's queue, the network, its run), not device
+    time. The engine runs its batches with ``run_remote`` instead, and
+    charges their requests the device time it reports (``tessera.costs``);
+    ``run`` is ``run_remote(items).outputs``."""
+
+    def run_remote(self, items: Sequence[Any]) -> RemoteRun:
+        """Run ``items`` there: the outputs and the device-seconds they took."""
+        ...
+
+
+def runs_remotely(model: LoadedModel) -> TypeGuard[RemoteModel]:
+    """Whether ``model`` runs elsewhere and reports its device time
+    (``RemoteModel``): one method looked up, as ``offloads`` does."""
+    return callable(getattr(model, "run_remote", None))
 
 
 def offloads(model: LoadedModel) -> TypeGuard[OffloadingModel]:
