@@ -3,9 +3,11 @@
 Ray owns where actors run, their restarts and their health: ``start_engines``
 asks for one actor per GPU (``num_gpus=1``) on GPU nodes and one with a CPU
 share on the others, each preferring its node (soft affinity, so that Ray may
-restart it elsewhere when the node dies). An actor serves ``infer``, ``load``,
-``unload`` and ``report`` (its residency and load since the last report) on
-its own event loop; the gateways' ``RayEngines`` route to it.
+restart it elsewhere when the node dies). An actor serves ``infer`` (a gateway's batch: its
+outputs and the device time they took here), ``load``, ``unload`` and
+``report`` (its residency and load since the last report, and the memory its
+engine attributed to tenants since then, drained) on its own event loop; the
+gateways' ``RayEngines`` route to it.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from tessera.cluster.routing import HELD_STATES, DeviceReport, ModelLoad
-from tessera.engine import Engine, EngineConfig
+from tessera.admission import TenantLimits
+from tessera.cluster.routing import HELD_STATES, DeviceReport, ModelLoad, drain_memory
+from tessera.engine import Caller, Engine, EngineConfig, RequestTrace
 from tessera.repository import ModelRepository
+from tessera.runtimes.base import RemoteRun
 from tessera.tasks.types import Task
 
 NAMESPACE = "tessera"
@@ -67,12 +71,38 @@ class EngineActor:
         return self._device
 
     async def infer(
-        self, model: str, task: Task, items: Sequence[Any], timeout_s: float | None
-    ) -> list[Any]:
+        self,
+        model: str,
+        task: Task,
+        items: Sequence[Any],
+        timeout_s: float | None,
+        tenants: Sequence[str] | None = None,
+    ) -> RemoteRun:
+        """Run a gateway's batch: the outputs, and the device-seconds this
+        engine's batches ran for them (their share, ``tessera.costs``). Each
+        run of consecutive items of one tenant (``tenants``, one per item;
+        ``default`` without) is queued as a request of that tenant, so that
+        this engine attributes its models' memory to the tenants that use them."""
         start = time.monotonic()
-        outputs = await self._engine.infer(model, task, items, timeout_s=timeout_s)
+        calls: list[asyncio.Future[list[Any]]] = []
+        traces: list[RequestTrace] = []
+        for tenant, begin, end in tenant_runs(tenants or ("default",) * len(items)):
+            trace = RequestTrace()
+            caller = Caller(TenantLimits(tenant))
+            call = self._engine.infer(
+                model, task, items[begin:end], timeout_s=timeout_s, caller=caller, trace=trace
+            )
+            calls.append(asyncio.ensure_future(call))
+            traces.append(trace)
+        try:
+            answers = await asyncio.gather(*calls)
+        except BaseException:
+            for running in calls:  # one failed: the batch fails whole, the rest stop
+                running.cancel()
+            raise
         self._latencies.setdefault(model, []).append(time.monotonic() - start)
-        return outputs
+        device_s = sum(t.charge.device_s for t in traces if t.charge is not None)
+        return RemoteRun([output for answer in answers for output in answer], device_s)
 
     async def load(self, model: str) -> None:
         await self._engine.load(model)
@@ -106,12 +136,33 @@ class EngineActor:
             )
         self._busy.busy_s.clear()
         self._latencies.clear()
+        # The memory accounted up to the snapshot above, drained: whichever
+        # gateway asks gets it, and writes it down (each byte-second once).
+        memory = drain_memory(self._engine.costs)
         return DeviceReport(
-            self._device, 0.0, window_s, stats.budget_bytes, stats.used_bytes, tuple(models)
+            self._device,
+            0.0,
+            window_s,
+            stats.budget_bytes,
+            stats.used_bytes,
+            tuple(models),
+            memory,
         )
 
     async def close(self) -> None:
         await self._engine.close()
+
+
+def tenant_runs(tenants: Sequence[str]) -> list[tuple[str, int, int]]:
+    """Each run of consecutive equal ``tenants``: (tenant, its first index,
+    the index after its last)."""
+    runs: list[tuple[str, int, int]] = []
+    begin = 0
+    for i in range(1, len(tenants) + 1):
+        if i == len(tenants) or tenants[i] != tenants[begin]:
+            runs.append((tenants[begin], begin, i))
+            begin = i
+    return runs
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,12 +2,18 @@
 
 Every ``report_interval_s`` it asks each engine actor for its report and feeds
 the ``Router``, then carries out the router's decisions (load a replica, unload
-a dropped one). ``infer`` routes a request to a device, and when that device's
+a dropped one). ``infer`` routes a batch to a device, and when that device's
 actor dies (its node gone) it tells the router, which places that device's
-recent models again, and sends the request elsewhere: a request is lost only
+recent models again, and sends the batch elsewhere: a request is lost only
 when every try failed so. Inference has no side effect on the engine, and the
 gateway charges the tenant once whatever the tries, so a request that had
 started on the dead device is simply run again.
+
+What a tenant costs (``tessera.costs``): an engine answers a batch with the
+device time its own batches ran for it, which the gateway's engine charges;
+and each report carries the memory that engine attributed to tenants since
+it last reported to any gateway, which this gateway keeps until its audit
+log takes it (``drain_memory``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ray.exceptions import RayActorError
 from tessera.clock import Clock, MonotonicClock
 from tessera.cluster.routing import AddReplica, DeviceReport, Router
 from tessera.errors import ModelUnavailableError
+from tessera.runtimes.base import RemoteRun
 from tessera.tasks.types import Task
 
 log = logging.getLogger(__name__)
@@ -66,8 +73,9 @@ class RayEngines:
         self._ready_timeout_s = ready_timeout_s
         self._reports: dict[str, DeviceReport] = {}
         self._bytes: dict[str, int] = {}
+        self._memory: dict[tuple[str, str], float] = {}  # reported, not yet drained
         self._poller: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         self.counts = RoutingCounts()
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -157,9 +165,15 @@ class RayEngines:
                 self._spawn(actor.unload.remote(action.model))
 
     async def infer(
-        self, model: str, task: Task, items: Sequence[Any], timeout_s: float | None = None
-    ) -> list[Any]:
-        """Run ``items`` on ``model`` on the device the router picks."""
+        self,
+        model: str,
+        task: Task,
+        items: Sequence[Any],
+        timeout_s: float | None = None,
+        tenants: Sequence[str] | None = None,
+    ) -> RemoteRun:
+        """Run ``items`` (of ``tenants``, one per item) on ``model`` on the
+        device the router picks: the outputs, and the device time they took there."""
         self.counts.num_requests += 1
         for _ in range(self._max_tries):
             device = self.router.route(model, self._bytes.get(model, 0), self._clock.now())
@@ -168,10 +182,10 @@ class RayEngines:
             if self._resident(device, model):
                 self.counts.num_resident += 1
             try:
-                outputs: list[Any] = await self._actors[device].infer.remote(
-                    model, task, list(items), timeout_s
+                answer: RemoteRun = await self._actors[device].infer.remote(
+                    model, task, list(items), timeout_s, None if tenants is None else list(tenants)
                 )
-                return outputs
+                return answer
             except RayActorError:
                 self.counts.num_rerouted += 1
                 self._lost(device)
@@ -182,10 +196,33 @@ class RayEngines:
 
     # -- internals ----------------------------------------------------------
 
+    def drain_memory(self) -> dict[tuple[str, str], float]:
+        """Byte-seconds per (tenant, model) the engines reported to this
+        gateway since the last drain (each engine's byte-seconds go in one
+        report, to one gateway: this one writes these down)."""
+        drained, self._memory = self._memory, {}
+        return drained
+
     async def _report(self, name: str) -> DeviceReport:
-        ref = self._actors[name].report.remote()
-        report: DeviceReport = await self._clock.wait_for(ref, self._report_timeout_s)
-        return report
+        # A report that comes after the timeout is too old to route by, but
+        # the memory drained into it is taken all the same (``_take_memory``).
+        answer: asyncio.Future[DeviceReport] = asyncio.ensure_future(
+            self._actors[name].report.remote()
+        )
+        answer.add_done_callback(self._take_memory)
+        self._background.add(answer)
+        answer.add_done_callback(self._background.discard)
+        return await self._clock.wait_for(asyncio.shield(answer), self._report_timeout_s)
+
+    def _take_memory(self, answer: asyncio.Future[DeviceReport]) -> None:
+        if answer.cancelled() or answer.exception() is not None:
+            return
+        report = answer.result()
+        if not isinstance(report, DeviceReport):
+            return
+        for use in report.memory:
+            key = (use.tenant, use.model)
+            self._memory[key] = self._memory.get(key, 0.0) + use.byte_s
 
     async def _poll_forever(self) -> None:
         while True:

@@ -8,6 +8,14 @@ its models are served by the ``cluster`` runtime below, which holds no bytes
 here and whose ``run`` waits for the remote engine. The engine actors keep
 their own residency, batching and budget for their device.
 
+What a tenant costs (``tessera.costs``): a forwarded batch carries its items'
+tenants, and the engine that ran it answers with the device time its own
+batches ran for it (not the gateway's wait, which holds that engine's queue
+and the network); the gateway's engine splits that among the batch's
+requests by units, as it does a local batch's run. The engines attribute
+their models' memory to those tenants, and the gateways write it down as
+they poll the engines' reports (``RayEngines.drain_memory``).
+
 So the gateway's own ``Engine`` is the single-device engine with one change of
 runtime: ``gateway_repository`` rewrites each model's spec to run through the
 cluster, and ``window`` batches of each model may be in flight at once (the
@@ -28,15 +36,17 @@ from tessera.errors import ModelUnavailableError
 from tessera.footprint import Footprint
 from tessera.repository import ModelRepository
 from tessera.repository.spec import ModelSpec
-from tessera.runtimes.base import LoadContext
+from tessera.request import item_tenants
+from tessera.runtimes.base import LoadContext, RemoteRun
 
 CLUSTER_RUNTIME = "cluster"
 
 
 class ClusterModel:
-    """One model as a gateway sees it: a ``LoadedModel`` whose batches run on
-    the engine actors (``run`` is called on a compute thread; the routing runs
-    on the gateway's event loop)."""
+    """One model as a gateway sees it: a ``RemoteModel`` whose batches run on
+    the engine actors (``run_remote`` is called on a compute thread; the
+    routing runs on the gateway's event loop). Each batch goes with its
+    items' tenants, and comes back with the device time it took there."""
 
     def __init__(self, engines: RayEngines, loop: asyncio.AbstractEventLoop, spec: ModelSpec):
         self._engines = engines
@@ -44,9 +54,13 @@ class ClusterModel:
         self._key = spec.key
         self._task = spec.task
 
-    def run(self, items: Sequence[Any]) -> list[Any]:
-        call = self._engines.infer(self._key, self._task, list(items))
+    def run_remote(self, items: Sequence[Any]) -> RemoteRun:
+        tenants = item_tenants(len(items))
+        call = self._engines.infer(self._key, self._task, list(items), tenants=tenants)
         return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        return self.run_remote(items).outputs
 
     def memory(self) -> Footprint:
         return Footprint(0, method="remote")

@@ -41,6 +41,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tessera.costs import CostLedger
+
 # Model states in a report that hold (or are about to hold) the model's bytes.
 HELD_STATES = frozenset({"ready", "loading"})
 
@@ -61,6 +63,25 @@ class ModelLoad:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryUse:
+    """Byte-seconds of a model's memory on one device attributed to a tenant
+    (``tessera.costs``; tenant '': held with no use)."""
+
+    tenant: str
+    model: str
+    byte_s: float
+
+
+def drain_memory(ledger: CostLedger) -> tuple[MemoryUse, ...]:
+    """What ``ledger`` (an engine's) accounted since its last drain, for a
+    report: drained, so each byte-second goes in one report to one gateway."""
+    return tuple(
+        MemoryUse(tenant, model, byte_s)
+        for (tenant, model), byte_s in sorted(ledger.drain_memory().items())
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceReport:
     """One engine's residency and load: sent every ``report_interval_s``."""
 
@@ -70,6 +91,10 @@ class DeviceReport:
     budget_bytes: int
     used_bytes: int
     models: tuple[ModelLoad, ...]  # models held, loading, or with a queue
+    # The memory its engine accounted since its last report to any gateway
+    # (drained: each byte-second goes in one report), for the audit rows of
+    # the gateway that asked; no part of routing.
+    memory: tuple[MemoryUse, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

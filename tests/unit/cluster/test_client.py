@@ -2,11 +2,14 @@
 answer as Ray's do (awaitable calls; a dead actor's calls raise
 ``RayActorError``), on a fake clock: routing follows the reports, a dead
 engine's request is re-routed and its models placed again, a late report is
-not a death; and the gateway's view of the repository and its engine."""
+not a death; the memory an engine reports goes to one gateway; and the
+gateway's view of the repository and its engine, which charges the device
+time an engine reported for a batch."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,14 +18,23 @@ import pytest
 from ray.exceptions import RayActorError
 
 from builders import write_fake_repository
+from tessera.admission import TenantLimits
 from tessera.clock import FakeClock
 from tessera.cluster import DeviceReport, ModelLoad, Router, RoutingConfig
 from tessera.cluster.client import RayEngines
-from tessera.cluster.gateway import CLUSTER_RUNTIME, gateway_config, gateway_repository
-from tessera.engine import EngineConfig
+from tessera.cluster.gateway import (
+    CLUSTER_RUNTIME,
+    ClusterLoader,
+    gateway_config,
+    gateway_repository,
+)
+from tessera.cluster.routing import drain_memory
+from tessera.costs import CostLedger
+from tessera.engine import Caller, Engine, EngineConfig, RequestTrace
 from tessera.errors import ModelUnavailableError
 from tessera.repository import ModelRepository
-from tessera.tasks.types import Task
+from tessera.runtimes.base import RemoteRun
+from tessera.tasks.types import Task, TextInput
 
 
 class _Method:
@@ -34,7 +46,9 @@ class _Method:
 
 
 class FakeActor:
-    """An engine actor: holds ``models``, answers each item with (its name, the item)."""
+    """An engine actor: holds ``models``, answers each item with (its name, the
+    item) after ``wait_s`` (its queue: real seconds), reporting ``device_s``
+    for the batch; its engine's ledger is ``costs``, drained by its reports."""
 
     def __init__(self, name: str, clock: FakeClock, models: set[str] | None = None) -> None:
         self.name = name
@@ -44,6 +58,10 @@ class FakeActor:
         self.slow = False
         self.served: list[str] = []
         self.loaded: list[str] = []
+        self.tenants: list[list[str] | None] = []
+        self.wait_s = 0.0
+        self.device_s = 0.0
+        self.costs = CostLedger()
         self.ready = _Method(self._ready)
         self.report = _Method(self._report)
         self.infer = _Method(self._infer)
@@ -63,13 +81,24 @@ class FakeActor:
         if self.slow:
             await self.clock.sleep(60)
         loads = tuple(ModelLoad(m, "ready", 100, 0) for m in sorted(self.models))
-        return DeviceReport(self.name, 0.0, 0.25, 1000, 100 * len(loads), loads)
+        memory = drain_memory(self.costs)
+        return DeviceReport(self.name, 0.0, 0.25, 1000, 100 * len(loads), loads, memory)
 
-    async def _infer(self, model: str, task: Task, items: list[Any], timeout_s: Any) -> list[Any]:
+    async def _infer(
+        self,
+        model: str,
+        task: Task,
+        items: list[Any],
+        timeout_s: Any,
+        tenants: list[str] | None = None,
+    ) -> RemoteRun:
         self._check()
         self.models.add(model)
         self.served.append(model)
-        return [(self.name, item) for item in items]
+        self.tenants.append(tenants)
+        if self.wait_s:
+            await asyncio.sleep(self.wait_s)
+        return RemoteRun([(self.name, item) for item in items], self.device_s)
 
     async def _load(self, model: str) -> None:
         self._check()
@@ -95,7 +124,7 @@ async def test_requests_go_to_the_engine_that_holds_the_model() -> None:
     engines = await engines_over(clock, [a, b])
     try:
         for _ in range(5):
-            assert await engines.infer("m", Task.EMBEDDING, ["x"]) == [("a", "x")]
+            assert (await engines.infer("m", Task.EMBEDDING, ["x"])).outputs == [("a", "x")]
         assert engines.counts.num_requests == engines.counts.num_resident == 5
         assert engines.stats()["replicas"]["m"] == ["a"]
     finally:
@@ -108,7 +137,7 @@ async def test_a_dead_engines_request_is_rerouted_and_its_models_placed_again() 
     engines = await engines_over(clock, [a, b])
     try:
         a.dead = True
-        assert await engines.infer("m", Task.EMBEDDING, ["x"]) == [("b", "x")]
+        assert (await engines.infer("m", Task.EMBEDDING, ["x"])).outputs == [("b", "x")]
         assert engines.counts.num_rerouted == 1
         assert engines.counts.num_lost == 0
         stats = engines.stats()
@@ -140,7 +169,7 @@ async def test_a_late_report_is_not_a_death() -> None:
         a.slow = True
         await engines.poll()  # a's report times out
         assert all(e["alive"] for e in engines.stats()["engines"])
-        assert await engines.infer("m", Task.EMBEDDING, ["x"]) == [("a", "x")]
+        assert (await engines.infer("m", Task.EMBEDDING, ["x"])).outputs == [("a", "x")]
     finally:
         await engines.close()
 
@@ -165,3 +194,87 @@ def test_the_gateways_engine_waits_rather_than_computes() -> None:
     assert config.preload == ()
     assert config.long_batch_s is None
     assert config.device == "cpu"
+
+
+async def test_an_engines_memory_goes_to_the_one_gateway_whose_poll_drained_it() -> None:
+    clock = FakeClock()
+    actor = FakeActor("a", clock, {"m"})
+    first, second = await engines_over(clock, [actor]), await engines_over(clock, [actor])
+    try:
+        actor.costs.batch_ran("m", 0.3, [("t", 3.0)], now=0.0)
+        actor.costs.batch_ran("m", 0.1, [("u", 1.0)], now=0.0)
+        actor.costs.held({"m": 100}, now=0.0)
+        actor.costs.held({"m": 100}, now=10.0)
+        await first.poll()
+        await second.poll()  # nothing new since the first drained it
+        actor.costs.held({"m": 100}, now=20.0)
+        await second.poll()
+        from_first, from_second = first.drain_memory(), second.drain_memory()
+        assert from_first == pytest.approx({("t", "m"): 750.0, ("u", "m"): 250.0})
+        assert from_second == pytest.approx({("t", "m"): 750.0, ("u", "m"): 250.0})
+        assert first.drain_memory() == second.drain_memory() == {}  # written down once
+        drained = sum(from_first.values()) + sum(from_second.values())
+        assert drained == pytest.approx(actor.costs.byte_s)
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_late_reports_memory_is_taken_though_it_routes_nothing() -> None:
+    clock = FakeClock()
+    actor = FakeActor("a", clock, {"m"})
+    engines = await engines_over(clock, [actor])
+    try:
+        actor.costs.held({"m": 100}, now=0.0)
+        actor.costs.held({"m": 100}, now=10.0)  # nobody used m: unattributed
+        actor.slow = True
+        await engines.poll()  # times out after 1 s of the clock's
+        assert engines.drain_memory() == {}
+        await clock.sleep(60)  # the report comes, too late to route by
+        assert engines.drain_memory() == {("", "m"): 1000.0}
+    finally:
+        await engines.close()
+
+
+async def test_the_gateway_charges_the_engines_device_time_not_its_wait(tmp_path: Path) -> None:
+    batching = {"max_batch_size": 8, "max_wait_ms": 50}
+    repository = ModelRepository.from_folders(
+        [write_fake_repository(tmp_path, {"m": {"task": "embedding", "batching": batching}})]
+    )
+    actor = FakeActor("a", FakeClock(), {"m"})
+    actor.wait_s, actor.device_s = 0.3, 0.02  # queued there behind others' work, then run
+    engines = RayEngines({"a": actor}, Router(RoutingConfig()))
+    await engines.start()
+    engine = Engine(
+        gateway_repository(repository),
+        gateway_config(EngineConfig(num_threads=2), 4),
+        loaders={CLUSTER_RUNTIME: ClusterLoader(engines)},
+    )
+    try:
+        traces = {"long": RequestTrace(), "short": RequestTrace()}
+        texts = {"long": "one two three four five six", "short": "one"}
+        started = time.monotonic()
+        await asyncio.gather(
+            *(
+                engine.infer(
+                    "m",
+                    Task.EMBEDDING,
+                    [TextInput(texts[tenant])],
+                    caller=Caller(TenantLimits(tenant)),
+                    trace=trace,
+                )
+                for tenant, trace in traces.items()
+            )
+        )
+        wall_s = time.monotonic() - started
+    finally:
+        await engine.close()
+        await engines.close()
+    assert actor.tenants == [["long", "short"]]  # one batch, each item's tenant with it
+    charged = {t: trace.charge.device_s for t, trace in traces.items() if trace.charge}
+    assert sum(charged.values()) == pytest.approx(0.02)  # the engine's, split by units
+    units = {t: trace.units for t, trace in traces.items()}
+    assert units["long"] > units["short"]
+    assert charged["long"] / charged["short"] == pytest.approx(units["long"] / units["short"])
+    assert engine.costs.device_s == pytest.approx(0.02)
+    assert wall_s >= 0.3  # what the gateway waited, of which 0.02 s ran
