@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,20 +68,27 @@ def record_memory(engine: ServingEngine, costs: CostLedger, audit_log: AuditLog)
     """Audit rows of the memory each tenant's models held since the last call
     (``engine``'s ledger, ``costs``); the snapshot accounts it up to now."""
     engine.snapshot()
+    write_memory(costs.drain_memory(), audit_log)
+
+
+def record_cluster_memory(cluster: RayEngines, audit_log: AuditLog) -> None:
+    """Audit rows of the memory the cluster's engines reported to this
+    gateway since the last call (each engine's byte-seconds go to one gateway)."""
+    write_memory(cluster.drain_memory(), audit_log)
+
+
+def write_memory(byte_s: Mapping[tuple[str, str], float], audit_log: AuditLog) -> None:
     now = time.time()
-    for (tenant, model), byte_s in sorted(costs.drain_memory().items()):
-        audit_log.record(MemoryRecord(now, tenant, model, byte_s))
+    for (tenant, model), held in sorted(byte_s.items()):
+        audit_log.record(MemoryRecord(now, tenant, model, held))
 
 
 async def record_memory_every(
-    engine: ServingEngine,
-    costs: CostLedger,
-    audit_log: AuditLog,
-    interval_s: float = MEMORY_ROWS_INTERVAL_S,
+    record: Callable[[], None], interval_s: float = MEMORY_ROWS_INTERVAL_S
 ) -> None:
     while True:
         await asyncio.sleep(interval_s)
-        record_memory(engine, costs, audit_log)
+        record()
 
 
 def create_app(
@@ -138,13 +146,16 @@ def create_app(
         preload = asyncio.create_task(start(), name="preload")
         tasks = [preload]
         # The process that holds the engine writes down the memory its models
-        # held for each tenant (gateway processes hold a remote one: not theirs).
+        # held for each tenant (gateway processes hold a remote one: not
+        # theirs); a gateway of a cluster, the memory its engines reported.
         ledger = getattr(engine, "costs", None)
-        memory_rows = None
+        writers: list[Callable[[], None]] = []
         if isinstance(ledger, CostLedger) and audit_log is not None:
-            memory_rows = (ledger, audit_log)
-            writer = record_memory_every(engine, *memory_rows)
-            tasks.append(asyncio.create_task(writer, name="costs"))
+            writers.append(functools.partial(record_memory, engine, ledger, audit_log))
+        if cluster is not None and audit_log is not None:
+            writers.append(functools.partial(record_cluster_memory, cluster, audit_log))
+        for writer in writers:
+            tasks.append(asyncio.create_task(record_memory_every(writer), name="costs"))
         if watcher is not None:
             tasks.append(asyncio.create_task(watch_after(preload, watcher), name="watch"))
         # KServe v2 over gRPC beside HTTP, where the serving side has set an address.
@@ -163,8 +174,8 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             try:
-                if memory_rows is not None:  # the last interval's, before the models go
-                    record_memory(engine, *memory_rows)
+                for writer in writers:  # the last interval's, before the models go
+                    writer()
                 await engine.close()
                 if cluster is not None:
                     await cluster.close()
