@@ -1,10 +1,18 @@
-"""Device time split out of shared batches, memory held over time, per tenant."""
+"""Device time split out of shared batches, memory held over time, per tenant;
+drains of it; the device time a model that runs elsewhere reports."""
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
 from tessera.costs import UNATTRIBUTED, CostLedger, UseWindow, split_run
+from tessera.engine.executor import BatchRun
+from tessera.footprint import Footprint
+from tessera.runtimes.base import RemoteModel, RemoteRun, runs_remotely
 
 
 def test_a_batch_is_split_by_units_and_sums_to_its_run() -> None:
@@ -118,3 +126,58 @@ def test_memory_is_drained_once() -> None:
     ledger.held({"m": 10}, now=3.0)
     assert ledger.drain_memory() == {("a", "m"): pytest.approx(10.0)}
     assert ledger.totals()[("a", "m")].byte_s == pytest.approx(30.0)
+
+
+def test_drains_by_several_callers_are_disjoint_and_add_up() -> None:
+    """Gateways polling one engine in turn: each byte-second in one report."""
+    ledger = CostLedger(window_s=60.0)
+    ledger.batch_ran("m", 0.3, [("a", 3.0), ("b", 1.0)], now=0.0)
+    parts: list[dict[tuple[str, str], float]] = []
+    for step in range(1, 11):
+        ledger.held({"m": 100, "cold": 50}, now=float(step))
+        first, second = ledger.drain_memory(), ledger.drain_memory()
+        assert second == {}  # the first caller took it all
+        parts += [first, second]
+    assert ledger.byte_s == pytest.approx(9 * 150.0)
+    by_key: dict[tuple[str, str], float] = {}
+    for part in parts:
+        for key, byte_s in part.items():
+            by_key[key] = by_key.get(key, 0.0) + byte_s
+    assert by_key == pytest.approx({k: c.byte_s for k, c in ledger.totals().items()})
+    assert by_key == pytest.approx(
+        {("a", "m"): 675.0, ("b", "m"): 225.0, (UNATTRIBUTED, "cold"): 450.0}
+    )
+
+
+def test_a_model_that_runs_elsewhere_reports_its_device_time() -> None:
+    class Remote:
+        def run_remote(self, items: Sequence[Any]) -> RemoteRun:
+            return RemoteRun([len(items)], 0.25)
+
+        def run(self, items: Sequence[Any]) -> list[Any]:
+            return self.run_remote(items).outputs
+
+        def memory(self) -> Footprint:
+            return Footprint(0, method="remote")
+
+        def unload(self) -> None:
+            return
+
+    class Local:
+        def run(self, items: Sequence[Any]) -> list[Any]:
+            return list(items)
+
+        def memory(self) -> Footprint:
+            return Footprint(0)
+
+        def unload(self) -> None:
+            return
+
+    remote, local = Remote(), Local()
+    assert runs_remotely(remote)
+    assert isinstance(remote, RemoteModel)
+    assert not runs_remotely(local)
+    assert remote.run_remote(["x"]).device_s == 0.25
+    measured = BatchRun(["x"], run_s=0.9, peak_bytes=None)
+    assert measured.device_s == 0.9  # run here: what it measured
+    assert dataclasses.replace(measured, reported_s=0.25).device_s == 0.25  # elsewhere: reported
