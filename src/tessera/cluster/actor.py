@@ -3,11 +3,11 @@
 Ray owns where actors run, their restarts and their health: ``start_engines``
 asks for one actor per GPU (``num_gpus=1``) on GPU nodes and one with a CPU
 share on the others, each preferring its node (soft affinity, so that Ray may
-restart it elsewhere when the node dies). An actor serves ``infer`` (a gateway's batch: its
-outputs and the device time they took here), ``load``, ``unload`` and
-``report`` (its residency and load since the last report, and the memory its
-engine attributed to tenants since then, drained) on its own event loop; the
-gateways' ``RayEngines`` route to it.
+restart it elsewhere when the node dies). An actor serves ``infer`` (a
+gateway's batch: its outputs and the device time they took here), ``load``,
+``unload`` and ``report`` (its residency and load since the last report, and
+the memory its engine attributed to tenants since then, drained) on its own
+event loop; the gateways' ``RayEngines`` route to it.
 """
 
 from __future__ import annotations

@@ -194,14 +194,14 @@ class RayEngines:
         self.counts.num_lost += 1
         raise ModelUnavailableError(model, "no engine could serve it", retry_after_s=1.0)
 
-    # -- internals ----------------------------------------------------------
-
     def drain_memory(self) -> dict[tuple[str, str], float]:
         """Byte-seconds per (tenant, model) the engines reported to this
         gateway since the last drain (each engine's byte-seconds go in one
         report, to one gateway: this one writes these down)."""
         drained, self._memory = self._memory, {}
         return drained
+
+    # -- internals ----------------------------------------------------------
 
     async def _report(self, name: str) -> DeviceReport:
         # A report that comes after the timeout is too old to route by, but
