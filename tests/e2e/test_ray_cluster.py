@@ -3,7 +3,9 @@ every node on 127.0.0.1): engine actors over fake models whose batches sleep
 (so three nodes fit on two cores), two gateway processes (``tessera cluster``
 and ``tessera serve --cluster``) sharing tenants in PostgreSQL and admission
 in Redis. Affinity routing, a hot model's extra replica and its removal, one
-tenant's limits held by both gateways together, and a node killed under load.
+tenant's limits held by both gateways together, what a tenant is charged (the
+engine's run of its batch; the engines' memory in the audit rows), and a node
+killed under load.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ ROUTING = {
     "scale_up_after_s": 1.0,
     "scale_down_after_s": 3.0,
 }
+
+
+BILLED_RUN_S = 0.2
 
 
 @dataclass
@@ -83,6 +88,12 @@ def deploy(tmp: Path, cpu_share: float) -> Iterator[Deployment]:
                 "options": {"run_s": 0.1},
             },
             "slow": {"task": "embedding", "options": {"run_s": 2.0}},
+            # One request a batch, 0.2 s each: what a tenant is charged there.
+            "billed": {
+                "task": "embedding",
+                "batching": {"max_batch_size": 1, "max_wait_ms": 1},
+                "options": {"run_s": BILLED_RUN_S},
+            },
         },
     )
     secret_file = tmp / "secret.key"
@@ -203,6 +214,55 @@ def test_one_tenants_limits_hold_across_both_gateways(deployment: Deployment) ->
     with ThreadPoolExecutor(max_workers=6) as pool:
         statuses = list(pool.map(lambda i: d.post(i % 2, "pair", "slow"), range(6)))
     assert sorted(statuses) == [200] * 2 + [429] * 4
+
+
+def test_a_request_is_charged_its_engines_run_and_the_engines_memory_is_audited(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    assert d.post(0, "load", "billed") == 200  # placed and loaded
+
+    def timed(i: int) -> tuple[float, float]:
+        started = time.monotonic()
+        r = httpx.post(
+            f"{d.gateways[i % 2].base_url}/v1/embeddings",
+            json={"model": "billed", "input": ["hello"]},
+            headers={"Authorization": f"Bearer {d.keys['load']}"},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        return float(r.headers["x-device-seconds"]), time.monotonic() - started
+
+    # Four at once from both gateways on one engine that runs one batch at a
+    # time: the last one waits there behind three others' batches.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        answers = list(pool.map(timed, range(4)))
+    for device_s, _ in answers:  # the engine's run of its batch, not the call's wall time
+        assert BILLED_RUN_S <= device_s < BILLED_RUN_S + 0.15, answers
+    device_s, wall_s = max(answers, key=lambda a: a[1])
+    assert wall_s >= 3 * BILLED_RUN_S, answers
+    assert device_s < wall_s / 2, answers
+
+    # The engines' memory, drained by the gateways' polls, lands in the shared
+    # audit log's memory_usage rows (written every 10 s), per tenant and model.
+    def billed_memory() -> float:
+        r = httpx.get(
+            f"{d.gateways[1].base_url}/admin/usage",
+            params={"since": "-1h"},
+            headers={"Authorization": f"Bearer {d.keys['ops']}"},
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+        rows = r.json()["usage"]
+        return float(
+            sum(
+                row["byte_s"]
+                for row in rows
+                if row["tenant"] == "load" and row["model"].startswith("billed")
+            )
+        )
+
+    assert wait_until(lambda: billed_memory() > 0, 30)
 
 
 # Last in the module: the deployment it leaves has lost a node.
