@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from harness.fake_models import FAKE_ADAPTERS
 from tessera.admission import AdmissionController
 from tessera.clock import FakeClock
 from tessera.engine import Engine, EngineConfig
+from tessera.engine.executor import ComputeExecutor
 from tessera.repository import ModelRepository
 from tessera.repository.spec import BatchingSpec, ModelSpec
 from tessera.request import QueuedRequest, RequestResult
@@ -93,6 +94,24 @@ async def fake_engine(
     assert stats.used_bytes == 0
     assert stats.host_used_bytes == 0
     assert all(m.pins == 0 and m.queue_depth == 0 for m in stats.models)
+
+
+@contextlib.contextmanager
+def wait_limits(engine: Engine) -> Iterator[list[float | None]]:
+    """The ``wait_limit_s`` of each batch the engine's executor runs (the real run)."""
+    executor: ComputeExecutor = engine._executor
+    run = executor.run
+    seen: list[float | None] = []
+
+    async def spied(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("wait_limit_s"))
+        return await run(*args, **kwargs)
+
+    executor.run = spied  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        del executor.run
 
 
 # The metric families tessera promises to export (docs and dashboards rely on them).

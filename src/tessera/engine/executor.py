@@ -11,16 +11,20 @@ work is ``long_work``:
 
 - ``steps`` (the default): a batch computes only while it holds one of
   ``num_workers`` compute slots (``scheduling/slot.py``). Short batches are
-  granted first and never wait for long ones: one that finds every slot
-  held, some by long batches, takes one beyond them. Long batches compute a
-  step at a time, and at each step boundary (``step.step_boundary``: a
-  decode step, OCR's detection and each recognition batch) one gives its
-  slot up while batches hold more slots than there are, and waits until one
-  is free. On the CPU their threads run at a lower priority
-  (``LONG_WORK_NICE``), so that a short batch sharing a core with a long one
-  until its next step has that core at once. A long batch's run time leaves
-  out its waits at boundaries. Long batches run on threads of their own (a
-  paused one holds its thread, not a slot).
+  granted first: one that finds every slot held, some by long batches, takes
+  one beyond them. While a long batch that has waited out its share (*owed*)
+  holds one, a short batch takes one beyond it only once *overdue*: it has
+  waited ``run``'s ``wait_limit_s`` (a share of its requests' tightest
+  latency target, ``step.py``). A batch waiting for a slot wakes at its
+  overdue time to be granted then, not at another batch's next call. Long
+  batches compute a step at a time, and at each step boundary
+  (``step.step_boundary``: a decode step, OCR's detection and each
+  recognition batch) one gives its slot up while batches hold more slots
+  than there are, and waits until one is free. On the CPU their threads run
+  at a lower priority (``LONG_WORK_NICE``), so that a short batch sharing a
+  core with a long one until its next step has that core at once. A long
+  batch's run time leaves out its waits at boundaries. Long batches run on
+  threads of their own (a paused one holds its thread, not a slot).
 - ``lane``: long batches run in a lane of ``num_workers`` more threads and
   the operating system shares the cores between them and the short ones, as
   it would between one process per model: short batches never wait for a
@@ -188,6 +192,7 @@ class ComputeExecutor:
         *,
         across_models: bool = False,
         bulk: bool = False,
+        wait_limit_s: float | None = None,
     ) -> BatchRun:
         """Run ``fn(items)`` on a worker; ``expected_s``, the predicted run time,
         makes it long when it is at least ``long_batch_s``; with
@@ -197,7 +202,10 @@ class ComputeExecutor:
         ``across_models_threads`` threads of its own, without a compute slot
         (a round's batches wait for its one leader, which computes for them).
         ``bulk``: parts of large requests, long work to the compute slots
-        whatever their length (short batches step past them)."""
+        whatever their length (short batches step past them).
+        ``wait_limit_s``: a short batch that waits that long for a compute
+        slot is overdue, and owed long work no longer holds it back
+        (``scheduling/slot.py``; None: it waits as long as the rules say)."""
         pool = self._pool
         predicted_long = (
             self.long_batch_s is not None
@@ -215,7 +223,15 @@ class ComputeExecutor:
         loop = asyncio.get_running_loop()
         quiet = self._quiet(expected_s, activation_bytes)
         return await loop.run_in_executor(
-            pool, self._run_sync, fn, items, expected_s, quiet and not long, slotless, long
+            pool,
+            self._run_sync,
+            fn,
+            items,
+            expected_s,
+            quiet and not long,
+            slotless,
+            long,
+            wait_limit_s,
         )
 
     def _quiet(self, expected_s: float | None, activation_bytes: int | None) -> bool:
@@ -236,6 +252,7 @@ class ComputeExecutor:
         quiet: bool = False,
         slotless: bool = False,
         long: bool = False,
+        wait_limit_s: float | None = None,
     ) -> BatchRun:
         with self._cond:
             while not quiet and (self._exclusive or self._exclusive_waiting):
@@ -247,7 +264,7 @@ class ComputeExecutor:
             alone = self._active == 1 and self._loading == 0
         hook: _SlotHook | None = None
         try:
-            hook = None if slotless else self._take_slot(expected_s, long)
+            hook = None if slotless else self._take_slot(expected_s, long, wait_limit_s)
             measure = self._start_peak() if alone else None
             start = time.perf_counter()
             with stepping(hook) if hook is not None else contextlib.nullcontext():
@@ -272,15 +289,19 @@ class ComputeExecutor:
                 self._active_loud -= not quiet
                 self._cond.notify_all()
 
-    def _take_slot(self, expected_s: float | None, long: bool) -> _SlotHook | None:
+    def _take_slot(
+        self, expected_s: float | None, long: bool, wait_limit_s: float | None = None
+    ) -> _SlotHook | None:
         """Wait for a compute slot for a batch about to run (``long``: as long
-        work); its hook for the batch's step boundaries (None: no slots,
-        ``long_work: lane``)."""
+        work; ``wait_limit_s``: overdue after that long); its hook for the
+        batch's step boundaries (None: no slots, ``long_work: lane``)."""
         if self._slots is None:
             return None
         with self._cond:
-            claim = self._slots.claim(expected_s, time.monotonic(), long=long)
-            _wait_for_slot(self._cond, claim)
+            claim = self._slots.claim(
+                expected_s, time.monotonic(), long=long, wait_limit_s=wait_limit_s
+            )
+            _wait_for_slot(self._cond, self._slots, claim)
         return _SlotHook(self._cond, self._slots, claim)
 
     @contextlib.contextmanager
@@ -355,12 +376,28 @@ class ComputeExecutor:
                 pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _wait_for_slot(cond: threading.Condition, claim: SlotClaim) -> None:
+def _wait_for_slot(cond: threading.Condition, slots: ComputeSlots, claim: SlotClaim) -> None:
     """Wait (holding ``cond``, which guards the slots) until ``claim`` holds a slot:
     every grant comes with a claim, a release, a boundary or a suspension,
-    each of which notifies ``cond``."""
+    each of which notifies ``cond``, or with a claim falling overdue: a claim
+    with a wait limit waits until its overdue time at most, then ticks the
+    slots (which may grant it, or another) and notifies ``cond`` for a grant.
+    From then on any call grants it where the rules allow: it waits as any."""
+    ticked = False
     while not claim.holding:
-        cond.wait()
+        overdue_at = claim.overdue_at
+        if overdue_at is None or ticked:
+            cond.wait()
+            continue
+        now = time.monotonic()
+        if now < overdue_at:
+            cond.wait(overdue_at - now)
+            continue
+        ticked = True
+        grants = slots.num_grants
+        slots.tick(now)
+        if slots.num_grants != grants:
+            cond.notify_all()
 
 
 def _lower_priority() -> None:
@@ -396,7 +433,7 @@ class _SlotHook:
                 self._cond.notify_all()  # a waiting batch got a slot
             if not stepped_aside:
                 return
-            _wait_for_slot(self._cond, self._claim)
+            _wait_for_slot(self._cond, self._slots, self._claim)
             self.paused_s += time.monotonic() - begun
 
     def release(self) -> None:
@@ -414,5 +451,5 @@ class _SlotHook:
         finally:
             with self._cond:
                 self._slots.resume(self._claim, time.monotonic())
-                _wait_for_slot(self._cond, self._claim)
+                _wait_for_slot(self._cond, self._slots, self._claim)
                 self.paused_s += time.monotonic() - begun

@@ -75,7 +75,7 @@ from tessera.scheduling import BatchTimePredictor
 from tessera.tasks.finiteness import check_finite
 
 from .executor import BatchRun
-from .step import BatchLoop, ModelLoop, StepPolicies
+from .step import BatchLoop, ModelLoop, StepPolicies, slot_wait_limit_s
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +317,7 @@ class EncoderGroup(BatchLoop):
                     expected_s,
                     lead.reservation.num_bytes,
                     bulk=all(r.bulk for r in requests),
+                    wait_limit_s=slot_wait_limit_s([r.loop.spec for r in ran], requests),
                 )
             except Exception as e:  # each model's own path finds the input at fault
                 log.warning(

@@ -7,8 +7,10 @@ One batch, from queue to answer, in the order ``ModelLoop`` runs it:
    asks residency whether it runs whole or in parts that each fit the budget
    (``ResidencyManager.plan_batch``).
 2. execute: each part leases the model and room for its activations
-   (``ResidencyManager.lease``) and runs on the compute executor; the outcome
-   is data (``PartOutcome``: the run, or what failed), nothing answered yet.
+   (``ResidencyManager.lease``) and runs on the compute executor, with a
+   share of its tightest latency target as its wait limit for a compute slot
+   (``slot_wait_limit_s``); the outcome is data (``PartOutcome``: the run, or
+   what failed), nothing answered yet.
 3. report: a run goes to the policies that learn from it (residency's
    activation peaks, the run-time predictor), the counters and the sinks,
    and answers its callers; a failure that may be one input's is retried in
@@ -36,7 +38,7 @@ import dataclasses
 import functools
 import logging
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +60,16 @@ from .executor import BatchRun, ComputeExecutor
 from .host import UNMEASURED_RUNTIMES
 
 log = logging.getLogger(__name__)
+
+# A short batch waits for a compute slot behind owed long work at most this
+# share of the tightest latency target among its requests, then takes one
+# beyond it (``scheduling/slot.py``: overdue). A quarter, as the fair queue
+# caps batches while a latency tier is active (LATENCY_SHARE_WHILE_ACTIVE):
+# the rest of the target is the request's wait for its batch, the batch's
+# own run and the round trip. With two slots and owed OCR on one, a MiniLM
+# batch with a 200 ms target otherwise waited 150 ms and more behind one
+# speech or chat batch.
+SLOT_WAIT_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -200,6 +212,7 @@ class ModelLoop(BatchLoop):
                     lease.reservation.num_bytes,
                     across_models=stacks(lease.model),
                     bulk=all(r.bulk for r in part.requests),
+                    wait_limit_s=slot_wait_limit_s([self.spec], part.requests),
                 )
         except TesseraError as e:
             if isinstance(e, ModelUnavailableError | OverloadedError):
@@ -336,6 +349,18 @@ def _runner(model: LoadedModel, reported: list[float]) -> Callable[[Sequence[Any
         return answer.outputs
 
     return run
+
+
+def slot_wait_limit_s(
+    specs: Iterable[ModelSpec], requests: Iterable[QueuedRequest]
+) -> float | None:
+    """How long a batch of ``requests`` for the models ``specs`` waits for a
+    compute slot before it is overdue: ``SLOT_WAIT_SHARE`` of the tightest
+    latency target among the models' (``latency_target_ms``) and the requests'
+    tiers' (``latency_target_s``); None where none has a target."""
+    targets = [s.latency_target_ms / 1000 for s in specs if s.latency_target_ms is not None]
+    targets += [r.latency_target_s for r in requests if r.latency_target_s is not None]
+    return min(targets) * SLOT_WAIT_SHARE if targets else None
 
 
 def _with_following(plan: list[BatchPart]) -> Iterator[tuple[BatchPart, BatchPart | None]]:

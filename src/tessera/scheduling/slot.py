@@ -12,8 +12,8 @@ so a wrong prediction costs one step, not the whole run.
 Invariants (a unit test checks them after every call):
 
 - Short batches hold at most ``num_slots`` slots, and wait only for one
-  another: a short batch is granted a slot at once unless short batches hold
-  every slot, in arrival order.
+  another (and owed long work, below): a short batch is granted a slot at
+  once unless short batches hold every slot, in arrival order.
 - A long batch is granted a slot only while fewer than ``num_slots`` are
   held, after every waiting short batch, long ones in arrival order.
 - So batches hold more than ``num_slots`` slots only when short batches took
@@ -29,10 +29,26 @@ Invariants (a unit test checks them after every call):
   ``quantum_s`` longer than it has computed is *owed*. An owed batch that
   waits is granted the next free slot before short batches; one that holds
   a slot keeps it at its boundaries; and while one holds a slot, short
-  batches take no slot beyond it (they wait for a free one). So under a
-  stream of short work a long batch still computes about half the time of a
-  slot (a page of OCR is not held for seconds behind other models' short
-  batches), and a short batch waits for long work only while it is owed.
+  batches take no slot beyond it (they wait for a free one), unless overdue
+  (below). So under a stream of short work a long batch still computes about
+  half the time of a slot (a page of OCR is not held for seconds behind other
+  models' short batches), and a short batch waits for long work only while
+  it is owed.
+- Short work is not held back for long by owed long work either: a short
+  claim may carry a wait limit (``claim``'s ``wait_limit_s``: the executor
+  passes a share of its requests' tightest latency target), and one that has
+  waited in line that long is *overdue*. The owed rule does not hold an
+  overdue claim back: the first overdue claim in the short line takes a slot
+  beyond owed long work (the operating system then shares the cores between
+  them, as between processes; on the CPU the long batch's threads run nicer),
+  and short batches still hold at most ``num_slots`` slots. Without owed long
+  work an overdue claim changes nothing: short batches take slots beyond long
+  ones anyway. With two slots, owed OCR on one left every other model's short
+  batches one slot, and a MiniLM batch with a 200 ms target waited 150 ms and
+  more behind a speech or chat batch.
+- The slots keep no clock, and a waiting claim becomes overdue between calls:
+  whoever waits calls ``tick(now)`` at its overdue time (``next_overdue_at``:
+  the earliest of the line's) to grant it then, not at the next event.
 
 Plain state, no threads and no clock: callers pass the time and wait for a
 grant themselves (``engine/executor.py``), so the policy is tested by calls.
@@ -54,6 +70,7 @@ class SlotClaim:
     waiting_since: float | None = None  # since when it waits in line; None otherwise
     ran_s: float = 0.0  # seconds it held a slot, up to its last grant's end
     waited_s: float = 0.0  # seconds it waited in line, up to its last grant
+    wait_limit_s: float | None = None  # short work: waited this long in line, it is overdue
 
     def owed(self, now: float, grace_s: float) -> bool:
         """Long work that has waited more than ``grace_s`` longer than it ran."""
@@ -65,6 +82,19 @@ class SlotClaim:
         if self.waiting_since is not None:
             waited += now - self.waiting_since
         return waited > ran + grace_s
+
+    @property
+    def overdue_at(self) -> float | None:
+        """When this short claim, waiting in line, becomes overdue: its wait
+        limit after it joined the line (None: long, not waiting, or no limit)."""
+        if self.long or self.wait_limit_s is None or self.waiting_since is None:
+            return None
+        return self.waiting_since + self.wait_limit_s
+
+    def overdue(self, now: float) -> bool:
+        """Short work that has waited in line its wait limit or longer."""
+        at = self.overdue_at
+        return at is not None and now >= at
 
     @property
     def holding(self) -> bool:
@@ -88,13 +118,29 @@ class ComputeSlots:
 
     # -- the calls -----------------------------------------------------------
 
-    def claim(self, expected_s: float | None, now: float, *, long: bool = False) -> SlotClaim:
+    def claim(
+        self,
+        expected_s: float | None,
+        now: float,
+        *,
+        long: bool = False,
+        wait_limit_s: float | None = None,
+    ) -> SlotClaim:
         """A batch predicted to run ``expected_s`` wants a slot (``long``: as
         long work, whatever its prediction): granted now if the rules allow
-        (``holding``), else it waits in line."""
-        claim = SlotClaim(long=long or (expected_s is not None and expected_s >= self.long_s))
+        (``holding``), else it waits in line. ``wait_limit_s``: short work that
+        waits in line that long is overdue (module notes; None: never)."""
+        claim = SlotClaim(
+            long=long or (expected_s is not None and expected_s >= self.long_s),
+            wait_limit_s=wait_limit_s,
+        )
         self.resume(claim, now)
         return claim
+
+    def tick(self, now: float) -> None:
+        """Grant what the rules allow at ``now``: a claim that became overdue
+        since the last call (``next_overdue_at``) is granted when they allow."""
+        self._grant(now)
 
     def release(self, claim: SlotClaim, now: float) -> None:
         """The batch has ended (or gave up waiting): its slot goes to the next."""
@@ -153,6 +199,13 @@ class ComputeSlots:
     def num_short_waiting(self) -> int:
         return len(self._short_waiting)
 
+    @property
+    def next_overdue_at(self) -> float | None:
+        """When the first waiting short claim becomes (or became) overdue;
+        None when none has a wait limit."""
+        times = [at for c in self._short_waiting if (at := c.overdue_at) is not None]
+        return min(times, default=None)
+
     def _must_yield(self, claim: SlotClaim, now: float) -> bool:
         if claim.owed(now, self.quantum_s):
             return False  # it has waited out its share: it computes on
@@ -164,8 +217,9 @@ class ComputeSlots:
     def _grant(self, now: float) -> None:
         """Hand slots out: owed long batches while any slot is free; short
         batches while they hold fewer than every slot (long ones' slots count
-        as free to them, unless an owed one holds a slot); then long ones while
-        any slot is free, each line in arrival order."""
+        as free to them, unless an owed one holds a slot: then overdue ones
+        only); then long ones while any slot is free, each line in arrival
+        order."""
         grace_s = self.quantum_s
         if self._long_waiting and len(self._holders) < self.num_slots:
             for claim in [c for c in self._long_waiting if c.owed(now, grace_s)]:
@@ -174,11 +228,18 @@ class ComputeSlots:
                 self._long_waiting.remove(claim)
                 self._hold(claim, now)
         while self._short_waiting and self.num_short_holding < self.num_slots:
+            claim = self._short_waiting[0]
             if len(self._holders) >= self.num_slots and any(
                 c.owed(now, grace_s) for c in self._holders
             ):
-                break  # owed long work keeps its slot: no short batch beyond it
-            self._hold(self._short_waiting.popleft(), now)
+                # Owed long work keeps its slot: no short batch beyond it, but
+                # one that has waited past its limit.
+                overdue = next((c for c in self._short_waiting if c.overdue(now)), None)
+                if overdue is None:
+                    break
+                claim = overdue
+            self._short_waiting.remove(claim)
+            self._hold(claim, now)
         while self._long_waiting and len(self._holders) < self.num_slots:
             self._hold(self._long_waiting.popleft(), now)
 

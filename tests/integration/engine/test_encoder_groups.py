@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from builders import fake_engine
+from builders import fake_engine, wait_limits
 from harness.fake_models import HEAD_POISON
 from tessera.admission import TenantLimits
 from tessera.engine import Caller, Engine, RequestTrace
+from tessera.engine.step import SLOT_WAIT_SHARE
 from tessera.errors import InferenceError, ModelUnavailableError
 from tessera.tasks.types import ClassifyOutput, Task, TextInput
 
@@ -182,3 +183,14 @@ async def test_each_tenant_is_charged_its_rows_share_of_the_batch_under_its_mode
         # Rows of equal units share the batch's run equally.
         shares = [c.device_s for c in charges if c is not None]
         assert max(shares) == pytest.approx(min(shares))
+
+
+async def test_a_group_batch_waits_for_a_slot_at_most_a_share_of_its_models_tightest_target(
+    tmp_path: Path,
+) -> None:
+    models = {"h0": {**HEAD, "latency_target_ms": 400}, "h1": {**HEAD, "latency_target_ms": 200}}
+    async with fake_engine(tmp_path, models) as engine:
+        with wait_limits(engine) as seen:
+            answers = await asyncio.gather(ask(engine, "h0"), ask(engine, "h1"))
+    assert [trace.batch_size for _, trace in answers] == [2, 2]  # one batch of both
+    assert seen == [pytest.approx(0.2 * SLOT_WAIT_SHARE)]

@@ -7,7 +7,8 @@ batches that must go next (``queued``: the executor counts the batches that
 wait for a slot); a thread that waits on a gate gives up after
 ``HANG_GUARD_S`` only when the code under test is broken (the test then fails
 instead of hanging). The long batches are the fake runtime's chats, whose
-words are steps, and plain functions that call ``step_boundary``.
+words are steps, and plain functions that call ``step_boundary``. Only an
+overdue batch's test waits on time: being owed and overdue are waits.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -199,6 +201,63 @@ async def test_a_batch_waiting_for_a_paused_batchs_lock_lets_it_finish() -> None
         go_on.set()
     await resident
     executor.shutdown()
+
+
+class Held:
+    """A batch that signals when it runs and ends when the test lets it."""
+
+    def __init__(self, log: Log, name: str) -> None:
+        self.log, self.name = log, name
+        self.began, self.go = threading.Event(), threading.Event()
+
+    def __call__(self, items: Sequence[Any]) -> list[Any]:
+        self.began.set()
+        self.go.wait(HANG_GUARD_S)
+        self.log.note(f"{self.name} ended")
+        return list(items)
+
+
+OWED_WAIT_S = 1.0  # a long batch's wait for a slot: owed for about as long once it runs
+WAIT_LIMIT_S = 0.05  # the tight batch's: a quarter of a 200 ms latency target
+
+
+@pytest.mark.timeout(3 * HANG_GUARD_S, method="thread")
+async def test_a_short_batch_with_a_wait_limit_starts_within_it_beside_owed_long_work() -> None:
+    """Two slots: a short batch holds one throughout, and a long batch that
+    waited a second for the other is owed. A short batch with a tight limit
+    starts once it has waited that long, beside both, with no other batch's
+    call to wake it (without a limit it waits for a free slot: test_slot.py).
+    (No batch without a limit waits beside it: the short pool's two threads
+    are the resident's and the tight batch's.)"""
+    long_s = 0.05  # and the quantum: the long batch is owed once it waited that long
+    executor = ComputeExecutor(CpuDevice(), num_threads=2, num_workers=2, long_batch_s=long_s)
+    log = Log()
+    resident, other, long = Held(log, "resident"), Held(log, "other"), Held(log, "long")
+    try:
+        resident_run = asyncio.ensure_future(executor.run(resident, ["r"], SHORT_S))
+        other_run = asyncio.ensure_future(executor.run(other, ["o"], SHORT_S))
+        await started(resident.began)
+        await started(other.began)
+        long_run = asyncio.ensure_future(executor.run(long, ["l"], LONG_S))
+        await queued(executor, 1)
+        await asyncio.sleep(OWED_WAIT_S)
+        other.go.set()
+        await other_run
+        await started(long.began)  # owed: for about OWED_WAIT_S of its run
+        claimed = time.monotonic()
+        tight = executor.run(log.echo("tight"), ["t"], SHORT_S, wait_limit_s=WAIT_LIMIT_S)
+        assert (await asyncio.wait_for(tight, HANG_GUARD_S)).outputs == ["t"]
+        waited = time.monotonic() - claimed
+        assert WAIT_LIMIT_S <= waited < WAIT_LIMIT_S + OWED_WAIT_S / 2
+        assert not long_run.done()
+        assert not resident_run.done()
+    finally:
+        for held in (resident, other, long):
+            held.go.set()
+    await asyncio.gather(resident_run, long_run)
+    executor.shutdown()
+    assert log.events[0] == "other ended"
+    assert log.events[1] == "tight ran"  # while the resident and the owed batch ran
 
 
 def own_nice(items: Sequence[Any]) -> list[Any]:

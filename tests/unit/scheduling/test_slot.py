@@ -24,9 +24,12 @@ def check(slots: ComputeSlots, claims: list[SlotClaim], now: float = 0.0) -> Non
     assert slots.num_short_holding <= slots.num_slots
     if slots.num_short_waiting:  # short batches wait only for one another, or owed long work
         owed = any(c.owed(now, slots.quantum_s) for c in holding)
+        overdue = any(c.overdue(now) for c in claims if not c.holding)
         assert slots.num_short_holding == slots.num_slots or (
-            owed and slots.num_holding >= slots.num_slots
+            owed and slots.num_holding >= slots.num_slots and not overdue
         )
+    overdue_at = [at for c in claims if (at := c.overdue_at) is not None]
+    assert slots.next_overdue_at == min(overdue_at, default=None)
     if slots.num_waiting > slots.num_short_waiting:  # a long one waits only for a slot
         assert slots.num_holding >= slots.num_slots
 
@@ -179,6 +182,101 @@ def test_long_work_that_waited_out_its_share_is_not_starved_by_short_work() -> N
     assert slots.num_holding == slots.num_waiting == 0
 
 
+def owed_beside_short(slots: ComputeSlots) -> tuple[SlotClaim, SlotClaim]:
+    """On two slots: a short batch holding one from 0.0, and a long batch that
+    waited for the other until OWED_AT, owed from then on for a while."""
+    assert slots.num_slots == 2
+    short, other = slots.claim(SHORT, now=0.0), slots.claim(SHORT, now=0.0)
+    long = slots.claim(LONG, now=0.0)
+    slots.release(other, now=OWED_AT)
+    assert long.holding
+    assert long.owed(OWED_AT, slots.quantum_s)
+    return short, long
+
+
+OWED_AT = 2.0  # 1.5 s more than a quantum (LONG_S) after the long batch's claim
+LIMIT_S = 0.125  # a short claim's wait limit (exact in binary: the times below are)
+
+
+def test_an_overdue_short_claim_takes_a_slot_beside_owed_long_work() -> None:
+    slots = ComputeSlots(2, LONG_S)
+    short, long = owed_beside_short(slots)
+    tight = slots.claim(SHORT, now=OWED_AT, wait_limit_s=LIMIT_S)
+    assert not tight.holding  # owed long work keeps its slot: none beyond it yet
+    assert slots.next_overdue_at == OWED_AT + LIMIT_S
+    claims = [short, long, tight]
+    check(slots, claims, OWED_AT)
+    slots.tick(OWED_AT + LIMIT_S - 0.001)
+    assert not tight.holding  # not overdue yet
+    check(slots, claims, OWED_AT + LIMIT_S - 0.001)
+    slots.tick(OWED_AT + LIMIT_S)
+    assert tight.holding  # overdue: a slot beyond the owed batch's
+    assert slots.num_holding == 3
+    assert slots.next_overdue_at is None
+    check(slots, claims, OWED_AT + LIMIT_S)
+    # The owed batch computes on beside it while owed, and steps aside once not.
+    assert not slots.boundary(long, now=OWED_AT + LIMIT_S + 0.001)
+    assert slots.boundary(long, now=2 * OWED_AT)
+    check(slots, claims, 2 * OWED_AT)
+
+
+def test_without_a_wait_limit_a_short_claim_waits_for_owed_long_work_as_before() -> None:
+    slots = ComputeSlots(2, LONG_S)
+    short, long = owed_beside_short(slots)
+    patient = slots.claim(SHORT, now=OWED_AT)
+    assert slots.next_overdue_at is None
+    slots.tick(OWED_AT + LIMIT_S)
+    assert long.owed(OWED_AT + LIMIT_S, slots.quantum_s)
+    assert not patient.holding
+    check(slots, [short, long, patient], OWED_AT + LIMIT_S)
+    slots.release(short, now=OWED_AT + 2 * LIMIT_S)
+    assert patient.holding  # a free slot, as ever
+
+
+def test_a_long_claims_wait_limit_makes_it_no_overdue_short_work() -> None:
+    slots = ComputeSlots(1, LONG_S)
+    holder = slots.claim(SHORT, now=0.0)
+    long = slots.claim(LONG, now=0.0, wait_limit_s=LIMIT_S)
+    assert long.overdue_at is None
+    assert not long.overdue(10.0)
+    slots.release(holder, now=0.1)
+    assert long.holding
+
+
+def test_overdue_claims_go_beyond_owed_work_first_in_their_arrival_order() -> None:
+    """A claim with no limit at the head of the line waits; the overdue ones
+    behind it take the slots short work may hold, in arrival order, and never
+    more: short batches hold at most every slot."""
+    slots = ComputeSlots(2, LONG_S)
+    short, long = owed_beside_short(slots)
+    patient = slots.claim(SHORT, now=OWED_AT)
+    first = slots.claim(SHORT, now=OWED_AT, wait_limit_s=LIMIT_S)
+    second = slots.claim(SHORT, now=OWED_AT, wait_limit_s=LIMIT_S / 2)
+    claims = [short, long, patient, first, second]
+    assert slots.next_overdue_at == OWED_AT + LIMIT_S / 2
+    slots.tick(OWED_AT + LIMIT_S)  # both overdue: the first to arrive goes
+    assert first.holding
+    assert not second.holding  # short batches hold both slots now
+    assert not patient.holding
+    assert slots.num_short_holding == slots.num_slots
+    check(slots, claims, OWED_AT + LIMIT_S)
+    slots.release(short, now=OWED_AT + 2 * LIMIT_S)
+    assert second.holding  # overdue: before the head of the line, beyond the owed batch
+    assert not patient.holding
+    check(slots, claims, OWED_AT + 2 * LIMIT_S)
+
+
+def test_a_resumed_short_claim_counts_its_wait_limit_from_its_return() -> None:
+    slots = ComputeSlots(1, LONG_S)
+    claim = slots.claim(SHORT, now=0.0, wait_limit_s=LIMIT_S)
+    slots.suspend(claim, now=0.25)
+    assert claim.overdue_at is None  # not in line
+    other = slots.claim(SHORT, now=0.25)
+    slots.resume(claim, now=0.5)
+    assert claim.overdue_at == 0.5 + LIMIT_S
+    check(slots, [claim, other], 0.5)
+
+
 def test_slots_are_at_least_one() -> None:
     with pytest.raises(ValueError, match="num_slots"):
         ComputeSlots(0, LONG_S)
@@ -192,11 +290,14 @@ def test_random_calls_keep_the_invariants(num_slots: int) -> None:
     suspended: list[SlotClaim] = []
     now = 0.0
     for _ in range(2000):
-        now += rng.choice((0.0, 0.01, 0.3, 1.5))
+        now += rng.choice((0.0, 0.01, 0.03, 0.3, 1.5))
         holding = [c for c in claims if c.holding]
         move = rng.random()
         if move < 0.3 or not claims:
-            claims.append(slots.claim(rng.choice((SHORT, LONG, None)), now))
+            limit = rng.choice((None, 0.0, 0.05, 1.0))
+            claims.append(slots.claim(rng.choice((SHORT, LONG, None)), now, wait_limit_s=limit))
+        elif move < 0.35:
+            slots.tick(now)
         elif move < 0.55 and holding:
             claim = rng.choice(holding)
             slots.release(claim, now)
@@ -209,6 +310,8 @@ def test_random_calls_keep_the_invariants(num_slots: int) -> None:
             suspended.append(claim)
         elif suspended:
             slots.resume(suspended.pop(0), now)
+        else:  # a call at every step: claims become overdue between calls
+            slots.tick(now)
         check(slots, claims, now)
     for claim in list(claims):
         slots.release(claim, now)
