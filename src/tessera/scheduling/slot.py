@@ -11,9 +11,10 @@ so a wrong prediction costs one step, not the whole run.
 
 Invariants (a unit test checks them after every call):
 
-- Short batches hold at most ``num_slots`` slots, and wait only for one
-  another (and owed long work, below): a short batch is granted a slot at
-  once unless short batches hold every slot, in arrival order.
+- Short batches hold at most ``num_slots`` slots, except overdue ones (below),
+  at most ``overdue_beyond`` beyond; and they wait only for one another (and
+  owed long work, below): a short batch is granted a slot at once unless
+  short batches hold every slot, in arrival order.
 - A long batch is granted a slot only while fewer than ``num_slots`` are
   held, after every waiting short batch, long ones in arrival order.
 - So batches hold more than ``num_slots`` slots only when short batches took
@@ -40,12 +41,22 @@ Invariants (a unit test checks them after every call):
   waited in line that long is *overdue*. The owed rule does not hold an
   overdue claim back: the first overdue claim in the short line takes a slot
   beyond owed long work (the operating system then shares the cores between
-  them, as between processes; on the CPU the long batch's threads run nicer),
-  and short batches still hold at most ``num_slots`` slots. Without owed long
-  work an overdue claim changes nothing: short batches take slots beyond long
-  ones anyway. With two slots, owed OCR on one left every other model's short
-  batches one slot, and a MiniLM batch with a 200 ms target waited 150 ms and
-  more behind a speech or chat batch.
+  them, as between processes; on the CPU the long batch's threads run nicer).
+  With two slots, owed OCR on one left every other model's short batches one
+  slot, and a MiniLM batch with a 200 ms target waited 150 ms and more behind
+  a speech or chat batch.
+- Nor by other short work: an overdue claim also takes a slot beyond the
+  short batches that hold every slot, while short batches hold fewer than
+  ``num_slots + overdue_beyond`` (the executor's bound: as many again), so a
+  batch with a latency target waits for a slot about its limit at most, and
+  the operating system shares the cores among the batches, as among one
+  process per model. With two slots, a TTS batch (~120 ms) and a chat batch
+  (~175 ms) held both, and MiniLM batches behind them missed 200 ms targets.
+  Not while an owed long batch waits, though: that one takes the next slot
+  short work frees, so overdue work does not starve long work (an owed batch
+  that holds a slot keeps it at its boundaries, however many short batches
+  hold slots beyond it). A long batch that is not owed gives its slot up at
+  its boundary while batches hold more slots than there are, as ever.
 - The slots keep no clock, and a waiting claim becomes overdue between calls:
   whoever waits calls ``tick(now)`` at its overdue time (``next_overdue_at``:
   the earliest of the line's) to grant it then, not at the next event.
@@ -104,10 +115,22 @@ class SlotClaim:
 class ComputeSlots:
     """Grants compute slots to batches; see the module notes."""
 
-    def __init__(self, num_slots: int, long_s: float, *, quantum_s: float | None = None) -> None:
+    def __init__(
+        self,
+        num_slots: int,
+        long_s: float,
+        *,
+        quantum_s: float | None = None,
+        overdue_beyond: int = 0,
+    ) -> None:
         if num_slots < 1:
             raise ValueError("num_slots must be >= 1")
+        if overdue_beyond < 0:
+            raise ValueError("overdue_beyond must be >= 0")
         self.num_slots = num_slots
+        # Slots overdue short claims may take beyond the short batches that hold
+        # every slot (module notes).
+        self.overdue_beyond = overdue_beyond
         self.long_s = long_s
         self.quantum_s = long_s if quantum_s is None else quantum_s
         self._holders: list[SlotClaim] = []
@@ -218,8 +241,9 @@ class ComputeSlots:
         """Hand slots out: owed long batches while any slot is free; short
         batches while they hold fewer than every slot (long ones' slots count
         as free to them, unless an owed one holds a slot: then overdue ones
-        only); then long ones while any slot is free, each line in arrival
-        order."""
+        only), and overdue ones up to ``overdue_beyond`` beyond every slot
+        while no owed long batch waits; then long ones while any slot is
+        free, each line in arrival order."""
         grace_s = self.quantum_s
         if self._long_waiting and len(self._holders) < self.num_slots:
             for claim in [c for c in self._long_waiting if c.owed(now, grace_s)]:
@@ -227,13 +251,22 @@ class ComputeSlots:
                     break
                 self._long_waiting.remove(claim)
                 self._hold(claim, now)
-        while self._short_waiting and self.num_short_holding < self.num_slots:
+        owed_waiting = any(c.owed(now, grace_s) for c in self._long_waiting)
+        while self._short_waiting:
+            short_holding = self.num_short_holding
+            if short_holding >= self.num_slots + self.overdue_beyond:
+                break
             claim = self._short_waiting[0]
-            if len(self._holders) >= self.num_slots and any(
+            every_slot_short = short_holding >= self.num_slots
+            behind_owed = len(self._holders) >= self.num_slots and any(
                 c.owed(now, grace_s) for c in self._holders
-            ):
-                # Owed long work keeps its slot: no short batch beyond it, but
-                # one that has waited past its limit.
+            )
+            if every_slot_short or behind_owed:
+                # Only an overdue claim goes beyond short work's slots or owed
+                # long work's, and beyond short work's only while no owed long
+                # batch waits for the next slot it frees.
+                if every_slot_short and owed_waiting:
+                    break
                 overdue = next((c for c in self._short_waiting if c.overdue(now)), None)
                 if overdue is None:
                     break

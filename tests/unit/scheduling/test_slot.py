@@ -21,12 +21,18 @@ def check(slots: ComputeSlots, claims: list[SlotClaim], now: float = 0.0) -> Non
     """The invariants that hold between calls (``now``: the last call's time)."""
     holding = [c for c in claims if c.holding]
     assert slots.num_holding == len(holding)
-    assert slots.num_short_holding <= slots.num_slots
+    bound = slots.num_slots + slots.overdue_beyond
+    assert slots.num_short_holding <= bound
     if slots.num_short_waiting:  # short batches wait only for one another, or owed long work
         owed = any(c.owed(now, slots.quantum_s) for c in holding)
+        owed_waiting = any(c.owed(now, slots.quantum_s) for c in claims if c.long and not c.holding)
         overdue = any(c.overdue(now) for c in claims if not c.holding)
-        assert slots.num_short_holding == slots.num_slots or (
-            owed and slots.num_holding >= slots.num_slots and not overdue
+        every_slot_short = slots.num_short_holding >= slots.num_slots
+        assert every_slot_short or (owed and slots.num_holding >= slots.num_slots)
+        # An overdue one waits only for the bound, or (every slot short work's)
+        # for owed long work that waits for the next slot.
+        assert not overdue or (
+            slots.num_short_holding == bound or (every_slot_short and owed_waiting)
         )
     overdue_at = [at for c in claims if (at := c.overdue_at) is not None]
     assert slots.next_overdue_at == min(overdue_at, default=None)
@@ -280,12 +286,109 @@ def test_a_resumed_short_claim_counts_its_wait_limit_from_its_return() -> None:
 def test_slots_are_at_least_one() -> None:
     with pytest.raises(ValueError, match="num_slots"):
         ComputeSlots(0, LONG_S)
+    with pytest.raises(ValueError, match="overdue_beyond"):
+        ComputeSlots(1, LONG_S, overdue_beyond=-1)
 
 
+def short_work_on_every_slot(slots: ComputeSlots) -> list[SlotClaim]:
+    claims = [slots.claim(SHORT, now=0.0) for _ in range(slots.num_slots)]
+    assert all(c.holding for c in claims)
+    return claims
+
+
+def test_an_overdue_short_claim_takes_a_slot_beyond_short_work_on_every_slot() -> None:
+    slots = ComputeSlots(2, LONG_S, overdue_beyond=2)
+    claims = short_work_on_every_slot(slots)
+    tight = slots.claim(SHORT, now=0.0, wait_limit_s=LIMIT_S)
+    patient = slots.claim(SHORT, now=0.0)
+    claims += [tight, patient]
+    assert not tight.holding
+    assert slots.next_overdue_at == LIMIT_S
+    slots.tick(LIMIT_S - 0.001)
+    assert not tight.holding  # not overdue yet
+    check(slots, claims, LIMIT_S - 0.001)
+    slots.tick(LIMIT_S)
+    assert tight.holding  # overdue: a third slot, beside the two short batches
+    assert slots.num_short_holding == 3
+    assert not patient.holding  # no limit: it waits for a free slot
+    check(slots, claims, LIMIT_S)
+    slots.tick(10.0)
+    assert not patient.holding
+    slots.release(claims[0], now=10.0)
+    assert not patient.holding  # short work still holds every slot (one beyond)
+    check(slots, claims, 10.0)
+    slots.release(tight, now=10.1)
+    assert patient.holding
+
+
+def test_overdue_claims_go_beyond_every_slot_up_to_the_bound() -> None:
+    slots = ComputeSlots(2, LONG_S, overdue_beyond=2)
+    claims = short_work_on_every_slot(slots)
+    tight = [slots.claim(SHORT, now=0.0, wait_limit_s=LIMIT_S) for _ in range(3)]
+    claims += tight
+    slots.tick(LIMIT_S)
+    assert [c.holding for c in tight] == [True, True, False]  # arrival order, to the bound
+    assert slots.num_short_holding == 4
+    check(slots, claims, LIMIT_S)
+    slots.release(tight[0], now=0.2)
+    assert tight[2].holding
+    check(slots, claims, 0.2)
+
+
+def test_without_a_bound_an_overdue_claim_waits_for_short_work_on_every_slot() -> None:
+    slots = ComputeSlots(2, LONG_S)
+    claims = short_work_on_every_slot(slots)
+    tight = slots.claim(SHORT, now=0.0, wait_limit_s=LIMIT_S)
+    slots.tick(LIMIT_S)
+    assert not tight.holding
+    check(slots, [*claims, tight], LIMIT_S)
+
+
+def test_an_owed_long_batch_keeps_its_slot_beside_overdue_work_beyond_every_slot() -> None:
+    slots = ComputeSlots(2, LONG_S, overdue_beyond=2)
+    short, long = owed_beside_short(slots)
+    tight = [slots.claim(SHORT, now=OWED_AT, wait_limit_s=LIMIT_S) for _ in range(4)]
+    claims = [short, long, *tight]
+    slots.tick(OWED_AT + LIMIT_S)
+    assert all(c.holding for c in tight[:3])  # beyond the owed batch, and beyond both slots
+    assert not tight[3].holding  # the bound: four short batches at most
+    assert slots.num_holding == 5
+    check(slots, claims, OWED_AT + LIMIT_S)
+    # Batches hold more slots than there are; the owed batch keeps its slot.
+    assert long.owed(OWED_AT + LIMIT_S + 0.001, slots.quantum_s)
+    assert not slots.boundary(long, now=OWED_AT + LIMIT_S + 0.001)
+    assert long.holding
+    assert slots.num_yields == 0
+
+
+def test_overdue_work_leaves_the_next_free_slot_to_an_owed_long_batch_waiting() -> None:
+    slots = ComputeSlots(2, LONG_S, overdue_beyond=2)
+    short, other = short_work_on_every_slot(slots)
+    long = slots.claim(LONG, now=0.0)
+    first = slots.claim(SHORT, now=0.0, wait_limit_s=LIMIT_S)
+    slots.tick(LIMIT_S)
+    assert first.holding  # the long batch is not owed yet: overdue work goes beyond
+    claims = [short, other, long, first]
+    check(slots, claims, LIMIT_S)
+    assert long.owed(OWED_AT, slots.quantum_s)
+    late = slots.claim(SHORT, now=OWED_AT, wait_limit_s=LIMIT_S)
+    claims.append(late)
+    slots.tick(OWED_AT + LIMIT_S)
+    assert not late.holding  # overdue, but an owed long batch waits for the next slot
+    check(slots, claims, OWED_AT + LIMIT_S)
+    slots.release(short, now=OWED_AT + 0.2)
+    slots.release(other, now=OWED_AT + 0.2)
+    assert long.holding  # the first slot short work left (it still held every other)
+    assert late.holding  # and overdue work beyond it, as beyond owed work holding
+    check(slots, claims, OWED_AT + 0.2)
+
+
+@pytest.mark.parametrize("overdue_beyond", [0, 1, 3])
 @pytest.mark.parametrize("num_slots", [1, 2, 3])
-def test_random_calls_keep_the_invariants(num_slots: int) -> None:
-    rng = random.Random(num_slots)
-    slots = ComputeSlots(num_slots, LONG_S)
+def test_random_calls_keep_the_invariants(num_slots: int, overdue_beyond: int) -> None:
+    rng = random.Random(num_slots * 10 + overdue_beyond)
+    slots = ComputeSlots(num_slots, LONG_S, overdue_beyond=overdue_beyond)
+    beyond = 0  # calls after which short batches held more than every slot
     claims: list[SlotClaim] = []
     suspended: list[SlotClaim] = []
     now = 0.0
@@ -295,10 +398,11 @@ def test_random_calls_keep_the_invariants(num_slots: int) -> None:
         move = rng.random()
         if move < 0.3 or not claims:
             limit = rng.choice((None, 0.0, 0.05, 1.0))
-            claims.append(slots.claim(rng.choice((SHORT, LONG, None)), now, wait_limit_s=limit))
+            kind = rng.choice((SHORT, SHORT, SHORT, LONG, None))
+            claims.append(slots.claim(kind, now, wait_limit_s=limit))
         elif move < 0.35:
             slots.tick(now)
-        elif move < 0.55 and holding:
+        elif move < 0.65 and holding:
             claim = rng.choice(holding)
             slots.release(claim, now)
             claims.remove(claim)
@@ -313,6 +417,8 @@ def test_random_calls_keep_the_invariants(num_slots: int) -> None:
         else:  # a call at every step: claims become overdue between calls
             slots.tick(now)
         check(slots, claims, now)
+        beyond += slots.num_short_holding > num_slots
+    assert (beyond > 0) == (overdue_beyond > 0)  # the calls reach overdue work's slots
     for claim in list(claims):
         slots.release(claim, now)
     assert slots.num_holding == slots.num_waiting == 0
