@@ -15,8 +15,17 @@ work is ``long_work``:
   one beyond them. While a long batch that has waited out its share (*owed*)
   holds one, a short batch takes one beyond it only once *overdue*: it has
   waited ``run``'s ``wait_limit_s`` (a share of its requests' tightest
-  latency target, ``step.py``). A batch waiting for a slot wakes at its
-  overdue time to be granted then, not at another batch's next call. Long
+  latency target, ``step.py``). An overdue batch also takes a slot beyond
+  the short batches that hold every slot, up to ``num_workers`` beyond
+  (``OVERDUE_BEYOND_PER_WORKER``), unless an owed long batch waits for the
+  next one: short work with a target waits for a slot about its limit at
+  most, and the operating system shares the cores among the batches, as
+  among one process per model. The short batches' threads have room for
+  those, and for batches waiting for a slot (``WAITING_THREADS``): a
+  waiting batch holds a thread, and a batch with a tight target must reach
+  the slots to become overdue, not queue behind it for a thread. A batch
+  waiting for a slot wakes at its overdue time to be granted then, not at
+  another batch's next call. Long
   batches compute a step at a time, and at each step boundary
   (``step.step_boundary``: a decode step, OCR's detection and each
   recognition batch) one gives its slot up while batches hold more slots
@@ -66,6 +75,19 @@ LONG_WORK_MODES = ("steps", "lane")
 # (long_work: steps): a short batch's thread then has about 90% of a core it
 # shares with one (the kernel's weights for nice 0 and 10: 1024 and 110).
 LONG_WORK_NICE = 10
+# Slots overdue short batches may take beyond the short batches that hold
+# every slot, per worker (``scheduling/slot.py``): as many again. An overdue
+# batch has waited a quarter of its latency target; the cores are then shared
+# among at most twice as many batches, each slower, rather than one waiting a
+# whole batch of another model's (on the CPU's two slots a TTS batch of
+# ~120 ms and a chat of ~175 ms held both, and MiniLM batches with 200 ms
+# targets missed them).
+OVERDUE_BEYOND_PER_WORKER = 1
+# Threads for short batches beyond those computing: a batch waiting for a slot
+# holds one (not a core), and a batch queued for a thread cannot become
+# overdue. Each model has at most ``num_workers`` batches in flight; threads
+# start as work comes.
+WAITING_THREADS = 32
 # The most activation bytes a batch may reserve and still run beside a load's
 # measurement (a quiet batch: see the module notes).
 QUIET_BYTES = 8 * 2**20
@@ -130,7 +152,16 @@ class ComputeExecutor:
         self.threads_per_worker = max(1, num_threads // num_workers)
         self.long_batch_s = long_batch_s
         self.long_work = long_work
-        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="tessera-compute")
+        stepped = long_batch_s is not None and long_work == "steps"
+        overdue_beyond = OVERDUE_BEYOND_PER_WORKER * num_workers
+        # Short batches. Without compute slots its threads are the bound: one a
+        # worker. With them, the slots bound what computes, and the threads
+        # are for those (overdue ones beyond every slot included) and those
+        # waiting for a slot (module notes).
+        self._pool = ThreadPoolExecutor(
+            num_workers + overdue_beyond + WAITING_THREADS if stepped else num_workers,
+            thread_name_prefix="tessera-compute",
+        )
         # In steps, long batches' threads on the CPU run at a lower priority.
         lower = long_work == "steps" and device.kind == "cpu"
         self._long_pool = (
@@ -158,8 +189,8 @@ class ComputeExecutor:
         )
         # Compute slots (long_work: steps): guarded by _cond, as the counts below.
         self._slots = (
-            ComputeSlots(num_workers, long_batch_s)
-            if long_batch_s is not None and long_work == "steps"
+            ComputeSlots(num_workers, long_batch_s, overdue_beyond=overdue_beyond)
+            if stepped and long_batch_s is not None
             else None
         )
         self._cond = threading.Condition()

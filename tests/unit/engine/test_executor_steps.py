@@ -279,3 +279,37 @@ async def test_long_batches_run_nicer_than_short_ones_in_steps(
     finally:
         executor.shutdown()
     assert long == min(19, short + nicer_by)
+
+
+@pytest.mark.timeout(3 * HANG_GUARD_S, method="thread")
+async def test_a_short_batch_with_a_wait_limit_starts_within_it_beside_two_slow_short_ones() -> (
+    None
+):
+    """Two slots, both held by slow short batches (another model's speech and
+    chat), and two batches without a limit waiting (each holds a thread of
+    the short pool): a batch with a tight limit still reaches the slots,
+    becomes overdue, and starts once it has waited that long, beyond both;
+    those without a limit wait for a free slot."""
+    executor = ComputeExecutor(CpuDevice(), num_threads=2, num_workers=2, long_batch_s=0.5)
+    log = Log()
+    slow = [Held(log, "tts"), Held(log, "chat")]
+    patient = [Held(log, "patient 1"), Held(log, "patient 2")]
+    runs = [asyncio.ensure_future(executor.run(held, ["s"], SHORT_S)) for held in slow]
+    try:
+        for held in slow:
+            await started(held.began)
+        runs += [asyncio.ensure_future(executor.run(held, ["p"], SHORT_S)) for held in patient]
+        await queued(executor, 2)
+        claimed = time.monotonic()
+        tight = executor.run(log.echo("tight"), ["t"], SHORT_S, wait_limit_s=WAIT_LIMIT_S)
+        assert (await asyncio.wait_for(tight, HANG_GUARD_S)).outputs == ["t"]
+        waited = time.monotonic() - claimed
+        assert WAIT_LIMIT_S <= waited < 4 * WAIT_LIMIT_S
+        assert not any(held.began.is_set() for held in patient)  # no limit: they wait
+        assert executor.num_waiting == 2
+    finally:
+        for held in slow + patient:
+            held.go.set()
+    await asyncio.gather(*runs)
+    executor.shutdown()
+    assert log.events[0] == "tight ran"  # while both slow batches ran
