@@ -190,7 +190,7 @@ async def test_a_group_batch_waits_for_a_slot_at_most_a_share_of_its_models_tigh
 ) -> None:
     models = {"h0": {**HEAD, "latency_target_ms": 400}, "h1": {**HEAD, "latency_target_ms": 200}}
     async with fake_engine(tmp_path, models) as engine:
-        with wait_limits(engine) as seen:
+        with wait_limits() as seen:
             answers = await asyncio.gather(ask(engine, "h0"), ask(engine, "h1"))
     assert [trace.batch_size for _, trace in answers] == [2, 2]  # one batch of both
     assert seen == [pytest.approx(0.2 * SLOT_WAIT_SHARE)]

@@ -70,6 +70,6 @@ async def test_a_batch_waits_for_a_slot_at_most_a_share_of_its_tightest_latency_
         model["latency_target_ms"] = model_target_ms
     caller = Caller(TenantLimits("t"), latency_target_s=tier_target_s)
     async with fake_engine(tmp_path, {"m": model}) as engine:
-        with wait_limits(engine) as seen:
+        with wait_limits() as seen:
             await engine.infer("m", Task.EMBEDDING, [TextInput("x")], caller=caller)
     assert seen == [pytest.approx(limit_s)] if limit_s is not None else [None]
