@@ -109,10 +109,11 @@ async def test_unpredicted_batches_take_the_short_lane() -> None:
         log.gate.set()
         assert (await second).outputs == ["done b"]
         await first
-        # Same lane as the first: it waited for it.
+        # The short lane, as the first: it waited for the only slot, which the
+        # first held (the lane's threads outnumber its slots: a batch waits
+        # for a slot on a thread of its own).
         assert log.events == ["a ended", "b ran"]
-        assert log.threads["a"] == log.threads["b"]
-        assert log.threads["a"].startswith("tessera-compute")
+        assert all(log.threads[n].startswith("tessera-compute") for n in ("a", "b"))
     finally:
         log.gate.set()
         executor.shutdown()
