@@ -99,7 +99,7 @@ gpu-check:
 	bash scripts/gpu-check.sh
 
 # Mutation testing of the policy packages against their unit tests (docs/mutation.md).
-# About 15 minutes on 2 cores (docs/mutation.md), so not part of `make test` or CI.
+# Over an hour on 2 cores (docs/contributing/mutation.md), so not part of `make test` or CI.
 MUTATION_JOBS ?= 1
 mutation: $(STAMP)
 	$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/python -m pip install --quiet "mutmut>=3.3,<4"
