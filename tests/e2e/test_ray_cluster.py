@@ -238,7 +238,9 @@ def test_a_request_is_charged_its_engines_run_and_the_engines_memory_is_audited(
     with ThreadPoolExecutor(max_workers=4) as pool:
         answers = list(pool.map(timed, range(4)))
     for device_s, _ in answers:  # the engine's run of its batch, not the call's wall time
-        assert BILLED_RUN_S <= device_s < BILLED_RUN_S + 0.15, answers
+        # (under twice the run: a busy CI machine's scheduling adds to a run, and
+        # the last call's wait is three runs and more)
+        assert BILLED_RUN_S <= device_s < 2 * BILLED_RUN_S, answers
     device_s, wall_s = max(answers, key=lambda a: a[1])
     assert wall_s >= 3 * BILLED_RUN_S, answers
     assert device_s < wall_s / 2, answers
