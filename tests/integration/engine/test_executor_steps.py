@@ -304,7 +304,9 @@ async def test_a_short_batch_with_a_wait_limit_starts_within_it_beside_two_slow_
         tight = executor.run(log.echo("tight"), ["t"], SHORT_S, wait_limit_s=WAIT_LIMIT_S)
         assert (await asyncio.wait_for(tight, HANG_GUARD_S)).outputs == ["t"]
         waited = time.monotonic() - claimed
-        assert WAIT_LIMIT_S <= waited < 4 * WAIT_LIMIT_S
+        # Without the rule it would wait for a slow batch, held until the end:
+        # a second's bound leaves a busy machine's scheduling room.
+        assert WAIT_LIMIT_S <= waited < WAIT_LIMIT_S + 1.0
         assert not any(held.began.is_set() for held in patient)  # no limit: they wait
         assert executor.num_waiting == 2
     finally:
