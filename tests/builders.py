@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from harness.fake_host import FakeModelHost
 from harness.fake_models import FAKE_ADAPTERS
 from tessera.admission import AdmissionController
 from tessera.clock import FakeClock
@@ -18,6 +19,7 @@ from tessera.engine.executor import ComputeExecutor
 from tessera.repository import ModelRepository
 from tessera.repository.spec import BatchingSpec, ModelSpec
 from tessera.request import QueuedRequest, RequestResult
+from tessera.residency import ModelResidency, ResidencyManager, make_eviction_policy
 from tessera.runtimes.graph_runner import Runner, Step
 from tessera.runtimes.padding import Inputs, Outputs
 from tessera.tasks.types import Task
@@ -392,3 +394,26 @@ def replay_like(step: Step, example: Inputs) -> Runner:
         return outputs
 
     return run
+
+
+def make_lru_manager(
+    budget: int = 1000, *, wait_s: float = 0.0, host_budget: int = 0
+) -> tuple[ResidencyManager, FakeModelHost, FakeClock]:
+    """A residency manager on a fake host and clock, least recently used first."""
+    clock = FakeClock()
+    host = FakeModelHost(clock)
+    manager = ResidencyManager(
+        budget,
+        host,
+        make_eviction_policy("lru"),
+        clock,
+        wait_s=wait_s,
+        host_budget_bytes=host_budget,
+    )
+    return manager, host, clock
+
+
+def residency_of(manager: ResidencyManager, name: str) -> ModelResidency:
+    """``name``'s row of the manager's stats."""
+    (found,) = [m for m in manager.stats().models if m.name == name]
+    return found

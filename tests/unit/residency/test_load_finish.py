@@ -13,34 +13,11 @@ import logging
 
 import pytest
 
-from builders import make_spec
-from harness.fake_host import FakeModelHost
-from tessera.clock import FakeClock
+from builders import make_lru_manager, make_spec, residency_of
 from tessera.errors import ModelTooLargeError, ModelUnavailableError, OverloadedError
 from tessera.repository import ModelSpec
-from tessera.residency import ModelResidency, ModelState, ResidencyManager, make_eviction_policy
+from tessera.residency import ModelState, ResidencyManager
 from tessera.residency.manager import LOAD_FAILED
-
-
-def make_manager(
-    budget: int = 1000, *, host_budget: int = 0, wait_s: float = 0.0
-) -> tuple[ResidencyManager, FakeModelHost, FakeClock]:
-    clock = FakeClock()
-    host = FakeModelHost(clock)
-    manager = ResidencyManager(
-        budget,
-        host,
-        make_eviction_policy("lru"),
-        clock,
-        wait_s=wait_s,
-        host_budget_bytes=host_budget,
-    )
-    return manager, host, clock
-
-
-def model(manager: ResidencyManager, name: str) -> ModelResidency:
-    (found,) = [m for m in manager.stats().models if m.name == name]
-    return found
 
 
 async def use(manager: ResidencyManager, spec: ModelSpec) -> None:
@@ -51,10 +28,10 @@ async def use(manager: ResidencyManager, spec: ModelSpec) -> None:
 
 
 async def test_a_load_from_files_records_its_seconds_and_how_long_its_caller_waited() -> None:
-    manager, host, clock = make_manager()
+    manager, host, clock = make_lru_manager()
     clock.advance(2.0)
     await use(manager, make_spec("a", 600, load_s=1.0))
-    a = model(manager, "a")
+    a = residency_of(manager, "a")
     assert (a.state, a.loads, a.host_loads, a.measured_by) == ("ready", 1, 0, "fake")
     assert (a.load_s, a.files_load_s, a.host_load_s) == (1.0, 1.0, None)
     assert a.miss_s == 1.0  # asked at 2 s, ready at 3 s
@@ -64,7 +41,7 @@ async def test_a_load_from_files_records_its_seconds_and_how_long_its_caller_wai
 
 
 async def test_an_evicted_model_comes_back_from_the_host_tier_not_its_files() -> None:
-    manager, host, clock = make_manager(1000, host_budget=1000)
+    manager, host, clock = make_lru_manager(1000, host_budget=1000)
     a = make_spec("a", 600, host_tier=True, load_s=1.0)
     await use(manager, a)  # from its files: 1 s
     await use(manager, make_spec("b", 600, load_s=1.0))  # a goes to the host tier
@@ -72,7 +49,7 @@ async def test_an_evicted_model_comes_back_from_the_host_tier_not_its_files() ->
     clock.advance(3.0)
     await use(manager, a)  # woken: no time on this clock
     assert (host.loads["a"], host.restores["a"]) == (1, 1)
-    back = model(manager, "a")
+    back = residency_of(manager, "a")
     assert (back.state, back.loads, back.host_loads) == ("ready", 2, 1)
     assert (back.load_s, back.files_load_s, back.host_load_s) == (0.0, 1.0, 0.0)
     assert back.miss_s == 0.5  # the mean of 1 s (from files) and 0 s (from the tier)
@@ -83,14 +60,14 @@ async def test_an_evicted_model_comes_back_from_the_host_tier_not_its_files() ->
 
 
 async def test_a_model_that_does_not_come_back_from_the_host_tier_loads_from_its_files() -> None:
-    manager, host, _ = make_manager(1000, host_budget=1000)
+    manager, host, _ = make_lru_manager(1000, host_budget=1000)
     a = make_spec("a", 600, host_tier=True, fail_restore=True, load_s=1.0)
     await use(manager, a)
     await use(manager, make_spec("b", 600))
     assert host.offloads["a"] == 1
     await use(manager, a)
     assert (host.loads["a"], host.restores["a"]) == (2, 0)
-    back = model(manager, "a")
+    back = residency_of(manager, "a")
     assert (back.state, back.host_loads, back.load_s, back.host_load_s) == ("ready", 0, 1.0, None)
     assert manager.stats().host_used_bytes == 0
 
@@ -101,7 +78,7 @@ async def test_a_model_that_does_not_come_back_from_the_host_tier_loads_from_its
 async def test_a_failed_load_is_the_models_state_with_its_cause_in_the_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    manager, host, _ = make_manager()
+    manager, host, _ = make_lru_manager()
     with (
         caplog.at_level(logging.ERROR, logger="tessera.residency.load"),
         pytest.raises(ModelUnavailableError) as failed,
@@ -125,7 +102,7 @@ async def test_a_failed_load_is_the_models_state_with_its_cause_in_the_log(
 
 
 async def test_a_success_after_failures_starts_the_backoff_again() -> None:
-    manager, _, clock = make_manager()
+    manager, _, clock = make_lru_manager()
     for window in (2.0, 4.0):
         with pytest.raises(ModelUnavailableError) as failed:
             await manager.ensure_loaded(make_spec("m", 100, fail_load=True))
@@ -140,7 +117,7 @@ async def test_a_success_after_failures_starts_the_backoff_again() -> None:
 
 
 async def test_a_cancelled_load_leaves_the_model_unloaded_not_failed() -> None:
-    manager, host, _ = make_manager(wait_s=30.0)
+    manager, host, _ = make_lru_manager(wait_s=30.0)
     spec = make_spec("a", 600)
     host.gates["a"] = asyncio.Event()
     loading = asyncio.ensure_future(manager.ensure_loaded(spec))
@@ -157,7 +134,7 @@ async def test_a_cancelled_load_leaves_the_model_unloaded_not_failed() -> None:
 
 
 async def test_a_model_measured_over_its_cap_fails_for_good_and_is_not_loaded_again() -> None:
-    manager, host, clock = make_manager(10_000)
+    manager, host, clock = make_lru_manager(10_000)
     spec = make_spec("big", 600, estimate_bytes=400, max_bytes=500)
     with pytest.raises(ModelTooLargeError) as refused:
         await manager.ensure_loaded(spec)  # the estimate fitted the cap
@@ -179,7 +156,7 @@ async def test_a_model_measured_over_its_cap_fails_for_good_and_is_not_loaded_ag
 
 
 async def test_a_model_measured_over_the_budget_fails_for_good() -> None:
-    manager, host, _ = make_manager(1000)
+    manager, host, _ = make_lru_manager(1000)
     with pytest.raises(ModelTooLargeError) as refused:
         await manager.ensure_loaded(make_spec("big", 1200, estimate_bytes=400))
     assert refused.value.reason == "needs 1200 bytes, over the whole budget of 1000 bytes"
@@ -187,7 +164,7 @@ async def test_a_model_measured_over_the_budget_fails_for_good() -> None:
 
 
 async def test_a_model_measured_at_exactly_the_budget_loads() -> None:
-    manager, _, _ = make_manager(1000)
+    manager, _, _ = make_lru_manager(1000)
     await manager.ensure_loaded(make_spec("whole", 1000, estimate_bytes=900))
     assert (manager.state("whole"), manager.stats().used_bytes) == (ModelState.READY, 1000)
 
@@ -198,7 +175,7 @@ async def test_a_model_measured_at_exactly_the_budget_loads() -> None:
 async def test_a_load_measured_above_its_estimate_evicts_just_what_it_lacks(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    manager, host, clock = make_manager(1000)
+    manager, host, clock = make_lru_manager(1000)
     await use(manager, make_spec("b", 200))
     clock.advance(1.0)
     await use(manager, make_spec("c", 300))
@@ -214,7 +191,7 @@ async def test_a_load_measured_above_its_estimate_evicts_just_what_it_lacks(
 
 
 async def test_a_load_measured_above_its_estimate_with_no_room_gives_its_bytes_back() -> None:
-    manager, host, _ = make_manager(1000)
+    manager, host, _ = make_lru_manager(1000)
     busy = await manager.acquire(make_spec("b", 300), 0)
     with pytest.raises(OverloadedError) as refused:
         await manager.ensure_loaded(make_spec("a", 800, estimate_bytes=500))
@@ -232,7 +209,7 @@ async def test_a_load_measured_above_its_estimate_with_no_room_gives_its_bytes_b
 
 
 async def test_a_speculative_load_measured_above_its_estimate_evicts_nothing() -> None:
-    manager, host, _ = make_manager(1000)
+    manager, host, _ = make_lru_manager(1000)
     await use(manager, make_spec("b", 200))
     assert await manager.fill([make_spec("a", 900, estimate_bytes=300)], {}) == []
     assert (host.evicted, host.unloads["a"]) == ([], 1)
@@ -241,7 +218,7 @@ async def test_a_speculative_load_measured_above_its_estimate_evicts_nothing() -
 
 
 async def test_a_reload_keeps_the_first_measurement() -> None:
-    manager, _, _ = make_manager(1000)
+    manager, _, _ = make_lru_manager(1000)
     await manager.ensure_loaded(make_spec("a", 300))
     await manager.unload("a")
     await manager.ensure_loaded(make_spec("a", 500))  # reports more now: not measured again
@@ -255,7 +232,7 @@ async def test_a_reload_keeps_the_first_measurement() -> None:
 
 
 async def test_a_load_for_a_caller_is_fresh_and_a_fill_is_not() -> None:
-    manager, _, _ = make_manager(1000)
+    manager, _, _ = make_lru_manager(1000)
     loaded, filled = make_spec("loaded", 300), make_spec("filled", 300)
     manager.table.begin_load("loaded", manager._catalogue.expected(loaded))
     await manager._loads.track(loaded, manager._loads.finish(loaded, 0.0))

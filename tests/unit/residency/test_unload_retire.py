@@ -9,52 +9,33 @@ from dataclasses import replace
 
 import pytest
 
-from builders import make_spec
+from builders import make_lru_manager, make_spec, residency_of
 from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
 from tessera.errors import ModelUnavailableError, OverloadedError
 from tessera.repository.spec import BatchingSpec
-from tessera.residency import ModelResidency, ModelState, ResidencyManager, make_eviction_policy
+from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.activation import ActivationBook
 from tessera.residency.manager import HOLD_SLACK_S
-
-
-def make_manager(
-    budget: int = 1000, *, wait_s: float = 0.0, host_budget: int = 0
-) -> tuple[ResidencyManager, FakeModelHost, FakeClock]:
-    clock = FakeClock()
-    host = FakeModelHost(clock)
-    manager = ResidencyManager(
-        budget,
-        host,
-        make_eviction_policy("lru"),
-        clock,
-        wait_s=wait_s,
-        host_budget_bytes=host_budget,
-    )
-    return manager, host, clock
-
-
-def model(manager: ResidencyManager, name: str) -> ModelResidency:
-    (found,) = [m for m in manager.stats().models if m.name == name]
-    return found
-
 
 # -- unload -------------------------------------------------------------------
 
 
 async def test_unload_frees_an_idle_model_and_is_no_eviction() -> None:
-    manager, host, _ = make_manager()
+    manager, host, _ = make_lru_manager()
     await manager.ensure_loaded(make_spec("a", 600))
     assert await manager.unload("a") is True
     assert (host.unloads["a"], host.evicted) == (1, [])
     stats = manager.stats()
     assert (stats.used_bytes, stats.loads_total, stats.evictions_total) == (0, 1, 0)
-    assert (model(manager, "a").state, model(manager, "a").evictions) == ("unloaded", 0)
+    assert (residency_of(manager, "a").state, residency_of(manager, "a").evictions) == (
+        "unloaded",
+        0,
+    )
 
 
 async def test_unload_of_a_model_not_on_the_device_is_false_and_unloads_nothing() -> None:
-    manager, host, _ = make_manager()
+    manager, host, _ = make_lru_manager()
     await manager.ensure_loaded(make_spec("a", 600))
     await manager.unload("a")
     assert await manager.unload("a") is False  # unloaded already
@@ -67,7 +48,7 @@ async def test_unload_of_a_model_not_on_the_device_is_false_and_unloads_nothing(
 
 
 async def test_unload_waits_for_the_running_batch_then_unloads() -> None:
-    manager, host, clock = make_manager(wait_s=30.0)
+    manager, host, clock = make_lru_manager(wait_s=30.0)
     lease = await manager.acquire(make_spec("a", 600), 100)
     unloading = asyncio.ensure_future(manager.unload("a"))
     for _ in range(3):
@@ -81,7 +62,7 @@ async def test_unload_waits_for_the_running_batch_then_unloads() -> None:
 
 
 async def test_unload_of_a_pinned_model_gives_up_at_its_deadline() -> None:
-    manager, host, _ = make_manager(wait_s=0.0)
+    manager, host, _ = make_lru_manager(wait_s=0.0)
     lease = await manager.acquire(make_spec("a", 600), 0)
     with pytest.raises(OverloadedError, match="model 'a': other models are busy") as refused:
         await manager.unload("a")
@@ -91,7 +72,7 @@ async def test_unload_of_a_pinned_model_gives_up_at_its_deadline() -> None:
 
 
 async def test_unload_during_the_models_load_waits_for_it_then_unloads() -> None:
-    manager, host, _ = make_manager(wait_s=30.0)
+    manager, host, _ = make_lru_manager(wait_s=30.0)
     spec = make_spec("a", 600)
     gate = host.gates["a"] = asyncio.Event()
     loading = asyncio.ensure_future(manager.ensure_loaded(spec))
@@ -111,7 +92,7 @@ async def test_unload_during_the_models_load_waits_for_it_then_unloads() -> None
 
 
 async def test_two_unloads_of_one_model_unload_it_once() -> None:
-    manager, host, _ = make_manager(wait_s=30.0)
+    manager, host, _ = make_lru_manager(wait_s=30.0)
     await manager.ensure_loaded(make_spec("a", 600))
     first, second = await asyncio.gather(manager.unload("a"), manager.unload("a"))
     assert (first, second) == (True, False)  # the second waited for the first's unload
@@ -133,7 +114,7 @@ async def test_unload_gives_back_the_room_kept_for_the_next_batch_at_once() -> N
     await clock.sleep(0.01)
     now = clock.now()
     manager.release(page, next_batch_s=1.0)  # another page queued: its room is kept
-    assert model(manager, "ocr").bytes == 700  # for 0.5 s and HOLD_SLACK_S
+    assert residency_of(manager, "ocr").bytes == 700  # for 0.5 s and HOLD_SLACK_S
     assert HOLD_SLACK_S > 0
     assert await manager.unload("ocr") is True
     assert clock.now() == now  # at once, not when the hold ends
@@ -142,7 +123,7 @@ async def test_unload_gives_back_the_room_kept_for_the_next_batch_at_once() -> N
 
 
 async def test_unload_takes_a_copy_out_of_the_host_tier_and_never_offloads() -> None:
-    manager, host, clock = make_manager(1000, host_budget=1000)
+    manager, host, clock = make_lru_manager(1000, host_budget=1000)
     kept = make_spec("a", 600, host_tier=True)
     await manager.ensure_loaded(kept)
     assert await manager.unload("a") is True  # an operator's unload: freed, not kept
@@ -160,7 +141,7 @@ async def test_unload_takes_a_copy_out_of_the_host_tier_and_never_offloads() -> 
 
 
 async def test_keep_protects_by_default_until_released() -> None:
-    manager, host, clock = make_manager()
+    manager, host, clock = make_lru_manager()
     await manager.ensure_loaded(make_spec("old", 600))
     manager.keep("old")  # kept=True is the default
     clock.advance(1.0)
@@ -174,7 +155,7 @@ async def test_keep_protects_by_default_until_released() -> None:
 
 
 async def test_keeping_one_name_protects_no_other() -> None:
-    manager, host, clock = make_manager()
+    manager, host, clock = make_lru_manager()
     await manager.ensure_loaded(make_spec("a", 400))
     clock.advance(1.0)
     await manager.ensure_loaded(make_spec("b", 400))
@@ -193,7 +174,7 @@ async def test_keeping_one_name_protects_no_other() -> None:
 
 
 async def test_retire_unloads_and_forgets_every_figure_of_the_model() -> None:
-    manager, host, _ = make_manager(1000)
+    manager, host, _ = make_lru_manager(1000)
     gone, stays = make_spec("gone", 300, shared={"enc": 100}), make_spec("stays", 200)
     manager.register([gone, stays])
     await manager.ensure_loaded(gone)
@@ -211,7 +192,7 @@ async def test_retire_unloads_and_forgets_every_figure_of_the_model() -> None:
 
 
 async def test_retiring_a_name_never_registered_is_nothing() -> None:
-    manager, host, _ = make_manager()
+    manager, host, _ = make_lru_manager()
     manager.register([make_spec("a", 100)])
     await manager.retire("never-registered")
     assert [m.name for m in manager.stats().models] == ["a"]
@@ -220,7 +201,7 @@ async def test_retiring_a_name_never_registered_is_nothing() -> None:
 
 
 async def test_a_retired_failed_model_starts_afresh_with_no_failures_counted() -> None:
-    manager, host, clock = make_manager()
+    manager, host, clock = make_lru_manager()
     for window in (2.0, 4.0):
         with pytest.raises(ModelUnavailableError) as failed:
             await manager.ensure_loaded(make_spec("m", 100, fail_load=True))
@@ -237,7 +218,7 @@ async def test_a_retired_failed_model_starts_afresh_with_no_failures_counted() -
 
 
 async def test_a_retired_kept_model_registered_again_is_evicted_like_any_other() -> None:
-    manager, host, clock = make_manager()
+    manager, host, clock = make_lru_manager()
     spec = make_spec("v1", 600)
     await manager.ensure_loaded(spec)
     manager.keep("v1")
@@ -250,7 +231,7 @@ async def test_a_retired_kept_model_registered_again_is_evicted_like_any_other()
 
 
 async def test_a_retired_fresh_model_is_fresh_no_more() -> None:
-    manager, _, _ = make_manager()
+    manager, _, _ = make_lru_manager()
     spec = make_spec("m", 600)
     manager.table.begin_load("m", manager._catalogue.expected(spec))
     await manager._loads.track(spec, manager._loads.finish(spec, 0.0))
@@ -270,7 +251,7 @@ def test_the_activation_book_forgets_one_model_only() -> None:
 
 
 async def test_a_retired_model_registered_again_is_measured_afresh() -> None:
-    manager, _, _ = make_manager()
+    manager, _, _ = make_lru_manager()
     await manager.ensure_loaded(make_spec("m", 300))
     await manager.retire("m")
     changed = replace(make_spec("m", 400), options={"own_bytes": 400, "shared": {}})
