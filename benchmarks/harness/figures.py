@@ -9,11 +9,9 @@ from typing import Any
 
 from harness.driver import Record
 from harness.probes import Sample, time_average
+from harness.scenario import CAPACITY_SHARE
 
 GB = 1e9
-# A step within a configuration's capacity: this share of its requests within
-# their target, and none failed.
-CAPACITY_SHARE = 0.95
 
 
 def percentile_ms(latencies_s: list[float], q: float) -> float | None:
@@ -48,9 +46,9 @@ def latency_figures(
     }
 
 
-def within_capacity(figures: dict[str, Any]) -> bool:
+def within_capacity(figures: dict[str, Any], least_share: float = CAPACITY_SHARE) -> bool:
     share = figures["within_target_share"]
-    return figures["failed"] == 0 and share is not None and share >= CAPACITY_SHARE
+    return figures["failed"] == 0 and share is not None and share >= least_share
 
 
 @dataclass(frozen=True)

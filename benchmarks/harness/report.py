@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.figures import within_capacity
+from harness.scenario import CAPACITY_SHARE
 
 MIB = 1024**2
 MAX_MODEL_ROWS = 20  # per step and configuration; past this, per-model figures stay in the JSON
@@ -245,12 +246,122 @@ def bars_noisy_neighbor(results: dict[str, Any]) -> list[Bar]:
     return out
 
 
+def rate_capacity(results: dict[str, Any], name: str, popularity: str) -> float | None:
+    """The highest rate ``name`` held under ``popularity`` (a share within
+    target of at least the scenario's ``capacity_share``, none failed); 0.0
+    where it held none; None where it did not run."""
+    least_share = results["scenario"].get("capacity_share", CAPACITY_SHARE)
+    steps = [
+        s
+        for s in steps_of(results, name)
+        if s.get("rate") is not None and (s.get("popularity") or "") == popularity
+    ]
+    if not steps:
+        return None
+    return max((s["rate"] for s in steps if within_capacity(s, least_share)), default=0.0)
+
+
+def _capacity_ratio(
+    results: dict[str, Any], ours: float | None, theirs: float | None
+) -> tuple[str, float | None]:
+    """``ours`` over ``theirs``, as measured; where theirs held no rate, a
+    bound: over ours against the lowest rate of the sweep."""
+    if ours is None or theirs is None:
+        return "-", None
+    if theirs > 0:
+        return f"{ours / theirs:.2f} ({ours:g} vs {theirs:g} req/s)", ours / theirs
+    lowest = min(results["scenario"].get("rates") or [0.0]) or None
+    if lowest is None:
+        return "-", None
+    return f"> {ours / lowest:.2f} ({ours:g} vs under {lowest:g} req/s)", ours / lowest
+
+
+def bars_thousand_heads(results: dict[str, Any]) -> list[Bar]:
+    across = rate_capacity(results, "tessera-across-models", "uniform")
+    out: list[Bar] = []
+    for figure, other, bar in (
+        ("capacity, across models / one head", "tessera-one-head", 0.8),
+        ("capacity, across models / Ray Serve whole models", "ray-whole-models", 5.0),
+        ("capacity, across models / Ray Serve expert", "ray-expert", 1.0),
+    ):
+        measured, ratio = _capacity_ratio(results, across, rate_capacity(results, other, "uniform"))
+        out.append(
+            (figure, measured, f"≥ {bar:g}", _verdict(None if ratio is None else ratio >= bar))
+        )
+    per_model = rate_capacity(results, "tessera-per-model", "uniform")
+    measured, _ = _capacity_ratio(results, across, per_model)
+    out.append(("capacity, across models / per model", measured, "", "-"))
+    return out
+
+
+def _peak_pss(results: dict[str, Any], name: str) -> int:
+    return max((s.get("peak_pss_bytes") or 0 for s in steps_of(results, name)), default=0)
+
+
+def bars_hundred_models(results: dict[str, Any]) -> list[Bar]:
+    """Per popularity: tessera's capacity over Ray Serve's best, with its
+    defaults (a budget for 20 and the host tier) and at the same memory
+    (the best tessera configuration whose peak PSS is within 5% of that Ray
+    Serve configuration's or under it); swap-in from the host tier."""
+    names = list(results["configurations"])
+    ours = [n for n in names if results["configurations"][n]["kind"] == "tessera"]
+    peers = [n for n in names if results["configurations"][n]["kind"] == "peer"]
+    out: list[Bar] = []
+    for popularity in sorted(
+        {s.get("popularity") or "" for n in names for s in steps_of(results, n)}
+    ):
+        capacity = {n: rate_capacity(results, n, popularity) for n in names}
+        held = [n for n in peers if capacity[n] is not None]
+        if not held:
+            continue
+        best = max(held, key=lambda n: (capacity[n] or 0.0, -_peak_pss(results, n)))
+        measured, ratio = _capacity_ratio(results, capacity.get("tessera-20"), capacity[best])
+        out.append((
+            f"{popularity}: capacity, tessera-20 / {best}", measured, "≥ 2.5",
+            _verdict(None if ratio is None else ratio >= 2.5),
+        ))  # fmt: skip
+        bound = 1.05 * _peak_pss(results, best)
+        alike = [n for n in ours if capacity[n] is not None and _peak_pss(results, n) <= bound]
+        if alike:
+            equal = max(alike, key=lambda n: capacity[n] or 0.0)
+            measured, ratio = _capacity_ratio(results, capacity[equal], capacity[best])
+            verdict = _verdict(None if ratio is None else ratio >= 1.5)
+        else:
+            equal, measured, verdict = "none", "no tessera configuration at its PSS", "MISS"
+        out.append(
+            (
+                f"{popularity}: capacity at the same memory, {equal} / {best}",
+                measured,
+                "≥ 1.5",
+                verdict,
+            )
+        )
+    swaps = [
+        s["swaps"]["from_host_last"]["p50_ms"]
+        for s in steps_of(results, "tessera-20")
+        if (s.get("swaps") or {}).get("from_host_last", {}).get("p50_ms") is not None
+    ]
+    if swaps:
+        worst = max(swaps)
+        out.append(
+            (
+                "swap-in from the host tier, p50 (worst step, ms)",
+                _fmt(worst),
+                "≤ 10",
+                _verdict(worst <= 10),
+            )
+        )
+    return out
+
+
 BARS: dict[str, Callable[[dict[str, Any]], list[Bar]]] = {
     "embed-saturation": bars_embed_saturation,
     "three-models": bars_three_models,
     "mixed-zipf": bars_mixed_zipf,
     "shared-vs-dedicated": bars_shared_vs_dedicated,
     "noisy-neighbor": bars_noisy_neighbor,
+    "thousand-heads": bars_thousand_heads,
+    "hundred-models": bars_hundred_models,
 }
 
 
@@ -278,6 +389,7 @@ def capacities(results: dict[str, Any]) -> list[list[str]]:
         for name, outcome in results["configurations"].items()
     }
     least = min((v for v in peaks.values() if v), default=0)
+    least_share = results["scenario"].get("capacity_share", CAPACITY_SHARE)
     rows = []
     for name, outcome in results["configurations"].items():
         lines: dict[str, list[dict[str, Any]]] = {}
@@ -285,7 +397,7 @@ def capacities(results: dict[str, Any]) -> list[list[str]]:
             if step.get("rate") is not None:
                 lines.setdefault(step.get("popularity") or "", []).append(step)
         for popularity, steps in lines.items():
-            held = [s for s in steps if within_capacity(s)]
+            held = [s for s in steps if within_capacity(s, least_share)]
             best = max(held, key=lambda s: s["rate"], default=None)
             swaps = (best or {}).get("swaps") or {}
             host = swaps.get("host_used_bytes")

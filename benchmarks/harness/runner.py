@@ -296,7 +296,7 @@ def run_configuration(
                 f"{figures['failed']} failed, {figures['within_target_share']} within target"
             )
             steps.append(figures)
-            if step.rate is not None and not within_capacity(figures):
+            if step.rate is not None and not within_capacity(figures, scenario.capacity_share):
                 missed.add(step.popularity)
         return {"kind": configuration.kind, "settings": deployment.settings, "steps": steps}
 

@@ -250,3 +250,83 @@ def test_batches_through_a_shared_encoder_are_counted_and_reported() -> None:
     assert "## Encoder batches" in markdown
     assert "| across | 8 | 10 | 40 | 4.00 |" in markdown
     assert "| alone |" not in markdown.split("## Encoder batches")[1].split("##")[0]
+
+
+def capacity_step(
+    rate: float,
+    share: float,
+    popularity: str = "uniform",
+    pss: int = 0,
+    swap_ms: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "rate": rate,
+        "popularity": popularity,
+        "failed": 0,
+        "within_target_share": share,
+        "peak_pss_bytes": pss,
+        "swaps": {"from_host_last": {"p50_ms": swap_ms}},
+    }
+
+
+def sweep(kind: str, *steps: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": kind, "steps": list(steps)}
+
+
+def test_thousand_heads_bars_compare_capacities_at_p99() -> None:
+    data = results(
+        "thousand-heads",
+        {
+            # 0.98 within target misses at a 0.99 share: capacity 200, not 400
+            "tessera-across-models": sweep(
+                "tessera",
+                capacity_step(100, 1.0),
+                capacity_step(200, 0.995),
+                capacity_step(400, 0.98),
+            ),
+            "tessera-one-head": sweep("tessera", capacity_step(200, 1.0), capacity_step(400, 0.9)),
+            "ray-whole-models": sweep("peer", capacity_step(25, 0.5)),
+            "ray-expert": sweep("peer", capacity_step(100, 1.0), capacity_step(200, 0.95)),
+        },
+    )
+    data["scenario"].update(rates=[25, 50, 100, 200, 400], capacity_share=0.99)
+    verdicts = {f: (m, v) for f, m, _, v in bars(data)}
+    assert verdicts["capacity, across models / one head"] == ("1.00 (200 vs 200 req/s)", "PASS")
+    assert verdicts["capacity, across models / Ray Serve whole models"] == (
+        "> 8.00 (200 vs under 25 req/s)",
+        "PASS",
+    )
+    assert verdicts["capacity, across models / Ray Serve expert"] == (
+        "2.00 (200 vs 100 req/s)",
+        "PASS",
+    )
+    assert verdicts["capacity, across models / per model"][0] == "-"  # not run
+
+
+def test_hundred_models_bars_compare_at_the_same_memory() -> None:
+    gib = 1024**3
+    zipf = "zipf 1.1"
+    data = results(
+        "hundred-models",
+        {
+            "tessera-20": sweep(
+                "tessera",
+                capacity_step(10, 1.0, pss=3 * gib, swap_ms=4.0),
+                capacity_step(25, 0.97, pss=3 * gib, swap_ms=12.0),
+                capacity_step(10, 1.0, zipf, pss=3 * gib),
+            ),
+            "tessera-20-no-host-tier": sweep(
+                "tessera", capacity_step(10, 1.0, pss=2 * gib), capacity_step(15, 0.5, pss=2 * gib)
+            ),
+            "ray-1x20": sweep("peer", capacity_step(5, 1.0, pss=2 * gib), capacity_step(10, 0.2)),
+            "ray-2x10": sweep("peer", capacity_step(5, 0.9, pss=gib)),
+        },
+    )
+    verdicts = {f: (m, v) for f, m, _, v in bars(data)}
+    assert verdicts["uniform: capacity, tessera-20 / ray-1x20"] == ("5.00 (25 vs 5 req/s)", "PASS")
+    assert verdicts["uniform: capacity at the same memory, tessera-20-no-host-tier / ray-1x20"] == (
+        "2.00 (10 vs 5 req/s)",
+        "PASS",
+    )
+    assert verdicts["swap-in from the host tier, p50 (worst step, ms)"] == ("12.0", "MISS")
+    assert not any(f.startswith(zipf) for f in verdicts)  # no Ray Serve run under Zipf

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from harness.figures import within_capacity
 from harness.scenario import (
     ScenarioError,
     load_scenario,
@@ -277,3 +278,14 @@ def test_a_written_repository_finds_packaged_and_generated_weights(
     )
     repo = _write_repository(tmp_path / "b", generated, ["model-000"])
     assert read_spec(repo / "model-000").resolve_source() == card
+
+
+def test_capacity_share_sets_the_share_within_target_a_rate_must_hold() -> None:
+    strict = parse_scenario(minimal(capacity_share=0.99))
+    assert parse_scenario(minimal()).capacity_share == 0.95
+    step = {"failed": 0, "within_target_share": 0.97}
+    assert within_capacity(step, parse_scenario(minimal()).capacity_share)
+    assert not within_capacity(step, strict.capacity_share)
+    assert not within_capacity({"failed": 1, "within_target_share": 1.0}, strict.capacity_share)
+    with pytest.raises(ScenarioError, match="capacity_share"):
+        parse_scenario(minimal(capacity_share=1.5))
