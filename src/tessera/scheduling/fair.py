@@ -30,7 +30,9 @@ Invariants:
   batch the backlog would make uncapped, or a backlog of each now: a page of
   OCR every few seconds is active beside requests of eight), a batch's run time is capped at
   ``quantum_s``, and a tenant that arrives waits about one quantum for a
-  worker, not one full batch (VTC gets the same from one decoding step). One
+  worker, not one full batch (VTC gets the same from one decoding step).
+  Where the model's batches have a fixed cost, the cap is long enough that
+  the cost is at most ``FIXED_SHARE`` of the run (``_shared_cap``). One
   tenant alone gets full batches. ``quantum_s=None`` turns the cap off. The
   first request of a batch is taken whole, so the engine queues a request of
   more work than a quantum as parts of about a quantum each: the cap then
@@ -59,7 +61,7 @@ from collections.abc import Callable, Iterator
 
 from tessera.request import QueuedRequest
 from tessera.scheduling.activity import TenantActivity
-from tessera.scheduling.predictor import BatchTimePredictor
+from tessera.scheduling.predictor import FIXED_SHARE, LINE_SPREAD, BatchTimePredictor
 
 LATENCY_SHARE_IN_BATCH = 0.5
 LATENCY_SHARE_WHILE_ACTIVE = 0.25
@@ -220,8 +222,29 @@ class FairQueue:
             or (backlogged is not None and self._activity.active_other_than(backlogged, now))
             or now - self._other_last <= self._other_horizon(max_units)
         ):
-            cap = _min_optional(cap, self._quantum_s)
+            cap = _min_optional(cap, self._shared_cap(self._quantum_s))
         return cap
+
+    def _shared_cap(self, quantum_s: float) -> float:
+        """A batch's longest run while tenants share the model: a quantum, or,
+        where the model's batches have a fixed cost of their own (a line
+        fitted over its measured batches), enough that it is at most
+        ``FIXED_SHARE`` of the run. On a CPU a batch of one sentence takes
+        about a quantum, and batches capped at one request held four tenants
+        to half their offered rate, each batch paying the fixed cost for one
+        sentence. Before a line can be fitted (every batch measured within
+        ``LINE_SPREAD`` of one size), a batch of up to ``LINE_SPREAD`` + 1
+        times the smallest measured, once: its measurement spans sizes
+        enough for the line."""
+        predictor = self._predictor
+        if predictor is None:
+            return quantum_s
+        line = predictor.line()
+        if line is not None:
+            return max(quantum_s, line[0] / FIXED_SHARE)
+        smallest = predictor.smallest_units()
+        explore = None if smallest is None else predictor.predict((LINE_SPREAD + 1) * smallest)
+        return quantum_s if explore is None else max(quantum_s, explore)
 
     def _other_horizon(self, max_units: float) -> float:
         """How recent another tenant's arrival makes it active: the latency

@@ -18,6 +18,12 @@ from collections import deque
 
 # How far apart the measured batch sizes must be (largest / smallest) to fit a line.
 LINE_SPREAD = 2.0
+# The most of a batch's run its fixed cost may be where the scheduler bounds
+# the run (the fair queue's cap while tenants share a model, the engine's
+# parts of a request): a batch or part of less would spend more on the
+# batch than on its work (a CPU's small encoder batches cost tens of
+# milliseconds whatever their size).
+FIXED_SHARE = 0.2
 
 
 class BatchTimePredictor:
@@ -81,6 +87,10 @@ class BatchTimePredictor:
     @property
     def num_samples(self) -> int:
         return len(self._samples)
+
+    def smallest_units(self) -> float | None:
+        """The smallest batch size in the window; None before a measurement."""
+        return self._smallest[0][1] if self._smallest else None
 
     def coefficients(self) -> tuple[float, float] | None:
         """(fixed seconds, seconds per unit), both non-negative."""
