@@ -95,11 +95,17 @@ def test_a_tenant_not_seen_for_the_longest_window_starts_afresh() -> None:
 
 def test_counts_tenants_not_arrivals_and_holds_only_the_active() -> None:
     activity = TenantActivity(horizon_s=1.0)
-    for i in range(1000):  # each tenant: two arrivals 0.5 s apart, active 2.5 s after
-        activity.arrived(f"t{i}", float(i))
-        activity.arrived(f"t{i}", float(i) + 0.5)
-        # Tenants seen in the last 60 s (61 at a prune), twice over, and slack.
-        assert len(activity._arrivals) <= 2 * 61 + SLACK
+    prune = mock.patch.object(
+        TenantActivity, "_prune", autospec=True, side_effect=TenantActivity._prune
+    )
+    with prune as prunes:
+        for i in range(1000):  # each tenant: two arrivals 0.5 s apart, active 2.5 s after
+            activity.arrived(f"t{i}", float(i))
+            activity.arrived(f"t{i}", float(i) + 0.5)
+            # Tenants seen in the last 60 s (61 at a prune), twice over, and slack.
+            assert len(activity._arrivals) <= 2 * 61 + SLACK
+    # Pruned once the tenants are twice the live ones and SLACK more, not at each arrival.
+    assert prunes.call_count <= 1000 // (61 + SLACK) + 1
     assert ACTIVE_GAPS * 0.5 == 2.5
     assert activity.num_active(999.5) == 3  # t997 (until 1000.0), t998, t999
     assert len(activity._ends) <= 2 * 3 + SLACK  # what ended was let go

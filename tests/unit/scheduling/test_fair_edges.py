@@ -403,6 +403,18 @@ def test_tenants_tied_on_everything_are_served_in_the_order_they_queued(
     assert tenants_of(queue.pop_batch(1, 1e9, now=1.0)) == ["b"]
 
 
+def test_of_heads_due_at_once_the_one_at_the_head_longer_goes_first(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    queue.push(make_queued(loop, "a", arrival=0.0, latency_target_s=0.5))
+    queue.push(make_queued(loop, "a", arrival=0.5, latency_target_s=0.5))  # due at 1.0
+    queue.push(make_queued(loop, "b", arrival=0.25, latency_target_s=0.75))  # due at 1.0
+    assert tenants_of(queue.pop_batch(1, 1e9, now=0.5)) == ["a"]
+    # a's second is a head from now on, b's has been one since it arrived.
+    assert tenants_of(queue.pop_batch(2, 1e9, now=0.5)) == ["b", "a"]
+
+
 # -- a batch beside running tenants (``skip``) ------------------------------------
 
 

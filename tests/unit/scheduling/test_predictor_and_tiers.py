@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -112,6 +114,28 @@ def test_the_rounding_a_huge_run_leaves_is_shed_by_the_recount_every_window() ->
     for run_s in (1.0, 1e17, 1.0, 1.0):
         predictor.observe(1, run_s)
     assert predictor.predict(1) == 1.0
+
+
+def test_predictor_recounts_once_a_window_and_fits_once_per_batch() -> None:
+    """Admission asks for a prediction at every request: the fit is worked
+    out once per batch observed, and the sums recounted once a window."""
+    predictor = BatchTimePredictor(window=4)
+    recount = mock.patch.object(
+        BatchTimePredictor, "_recount", autospec=True, side_effect=BatchTimePredictor._recount
+    )
+    fit = mock.patch.object(
+        BatchTimePredictor,
+        "_least_squares",
+        autospec=True,
+        side_effect=BatchTimePredictor._least_squares,
+    )
+    with recount as recounts, fit as fits:
+        for i in range(40):
+            predictor.observe(1 + i % 3, 0.1)
+            for _ in range(3):
+                predictor.predict(2)
+    assert recounts.call_count == 10
+    assert fits.call_count == 40
 
 
 def refit(samples: list[tuple[float, float]]) -> tuple[float, float]:
