@@ -142,9 +142,13 @@ def test_tenants_served_out_leave_nothing_behind(loop: asyncio.AbstractEventLoop
     # A thousand tenants one request each: served, nothing is held for them
     # (their counters, at the floor, are pruned past PRUNE_SLACK of them).
     queue = FairQueue()
+    prunes, counters = 0, queue.counters
     for i in range(3000):
         queue.push(make_queued(loop, f"t{i}", arrival=float(i), latency_target_s=1.0))
         assert len(queue.pop_batch(1, 1e9, now=float(i))) == 1
+        prunes += queue.counters is not counters  # a prune makes a new mapping
+        counters = queue.counters
+    assert 1 <= prunes <= 3000 // fair.PRUNE_SLACK  # once in a while, not at each batch
     assert len(queue) == 0
     assert queue._keys == {}
     assert queue._queues == {}
