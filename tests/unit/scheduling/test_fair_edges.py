@@ -423,3 +423,132 @@ def test_oldest_arrival_is_the_oldest_head(loop: asyncio.AbstractEventLoop) -> N
     assert queue.oldest_arrival() == 5.0
     queue.pop_batch(1, 1e9, now=0.0)
     assert queue.oldest_arrival() is None
+
+
+def test_tenants_tied_on_everything_are_served_in_the_order_they_queued(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    queue.push(make_queued(loop, "b", arrival=1.0))
+    queue.push(make_queued(loop, "a", arrival=1.0))
+    assert tenants_of(queue.pop_batch(1, 1e9, now=1.0)) == ["b"]
+
+    queue = FairQueue()  # the same deadline
+    queue.push(make_queued(loop, "b", arrival=1.0, latency_target_s=0.5))
+    queue.push(make_queued(loop, "a", arrival=1.0, latency_target_s=0.5))
+    assert tenants_of(queue.pop_batch(1, 1e9, now=1.0)) == ["b"]
+
+
+def test_of_heads_due_at_once_the_one_at_the_head_longer_goes_first(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    queue.push(make_queued(loop, "a", arrival=0.0, latency_target_s=0.5))
+    queue.push(make_queued(loop, "a", arrival=0.5, latency_target_s=0.5))  # due at 1.0
+    queue.push(make_queued(loop, "b", arrival=0.25, latency_target_s=0.75))  # due at 1.0
+    assert tenants_of(queue.pop_batch(1, 1e9, now=0.5)) == ["a"]
+    # a's second is a head from now on, b's has been one since it arrived.
+    assert tenants_of(queue.pop_batch(2, 1e9, now=0.5)) == ["b", "a"]
+
+
+# -- a batch beside running tenants (``skip``) ------------------------------------
+
+
+def test_a_batch_beside_running_tenants_takes_the_earliest_deadline_of_the_others(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    queue.push(make_queued(loop, "bulk", arrival=0.0))
+    queue.push(make_queued(loop, "running", arrival=0.0, latency_target_s=0.1))
+    queue.push(make_queued(loop, "late", arrival=0.0, latency_target_s=5.0))
+    soon = make_queued(loop, "soon", arrival=0.0, latency_target_s=1.0)
+    queue.push(soon)
+    queue.push(make_queued(loop, "soon", arrival=0.0, latency_target_s=9.0))
+    assert queue.pop_batch(1, 1e9, now=0.0, skip=frozenset({"running"})) == [soon]
+
+
+def test_a_batch_beside_running_tenants_takes_the_lowest_counter_of_the_others(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    for _ in range(2):
+        queue.push(make_queued(loop, "a", units=10))
+        queue.push(make_queued(loop, "z", units=10, weight=2.0))
+    assert tenants_of(queue.pop_batch(2, 1e9, now=0.0)) == ["a", "z"]
+    assert queue.counters == {"a": 10.0, "z": 5.0}
+    queue.push(make_queued(loop, "running"))
+    assert tenants_of(queue.pop_batch(1, 1e9, now=0.0, skip=frozenset({"running"}))) == ["z"]
+
+
+# -- the work ahead of a request ----------------------------------------------------
+
+
+def test_units_ahead_foresees_the_order_the_queue_serves(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    queue.push(make_queued(loop, "c", units=1.1, arrival=0.0))
+    for i in range(10):
+        queue.push(make_queued(loop, "a", units=0.1, arrival=1.0 + i))
+    assert tenants_of(queue.pop_batch(1, 1e9, now=0.0)) == ["c"]  # the lighter backlog
+    assert tenants_of(queue.pop_batch(2, 1e9, now=0.0)) == ["a", "a"]
+    # "c" comes back above the floor: "a" is served up to c's counter first,
+    # its whole backlog of 0.8 units (its counter reaches 1.0 of c's 1.1).
+    back = make_queued(loop, "c", units=0.1, arrival=20.0)
+    assert queue.units_ahead(back) == pytest.approx(0.8)
+    queue.push(back)
+    # A request of "a" now: its own backlog, and none of c's, which is above
+    # the counter "a" reaches (the queue's 0.9 units are more than that).
+    later = make_queued(loop, "a", units=0.1, arrival=21.0)
+    assert queue.units_ahead(later) == pytest.approx(0.8)
+    queue.push(later)
+    assert tenants_of(queue.pop_batch(100, 1e9, now=21.0)) == ["a"] * 9 + ["c"]
+
+
+def test_the_queue_counts_its_work_exactly_as_requests_come_and_go(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # The whole work queued is what ``units_ahead`` gives where it is under ``enough``.
+    queue = FairQueue()
+    probe = make_queued(loop, "other")
+    assert queue.units_ahead(probe, enough=1e9) == 0.0
+    for units in (0.1, 0.2, 0.4):
+        queue.push(make_queued(loop, "a", units=units))
+    assert queue.units_ahead(probe, enough=1e9) == pytest.approx(0.7)
+    queue.pop_batch(1, 1e9, now=0.0)
+    assert queue.units_ahead(probe, enough=1e9) == pytest.approx(0.6)
+    queue.pop_batch(2, 1e9, now=0.0)
+    assert queue.units_ahead(probe, enough=1e9) == 0.0  # no rounding left behind
+    for units in (0.1, 0.2):
+        queue.push(make_queued(loop, "a", units=units))
+    queue.remove_if(lambda r: True)
+    assert queue.units_ahead(probe, enough=1e9) == 0.0
+
+
+@pytest.mark.parametrize(("requests", "units", "per_unit_s"), [(8, 1.0, 0.5), (4, 0.125, 8.0)])
+def test_quantum_counts_a_tenant_seen_exactly_one_uncapped_run_ago(
+    loop: asyncio.AbstractEventLoop, requests: int, units: float, per_unit_s: float
+) -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(1, per_unit_s)
+    predictor.observe(4, 4 * per_unit_s)  # exactly per_unit_s a unit, in binary too
+    queue = FairQueue(predictor, latency_horizon_s=1.0, quantum_s=0.025)
+    queue.push(make_queued(loop, "quiet", units=units, arrival=0.0))
+    queue.pop_batch(8, 1e9, now=0.0)
+    for _ in range(requests):
+        queue.push(make_queued(loop, "flood", units=units, arrival=3.0))
+    # The whole backlog would run 4 s: "quiet", seen 4 s ago, is active to its end.
+    assert len(queue.pop_batch(8, 1e9, now=4.0)) == 1
+    # Later than the run of what is left: one tenant alone, a full batch.
+    assert len(queue.pop_batch(8, 1e9, now=4.001)) == requests - 1
+
+
+def test_without_a_predictor_the_quantum_caps_nothing(loop: asyncio.AbstractEventLoop) -> None:
+    queue = FairQueue(latency_horizon_s=1.0, quantum_s=0.025)
+    queue.push(make_queued(loop, "quiet", arrival=0.0))
+    queue.pop_batch(8, 1e9, now=0.0)
+    for _ in range(8):
+        queue.push(make_queued(loop, "flood", arrival=3.0))
+    assert len(queue.pop_batch(4, 1e9, now=3.5)) == 4
+    queue.push(make_queued(loop, "quiet", arrival=3.5))  # active beside: no time to cap by
+    assert len(queue.pop_batch(8, 1e9, now=3.5)) == 5

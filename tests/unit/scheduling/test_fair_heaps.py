@@ -6,6 +6,7 @@ same order. Arrivals are distinct, so no two heads tie on the whole key."""
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections import deque
 from collections.abc import Iterator
 from unittest import mock
@@ -141,12 +142,58 @@ def test_tenants_served_out_leave_nothing_behind(loop: asyncio.AbstractEventLoop
     # A thousand tenants one request each: served, nothing is held for them
     # (their counters, at the floor, are pruned past PRUNE_SLACK of them).
     queue = FairQueue()
+    prunes, counters = 0, queue.counters
     for i in range(3000):
         queue.push(make_queued(loop, f"t{i}", arrival=float(i), latency_target_s=1.0))
         assert len(queue.pop_batch(1, 1e9, now=float(i))) == 1
+        prunes += queue.counters is not counters  # a prune makes a new mapping
+        counters = queue.counters
+    assert 1 <= prunes <= 3000 // fair.PRUNE_SLACK  # once in a while, not at each batch
     assert len(queue) == 0
     assert queue._keys == {}
     assert queue._queues == {}
     assert len(queue._order) <= REBUILD_SLACK + 1
     assert len(queue._urgent) <= REBUILD_SLACK + 1
     assert len(queue.counters) <= fair.PRUNE_SLACK + 1
+
+
+def test_a_backlog_files_its_head_by_deadline_once_and_stale_keys_are_let_go(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    with mock.patch.object(heapq, "heapify", wraps=heapq.heapify) as heapify:
+        for i in range(300):
+            queue.push(make_queued(loop, "vip", arrival=float(i), latency_target_s=1.0))
+            assert len(queue._urgent) == 1  # only a new head is filed by deadline
+            assert len(queue._order) <= 2 * len(queue._keys) + REBUILD_SLACK
+    # Rebuilt once in a while, not at each push (the tenants' activity has a heap too).
+    assert heapify.call_count <= 2 * 300 // REBUILD_SLACK
+
+
+def test_deadlines_of_dropped_requests_are_let_go_and_live_ones_kept(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    queue = FairQueue()
+    queue.push(make_queued(loop, "bulk", arrival=0.0))
+    vip = make_queued(loop, "vip", arrival=1.0, latency_target_s=100.0)
+    queue.push(vip)
+    with mock.patch.object(heapq, "heapify", wraps=heapq.heapify) as heapify:
+        for i in range(200):  # requests dropped while queued (given up, past their deadline)
+            queue.push(make_queued(loop, f"gone{i}", arrival=2.0 + i, latency_target_s=1.0))
+            queue.remove_if(lambda r: r.tenant.startswith("gone"))
+            assert len(queue._urgent) <= 2 * 2 + REBUILD_SLACK
+    assert heapify.call_count <= 2 * 200 // REBUILD_SLACK  # each heap once in a while
+    assert queue.pop_batch(1, 1e9, now=300.0) == [vip]  # still first, by its deadline
+
+
+def test_tenants_whose_requests_were_dropped_leave_no_counter_behind(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    with mock.patch.object(fair, "PRUNE_SLACK", 3):
+        queue = FairQueue()
+        queue.push(make_queued(loop, "bulk"))
+        for i in range(50):
+            queue.push(make_queued(loop, f"gone{i}"))  # lifted to the floor, bulk's 0
+            queue.remove_if(lambda r: r.tenant != "bulk")
+            assert len(queue.counters) <= 2 * 1 + 3
+    assert [r.tenant for r in queue] == ["bulk"]

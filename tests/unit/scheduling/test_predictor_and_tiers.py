@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -43,10 +45,10 @@ def test_predictor_fits_no_line_through_sizes_close_together() -> None:
     predictor = BatchTimePredictor()
     predictor.observe(60, 0.06)
     predictor.observe(64, 1.6)  # slowed by a load beside it
-    assert predictor.coefficients() == (0.0, pytest.approx(1.66 / 124))
+    assert predictor.coefficients() == pytest.approx((0.0, 1.66 / 124))
     assert predictor.predict(80) == pytest.approx(80 * 1.66 / 124)  # not 31 s
     predictor.observe(120, 0.12)  # sizes twice apart: a line, here falling (noise)
-    assert predictor.coefficients() == (pytest.approx(1.78 / 3), 0.0)
+    assert predictor.coefficients() == pytest.approx((1.78 / 3, 0.0))
 
 
 def test_predictor_never_predicts_a_negative_slope_or_intercept() -> None:
@@ -95,6 +97,45 @@ def test_predictor_default_window_is_256() -> None:
         predictor.observe(1, 1.0)
     assert predictor.num_samples == 256
     assert predictor.predict(1) == pytest.approx(1.0)
+
+
+def test_predictor_window_holds_a_batch_at_least() -> None:
+    with pytest.raises(ValueError, match=r"^window must be >= 1$"):
+        BatchTimePredictor(window=0)
+
+
+def test_the_rounding_a_huge_run_leaves_is_shed_by_the_recount_every_window() -> None:
+    """A run far longer than the others (a batch stalled behind a load)
+    swallows theirs in the running sums, and taking it away leaves the sums
+    short. The sums are recounted from the samples every ``window`` batches,
+    so the batch that pushes it out of the window, the second of the window
+    here, finds the fit of what is left exact."""
+    predictor = BatchTimePredictor(window=2)
+    for run_s in (1.0, 1e17, 1.0, 1.0):
+        predictor.observe(1, run_s)
+    assert predictor.predict(1) == 1.0
+
+
+def test_predictor_recounts_once_a_window_and_fits_once_per_batch() -> None:
+    """Admission asks for a prediction at every request: the fit is worked
+    out once per batch observed, and the sums recounted once a window."""
+    predictor = BatchTimePredictor(window=4)
+    recount = mock.patch.object(
+        BatchTimePredictor, "_recount", autospec=True, side_effect=BatchTimePredictor._recount
+    )
+    fit = mock.patch.object(
+        BatchTimePredictor,
+        "_least_squares",
+        autospec=True,
+        side_effect=BatchTimePredictor._least_squares,
+    )
+    with recount as recounts, fit as fits:
+        for i in range(40):
+            predictor.observe(1 + i % 3, 0.1)
+            for _ in range(3):
+                predictor.predict(2)
+    assert recounts.call_count == 10
+    assert fits.call_count == 40
 
 
 def refit(samples: list[tuple[float, float]]) -> tuple[float, float]:
@@ -199,3 +240,11 @@ def test_a_line_is_given_only_over_sizes_far_enough_apart() -> None:
     line = predictor.line()
     assert line is not None
     assert line[0] > 0.015  # the fixed cost, seen
+
+
+def test_a_line_is_given_from_two_batches_exactly_the_spread_apart() -> None:
+    predictor = BatchTimePredictor()
+    predictor.observe(1, 2.0)
+    assert predictor.line() is None  # one batch: no line
+    predictor.observe(2, 3.0)  # twice the size: a line at once
+    assert predictor.line() == (1.0, 1.0)

@@ -107,30 +107,74 @@ def test_with_two_long_batches_the_first_to_reach_a_boundary_steps_aside() -> No
     check(slots, [ocr, chat, short])
 
 
-def test_long_batches_take_turns_of_a_quantum_in_arrival_order() -> None:
+@pytest.mark.parametrize("start", [0.0, 10.0])  # a turn counts from its grant
+def test_long_batches_take_turns_of_a_quantum_in_arrival_order(start: float) -> None:
     slots = ComputeSlots(1, LONG_S, quantum_s=1.0)
-    a, b, c = (slots.claim(LONG, now=0.0) for _ in range(3))
-    assert not slots.boundary(a, now=0.5)  # within its quantum
-    assert slots.boundary(a, now=1.0)
+    a, b, c = (slots.claim(LONG, now=start) for _ in range(3))
+    assert not slots.boundary(a, now=start + 0.5)  # within its quantum
+    assert slots.boundary(a, now=start + 1.0)
     assert b.holding
-    assert slots.boundary(b, now=2.0)
+    assert slots.boundary(b, now=start + 2.0)
     assert c.holding  # b waits behind a, who waited first
-    assert slots.boundary(c, now=3.0)
+    assert slots.boundary(c, now=start + 3.0)
     assert a.holding
-    check(slots, [a, b, c])
+    check(slots, [a, b, c], start + 3.0)
 
 
-def test_a_short_batch_that_runs_as_long_as_long_work_takes_turns_from_then() -> None:
+def test_a_batch_predicted_to_run_exactly_the_long_time_is_long_work() -> None:
     slots = ComputeSlots(1, LONG_S)
-    misjudged = slots.claim(SHORT, now=0.0)
-    waiting = slots.claim(SHORT, now=0.1)
+    assert slots.claim(LONG_S, now=0.0).long
+    assert not slots.claim(LONG_S - 0.001, now=0.0).long
+
+
+def test_a_batch_that_takes_turns_counts_every_turn_it_ran_and_waited() -> None:
+    """Two long batches on one slot, turns of a second: each one's running and
+    waiting add up over its turns, and whether it is owed weighs the sums."""
+    slots = ComputeSlots(1, LONG_S, quantum_s=1.0)
+    assert slots.num_grants == 0
+    a, b = slots.claim(LONG, now=0.0), slots.claim(LONG, now=0.0)
+    assert slots.boundary(a, now=1.0)  # b's turn
+    assert slots.boundary(b, now=2.0)  # a's again: it waited 1 s
+    assert (a.ran_s, a.waited_s) == (1.0, 1.0)
+    # Holding since 2 s: at 2.5 s it has run 1.5 s in all, waited 1 s.
+    assert not a.owed(2.5, 0.0)
+    assert slots.boundary(a, now=3.0)
+    assert (a.ran_s, a.waited_s) == (2.0, 1.0)
+    assert (b.ran_s, b.waited_s) == (1.0, 2.0)
+    # Waiting since 3 s: at 4.5 s it has waited 2.5 s in all, run 2 s.
+    assert a.owed(4.5, 0.4)
+    assert not a.owed(4.5, 0.6)
+    assert slots.num_yields == 3
+    assert slots.num_grants == 4  # a, b, a, b
+    check(slots, [a, b], 3.0)
+
+
+def test_owed_long_batches_take_only_the_free_slots() -> None:
+    slots = ComputeSlots(1, LONG_S)
+    short = slots.claim(SHORT, now=0.0)
+    first, second = slots.claim(LONG, now=0.0), slots.claim(LONG, now=0.0)
+    assert first.owed(1.0, slots.quantum_s)
+    assert second.owed(1.0, slots.quantum_s)
+    slots.release(short, now=1.0)
+    assert first.holding  # the one free slot
+    assert not second.holding
+    assert slots.num_holding == 1
+    check(slots, [first, second], 1.0)
+
+
+@pytest.mark.parametrize("start", [0.0, 10.0])  # its run counts from its start
+def test_a_short_batch_that_runs_as_long_as_long_work_takes_turns_from_then(start: float) -> None:
+    slots = ComputeSlots(1, LONG_S)
+    misjudged = slots.claim(SHORT, now=start)
+    waiting = slots.claim(SHORT, now=start + 0.1)
     assert not waiting.holding
-    assert not slots.boundary(misjudged, now=0.4)  # still short: it runs whole
-    assert slots.boundary(misjudged, now=0.5)  # long now: it steps aside for short work
+    assert not slots.boundary(misjudged, now=start + 0.4)  # still short: it runs whole
+    assert not misjudged.long
+    assert slots.boundary(misjudged, now=start + 0.5)  # long now: it steps aside for short work
     assert misjudged.long
     assert waiting.holding
-    check(slots, [misjudged, waiting])
-    slots.release(waiting, now=0.6)
+    check(slots, [misjudged, waiting], start + 0.5)
+    slots.release(waiting, now=start + 0.6)
     assert misjudged.holding
 
 
@@ -156,6 +200,11 @@ def test_a_claim_released_while_it_waits_leaves_the_line() -> None:
     assert not gone.holding
     slots.release(gone, now=0.1)
     assert slots.num_waiting == 0
+    assert not gone.owed(10.0, slots.quantum_s)  # its wait ended with its release
+    tight = slots.claim(SHORT, now=0.2, wait_limit_s=LIMIT_S)
+    slots.release(tight, now=0.3)
+    assert tight.overdue_at is None
+    assert slots.next_overdue_at is None
     slots.release(holder, now=0.2)
     assert slots.num_holding == 0
 
@@ -284,9 +333,9 @@ def test_a_resumed_short_claim_counts_its_wait_limit_from_its_return() -> None:
 
 
 def test_slots_are_at_least_one() -> None:
-    with pytest.raises(ValueError, match="num_slots"):
+    with pytest.raises(ValueError, match=r"^num_slots must be >= 1$"):
         ComputeSlots(0, LONG_S)
-    with pytest.raises(ValueError, match="overdue_beyond"):
+    with pytest.raises(ValueError, match=r"^overdue_beyond must be >= 0$"):
         ComputeSlots(1, LONG_S, overdue_beyond=-1)
 
 
