@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tessera.batching import FifoQueue, QueuePolicyName, make_queue
+from tessera.batching import FifoQueue, ModelBatcher, QueuePolicyName, make_queue
 from tessera.clock import FakeClock
 from tessera.errors import DeadlineExceededError, OverloadedError
 from tessera.repository.spec import BatchingSpec
@@ -132,6 +132,28 @@ async def test_the_queue_is_given_the_clocks_time() -> None:
     await batcher.stop()
 
 
+async def test_a_part_not_counted_joins_a_full_queue_and_a_request_does_not() -> None:
+    # The engine's own call: no loop around the batcher, ``counted`` as it defaults.
+    clock = FakeClock()
+    batcher = ModelBatcher("m", BatchingSpec(), clock, max_queue=2)
+    for i in range(2):
+        batcher.submit(make_request(clock, [i]))
+    with pytest.raises(OverloadedError, match="is full"):
+        batcher.submit(make_request(clock, ["over"]))
+    batcher.submit(make_request(clock, ["part"]), counted=False)
+    assert batcher.depth == 3
+    batcher.close()
+
+
+async def test_the_requests_waiting_are_counted_by_model() -> None:
+    clock = FakeClock()
+    batcher = ModelBatcher("group", BatchingSpec(), clock)
+    for model in ("a", "b", "a"):
+        batcher.submit(make_request(clock, [model], model=model))
+    assert batcher.depth_by_model() == {"a": 2, "b": 1}
+    batcher.close()
+
+
 # -- when a batch closes ---------------------------------------------------------
 
 
@@ -232,6 +254,26 @@ async def test_callers_concurrency_applies_when_the_spec_gives_none() -> None:
     await batcher.stop()
 
 
+async def test_one_slot_runs_its_batches_one_after_another() -> None:
+    clock = FakeClock()
+    formed: list[float] = []
+
+    async def one_second(batch: Batch) -> None:
+        formed.append(batch.formed_at)
+        await clock.sleep(1.0)
+        for request in batch.requests:
+            request.future.set_result(RequestResult(request.items, 0.0, 0.0, batch.num_items))
+
+    spec = BatchingSpec(max_batch_size=1, max_wait_ms=0.0)
+    batcher = DrivenBatcher("m", spec, one_second, clock)
+    requests = [make_request(clock, [i]) for i in range(3)]
+    for request in requests:
+        batcher.submit(request)
+    await clock.wait_for(asyncio.gather(*(r.future for r in requests)), 10.0)
+    assert formed == [0.0, 1.0, 2.0]
+    await batcher.stop()
+
+
 async def test_a_finished_batch_is_forgotten() -> None:
     clock, recorder = FakeClock(), Recorder()
     batcher = make_batcher(clock, recorder, max_batch_size=1, max_wait_ms=0.0)
@@ -242,6 +284,24 @@ async def test_a_finished_batch_is_forgotten() -> None:
     await spin()
     assert batcher._running == {}  # no task object kept per batch served
     await batcher.stop()
+
+
+async def test_a_finished_batch_leaves_neither_its_predicted_run_nor_its_place_beyond() -> None:
+    # Both are kept by the batch's id, which a later batch may be given.
+    clock, predictor = FakeClock(), BatchTimePredictor()
+    for _ in range(8):
+        predictor.observe(1.0, 0.1)
+    spec = BatchingSpec(max_batch_size=1, max_wait_ms=0.0)
+    batcher = ModelBatcher("m", spec, clock, queue=FairQueue(), predictor=predictor, step_past=True)
+    for tenant in ("a", "b"):
+        batcher.submit(make_request(clock, [tenant], tenant=tenant))
+    in_slot, beyond = await batcher.next_batch(), await batcher.next_batch()
+    assert batcher.num_stepped_past == 1
+    assert batcher.predicted_wait_s(make_request(clock, ["c"])) == pytest.approx(0.2)
+    batcher.finished(in_slot)
+    batcher.finished(beyond)
+    assert batcher._running_s == {}
+    assert batcher._beyond == set()
 
 
 async def test_a_gathering_batch_overlaps_at_half_the_moving_average_run() -> None:
@@ -304,6 +364,21 @@ async def test_deadline_message_gives_the_time_spent_in_the_queue() -> None:
     batcher.submit(late)
     with pytest.raises(DeadlineExceededError, match=r"after 0\.050s in the queue"):
         await late.future
+    await batcher.stop()
+
+
+async def test_dropped_requests_are_counted_by_model() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    batcher = make_batcher(clock, recorder, max_wait_ms=10.0)
+    gone = [make_request(clock, [m], model=m) for m in ("a", "b", "a")]
+    for request in gone:
+        batcher.submit(request)
+        request.future.cancel()
+    kept = make_request(clock, ["kept"], model="b")
+    batcher.submit(kept)
+    await kept.future
+    assert batcher.num_dropped == 3
+    assert batcher.dropped_by_model == {"a": 2, "b": 1}
     await batcher.stop()
 
 
@@ -420,3 +495,36 @@ async def test_make_queue_by_name() -> None:
     assert fair._quantum_s == 0.5
     with pytest.raises(ValueError, match="lifo"):
         make_queue("lifo")
+
+
+async def test_fifo_pop_skipping_tenants_keeps_the_limits_and_the_count_of_work() -> None:
+    clock = FakeClock()
+    queue = FifoQueue()
+    a0, a1 = (make_request(clock, ["a"], tenant="a", units=4.0) for _ in range(2))
+    b0 = make_request(clock, ["b", "b"], tenant="b", units=1.5)
+    c0 = make_request(clock, ["c"], tenant="c", units=1.5)
+    b1 = make_request(clock, ["b"], tenant="b", units=1.0)
+    c1 = make_request(clock, ["c", "c"], tenant="c", units=1.0)
+    for request in (a0, b0, c0, a1, b1, c1):
+        queue.push(request)
+    skip = frozenset({"a"})
+    # 2 + 1 + 1 items make 4; c1's two more would not fit.
+    assert queue.pop_batch(4, 100.0, now=0.0, skip=skip) == [b0, c0, b1]
+    assert list(queue) == [a0, a1, c1]
+    assert queue.units_ahead(make_request(clock, ["x"])) == 9.0
+    for request in (b0, c0, b1):
+        queue.push(request)
+    # 1 + 1.5 units; c0's 1.5 more would pass 3.
+    assert queue.pop_batch(100, 3.0, now=0.0, skip=skip) == [c1, b0]
+    assert list(queue) == [a0, a1, c0, b1]
+    assert queue.units_ahead(make_request(clock, ["x"])) == 10.5
+
+
+async def test_an_emptied_fifo_queue_counts_no_work_ahead_whatever_the_rounding() -> None:
+    clock = FakeClock()
+    queue = FifoQueue()
+    for units in (0.1, 0.2, 0.3):  # 0.1 + 0.2 + 0.3 - 0.1 - (0.2 + 0.3) is not 0 in floats
+        queue.push(make_request(clock, ["x"], units=units))
+    queue.pop_batch(1, 100.0, now=0.0)
+    queue.pop_batch(10, 100.0, now=0.0)
+    assert queue.units_ahead(make_request(clock, ["x"])) == 0.0

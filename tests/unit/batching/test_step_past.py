@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from tessera.batching.queue import FifoQueue
 from tessera.clock import FakeClock
 from tessera.repository.spec import BatchingSpec
-from tessera.request import QueuedRequest
+from tessera.request import Batch, QueuedRequest, RequestResult
 from tessera.scheduling.fair import FairQueue
 
 from .driven import DrivenBatcher
@@ -126,3 +127,117 @@ async def test_queues_pop_only_tenants_not_skipped_in_their_order() -> None:
         assert len(queue) == 2
         assert [r.tenant for r in queue.pop_batch(8, 100.0, clock.now())] == ["a", "a"]
         assert queue.pop_batch(8, 100.0, clock.now(), skip=frozenset({"a"})) == []
+
+
+class HeldByTenant:
+    """An execute function that holds each batch until its first tenant's gate opens."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.gates: dict[str, asyncio.Event] = {}
+
+    def open(self, tenant: str) -> None:
+        self.gates.setdefault(tenant, asyncio.Event()).set()
+
+    async def __call__(self, batch: Batch) -> None:
+        self.batches.append([r.tenant for r in batch.requests])
+        await self.gates.setdefault(batch.requests[0].tenant, asyncio.Event()).wait()
+        for request in batch.requests:
+            request.future.set_result(RequestResult(request.items, 0.0, 0.0, batch.num_items))
+
+
+def one_slot_batcher(held: HeldByTenant, **kw: Any) -> DrivenBatcher:
+    spec = BatchingSpec(max_batch_size=8, max_wait_ms=0.0)
+    return DrivenBatcher("m", spec, held, FakeClock(), queue=FairQueue(), **kw)
+
+
+async def test_a_batcher_steps_past_its_slots_only_when_asked() -> None:
+    held = HeldByTenant()
+    batcher = one_slot_batcher(held)
+    flood = make_request(FakeClock(), ["f"], tenant="flood")
+    batcher.submit(flood)
+    await settle()
+    quiet = make_request(FakeClock(), ["q"], tenant="quiet")
+    batcher.submit(quiet)
+    await settle()
+    assert held.batches == [["flood"]]
+    held.open("quiet")
+    held.open("flood")
+    await asyncio.gather(flood.future, quiet.future)
+    assert held.batches == [["flood"], ["quiet"]]
+    assert batcher.num_stepped_past == 0
+    await batcher.stop()
+
+
+async def test_a_batch_beyond_the_slots_that_ends_makes_room_for_one_more_beyond() -> None:
+    clock, held = FakeClock(), HeldByTenant()
+    batcher = one_slot_batcher(held, step_past=True)
+    flood = [make_request(clock, [f"f{i}"], tenant="flood") for i in range(2)]
+    for request in flood:  # the first holds the slot, the second waits for it
+        batcher.submit(request)
+        await settle()
+    first = make_request(clock, ["a"], tenant="a")
+    batcher.submit(first)
+    await settle()
+    held.open("a")  # it ends; the flood's batch still holds the slot
+    await first.future
+    others = [make_request(clock, [t], tenant=t) for t in ("b", "c")]
+    for request in others:
+        batcher.submit(request)
+        await settle()
+    # One batch beyond the one slot again: b's; c and the flood's second wait.
+    assert held.batches == [["flood"], ["a"], ["b"]]
+    assert batcher.num_stepped_past == 2
+    assert batcher.depth == 2
+    for tenant in ("flood", "b", "c"):
+        held.open(tenant)
+    await asyncio.gather(*(r.future for r in [*flood, *others]))
+    await batcher.stop()
+
+
+async def test_a_batch_beyond_the_slots_keeps_the_batch_limits() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_past_batcher(clock, recorder, max_batch_size=2)
+    flood = await fill_slots(clock, batcher, "flood")
+    quiet = [make_request(clock, [f"q{i}"], tenant="quiet") for i in range(3)]
+    for request in quiet:
+        batcher.submit(request)
+    await settle()
+    # Two of its items; its third waits (quiet now runs).
+    assert [[r.items[0] for r in b] for b in recorder.batches[2:]] == [["q0", "q1"]]
+    assert batcher.num_stepped_past == 1
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in [*flood, *quiet]))
+    await batcher.stop()
+
+
+async def test_a_latency_tier_request_steps_past_busy_slots() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_past_batcher(clock, recorder)
+    flood = await fill_slots(clock, batcher, "flood")
+    vip = make_request(clock, ["v"], tenant="vip", latency_target_s=0.5)
+    batcher.submit(vip)
+    await settle()
+    assert [[r.tenant for r in b] for b in recorder.batches] == [["flood"], ["flood"], ["vip"]]
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in [*flood, vip]))
+    await batcher.stop()
+
+
+async def test_a_request_whose_caller_has_gone_does_not_step_past() -> None:
+    clock, recorder = FakeClock(), Recorder()
+    recorder.gate = asyncio.Event()
+    batcher = make_past_batcher(clock, recorder)
+    flood = await fill_slots(clock, batcher, "flood")
+    gone = make_request(clock, ["g"], tenant="quiet")
+    batcher.submit(gone)
+    gone.future.cancel()
+    await settle()
+    assert len(recorder.batches) == 2
+    assert batcher.num_stepped_past == 0
+    assert batcher.num_dropped == 1
+    recorder.gate.set()
+    await asyncio.gather(*(r.future for r in flood))
+    await batcher.stop()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tessera.batching import FifoQueue
+from tessera.batching import FifoQueue, ModelBatcher, RequestQueue
 from tessera.batching.batcher import MIN_SAMPLES
 from tessera.clock import FakeClock
 from tessera.errors import OverloadedError
@@ -23,13 +23,13 @@ from .driven import DrivenBatcher
 
 def request(
     *, tenant: str = "t", units: float = 1.0, items: int = 1, weight: float = 1.0,
-    deadline: float | None = None,
+    deadline: float | None = None, arrival: float = 0.0,
 ) -> QueuedRequest:  # fmt: skip
     future: asyncio.Future[RequestResult] = asyncio.get_running_loop().create_future()
     return QueuedRequest(
         items=list(range(items)),
         units=units,
-        arrival=0.0,
+        arrival=arrival,
         future=future,
         tenant=tenant,
         weight=weight,
@@ -228,3 +228,154 @@ async def test_a_fair_queue_counts_the_work_ahead_only_where_the_whole_queue_is_
     assert b.predicted_wait_s(other) == 0.0
     assert b.predicted_wait_s(other, fits_s=1000.0) == 100.0
     await close(b, [*flood, quiet])
+
+
+def held_batcher(
+    predictor: BatchTimePredictor,
+    *,
+    clock: FakeClock | None = None,
+    queue: RequestQueue | None = None,
+    slots: int = 1,
+) -> ModelBatcher:
+    """A batcher with no loop around it: the test takes its batches (``next_batch``)
+    and they run until it reports their end."""
+    return ModelBatcher(
+        "m",
+        BatchingSpec(max_batch_size=8, max_batch_units=1000, max_wait_ms=0.0),
+        clock or FakeClock(autojump=False),
+        max_queue=1000,
+        queue=queue if queue is not None else FifoQueue(),
+        max_concurrent_batches=slots,
+        predictor=predictor,
+    )
+
+
+async def test_a_request_of_several_items_waits_for_full_batches_of_its_kind() -> None:
+    b = batcher(measured(10, 1.0))  # 0.1 s a unit; batches of 10 items
+    queued = [request(units=2.0) for _ in range(50)]  # 100 units
+    for r in queued:
+        b.submit(r)
+    # Two items of 2 units each: a batch of 10 items is 20 units, 2 s; 5 of them ahead.
+    assert b.predicted_wait_s(request(units=4.0, items=2)) == pytest.approx(10.0)
+    await close(b, queued)
+
+
+async def test_the_batches_running_on_every_slot_count_what_is_left_of_each() -> None:
+    clock = FakeClock(autojump=False)
+    b = held_batcher(measured(8, 1.0), clock=clock, slots=2)  # 0.125 s a unit
+    for _ in range(8):
+        b.submit(request())
+    await b.next_batch()  # 8 units: 1 s, from 0
+    clock.advance(0.5)
+    for _ in range(8):
+        b.submit(request())
+    await b.next_batch()  # 1 s, from 0.5
+    # 0.5 s left of the first and 1 s of the second, over two slots.
+    assert b.predicted_wait_s(request()) == pytest.approx(0.75)
+
+
+async def test_a_running_batchs_predicted_run_is_made_once() -> None:
+    predictor = measured(8, 1.0)
+    b = held_batcher(predictor)
+    for _ in range(8):
+        b.submit(request())
+    await b.next_batch()
+    assert b.predicted_wait_s(request()) == pytest.approx(1.0)
+    for _ in range(MIN_SAMPLES):  # the model slows down: 8 units now predicted at 2 s
+        predictor.observe(8, 3.0)
+    assert predictor.predict(8) == pytest.approx(2.0)
+    # The running batch keeps the run it was predicted when first asked.
+    assert b.predicted_wait_s(request()) == pytest.approx(1.0)
+
+
+async def test_a_model_measured_at_no_time_predicts_no_wait_and_refuses_no_deadline() -> None:
+    b = held_batcher(measured(8, 0.0))
+    for _ in range(8):
+        b.submit(request())
+    await b.next_batch()
+    queued = [request(deadline=0.001) for _ in range(40)]
+    for r in queued:  # five batches of 8, each of no time
+        b.submit(r)
+    assert b.depth == 40
+    assert b.predicted_wait_s(request(), fits_s=0.001) == 0.0
+    assert b.predicted_wait_s(request()) == 0.0
+
+
+async def test_a_deadline_counts_from_the_requests_arrival() -> None:
+    clock = FakeClock(start=100.0)
+    b = ModelBatcher(
+        "m",
+        BatchingSpec(max_batch_size=10, max_batch_units=1000, max_wait_ms=1.0),
+        clock,
+        max_queue=1000,
+        predictor=measured(10, 1.0),
+    )
+
+    def arrived_now(deadline_in_s: float) -> QueuedRequest:
+        return request(arrival=clock.now(), deadline=clock.now() + deadline_in_s)
+
+    # At 100 s, a deadline 8 s away leaves 8 s (not 108): 9 batches of 1 s do not fit.
+    for _ in range(90):
+        b.submit(arrived_now(60.0))
+    b.submit(arrived_now(9.0))
+    with pytest.raises(OverloadedError, match="more than its 8s deadline"):
+        b.submit(arrived_now(8.0))
+    assert b.depth == 91
+
+
+class BoundRecorder(FifoQueue):
+    """A FIFO queue that records the ``enough`` each count of the work ahead is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enough: list[float] = []
+
+    def units_ahead(self, request: QueuedRequest, enough: float = 0.0) -> float:
+        self.enough.append(enough)
+        return super().units_ahead(request, enough)
+
+
+async def test_submit_lets_the_queue_give_its_whole_work_where_that_fits_the_deadline() -> None:
+    queue = BoundRecorder()
+    b = held_batcher(measured(8, 1.0), queue=queue)  # a batch of 8 units: 1 s
+    b.submit(request())
+    assert queue.enough == [0.0]  # no deadline: the work ahead is counted
+    b.submit(request(deadline=5.0))
+    # Up to 5 batches ahead fit its 5 s: under 6 batches' units the total will do.
+    assert queue.enough[-1] == pytest.approx(48.0)
+
+
+def fair_flood(num: int, *, slots: int = 1) -> ModelBatcher:
+    """A fair queue holding ``num`` requests of one tenant, 1/16 of a unit each;
+    a batch of 8 (0.5 units) runs 0.5 s. A newcomer waits behind none of them."""
+    b = held_batcher(measured(0.5, 0.5), queue=FairQueue(), slots=slots)
+    for _ in range(num):
+        b.submit(request(tenant="flood", units=1 / 16))
+    return b
+
+
+async def test_the_whole_fair_queue_counts_as_work_ahead_exactly_where_its_wait_fits() -> None:
+    newcomer = request(tenant="other", units=1 / 16)
+    b = fair_flood(8)  # one batch queued
+    assert b.predicted_wait_s(newcomer) == 0.0
+    assert b.predicted_wait_s(newcomer, fits_s=0.5) == 0.5  # the whole queue fits
+    assert b.predicted_wait_s(newcomer, fits_s=0.49) == 0.0  # it does not: counted, none
+    for _ in range(72):  # ten batches queued
+        b.submit(request(tenant="flood", units=1 / 16))
+    assert b.predicted_wait_s(newcomer, fits_s=5.0) == 5.0
+    assert b.predicted_wait_s(newcomer, fits_s=4.99) == 0.0
+
+
+async def test_the_whole_fair_queue_counts_as_work_ahead_where_it_fits_every_slot() -> None:
+    newcomer = request(tenant="other", units=1 / 16)
+    b = fair_flood(80, slots=2)  # ten batches queued, two at a time: 2.5 s
+    assert b.predicted_wait_s(newcomer, fits_s=2.5) == 2.5
+    assert b.predicted_wait_s(newcomer, fits_s=2.49) == 0.0
+
+
+async def test_the_whole_fair_queue_counts_as_work_ahead_where_it_fits_behind_a_run() -> None:
+    newcomer = request(tenant="other", units=1 / 16)
+    b = fair_flood(88)
+    await b.next_batch()  # 0.5 s running; ten batches queued behind it
+    assert b.predicted_wait_s(newcomer, fits_s=5.5) == 5.5
+    assert b.predicted_wait_s(newcomer, fits_s=5.0) == 0.5  # the rest is counted
