@@ -373,6 +373,17 @@ def test_batches_all_of_one_size_explore_a_size_three_times_the_smallest(
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.0)) == 200
 
 
+def test_a_model_not_yet_measured_has_its_batches_uncapped_while_tenants_share_it(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    predictor = BatchTimePredictor()
+    assert predictor.smallest_units() is None
+    queue = FairQueue(predictor, latency_horizon_s=1.0, quantum_s=0.025)
+    for i in range(6):
+        queue.push(make_queued(loop, "a" if i % 2 else "b", units=10, arrival=i * 1e-6))
+    assert len(queue.pop_batch(100, 1e9, now=0.0)) == 6
+
+
 # -- batch limits --------------------------------------------------------------
 
 
