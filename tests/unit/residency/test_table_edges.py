@@ -111,6 +111,16 @@ def test_failed_load_error_is_cleared_by_the_next_load() -> None:
     assert table.entries["a"].error is None
 
 
+def test_a_failed_load_leaves_the_rooms_of_other_models_batches_held() -> None:
+    table = ResidencyTable(1000)
+    loaded(table, "a", 300)
+    assert table.reserve("a", 150, 0.0) is not None
+    assert table.begin_load("b", Footprint(200))
+    table.fail("b", "boom")
+    assert table.activation_bytes_held() == 150
+    assert (table.used_bytes(), table.weight_bytes()) == (450, 300)
+
+
 # -- reservations ----------------------------------------------------------------
 
 
@@ -303,6 +313,20 @@ def test_readings_that_keep_falling_settle_after_a_few() -> None:
     assert stats.reserve_bytes(1) == settled
     stats.observe(1, 1)  # counted in the window now, beside the settled reading
     assert stats.reserve_bytes(1) == settled
+
+
+def test_a_warm_up_after_readings_that_kept_falling_does_not_settle_in_their_place() -> None:
+    # The last of the settling readings is a reload's warm-up, higher than the
+    # real ones: the lowest real reading settles, the warm-up adds nothing.
+    stats = ActivationStats()
+    for reading in range(1000, 1000 - SETTLING_READINGS + 1, -1):
+        stats.observe(reading, 1)
+    lowest = 1000 - SETTLING_READINGS + 2
+    stats.observe(5000, 1, provisional=True)
+    assert stats.num_samples == SETTLING_READINGS
+    assert stats.reserve_bytes(1) == lowest
+    stats.observe(1, 1)  # the window has begun: a lower reading counts beside it
+    assert stats.reserve_bytes(1) == lowest
 
 
 @settings(max_examples=200, deadline=None)
