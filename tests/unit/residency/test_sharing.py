@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from builders import make_spec
 from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
+from tessera.errors import OverloadedError
 from tessera.repository import ModelSpec
 from tessera.request import QueuedRequest, RequestResult
 from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
@@ -131,6 +132,35 @@ async def test_a_batch_short_of_room_waits_for_a_busy_model_cheaper_to_evict() -
     assert host.on_unload == ["chat"]
 
 
+async def test_a_batch_waiting_for_a_busy_model_past_its_deadline_is_refused_by_name() -> None:
+    # The page would wait its 1.5 s of patience for the chat model's batch; its
+    # 0.3 s of waiting for room end first.
+    manager, _, clock, (chat, _, ocr) = await patience_setup(wait_s=0.3)
+    answering = await manager.acquire(chat, 50)
+    asked = clock.now()
+    with pytest.raises(OverloadedError, match=r"for model 'ocr': other models are busy$"):
+        await manager.acquire(ocr, 250)
+    assert clock.now() - asked == pytest.approx(0.3)
+    manager.release(answering)
+
+
+async def test_a_batch_waiting_for_a_busy_model_holds_no_load_behind_it() -> None:
+    # While the page waits out of line for the chat model's batch, a model
+    # that fits the free bytes (150) loads at once, not after the page.
+    manager, _, clock, (chat, _, ocr) = await patience_setup()
+    tiny = make_spec("tiny", 100)
+    manager.register([*patience_models(), tiny])
+    answering = await manager.acquire(chat, 50)
+    page = asyncio.ensure_future(manager.acquire(ocr, 250))
+    await clock.sleep(0.1)
+    asked = clock.now()
+    await use(manager, tiny)
+    assert clock.now() == asked
+    assert not page.done()
+    manager.release(answering)
+    manager.release(await page)
+
+
 async def test_a_load_short_of_room_evicts_an_idle_model_rather_than_wait_for_one_loading() -> None:
     # "slow" loads for its caller; waiting for it to load, run and go idle, to
     # evict it instead of "idle", held up every load behind (swaps in series).
@@ -147,6 +177,25 @@ async def test_a_load_short_of_room_evicts_an_idle_model_rather_than_wait_for_on
     await use(manager, new)
     assert host.on_unload == ["idle"]
     assert clock.now() - asked < 1.0  # not the 3 s load nor the 5 s of patience
+    await loading
+
+
+async def test_a_batch_short_of_room_waits_its_patience_for_a_model_still_loading() -> None:
+    # Unlike a load, a batch counts a model loading for another caller (never
+    # used: the cheapest to evict) as soon idle: it waits for it, its 1.5 s of
+    # patience, before evicting the idle translation model (dear to reload).
+    manager, host, clock = make_manager(1000)
+    _, trans, ocr = patience_models()
+    slow = replace(make_spec("slow", 400, load_s=3.0), latency_target_ms=10_000)
+    await use(manager, trans, times=3)
+    await use(manager, ocr, times=3)
+    loading = asyncio.ensure_future(use(manager, slow))
+    await clock.sleep(0.1)
+    assert manager.state("slow") is ModelState.LOADING
+    asked = clock.now()
+    manager.release(await manager.acquire(ocr, 250))  # 50 bytes short
+    assert clock.now() - asked == pytest.approx(1.5)
+    assert host.on_unload == ["trans"]
     await loading
 
 
