@@ -18,18 +18,29 @@ from tessera.clock import FakeClock
 from tessera.errors import OverloadedError
 from tessera.repository import ModelSpec
 from tessera.request import QueuedRequest, RequestResult
-from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
+from tessera.residency import (
+    PATIENCE_SHARE,
+    ModelState,
+    ResidencyManager,
+    make_eviction_policy,
+)
 
 SETTLE_S = 0.01
 
 
 def make_manager(
-    budget: int, *, policy: str = "cost", wait_s: float = 60.0, **options: float
+    budget: int,
+    *,
+    policy: str = "cost",
+    wait_s: float = 60.0,
+    patience_share: float = PATIENCE_SHARE,
 ) -> tuple[ResidencyManager, FakeModelHost, FakeClock]:
     clock = FakeClock()
     host = FakeModelHost(clock)
     chosen = make_eviction_policy(policy, clock)
-    manager = ResidencyManager(budget, host, chosen, clock, wait_s=wait_s, **options)
+    manager = ResidencyManager(
+        budget, host, chosen, clock, wait_s=wait_s, patience_share=patience_share
+    )
     return manager, host, clock
 
 
@@ -98,11 +109,11 @@ async def test_a_reload_counts_against_the_models_latency_target() -> None:
 
 
 async def patience_setup(
-    **options: float,
+    *, wait_s: float = 60.0, patience_share: float = PATIENCE_SHARE
 ) -> tuple[ResidencyManager, FakeModelHost, FakeClock, tuple[ModelSpec, ModelSpec, ModelSpec]]:
     """``patience_models`` registered and each used three times, in a budget
     of 1,000 bytes that holds them all (800) and no more."""
-    manager, host, clock = make_manager(1000, **options)
+    manager, host, clock = make_manager(1000, wait_s=wait_s, patience_share=patience_share)
     models = patience_models()
     manager.register(list(models))
     chat, trans, ocr = models
