@@ -103,6 +103,21 @@ async def test_an_eviction_says_in_the_log_what_it_makes_room_for(
     assert "100 free" in caplog.text
 
 
+async def test_a_batch_that_evicts_two_models_names_both_and_itself_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    manager, _host = make_manager(1000, clock=clock)
+    for name in ("a", "b", "c"):
+        await manager.ensure_loaded(make_spec(name, 300))
+        clock.advance(1)
+    with caplog.at_level("INFO", logger="tessera.residency"):
+        manager.release(await manager.acquire(make_spec("c", 300), 600))
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("evicting")] == [
+        "evicting a, b to free 500 bytes for a batch of c (600 bytes of activations); 100 free"
+    ]
+
+
 async def test_the_host_is_told_which_unloads_are_evictions() -> None:
     # A host may keep an evicted model cheaper to reload (a vLLM engine asleep).
     manager, host = make_manager(700)
