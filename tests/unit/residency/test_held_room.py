@@ -67,6 +67,7 @@ async def test_a_model_with_batches_queued_keeps_its_room_from_a_waiting_reload(
     asked = clock.now()
     page = await manager.acquire(ocr, PAGE_BYTES)
     assert clock.now() == asked  # taken at once: no eviction, no wait
+    assert page.model.memory().own_bytes == 100  # the OCR model, to run the page
     assert host.evicted == ["chat"]
     manager.release(page)  # nothing more queued: the room goes to the reload
     await waiting
@@ -79,15 +80,15 @@ async def test_kept_room_goes_back_when_no_batch_takes_it() -> None:
     await waiting
     assert host.loads["chat"] == 2
     # The chat model's load takes 0.5 s; the room came back after the page's
-    # gathering wait and the slack.
-    assert clock.now() - released == pytest.approx(0.005 + HOLD_SLACK_S + 0.5, abs=0.01)
+    # gathering wait and the slack (to the microsecond: the clock is a fake one).
+    assert clock.now() - released == pytest.approx(0.005 + HOLD_SLACK_S + 0.5, abs=1e-6)
 
 
 async def test_kept_room_waits_for_as_long_as_its_model_gathers_a_batch() -> None:
     _, _, clock, _, waiting = await chat_waits_for_a_page(gather_ms=300)
     released = clock.now()
     await waiting
-    assert clock.now() - released == pytest.approx(0.3 + HOLD_SLACK_S + 0.5, abs=0.01)
+    assert clock.now() - released == pytest.approx(0.3 + HOLD_SLACK_S + 0.5, abs=1e-6)
 
 
 async def test_room_is_kept_only_for_batches_that_end_within_every_waiters_patience() -> None:
