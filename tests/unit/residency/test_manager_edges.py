@@ -24,6 +24,7 @@ from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.activation import ActivationBook
 from tessera.residency.manager import LOAD_FAILED
 from tessera.residency.plan import items_peak_units, peak_units, split_to_fit
+from tessera.runtimes.base import LoadedModel
 from tessera.tasks.types import Task
 
 
@@ -487,6 +488,43 @@ async def test_a_waiting_batch_whose_model_was_evicted_reloads_it() -> None:
     assert clock.now() == pytest.approx(102.2)  # released at 101.2, + x's 1 s load
     assert host.loads["x"] == 2
     manager.release(lease)
+
+
+class LoadOrder(FakeModelHost):
+    """A fake host that records the order in which loads begin."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.begun: list[str] = []
+
+    async def load(self, spec: ModelSpec) -> LoadedModel:
+        self.begun.append(spec.key)
+        return await super().load(spec)
+
+
+async def test_the_reload_for_a_waiting_batch_goes_before_a_load_that_joined_after_it() -> None:
+    """As above, with a load of y joining the line after x's batch: x's reload
+    takes the batch's place, so it begins before y's load."""
+    clock = FakeClock(start=100.0)
+    host = LoadOrder(clock)
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru", clock), clock, wait_s=60.0)
+    x, c, y = make_spec("x", 300, load_s=1.0), make_spec("c", 500), make_spec("y", 200)
+    manager.register([x, c, y])  # 1000 bytes: they fit together
+    running = await manager.acquire(x, 150)
+    await manager.ensure_loaded(c)
+    want_c = asyncio.ensure_future(manager.acquire(c, 450))  # first in line
+    await clock.sleep(0.1)
+    want_x = asyncio.ensure_future(manager.acquire(x, 100))  # second in line
+    await clock.sleep(0.1)
+    want_y = asyncio.ensure_future(manager.acquire(y, 0))  # third in line
+    await clock.sleep(0.1)
+    manager.release(running)  # c's batch evicts the idle x
+    manager.release(await want_c)
+    lease = await want_x
+    assert clock.now() == pytest.approx(102.3)  # released at 101.3, + x's 1 s load
+    assert host.begun == ["x", "c", "x", "y"]
+    manager.release(lease)
+    manager.release(await want_y)
 
 
 async def test_a_zero_byte_acquire_of_a_ready_model_skips_the_line() -> None:
