@@ -4,7 +4,10 @@ with fake models, a fake clock and no waiting (``wait_s=0``)."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -432,6 +435,45 @@ async def test_a_reload_keeps_the_first_measurement() -> None:
     assert measured is not None
     assert measured.own_bytes == 300
     assert manager.table.used_bytes() == 300
+
+
+class Measured:
+    """A loaded model that counts how often it is measured (``memory``)."""
+
+    def __init__(self, model: LoadedModel, counts: Counter[str], name: str) -> None:
+        self._model, self._counts, self._name = model, counts, name
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        return self._model.run(items)
+
+    def memory(self) -> Footprint:
+        self._counts[self._name] += 1
+        return self._model.memory()
+
+    def unload(self) -> None:
+        self._model.unload()
+
+
+class MeasuringHost(FakeModelHost):
+    """A fake host whose models count their measurements."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.measures: Counter[str] = Counter()
+
+    async def load(self, spec: ModelSpec) -> LoadedModel:
+        return Measured(await super().load(spec), self.measures, spec.key)
+
+
+async def test_a_reload_is_not_measured_again() -> None:
+    # Measuring holds running batches back; the first measurement is kept.
+    host = MeasuringHost()
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru"), FakeClock())
+    for _ in range(3):
+        await manager.ensure_loaded(make_spec("a", 300))
+        await manager.unload("a")
+    assert host.loads["a"] == 3
+    assert host.measures["a"] == 1
 
 
 def test_activation_bytes_per_unit_is_none_until_a_batch_was_measured() -> None:
