@@ -297,6 +297,20 @@ async def test_defaults_wait_30_s_reserve_nothing_and_start_with_no_peak() -> No
     manager.release(lease)
 
 
+async def test_by_default_failed_loads_back_off_from_2_s_to_at_most_5_minutes() -> None:
+    clock = FakeClock()
+    manager = ResidencyManager(1000, FakeModelHost(), make_eviction_policy("lru"), clock)
+    bad = make_spec("m", 100, fail_load=True)
+    windows = []
+    for _ in range(10):
+        with pytest.raises(ModelUnavailableError) as failed:
+            await manager.acquire(bad, 0)
+        assert failed.value.retry_after_s is not None
+        windows.append(failed.value.retry_after_s)
+        clock.advance(failed.value.retry_after_s)
+    assert windows == [2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 300.0, 300.0]
+
+
 async def test_unload_waits_for_the_batch_running_on_the_model() -> None:
     clock = FakeClock()
     manager = ResidencyManager(
