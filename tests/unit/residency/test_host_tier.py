@@ -303,6 +303,26 @@ async def test_loads_from_the_tier_beyond_two_wait_for_a_copy_back_to_end() -> N
     await manager.close()
 
 
+async def test_by_default_loads_from_the_tier_are_not_bounded() -> None:
+    clock = FakeClock()
+    host = GatedRestores(clock)
+    manager = ResidencyManager(
+        1000, host, make_eviction_policy("lru", clock), clock, host_budget_bytes=1000
+    )
+    specs = [kept(f"m{i}", 400) for i in range(4)]
+    for spec in specs:
+        await use(manager, spec)  # m0 and m1 end in the tier
+    for spec in specs[2:]:
+        await manager.unload(spec.key)
+    wanted = asyncio.gather(*(use(manager, s) for s in specs[:2]))
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert sorted(host.begun) == ["m0", "m1"]  # both copies back at once
+    host.gate.set()
+    await wanted
+    await manager.close()
+
+
 # -- the budgets under any sequence -------------------------------------------
 
 HOST_BUDGET = 900
