@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -38,12 +39,11 @@ def make_manager(
     return manager, host, clock
 
 
-def kept(name: str, own_bytes: int, **options: object) -> ModelSpec:
+def kept(name: str, own_bytes: int, **options: Any) -> ModelSpec:
     """A model that can wait in the host tier; loads take 1 s (unless ``options``
     say otherwise), restores 0.01 s."""
-    return make_spec(
-        name, own_bytes, **{"host_tier": True, "load_s": 1.0, "restore_s": 0.01, **options}
-    )
+    chosen: dict[str, Any] = {"host_tier": True, "load_s": 1.0, "restore_s": 0.01, **options}
+    return make_spec(name, own_bytes, **chosen)
 
 
 async def use(manager: ResidencyManager, spec: ModelSpec, times: int = 1) -> None:
