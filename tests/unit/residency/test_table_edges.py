@@ -19,7 +19,7 @@ from tessera.residency import (
     ResidencyTable,
     make_eviction_policy,
 )
-from tessera.residency.activation import SETTLING_READINGS
+from tessera.residency.activation import SETTLING_READINGS, ActivationBook
 from tessera.residency.policy import take
 from tessera.residency.table import USE_HALF_LIFE_S
 
@@ -288,6 +288,17 @@ def test_activation_default_window_is_64() -> None:
     assert stats.reserve_bytes(1) == 10_000
     stats.observe(10, 1)
     assert stats.reserve_bytes(1) == 10
+
+
+def test_the_book_keeps_a_window_of_64_readings_per_model_by_default() -> None:
+    book = ActivationBook()
+    book.observe("m", 10, 1)
+    book.observe("m", 10_000, 1)
+    for _ in range(63):
+        book.observe("m", 10, 1)
+    assert book.of("m").reserve_bytes(1) == 10_000
+    book.observe("m", 10, 1)
+    assert book.of("m").reserve_bytes(1) == 10
 
 
 def test_the_first_falling_readings_settle_before_they_count() -> None:
