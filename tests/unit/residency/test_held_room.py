@@ -112,6 +112,28 @@ async def test_room_is_kept_only_for_batches_that_end_within_every_waiters_patie
     assert host.loads["chat"] == 2
 
 
+@pytest.mark.parametrize(("next_batch_s", "kept"), [(1.0, True), (6.0, False)])
+async def test_a_waiting_batchs_patience_bounds_the_room_kept_for_another_model(
+    next_batch_s: float, kept: bool
+) -> None:
+    # Both models stay loaded; a chat batch (5 s of patience: half its 10 s
+    # target) waits for activation room held by a page.
+    manager, host, clock = make_manager()
+    ocr, chat = models()
+    manager.register([ocr, chat])
+    manager.release(await manager.acquire(chat, 0))
+    page = await manager.acquire(ocr, 450)
+    waiting = asyncio.ensure_future(manager.acquire(chat, 100))
+    await clock.sleep(0.01)
+    assert not waiting.done()
+    released = clock.now()
+    manager.release(page, next_batch_s=next_batch_s)
+    manager.release(await waiting)
+    waited = 0.005 + HOLD_SLACK_S if kept else 0.0  # the page's gathering wait, and slack
+    assert clock.now() - released == pytest.approx(waited, abs=1e-6)
+    assert host.evicted == []
+
+
 async def test_with_no_one_waiting_a_batchs_room_is_not_kept() -> None:
     manager, _, _ = make_manager()
     ocr, chat = models()
