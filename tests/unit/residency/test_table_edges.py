@@ -103,6 +103,29 @@ def test_load_that_does_not_fit_changes_nothing() -> None:
     assert table.begin_load("b", Footprint(400))
 
 
+def test_a_load_is_from_files_unless_said_to_be_from_the_host_tier() -> None:
+    table = ResidencyTable(1000)
+    assert table.begin_load("a", Footprint(100))
+    table.mark_ready("a", 0.0, 2.0)
+    entry = table.entries["a"]
+    assert (entry.load_s, entry.files_load_s, entry.host_load_s, entry.host_loads) == (
+        2.0,
+        2.0,
+        None,
+        0,
+    )
+    table.begin_unload("a", eviction=True)
+    table.finish_unload("a")
+    assert table.begin_load("a", Footprint(100))
+    table.mark_ready("a", 1.0, 0.1, from_host=True)
+    assert (entry.load_s, entry.files_load_s, entry.host_load_s, entry.host_loads) == (
+        0.1,
+        2.0,
+        0.1,
+        1,
+    )
+
+
 def test_failed_load_error_is_cleared_by_the_next_load() -> None:
     table = ResidencyTable(1000)
     assert table.begin_load("a", Footprint(100))
