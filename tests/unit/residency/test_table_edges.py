@@ -124,6 +124,11 @@ def test_a_load_is_from_files_unless_said_to_be_from_the_host_tier() -> None:
         0.1,
         1,
     )
+    table.begin_unload("a", eviction=True)
+    table.finish_unload("a")
+    assert table.begin_load("a", Footprint(100))
+    table.mark_ready("a", 2.0, 0.2, from_host=True)
+    assert (entry.host_load_s, entry.host_loads, entry.loads) == (0.2, 2, 3)
 
 
 def test_failed_load_error_is_cleared_by_the_next_load() -> None:
