@@ -373,7 +373,9 @@ class _Recording(FakeModelHost):
         await super().unload(spec, model, eviction=eviction)
 
 
-async def test_the_head_of_a_line_of_loads_evicts_for_the_loads_behind_it_too() -> None:
+async def test_the_head_of_a_line_of_loads_evicts_for_the_loads_behind_it_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # Under pressure every load in a line evicted for itself alone, and the line
     # waited for each eviction in turn (each a copy and a thread's answer).
     clock = FakeClock()
@@ -387,10 +389,16 @@ async def test_the_head_of_a_line_of_loads_evicts_for_the_loads_behind_it_too() 
     for name in ("e", "f", "g", "h", "i"):  # in line while every model is busy
         loads.append(asyncio.ensure_future(manager.acquire(make_spec(name, 240), 0)))
         await clock.sleep(SETTLE_S)
-    for lease in leases:
-        manager.release(lease)
-    for load in loads:
-        manager.release(await load)
+    with caplog.at_level("INFO", logger="tessera.residency"):
+        for lease in leases:
+            manager.release(lease)
+        for load in loads:
+            manager.release(await load)
+    evicting = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evicting")]
+    assert evicting[0] == (
+        "evicting a, b, c, d to free 200 bytes for loading e (240 bytes, 0 for its first"
+        " batch), and up to 720 bytes for the loads next in line; 40 free"
+    )
     # e's eviction frees room for f, g and h too (i is a fourth behind it).
     evictions = ["unload a", "unload b", "unload c", "unload d"]
     assert host.events[4:12] == [*evictions, "load e", "load f", "load g", "load h"]
