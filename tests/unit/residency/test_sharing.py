@@ -501,6 +501,32 @@ async def test_a_later_batch_passes_a_waiting_load_only_where_that_delays_it_not
     assert manager._arbiter.line.passed_bytes == 0
 
 
+@pytest.mark.parametrize(("first_batch", "passing"), [(0, 3), (50, 2)])
+async def test_batches_passing_a_waiting_load_count_together(
+    first_batch: int, passing: int
+) -> None:
+    # Each small batch of a may pass b's waiting load while the room beside the
+    # weights (900), less the batches that passed and its own, still holds what
+    # the load waits for: b's 600 and its first batch. Of batches of 100, three
+    # pass a load of b alone, two a load with a first batch of 50; the next waits.
+    manager, _, clock = make_manager(1000)
+    a, b = make_spec("a", 100), make_spec("b", 600)
+    manager.register([a, b])
+    await use(manager, a)
+    running = await manager.acquire(a, 400)  # free: 500
+    loading = asyncio.ensure_future(manager.acquire(b, first_batch))
+    await clock.sleep(SETTLE_S)
+    passed = [await manager.acquire(a, 100) for _ in range(passing)]
+    assert clock.now() == SETTLE_S  # at once
+    behind = asyncio.ensure_future(manager.acquire(a, 100))
+    await clock.sleep(SETTLE_S)
+    assert not behind.done()
+    for lease in (running, *passed):
+        manager.release(lease)
+    manager.release(await loading)
+    manager.release(await behind)
+
+
 async def test_a_waiting_load_is_not_overtaken_by_a_later_batch() -> None:
     manager, _, clock = make_manager(1000)
     a, b = make_spec("a", 300), make_spec("b", 650)
