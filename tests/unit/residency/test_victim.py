@@ -93,6 +93,15 @@ def test_a_caller_does_not_wait_for_a_busy_model_dearer_to_evict() -> None:
     assert setup.chooser.for_caller(300, "x", setup.patient()) == Victims(["idle"])
 
 
+def test_a_caller_does_not_wait_for_a_busy_model_that_costs_as_much_to_evict() -> None:
+    # Each used once (the pin is the busy one's use), alike in bytes and target.
+    setup = Setup()
+    setup.ready("busy", 300)
+    setup.ready("idle", 300, uses=1)
+    setup.pin("busy")
+    assert setup.chooser.for_caller(300, "x", setup.patient()) == Victims(["idle"])
+
+
 def test_the_wait_ends_with_the_busy_models_predicted_batch() -> None:
     setup = Setup()
     setup.ready("busy", 300, uses=1, target_s=10.0)
