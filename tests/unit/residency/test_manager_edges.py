@@ -512,7 +512,9 @@ async def test_a_model_loaded_for_a_batch_runs_it_before_older_waiters() -> None
     running = await manager.acquire(b, 300)  # 600 held
     want_x = asyncio.ensure_future(manager.acquire(x, 100))  # loads x: 300 + 100 fit
     await clock.sleep(0.5)
-    want_b = asyncio.ensure_future(manager.acquire(b, 300))  # waits for room, first in line
+    # b's batch waits for room, first in line; x's could not pass it (the 400
+    # beside the weights, less its 100, do not hold b's 350): it goes first as fresh.
+    want_b = asyncio.ensure_future(manager.acquire(b, 350))
     lease_x = await want_x
     assert clock.now() == 101.0  # as soon as x was ready
     assert not want_b.done()
