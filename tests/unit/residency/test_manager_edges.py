@@ -602,6 +602,23 @@ async def test_a_zero_byte_acquire_of_a_ready_model_skips_the_line() -> None:
     manager.release(await waiting)
 
 
+async def test_a_zero_byte_acquire_skips_even_a_load_that_no_batch_may_pass() -> None:
+    # b's load waits for 300 bytes and 500 for its first batch: more than the
+    # 700 beside a's weights, so no batch that takes bytes may pass it.
+    clock = FakeClock()
+    manager = ResidencyManager(1000, FakeModelHost(clock), make_eviction_policy("lru"), clock)
+    a, b = make_spec("a", 300), make_spec("b", 300)
+    manager.register([a, b])
+    running = await manager.acquire(a, 300)  # free: 400
+    waiting = asyncio.ensure_future(manager.acquire(b, 500))
+    await clock.sleep(0.01)
+    manager.release(await manager.acquire(a, 0))  # at once
+    assert clock.now() == pytest.approx(0.01)
+    assert not waiting.done()
+    manager.release(running)
+    manager.release(await waiting)
+
+
 async def test_close_logs_a_model_it_cannot_unload_and_unloads_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
