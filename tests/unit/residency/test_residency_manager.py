@@ -406,6 +406,27 @@ async def test_the_head_of_a_line_of_loads_evicts_for_the_loads_behind_it_too(
     assert manager.table.used_bytes() <= 1000
 
 
+async def test_a_head_of_the_line_one_byte_short_evicts_for_the_loads_behind_it_too() -> None:
+    clock = FakeClock()
+    host = _Recording()
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru"), clock, wait_s=5.0)
+    leases = []
+    for name in ("a", "b", "c", "d"):
+        leases.append(await manager.acquire(make_spec(name, 240), 0))
+        clock.advance(1)
+    loads = [asyncio.ensure_future(manager.acquire(make_spec("e", 41), 0))]  # 40 free
+    await clock.sleep(SETTLE_S)
+    for name in ("f", "g", "h"):
+        loads.append(asyncio.ensure_future(manager.acquire(make_spec(name, 240), 0)))
+        await clock.sleep(SETTLE_S)
+    for lease in leases:
+        manager.release(lease)
+    for load in loads:
+        manager.release(await load)
+    evictions = ["unload a", "unload b", "unload c", "unload d"]
+    assert host.events[4:12] == [*evictions, "load e", "load f", "load g", "load h"]
+
+
 async def test_loads_ahead_in_line_take_no_more_than_idle_models_hold() -> None:
     # What the loads behind it want is evicted only where idle models hold it:
     # the head still evicts for itself.
