@@ -14,6 +14,9 @@ Invariants:
   for the copy would hold their room empty meanwhile.
 - A model kept whose reported bytes do not fit is dropped at once, its
   expected bytes held until it is gone.
+- Room for a copy is made until it fits: a copy dropped for it may take a
+  shared component the newcomer counted as held, and then more must go (or
+  the newcomer, where the policy finds it not worth that).
 """
 
 from __future__ import annotations
@@ -74,14 +77,15 @@ class TierTransfers:
             return False
         name = spec.key
         async with self._lock:
-            victims = tier.make_room(entry, expected)
-            if victims is None:
-                log.debug("%s is not kept in the host tier: no room worth making", name)
-                return False
-            for victim in victims:
-                await self._drop(victim)
-            if not tier.begin_admit(name, expected):
-                return False
+            # A dropped copy may take with it a shared component the newcomer
+            # counted as held: room is made again until it fits or is not worth it.
+            while not tier.begin_admit(name, expected):
+                victims = tier.make_room(entry, expected)
+                if victims is None:
+                    log.debug("%s is not kept in the host tier: no room worth making", name)
+                    return False
+                for victim in victims:
+                    await self._drop(victim)
             self._specs[name] = spec
         try:
             held = await self._host.offload(spec, model)

@@ -9,7 +9,7 @@ import pytest
 
 from builders import make_admission
 from tessera.admission import AdmissionController, TenantLimits, TokenBucket
-from tessera.admission.limits import DAY_S
+from tessera.admission.limits import DAY_S, default_burst
 from tessera.errors import RateLimitedError
 
 
@@ -299,3 +299,7 @@ def test_changed_rate_starts_a_fresh_bucket_and_same_limits_keep_it() -> None:
     assert refusal(controller, limits).reason == "rate"
     controller.admit(TenantLimits("t", qps=1.0, burst=3), 1)  # changed: a full new bucket
     assert controller.remaining(TenantLimits("t", qps=1.0, burst=3)) == 2
+
+
+def test_without_a_rate_or_a_burst_the_bucket_holds_one() -> None:
+    assert default_burst(TenantLimits("t")) == 1

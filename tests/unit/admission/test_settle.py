@@ -100,3 +100,54 @@ def test_the_first_call_of_a_new_day_may_be_a_settle() -> None:
     controller.settle(late, 30)  # the day turns here: yesterday's 80 go, today's 30 count
     assert "(30 used" in str(refusal(controller, 71))
     controller.admit(QUOTA, 70)
+
+
+def test_a_request_that_would_not_fit_even_once_those_in_flight_settle_waits_for_the_day() -> None:
+    controller, _, _ = make_admission()
+    controller.settle(controller.admit(QUOTA, 90), 90)
+    controller.admit(QUOTA, 10)  # in flight, unsettled: holds 10
+    error = refusal(controller, 95)  # 100 - 10 + 95 > 100: its settling cannot make room
+    assert "has used its daily quota of 100 work units (100 used" in str(error)
+    assert error.retry_after_s is not None
+    assert error.retry_after_s > HELD_RETRY_S
+
+
+def test_a_single_unit_held_in_flight_still_makes_a_refusal_retry_soon() -> None:
+    controller, _, _ = make_admission()
+    controller.settle(controller.admit(QUOTA, 99), 99)
+    controller.admit(QUOTA, 1)  # in flight, unsettled: holds 1
+    error = refusal(controller, 1)  # 100 - 1 + 1 fits once it settles
+    assert "hold 1 of the 100 counted" in str(error)
+    assert error.retry_after_s == HELD_RETRY_S
+
+
+def test_a_request_answered_but_not_yet_settled_holds_no_estimate_for_a_retry() -> None:
+    # Only requests still in flight can settle for less soon.
+    controller, _, _ = make_admission()
+    controller.release(controller.admit(QUOTA, 90))  # released, its charge not yet settled
+    assert controller.in_flight("t") == 0
+    error = refusal(controller, 11)
+    assert "has used its daily quota of 100 work units (90 used" in str(error)
+    assert error.retry_after_s is not None
+    assert error.retry_after_s > HELD_RETRY_S
+
+
+def test_units_taken_over_by_a_shared_store_are_today_s_and_counted_from_zero() -> None:
+    controller, _, wall = make_admission(wall_start=8 * DAY_S + 10.0)
+    controller.admit(QUOTA, 0.5)
+    controller.admit(TenantLimits("old", daily_units=100), 30)
+    wall.now = 9 * DAY_S + 10.0
+    controller.admit(QUOTA, 20)  # the day turns for "t"; "old" counted yesterday only
+    controller.admit(TenantLimits("idle", daily_units=100), 0)  # today, nothing counted
+    assert controller.take_units() == {"t": 20}
+    assert controller.take_units() == {}  # counted from zero again
+    first = controller.admit(QUOTA, 60)
+    controller.settle(first, 60)
+    error = refusal(controller, 41)  # 60 + 41: nothing else is counted or held
+    assert "has used its daily quota of 100 work units (60 used" in str(error)
+
+
+def test_fractions_of_a_unit_are_taken_over_too() -> None:
+    controller, _, _ = make_admission()
+    controller.admit(QUOTA, 0.5)
+    assert controller.take_units() == {"t": 0.5}

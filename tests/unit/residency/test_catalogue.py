@@ -3,6 +3,8 @@ measurement kept, the total recomputed after each change."""
 
 from __future__ import annotations
 
+import pytest
+
 from builders import make_spec
 from tessera.footprint import Footprint
 from tessera.repository import ModelSpec
@@ -62,3 +64,14 @@ def test_an_estimate_that_fails_counts_nothing() -> None:
     catalogue.register(make_spec("ok", 100))
     assert catalogue.expected(broken) is NO_ESTIMATE
     assert catalogue.total_bytes() == 100
+
+
+def test_an_estimate_that_fails_says_why_in_the_debug_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    catalogue = Catalogue(estimate)
+    with caplog.at_level("DEBUG", logger="tessera.residency"):
+        catalogue.expected(make_spec("bad", 100, broken=True))
+    assert [r.getMessage() for r in caplog.records] == [
+        "no estimate for bad: OSError: weights unreadable"
+    ]

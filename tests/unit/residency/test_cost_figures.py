@@ -44,3 +44,10 @@ def test_the_expected_cost_is_uses_times_miss_seconds_over_the_target() -> None:
 def test_a_model_of_no_bytes_costs_its_uses_and_misses_still() -> None:
     entry = ModelEntry("empty", use_weight=2.0, last_used=0.0)  # no target: 1 s
     assert expected_cost(entry, 0.0) == pytest.approx(2.0 * DEFAULT_LOAD_S / 1.0)
+
+
+def test_before_any_miss_a_model_costs_its_load_seconds_and_after_one_its_miss() -> None:
+    entry = ModelEntry("m", footprint=Footprint(100), use_weight=1.0, load_s=4.0)
+    assert expected_cost(entry, 0.0) == pytest.approx(4.0)
+    entry.miss_s = 0.5
+    assert expected_cost(entry, 0.0) == pytest.approx(0.5)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -38,12 +39,11 @@ def make_manager(
     return manager, host, clock
 
 
-def kept(name: str, own_bytes: int, **options: object) -> ModelSpec:
+def kept(name: str, own_bytes: int, **options: Any) -> ModelSpec:
     """A model that can wait in the host tier; loads take 1 s (unless ``options``
     say otherwise), restores 0.01 s."""
-    return make_spec(
-        name, own_bytes, **{"host_tier": True, "load_s": 1.0, "restore_s": 0.01, **options}
-    )
+    chosen: dict[str, Any] = {"host_tier": True, "load_s": 1.0, "restore_s": 0.01, **options}
+    return make_spec(name, own_bytes, **chosen)
 
 
 async def use(manager: ResidencyManager, spec: ModelSpec, times: int = 1) -> None:
@@ -300,6 +300,26 @@ async def test_loads_from_the_tier_beyond_two_wait_for_a_copy_back_to_end() -> N
     await wanted
     assert sorted(host.begun) == [s.key for s in specs[:6]]
     assert all(model(manager, s.key).state == "ready" for s in specs[:6])
+    await manager.close()
+
+
+async def test_by_default_loads_from_the_tier_are_not_bounded() -> None:
+    clock = FakeClock()
+    host = GatedRestores(clock)
+    manager = ResidencyManager(
+        1000, host, make_eviction_policy("lru", clock), clock, host_budget_bytes=1000
+    )
+    specs = [kept(f"m{i}", 400) for i in range(4)]
+    for spec in specs:
+        await use(manager, spec)  # m0 and m1 end in the tier
+    for spec in specs[2:]:
+        await manager.unload(spec.key)
+    wanted = asyncio.gather(*(use(manager, s) for s in specs[:2]))
+    for _ in range(100):
+        await asyncio.sleep(0)
+    assert sorted(host.begun) == ["m0", "m1"]  # both copies back at once
+    host.gate.set()
+    await wanted
     await manager.close()
 
 

@@ -4,7 +4,10 @@ with fake models, a fake clock and no waiting (``wait_s=0``)."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +27,7 @@ from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
 from tessera.residency.activation import ActivationBook
 from tessera.residency.manager import LOAD_FAILED
 from tessera.residency.plan import items_peak_units, peak_units, split_to_fit
+from tessera.runtimes.base import LoadedModel
 from tessera.tasks.types import Task
 
 
@@ -293,6 +297,20 @@ async def test_defaults_wait_30_s_reserve_nothing_and_start_with_no_peak() -> No
     manager.release(lease)
 
 
+async def test_by_default_failed_loads_back_off_from_2_s_to_at_most_5_minutes() -> None:
+    clock = FakeClock()
+    manager = ResidencyManager(1000, FakeModelHost(), make_eviction_policy("lru"), clock)
+    bad = make_spec("m", 100, fail_load=True)
+    windows = []
+    for _ in range(10):
+        with pytest.raises(ModelUnavailableError) as failed:
+            await manager.acquire(bad, 0)
+        assert failed.value.retry_after_s is not None
+        windows.append(failed.value.retry_after_s)
+        clock.advance(failed.value.retry_after_s)
+    assert windows == [2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 300.0, 300.0]
+
+
 async def test_unload_waits_for_the_batch_running_on_the_model() -> None:
     clock = FakeClock()
     manager = ResidencyManager(
@@ -433,6 +451,45 @@ async def test_a_reload_keeps_the_first_measurement() -> None:
     assert manager.table.used_bytes() == 300
 
 
+class Measured:
+    """A loaded model that counts how often it is measured (``memory``)."""
+
+    def __init__(self, model: LoadedModel, counts: Counter[str], name: str) -> None:
+        self._model, self._counts, self._name = model, counts, name
+
+    def run(self, items: Sequence[Any]) -> list[Any]:
+        return self._model.run(items)
+
+    def memory(self) -> Footprint:
+        self._counts[self._name] += 1
+        return self._model.memory()
+
+    def unload(self) -> None:
+        self._model.unload()
+
+
+class MeasuringHost(FakeModelHost):
+    """A fake host whose models count their measurements."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.measures: Counter[str] = Counter()
+
+    async def load(self, spec: ModelSpec) -> LoadedModel:
+        return Measured(await super().load(spec), self.measures, spec.key)
+
+
+async def test_a_reload_is_not_measured_again() -> None:
+    # Measuring holds running batches back; the first measurement is kept.
+    host = MeasuringHost()
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru"), FakeClock())
+    for _ in range(3):
+        await manager.ensure_loaded(make_spec("a", 300))
+        await manager.unload("a")
+    assert host.loads["a"] == 3
+    assert host.measures["a"] == 1
+
+
 def test_activation_bytes_per_unit_is_none_until_a_batch_was_measured() -> None:
     manager, _host, _clock = make_manager(1000)
     assert manager.activation_bytes_per_unit("a") is None
@@ -455,7 +512,9 @@ async def test_a_model_loaded_for_a_batch_runs_it_before_older_waiters() -> None
     running = await manager.acquire(b, 300)  # 600 held
     want_x = asyncio.ensure_future(manager.acquire(x, 100))  # loads x: 300 + 100 fit
     await clock.sleep(0.5)
-    want_b = asyncio.ensure_future(manager.acquire(b, 300))  # waits for room, first in line
+    # b's batch waits for room, first in line; x's could not pass it (the 400
+    # beside the weights, less its 100, do not hold b's 350): it goes first as fresh.
+    want_b = asyncio.ensure_future(manager.acquire(b, 350))
     lease_x = await want_x
     assert clock.now() == 101.0  # as soon as x was ready
     assert not want_b.done()
@@ -489,6 +548,43 @@ async def test_a_waiting_batch_whose_model_was_evicted_reloads_it() -> None:
     manager.release(lease)
 
 
+class LoadOrder(FakeModelHost):
+    """A fake host that records the order in which loads begin."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.begun: list[str] = []
+
+    async def load(self, spec: ModelSpec) -> LoadedModel:
+        self.begun.append(spec.key)
+        return await super().load(spec)
+
+
+async def test_the_reload_for_a_waiting_batch_goes_before_a_load_that_joined_after_it() -> None:
+    """As above, with a load of y joining the line after x's batch: x's reload
+    takes the batch's place, so it begins before y's load."""
+    clock = FakeClock(start=100.0)
+    host = LoadOrder(clock)
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru", clock), clock, wait_s=60.0)
+    x, c, y = make_spec("x", 300, load_s=1.0), make_spec("c", 500), make_spec("y", 200)
+    manager.register([x, c, y])  # 1000 bytes: they fit together
+    running = await manager.acquire(x, 150)
+    await manager.ensure_loaded(c)
+    want_c = asyncio.ensure_future(manager.acquire(c, 450))  # first in line
+    await clock.sleep(0.1)
+    want_x = asyncio.ensure_future(manager.acquire(x, 100))  # second in line
+    await clock.sleep(0.1)
+    want_y = asyncio.ensure_future(manager.acquire(y, 0))  # third in line
+    await clock.sleep(0.1)
+    manager.release(running)  # c's batch evicts the idle x
+    manager.release(await want_c)
+    lease = await want_x
+    assert clock.now() == pytest.approx(102.3)  # released at 101.3, + x's 1 s load
+    assert host.begun == ["x", "c", "x", "y"]
+    manager.release(lease)
+    manager.release(await want_y)
+
+
 async def test_a_zero_byte_acquire_of_a_ready_model_skips_the_line() -> None:
     """Pinning a ready model for no activation bytes (ensure_loaded, the admin's
     load) takes nothing from anyone: it does not wait behind a batch in line."""
@@ -500,6 +596,23 @@ async def test_a_zero_byte_acquire_of_a_ready_model_skips_the_line() -> None:
     waiting = asyncio.ensure_future(manager.acquire(a, 500))  # in line for a's bytes
     await clock.sleep(0.01)
     await manager.ensure_loaded(a)  # at once, though a batch waits in line
+    assert clock.now() == pytest.approx(0.01)
+    assert not waiting.done()
+    manager.release(running)
+    manager.release(await waiting)
+
+
+async def test_a_zero_byte_acquire_skips_even_a_load_that_no_batch_may_pass() -> None:
+    # b's load waits for 300 bytes and 500 for its first batch: more than the
+    # 700 beside a's weights, so no batch that takes bytes may pass it.
+    clock = FakeClock()
+    manager = ResidencyManager(1000, FakeModelHost(clock), make_eviction_policy("lru"), clock)
+    a, b = make_spec("a", 300), make_spec("b", 300)
+    manager.register([a, b])
+    running = await manager.acquire(a, 300)  # free: 400
+    waiting = asyncio.ensure_future(manager.acquire(b, 500))
+    await clock.sleep(0.01)
+    manager.release(await manager.acquire(a, 0))  # at once
     assert clock.now() == pytest.approx(0.01)
     assert not waiting.done()
     manager.release(running)

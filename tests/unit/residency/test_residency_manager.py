@@ -103,6 +103,21 @@ async def test_an_eviction_says_in_the_log_what_it_makes_room_for(
     assert "100 free" in caplog.text
 
 
+async def test_a_batch_that_evicts_two_models_names_both_and_itself_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    manager, _host = make_manager(1000, clock=clock)
+    for name in ("a", "b", "c"):
+        await manager.ensure_loaded(make_spec(name, 300))
+        clock.advance(1)
+    with caplog.at_level("INFO", logger="tessera.residency"):
+        manager.release(await manager.acquire(make_spec("c", 300), 600))
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("evicting")] == [
+        "evicting a, b to free 500 bytes for a batch of c (600 bytes of activations); 100 free"
+    ]
+
+
 async def test_the_host_is_told_which_unloads_are_evictions() -> None:
     # A host may keep an evicted model cheaper to reload (a vLLM engine asleep).
     manager, host = make_manager(700)
@@ -358,7 +373,9 @@ class _Recording(FakeModelHost):
         await super().unload(spec, model, eviction=eviction)
 
 
-async def test_the_head_of_a_line_of_loads_evicts_for_the_loads_behind_it_too() -> None:
+async def test_the_head_of_a_line_of_loads_evicts_for_the_loads_behind_it_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # Under pressure every load in a line evicted for itself alone, and the line
     # waited for each eviction in turn (each a copy and a thread's answer).
     clock = FakeClock()
@@ -372,15 +389,42 @@ async def test_the_head_of_a_line_of_loads_evicts_for_the_loads_behind_it_too() 
     for name in ("e", "f", "g", "h", "i"):  # in line while every model is busy
         loads.append(asyncio.ensure_future(manager.acquire(make_spec(name, 240), 0)))
         await clock.sleep(SETTLE_S)
-    for lease in leases:
-        manager.release(lease)
-    for load in loads:
-        manager.release(await load)
+    with caplog.at_level("INFO", logger="tessera.residency"):
+        for lease in leases:
+            manager.release(lease)
+        for load in loads:
+            manager.release(await load)
+    evicting = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evicting")]
+    assert evicting[0] == (
+        "evicting a, b, c, d to free 200 bytes for loading e (240 bytes, 0 for its first"
+        " batch), and up to 720 bytes for the loads next in line; 40 free"
+    )
     # e's eviction frees room for f, g and h too (i is a fourth behind it).
     evictions = ["unload a", "unload b", "unload c", "unload d"]
     assert host.events[4:12] == [*evictions, "load e", "load f", "load g", "load h"]
     assert host.events[-1] == "load i"
     assert manager.table.used_bytes() <= 1000
+
+
+async def test_a_head_of_the_line_one_byte_short_evicts_for_the_loads_behind_it_too() -> None:
+    clock = FakeClock()
+    host = _Recording()
+    manager = ResidencyManager(1000, host, make_eviction_policy("lru"), clock, wait_s=5.0)
+    leases = []
+    for name in ("a", "b", "c", "d"):
+        leases.append(await manager.acquire(make_spec(name, 240), 0))
+        clock.advance(1)
+    loads = [asyncio.ensure_future(manager.acquire(make_spec("e", 41), 0))]  # 40 free
+    await clock.sleep(SETTLE_S)
+    for name in ("f", "g", "h"):
+        loads.append(asyncio.ensure_future(manager.acquire(make_spec(name, 240), 0)))
+        await clock.sleep(SETTLE_S)
+    for lease in leases:
+        manager.release(lease)
+    for load in loads:
+        manager.release(await load)
+    evictions = ["unload a", "unload b", "unload c", "unload d"]
+    assert host.events[4:12] == [*evictions, "load e", "load f", "load g", "load h"]
 
 
 async def test_loads_ahead_in_line_take_no_more_than_idle_models_hold() -> None:

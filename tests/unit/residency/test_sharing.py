@@ -15,20 +15,32 @@ from hypothesis import strategies as st
 from builders import make_spec
 from harness.fake_host import FakeModelHost
 from tessera.clock import FakeClock
+from tessera.errors import OverloadedError
 from tessera.repository import ModelSpec
 from tessera.request import QueuedRequest, RequestResult
-from tessera.residency import ModelState, ResidencyManager, make_eviction_policy
+from tessera.residency import (
+    PATIENCE_SHARE,
+    ModelState,
+    ResidencyManager,
+    make_eviction_policy,
+)
 
 SETTLE_S = 0.01
 
 
 def make_manager(
-    budget: int, *, policy: str = "cost", wait_s: float = 60.0, **options: float
+    budget: int,
+    *,
+    policy: str = "cost",
+    wait_s: float = 60.0,
+    patience_share: float = PATIENCE_SHARE,
 ) -> tuple[ResidencyManager, FakeModelHost, FakeClock]:
     clock = FakeClock()
     host = FakeModelHost(clock)
     chosen = make_eviction_policy(policy, clock)
-    manager = ResidencyManager(budget, host, chosen, clock, wait_s=wait_s, **options)
+    manager = ResidencyManager(
+        budget, host, chosen, clock, wait_s=wait_s, patience_share=patience_share
+    )
     return manager, host, clock
 
 
@@ -97,11 +109,11 @@ async def test_a_reload_counts_against_the_models_latency_target() -> None:
 
 
 async def patience_setup(
-    **options: float,
+    *, wait_s: float = 60.0, patience_share: float = PATIENCE_SHARE
 ) -> tuple[ResidencyManager, FakeModelHost, FakeClock, tuple[ModelSpec, ModelSpec, ModelSpec]]:
     """``patience_models`` registered and each used three times, in a budget
     of 1,000 bytes that holds them all (800) and no more."""
-    manager, host, clock = make_manager(1000, **options)
+    manager, host, clock = make_manager(1000, wait_s=wait_s, patience_share=patience_share)
     models = patience_models()
     manager.register(list(models))
     chat, trans, ocr = models
@@ -131,6 +143,35 @@ async def test_a_batch_short_of_room_waits_for_a_busy_model_cheaper_to_evict() -
     assert host.on_unload == ["chat"]
 
 
+async def test_a_batch_waiting_for_a_busy_model_past_its_deadline_is_refused_by_name() -> None:
+    # The page would wait its 1.5 s of patience for the chat model's batch; its
+    # 0.3 s of waiting for room end first.
+    manager, _, clock, (chat, _, ocr) = await patience_setup(wait_s=0.3)
+    answering = await manager.acquire(chat, 50)
+    asked = clock.now()
+    with pytest.raises(OverloadedError, match=r"for model 'ocr': other models are busy$"):
+        await manager.acquire(ocr, 250)
+    assert clock.now() - asked == pytest.approx(0.3)
+    manager.release(answering)
+
+
+async def test_a_batch_waiting_for_a_busy_model_holds_no_load_behind_it() -> None:
+    # While the page waits out of line for the chat model's batch, a model
+    # that fits the free bytes (150) loads at once, not after the page.
+    manager, _, clock, (chat, _, ocr) = await patience_setup()
+    tiny = make_spec("tiny", 100)
+    manager.register([*patience_models(), tiny])
+    answering = await manager.acquire(chat, 50)
+    page = asyncio.ensure_future(manager.acquire(ocr, 250))
+    await clock.sleep(0.1)
+    asked = clock.now()
+    await use(manager, tiny)
+    assert clock.now() == asked
+    assert not page.done()
+    manager.release(answering)
+    manager.release(await page)
+
+
 async def test_a_load_short_of_room_evicts_an_idle_model_rather_than_wait_for_one_loading() -> None:
     # "slow" loads for its caller; waiting for it to load, run and go idle, to
     # evict it instead of "idle", held up every load behind (swaps in series).
@@ -147,6 +188,25 @@ async def test_a_load_short_of_room_evicts_an_idle_model_rather_than_wait_for_on
     await use(manager, new)
     assert host.on_unload == ["idle"]
     assert clock.now() - asked < 1.0  # not the 3 s load nor the 5 s of patience
+    await loading
+
+
+async def test_a_batch_short_of_room_waits_its_patience_for_a_model_still_loading() -> None:
+    # Unlike a load, a batch counts a model loading for another caller (never
+    # used: the cheapest to evict) as soon idle: it waits for it, its 1.5 s of
+    # patience, before evicting the idle translation model (dear to reload).
+    manager, host, clock = make_manager(1000)
+    _, trans, ocr = patience_models()
+    slow = replace(make_spec("slow", 400, load_s=3.0), latency_target_ms=10_000)
+    await use(manager, trans, times=3)
+    await use(manager, ocr, times=3)
+    loading = asyncio.ensure_future(use(manager, slow))
+    await clock.sleep(0.1)
+    assert manager.state("slow") is ModelState.LOADING
+    asked = clock.now()
+    manager.release(await manager.acquire(ocr, 250))  # 50 bytes short
+    assert clock.now() - asked == pytest.approx(1.5)
+    assert host.on_unload == ["trans"]
     await loading
 
 
@@ -439,6 +499,32 @@ async def test_a_later_batch_passes_a_waiting_load_only_where_that_delays_it_not
     await large
     assert order == ["small a", "load b", "large a"]
     assert manager._arbiter.line.passed_bytes == 0
+
+
+@pytest.mark.parametrize(("first_batch", "passing"), [(0, 3), (50, 2)])
+async def test_batches_passing_a_waiting_load_count_together(
+    first_batch: int, passing: int
+) -> None:
+    # Each small batch of a may pass b's waiting load while the room beside the
+    # weights (900), less the batches that passed and its own, still holds what
+    # the load waits for: b's 600 and its first batch. Of batches of 100, three
+    # pass a load of b alone, two a load with a first batch of 50; the next waits.
+    manager, _, clock = make_manager(1000)
+    a, b = make_spec("a", 100), make_spec("b", 600)
+    manager.register([a, b])
+    await use(manager, a)
+    running = await manager.acquire(a, 400)  # free: 500
+    loading = asyncio.ensure_future(manager.acquire(b, first_batch))
+    await clock.sleep(SETTLE_S)
+    passed = [await manager.acquire(a, 100) for _ in range(passing)]
+    assert clock.now() == SETTLE_S  # at once
+    behind = asyncio.ensure_future(manager.acquire(a, 100))
+    await clock.sleep(SETTLE_S)
+    assert not behind.done()
+    for lease in (running, *passed):
+        manager.release(lease)
+    manager.release(await loading)
+    manager.release(await behind)
 
 
 async def test_a_waiting_load_is_not_overtaken_by_a_later_batch() -> None:

@@ -19,7 +19,7 @@ from tessera.residency import (
     ResidencyTable,
     make_eviction_policy,
 )
-from tessera.residency.activation import SETTLING_READINGS
+from tessera.residency.activation import SETTLING_READINGS, ActivationBook
 from tessera.residency.policy import take
 from tessera.residency.table import USE_HALF_LIFE_S
 
@@ -103,12 +103,50 @@ def test_load_that_does_not_fit_changes_nothing() -> None:
     assert table.begin_load("b", Footprint(400))
 
 
+def test_a_load_is_from_files_unless_said_to_be_from_the_host_tier() -> None:
+    table = ResidencyTable(1000)
+    assert table.begin_load("a", Footprint(100))
+    table.mark_ready("a", 0.0, 2.0)
+    entry = table.entries["a"]
+    assert (entry.load_s, entry.files_load_s, entry.host_load_s, entry.host_loads) == (
+        2.0,
+        2.0,
+        None,
+        0,
+    )
+    table.begin_unload("a", eviction=True)
+    table.finish_unload("a")
+    assert table.begin_load("a", Footprint(100))
+    table.mark_ready("a", 1.0, 0.1, from_host=True)
+    assert (entry.load_s, entry.files_load_s, entry.host_load_s, entry.host_loads) == (
+        0.1,
+        2.0,
+        0.1,
+        1,
+    )
+    table.begin_unload("a", eviction=True)
+    table.finish_unload("a")
+    assert table.begin_load("a", Footprint(100))
+    table.mark_ready("a", 2.0, 0.2, from_host=True)
+    assert (entry.host_load_s, entry.host_loads, entry.loads) == (0.2, 2, 3)
+
+
 def test_failed_load_error_is_cleared_by_the_next_load() -> None:
     table = ResidencyTable(1000)
     assert table.begin_load("a", Footprint(100))
     table.fail("a", "boom")
     assert table.begin_load("a", Footprint(100))
     assert table.entries["a"].error is None
+
+
+def test_a_failed_load_leaves_the_rooms_of_other_models_batches_held() -> None:
+    table = ResidencyTable(1000)
+    loaded(table, "a", 300)
+    assert table.reserve("a", 150, 0.0) is not None
+    assert table.begin_load("b", Footprint(200))
+    table.fail("b", "boom")
+    assert table.activation_bytes_held() == 150
+    assert (table.used_bytes(), table.weight_bytes()) == (450, 300)
 
 
 # -- reservations ----------------------------------------------------------------
@@ -280,6 +318,17 @@ def test_activation_default_window_is_64() -> None:
     assert stats.reserve_bytes(1) == 10
 
 
+def test_the_book_keeps_a_window_of_64_readings_per_model_by_default() -> None:
+    book = ActivationBook()
+    book.observe("m", 10, 1)
+    book.observe("m", 10_000, 1)
+    for _ in range(63):
+        book.observe("m", 10, 1)
+    assert book.of("m").reserve_bytes(1) == 10_000
+    book.observe("m", 10, 1)
+    assert book.of("m").reserve_bytes(1) == 10
+
+
 def test_the_first_falling_readings_settle_before_they_count() -> None:
     # PP-OCRv6 on CPU, MiB a page-unit: the warm-up, then real pages.
     stats = ActivationStats()
@@ -303,6 +352,20 @@ def test_readings_that_keep_falling_settle_after_a_few() -> None:
     assert stats.reserve_bytes(1) == settled
     stats.observe(1, 1)  # counted in the window now, beside the settled reading
     assert stats.reserve_bytes(1) == settled
+
+
+def test_a_warm_up_after_readings_that_kept_falling_does_not_settle_in_their_place() -> None:
+    # The last of the settling readings is a reload's warm-up, higher than the
+    # real ones: the lowest real reading settles, the warm-up adds nothing.
+    stats = ActivationStats()
+    for reading in range(1000, 1000 - SETTLING_READINGS + 1, -1):
+        stats.observe(reading, 1)
+    lowest = 1000 - SETTLING_READINGS + 2
+    stats.observe(5000, 1, provisional=True)
+    assert stats.num_samples == SETTLING_READINGS
+    assert stats.reserve_bytes(1) == lowest
+    stats.observe(1, 1)  # the window has begun: a lower reading counts beside it
+    assert stats.reserve_bytes(1) == lowest
 
 
 @settings(max_examples=200, deadline=None)

@@ -93,6 +93,15 @@ def test_a_caller_does_not_wait_for_a_busy_model_dearer_to_evict() -> None:
     assert setup.chooser.for_caller(300, "x", setup.patient()) == Victims(["idle"])
 
 
+def test_a_caller_does_not_wait_for_a_busy_model_that_costs_as_much_to_evict() -> None:
+    # Each used once (the pin is the busy one's use), alike in bytes and target.
+    setup = Setup()
+    setup.ready("busy", 300)
+    setup.ready("idle", 300, uses=1)
+    setup.pin("busy")
+    assert setup.chooser.for_caller(300, "x", setup.patient()) == Victims(["idle"])
+
+
 def test_the_wait_ends_with_the_busy_models_predicted_batch() -> None:
     setup = Setup()
     setup.ready("busy", 300, uses=1, target_s=10.0)
@@ -104,6 +113,20 @@ def test_the_wait_ends_with_the_busy_models_predicted_batch() -> None:
     assert patience.until == pytest.approx(setup.clock.now() + 0.2)
     setup.clock.advance(0.2)
     assert not setup.chooser.for_caller(300, "x", patience).wait
+
+
+def test_the_wait_ends_with_the_busy_models_batch_when_idle_ones_would_go_beside_it() -> None:
+    # The cheapest room is the busy model and a cheap idle one beside it; only
+    # the busy one's batch bounds the wait (an idle model has no batch to end).
+    setup = Setup()
+    setup.ready("busy", 300, uses=1, target_s=10.0)
+    setup.ready("cheap", 100, uses=1, target_s=10.0)
+    setup.ready("dear", 400, uses=5, target_s=0.2)
+    setup.pin("busy")
+    setup.ends.start("busy", 0.1)
+    patience = Patience(setup.clock.now() + 1.0)
+    assert setup.chooser.for_caller(400, "x", patience) == Victims(["cheap", "dear"], wait=True)
+    assert patience.until == pytest.approx(setup.clock.now() + 0.2)
 
 
 def test_a_load_does_not_wait_for_a_model_that_is_still_loading() -> None:
