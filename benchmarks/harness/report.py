@@ -246,11 +246,16 @@ def bars_noisy_neighbor(results: dict[str, Any]) -> list[Bar]:
     return out
 
 
+def _share(results: dict[str, Any]) -> float:
+    """The share within target a rate must hold (the scenario's ``capacity_share``)."""
+    return float(results["scenario"].get("capacity_share", CAPACITY_SHARE))
+
+
 def rate_capacity(results: dict[str, Any], name: str, popularity: str) -> float | None:
     """The highest rate ``name`` held under ``popularity`` (a share within
     target of at least the scenario's ``capacity_share``, none failed); 0.0
     where it held none; None where it did not run."""
-    least_share = results["scenario"].get("capacity_share", CAPACITY_SHARE)
+    least_share = _share(results)
     steps = [
         s
         for s in steps_of(results, name)
@@ -389,7 +394,7 @@ def capacities(results: dict[str, Any]) -> list[list[str]]:
         for name, outcome in results["configurations"].items()
     }
     least = min((v for v in peaks.values() if v), default=0)
-    least_share = results["scenario"].get("capacity_share", CAPACITY_SHARE)
+    least_share = _share(results)
     rows = []
     for name, outcome in results["configurations"].items():
         lines: dict[str, list[dict[str, Any]]] = {}
@@ -569,9 +574,10 @@ def render(results: dict[str, Any], plots: list[Path]) -> str:
         lines += [
             "## Capacity",
             "",
-            "The highest offered rate with at least 95% of requests within target and none"
-            " failed; peak PSS is the configuration's over every step (every process), beside"
-            " the least of them; host tier: tessera's evicted copies at that step's end.",
+            f"The highest offered rate with at least {_share(results):.0%} of requests within"
+            " target and none failed; peak PSS is the configuration's over every step (every"
+            " process), beside the least of them; host tier: tessera's evicted copies at that"
+            " step's end.",
             "",
             table(["configuration", "popularity", "capacity req/s", "answered req/s",
                    "in target", "p99 ms", "peak PSS MiB", "PSS / least", "host tier MiB"],

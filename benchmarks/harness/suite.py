@@ -6,6 +6,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from harness.plots import draw_all
 from harness.report import bars, output_stem, render
@@ -42,13 +43,38 @@ def bench_scenario(
     results["quick"] = quick
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = output_stem(out_dir, results["date"], scenario.name)
-    # Compact: a scenario's samples and timelines are hundreds of KiB, and the
-    # working tree travels to the GPU machine within 64 MiB (docs/benchmarks.md).
-    text = json.dumps(results, separators=(",", ":"))
-    stem.with_suffix(".json").write_text(text + "\n", encoding="utf-8")
     plots = draw_all(results, stem)
     stem.with_suffix(".md").write_text(render(results, plots), encoding="utf-8")
+    # Compact: a scenario's samples and timelines are hundreds of KiB, and the
+    # working tree travels to the GPU machine within 64 MiB (docs/benchmarks.md).
+    text = json.dumps(without_model_detail(results), separators=(",", ":"))
+    stem.with_suffix(".json").write_text(text + "\n", encoding="utf-8")
     for figure, measured, bar, verdict in bars(results):
         log(f"{verdict:4}  {figure}: {measured} (bar {bar})")
     log(f"wrote {stem}.json, {stem}.md and {len(plots)} plots")
     return stem
+
+
+# A step's figures per model, kept in the JSON for scenarios of at most this
+# many models: with a thousand, they were 7 MiB of a run's 7.3.
+MODEL_DETAIL_LIMIT = 20
+MODEL_DETAIL = ("per_model", "batches", "batch_size_histogram", "peak_used_bytes")
+
+
+def without_model_detail(results: dict[str, Any]) -> dict[str, Any]:
+    """``results`` as written to JSON: where the scenario serves more than
+    ``MODEL_DETAIL_LIMIT`` models, each step without its figures per model
+    (the Markdown report, rendered before, has what it draws from them)."""
+    if len(results["scenario"].get("models") or ()) <= MODEL_DETAIL_LIMIT:
+        return results
+    out = dict(results, model_detail_dropped=list(MODEL_DETAIL))
+    out["configurations"] = {
+        name: dict(
+            c,
+            steps=[
+                {k: v for k, v in s.items() if k not in MODEL_DETAIL} for s in c.get("steps", [])
+            ],
+        )
+        for name, c in results["configurations"].items()
+    }
+    return out

@@ -12,6 +12,7 @@ from harness.figures import Cost, latency_figures, step_figures
 from harness.plots import draw_all
 from harness.probes import Sample, histogram_delta, time_average
 from harness.report import bars, output_stem, render
+from harness.suite import MODEL_DETAIL_LIMIT, without_model_detail
 
 MIB = 1024**2
 
@@ -330,3 +331,18 @@ def test_hundred_models_bars_compare_at_the_same_memory() -> None:
     )
     assert verdicts["swap-in from the host tier, p50 (worst step, ms)"] == ("12.0", "MISS")
     assert not any(f.startswith(zipf) for f in verdicts)  # no Ray Serve run under Zipf
+
+
+def test_results_of_many_models_are_written_without_their_figures_per_model() -> None:
+    def with_models(count: int) -> dict[str, Any]:
+        step = {"rate": 5, "req_per_s": 5.0, "per_model": {"m": {}}, "batches": {"u": {}}}
+        data = results("s", {"tessera": sweep("tessera", step)})
+        data["scenario"]["models"] = [f"m{i}" for i in range(count)]
+        return data
+
+    few = with_models(MODEL_DETAIL_LIMIT)
+    assert without_model_detail(few) is few
+    many = with_models(MODEL_DETAIL_LIMIT + 1)
+    written = without_model_detail(many)
+    assert written["configurations"]["tessera"]["steps"] == [{"rate": 5, "req_per_s": 5.0}]
+    assert "per_model" in many["configurations"]["tessera"]["steps"][0]  # the report's, kept
