@@ -36,8 +36,8 @@ A config file may hold any of::
     fill: null                   # load what else fits before ready: default (null) unless
                                  # preload is given; true or false to say so
     scheduling: fair             # fair (weighted across tenants) | fifo
-    fair_quantum_ms: 25          # 2+ tenants on a model: cap a batch's run time (null: off);
-                                 # at least 5x a batch's fixed cost, where it has one
+    fair_quantum_ms: 25          # 2+ tenants on a model: cap a batch's run time (null: off),
+                                 # counted beyond the fixed cost every batch of the model pays
     fair_parts: true             # a request of more work than a quantum queues as parts of
                                  # a quantum each, run as long work, and a tenant with nothing
                                  # running steps past a model's busy slots; false: requests

@@ -31,13 +31,12 @@ Invariants:
   OCR every few seconds is active beside requests of eight), a batch's run time is capped at
   ``quantum_s``, and a tenant that arrives waits about one quantum for a
   worker, not one full batch (VTC gets the same from one decoding step).
-  Where the model's batches have a fixed cost, the cap is long enough that
-  the cost is at most ``FIXED_SHARE`` of the run (``_shared_cap``). One
-  tenant alone gets full batches. ``quantum_s=None`` turns the cap off. The
-  first request of a batch is taken whole, so the engine queues a request of
-  more work than a quantum as parts of about a quantum each: the cap then
-  holds for large requests too, and one tenant alone still gets full batches
-  of its parts.
+  The cap is a quantum of work beyond the model's fixed cost a batch, which
+  every batch pays (``_shared_cap``). One tenant alone gets full batches.
+  ``quantum_s=None`` turns the cap off. The first request of a batch is
+  taken whole, so the engine queues a request of more work than a quantum
+  as parts of about a quantum each: the cap then holds for large requests
+  too, and one tenant alone still gets full batches of its parts.
 - ``pop_batch(skip=...)`` fills a batch from the tenants not in ``skip``
   only, in the same order: the batcher's batch for tenants none of whose
   work runs now, started while the model's slots are busy with others'.
@@ -61,7 +60,7 @@ from collections.abc import Callable, Iterator
 
 from tessera.request import QueuedRequest
 from tessera.scheduling.activity import TenantActivity
-from tessera.scheduling.predictor import FIXED_SHARE, LINE_SPREAD, BatchTimePredictor
+from tessera.scheduling.predictor import LINE_SPREAD, BatchTimePredictor
 
 LATENCY_SHARE_IN_BATCH = 0.5
 LATENCY_SHARE_WHILE_ACTIVE = 0.25
@@ -226,22 +225,23 @@ class FairQueue:
         return cap
 
     def _shared_cap(self, quantum_s: float) -> float:
-        """A batch's longest run while tenants share the model: a quantum, or,
-        where the model's batches have a fixed cost of their own (a line
-        fitted over its measured batches), enough that it is at most
-        ``FIXED_SHARE`` of the run. On a CPU a batch of one sentence takes
-        about a quantum, and batches capped at one request held four tenants
-        to half their offered rate, each batch paying the fixed cost for one
-        sentence. Before a line can be fitted (every batch measured within
-        ``LINE_SPREAD`` of one size), a batch of up to ``LINE_SPREAD`` + 1
-        times the smallest measured, once: its measurement spans sizes
-        enough for the line."""
+        """A batch's longest run while tenants share the model: a quantum of
+        work beyond the model's fixed cost a batch (the intercept of a line
+        fitted over its measured batches), which any batch pays, a
+        newcomer's own too. On a CPU a batch of one sentence takes about a
+        quantum, and batches capped at one request held four tenants to half
+        their offered rate, each paying the fixed cost for one sentence. A
+        cap of several times the fixed cost instead let a flooder's parts
+        join a quiet tenant's sentence and doubled its p99. Before a line can
+        be fitted (every batch measured within ``LINE_SPREAD`` of one size),
+        a batch of up to ``LINE_SPREAD`` + 1 times the smallest measured,
+        once: its measurement spans sizes enough for the line."""
         predictor = self._predictor
         if predictor is None:
             return quantum_s
         line = predictor.line()
         if line is not None:
-            return max(quantum_s, line[0] / FIXED_SHARE)
+            return quantum_s + line[0]
         smallest = predictor.smallest_units()
         explore = None if smallest is None else predictor.predict((LINE_SPREAD + 1) * smallest)
         return quantum_s if explore is None else max(quantum_s, explore)

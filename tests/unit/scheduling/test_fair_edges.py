@@ -337,21 +337,22 @@ def test_quantum_is_the_smaller_of_it_and_the_latency_cap(
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.5)) == 30
 
 
-def test_quantum_grows_until_a_batchs_fixed_cost_is_a_fifth_of_its_run(
+def test_quantum_is_of_work_beyond_a_batchs_fixed_cost(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
     """A CPU encoder: 20 ms a batch whatever its size, 1 ms a unit. A 25 ms
-    cap would run one request a batch, each paying the 20 ms; the cap is
-    100 ms instead (20 ms is a fifth of it): 80 units of work."""
+    cap would run one 10-unit request a batch, each paying the 20 ms; the
+    cap is 25 ms of work beyond them: 20 units (two requests; a third would
+    be 30 ms of work)."""
     queue = FairQueue(linear_predictor(0.001, 0.02), latency_horizon_s=1.0, quantum_s=0.025)
     for i in range(20):
         queue.push(make_queued(loop, "a" if i % 2 else "b", units=10, arrival=i * 1e-6))
-    assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.0)) == 80
-    # No fixed cost: the quantum, 25 ms of 1 ms units.
-    queue = FairQueue(linear_predictor(0.001), latency_horizon_s=1.0, quantum_s=0.025)
-    for i in range(20):
-        queue.push(make_queued(loop, "a" if i % 2 else "b", units=10, arrival=i * 1e-6))
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.0)) == 20
+    # A part of another tenant's, 40 units of work, does not join a sentence's batch.
+    queue = FairQueue(linear_predictor(0.001, 0.02), latency_horizon_s=1.0, quantum_s=0.025)
+    queue.push(make_queued(loop, "quiet", units=10, arrival=0.0))
+    queue.push(make_queued(loop, "flood", units=40, arrival=0.0))
+    assert tenants_of(queue.pop_batch(100, 1e9, now=0.0)) == ["quiet"]
 
 
 def test_batches_all_of_one_size_explore_a_size_three_times_the_smallest(
@@ -368,9 +369,9 @@ def test_batches_all_of_one_size_explore_a_size_three_times_the_smallest(
     for i in range(40):
         queue.push(make_queued(loop, "a" if i % 2 else "b", units=10, arrival=i * 1e-6))
     assert len(queue.pop_batch(100, 1e9, now=0.0)) == 3
-    predictor.observe(30, 0.04)  # 25 ms fixed, 0.5 ms a unit: a cap of 125 ms
+    predictor.observe(30, 0.04)  # 25 ms fixed, 0.5 ms a unit: 25 ms of work is 50 units
     assert predictor.line() is not None
-    assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.0)) == 200
+    assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.0)) == 50
 
 
 def test_a_model_not_yet_measured_has_its_batches_uncapped_while_tenants_share_it(
