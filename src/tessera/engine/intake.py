@@ -31,7 +31,6 @@ from tessera.repository.spec import ModelSpec
 from tessera.request import QueuedRequest, RequestResult
 from tessera.residency import ResidencyManager, items_peak_units
 from tessera.runtimes.tokens import TokenCounter, token_counter
-from tessera.scheduling import FIXED_SHARE
 from tessera.tasks.types import cut_to_window, request_units, work_units
 
 from .host import EngineHost
@@ -39,6 +38,8 @@ from .loops import ModelLoops
 from .step import ModelLoop
 from .types import Caller, EngineConfig, RequestTrace, Submission
 
+# The most of a part's run its batch's fixed cost may be (``_part_units``).
+PART_FIXED_SHARE = 0.2
 # The longest a request may wait for its answer, whatever its caller asks
 # (a longer one is cut to this: no clock or prediction holds an endless deadline).
 MAX_TIMEOUT_S = 86400.0
@@ -147,7 +148,7 @@ class RequestIntake:
         """The work units of one part for ``spec``'s model, from its measured
         run time (fixed seconds a batch, and seconds a unit): what runs in one
         fair quantum, or, where a batch's fixed cost is larger, enough that it
-        is at most ``FIXED_SHARE`` of a part's run (a part of less would
+        is at most ``PART_FIXED_SHARE`` of a part's run (a part of less would
         spend more on its batch than on its work: a CPU's small encoder
         batches cost tens of milliseconds whatever their size). None: no
         bound (fair parts off, no quantum, or no line fitted yet: sizes too
@@ -161,7 +162,7 @@ class RequestIntake:
         if coefficients is None or coefficients[1] <= 0:
             return None
         fixed_s, unit_s = coefficients
-        work_s = max(quantum_s, fixed_s * (1 - FIXED_SHARE) / FIXED_SHARE)
+        work_s = max(quantum_s, fixed_s * (1 - PART_FIXED_SHARE) / PART_FIXED_SHARE)
         return work_s / unit_s
 
     def _alone_units(

@@ -18,12 +18,6 @@ from collections import deque
 
 # How far apart the measured batch sizes must be (largest / smallest) to fit a line.
 LINE_SPREAD = 2.0
-# The most of a batch's run its fixed cost may be where the scheduler bounds
-# the run (the fair queue's cap while tenants share a model, the engine's
-# parts of a request): a batch or part of less would spend more on the
-# batch than on its work (a CPU's small encoder batches cost tens of
-# milliseconds whatever their size).
-FIXED_SHARE = 0.2
 
 
 class BatchTimePredictor:
