@@ -78,10 +78,12 @@ class TierTransfers:
         name = spec.key
         async with self._lock:
             # A dropped copy may take with it a shared component the newcomer
-            # counted as held: room is made again until it fits or is not worth it.
+            # counted as held: room is made again until it fits or is not worth
+            # it. It does not fit here, so no victims means no room: each pass
+            # drops one copy at least, and the loop ends.
             while not tier.begin_admit(name, expected):
                 victims = tier.make_room(entry, expected)
-                if victims is None:
+                if not victims:
                     log.debug("%s is not kept in the host tier: no room worth making", name)
                     return False
                 for victim in victims:
