@@ -251,11 +251,17 @@ def _share(results: dict[str, Any]) -> float:
     return float(results["scenario"].get("capacity_share", CAPACITY_SHARE))
 
 
+def _best_step(results: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of a rate sweep's ``steps``, the highest rate held (a share within
+    target of at least the scenario's ``capacity_share``, none failed)."""
+    share = _share(results)
+    held = (s for s in steps if within_capacity(s, share))
+    return max(held, key=lambda s: s["rate"], default=None)
+
+
 def rate_capacity(results: dict[str, Any], name: str, popularity: str) -> float | None:
-    """The highest rate ``name`` held under ``popularity`` (a share within
-    target of at least the scenario's ``capacity_share``, none failed); 0.0
-    where it held none; None where it did not run."""
-    least_share = _share(results)
+    """The highest rate ``name`` held under ``popularity``; 0.0 where it held
+    none; None where it did not run."""
     steps = [
         s
         for s in steps_of(results, name)
@@ -263,7 +269,8 @@ def rate_capacity(results: dict[str, Any], name: str, popularity: str) -> float 
     ]
     if not steps:
         return None
-    return max((s["rate"] for s in steps if within_capacity(s, least_share)), default=0.0)
+    best = _best_step(results, steps)
+    return 0.0 if best is None else float(best["rate"])
 
 
 def _capacity_ratio(
@@ -389,12 +396,8 @@ def capacities(results: dict[str, Any]) -> list[list[str]]:
     """Per configuration and popularity of a rate sweep: the highest rate
     within capacity (``figures.within_capacity``), its figures, and the
     configuration's peak PSS over every step beside the least of them."""
-    peaks = {
-        name: max((s["peak_pss_bytes"] or 0 for s in outcome.get("steps", [])), default=0)
-        for name, outcome in results["configurations"].items()
-    }
+    peaks = {name: _peak_pss(results, name) for name in results["configurations"]}
     least = min((v for v in peaks.values() if v), default=0)
-    least_share = _share(results)
     rows = []
     for name, outcome in results["configurations"].items():
         lines: dict[str, list[dict[str, Any]]] = {}
@@ -402,8 +405,7 @@ def capacities(results: dict[str, Any]) -> list[list[str]]:
             if step.get("rate") is not None:
                 lines.setdefault(step.get("popularity") or "", []).append(step)
         for popularity, steps in lines.items():
-            held = [s for s in steps if within_capacity(s, least_share)]
-            best = max(held, key=lambda s: s["rate"], default=None)
+            best = _best_step(results, steps)
             swaps = (best or {}).get("swaps") or {}
             host = swaps.get("host_used_bytes")
             rows.append([
