@@ -73,12 +73,19 @@ async def test_concurrent_requests_wait_on_one_load() -> None:
     assert manager.table.entries["a"].pins == 0
 
 
-async def test_evicts_least_recently_used_idle_model() -> None:
+async def three_of_300_in_1000() -> tuple[ResidencyManager, FakeModelHost]:
+    """A budget of 1000 holding a, b and c of 300 bytes, used in that order a
+    second apart: a is the least recently used."""
     clock = FakeClock()
     manager, host = make_manager(1000, clock=clock)
     for name in ("a", "b", "c"):
         await manager.ensure_loaded(make_spec(name, 300))
         clock.advance(1)
+    return manager, host
+
+
+async def test_evicts_least_recently_used_idle_model() -> None:
+    manager, host = await three_of_300_in_1000()
     await manager.ensure_loaded(make_spec("a", 300))  # a is now the most recent
     await manager.ensure_loaded(make_spec("d", 300))
     assert host.on_unload == ["b"]
@@ -90,11 +97,7 @@ async def test_evicts_least_recently_used_idle_model() -> None:
 async def test_an_eviction_says_in_the_log_what_it_makes_room_for(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = FakeClock()
-    manager, _host = make_manager(1000, clock=clock)
-    for name in ("a", "b", "c"):
-        await manager.ensure_loaded(make_spec(name, 300))
-        clock.advance(1)
+    manager, _host = await three_of_300_in_1000()
     with caplog.at_level("INFO", logger="tessera.residency"):
         manager.release(await manager.acquire(make_spec("d", 300), 50))
     assert "evicting a to free 250 bytes for loading d (300 bytes, 50 for its first batch);" in (
@@ -106,11 +109,7 @@ async def test_an_eviction_says_in_the_log_what_it_makes_room_for(
 async def test_a_batch_that_evicts_two_models_names_both_and_itself_in_the_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = FakeClock()
-    manager, _host = make_manager(1000, clock=clock)
-    for name in ("a", "b", "c"):
-        await manager.ensure_loaded(make_spec(name, 300))
-        clock.advance(1)
+    manager, _host = await three_of_300_in_1000()
     with caplog.at_level("INFO", logger="tessera.residency"):
         manager.release(await manager.acquire(make_spec("c", 300), 600))
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("evicting")] == [
