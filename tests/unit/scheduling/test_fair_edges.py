@@ -32,6 +32,12 @@ def linear_predictor(per_unit_s: float, fixed_s: float = 0.0) -> BatchTimePredic
     return predictor
 
 
+def push_two_tenants(queue: FairQueue, loop: asyncio.AbstractEventLoop, count: int) -> None:
+    """``count`` requests of 10 units, tenants a and b in turn, a microsecond apart."""
+    for i in range(count):
+        queue.push(make_queued(loop, "a" if i % 2 else "b", units=10, arrival=i * 1e-6))
+
+
 # -- virtual time ---------------------------------------------------------------
 
 
@@ -345,8 +351,7 @@ def test_quantum_is_of_work_beyond_a_batchs_fixed_cost(
     cap is 25 ms of work beyond them: 20 units (two requests; a third would
     be 30 ms of work)."""
     queue = FairQueue(linear_predictor(0.001, 0.02), latency_horizon_s=1.0, quantum_s=0.025)
-    for i in range(20):
-        queue.push(make_queued(loop, "a" if i % 2 else "b", units=10, arrival=i * 1e-6))
+    push_two_tenants(queue, loop, 20)
     assert sum(r.units for r in queue.pop_batch(100, 1e9, now=0.0)) == 20
     # A part of another tenant's, 40 units of work, does not join a sentence's batch.
     queue = FairQueue(linear_predictor(0.001, 0.02), latency_horizon_s=1.0, quantum_s=0.025)
@@ -366,8 +371,7 @@ def test_batches_all_of_one_size_explore_a_size_three_times_the_smallest(
     for _ in range(5):
         predictor.observe(10, 0.03)
     queue = FairQueue(predictor, latency_horizon_s=1.0, quantum_s=0.025)
-    for i in range(40):
-        queue.push(make_queued(loop, "a" if i % 2 else "b", units=10, arrival=i * 1e-6))
+    push_two_tenants(queue, loop, 40)
     assert len(queue.pop_batch(100, 1e9, now=0.0)) == 3
     predictor.observe(30, 0.04)  # 25 ms fixed, 0.5 ms a unit: 25 ms of work is 50 units
     assert predictor.line() is not None
@@ -380,8 +384,7 @@ def test_a_model_not_yet_measured_has_its_batches_uncapped_while_tenants_share_i
     predictor = BatchTimePredictor()
     assert predictor.smallest_units() is None
     queue = FairQueue(predictor, latency_horizon_s=1.0, quantum_s=0.025)
-    for i in range(6):
-        queue.push(make_queued(loop, "a" if i % 2 else "b", units=10, arrival=i * 1e-6))
+    push_two_tenants(queue, loop, 6)
     assert len(queue.pop_batch(100, 1e9, now=0.0)) == 6
 
 
