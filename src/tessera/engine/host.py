@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import threading
 import time
@@ -45,7 +46,7 @@ from tessera.runtimes.base import (
 )
 from tessera.runtimes.hostcopy import PINNED_POOL
 from tessera.runtimes.isolated import IsolatedLoader
-from tessera.runtimes.memory import Measured, collect_all, freeze_heap
+from tessera.runtimes.memory import Measured, collect_all, freeze_heap, freezes
 from tessera.runtimes.registry import NOT_STAGED, get_loader
 from tessera.runtimes.stacking import stacked_totals
 from tessera.tasks.finiteness import check_finite
@@ -162,6 +163,9 @@ class EngineHost:
         self._asleep_lock = threading.Lock()
         # Evicted models waiting in the host tier (residency decides which).
         self._kept: dict[str, OffloadingModel] = {}
+        # ``memory.freezes()`` as each model (by id) began to load: one loaded
+        # before a later freeze has its objects frozen (``_unload_sync``).
+        self._born: dict[int, int] = {}
 
     def loader(self, spec: ModelSpec) -> ModelLoader:
         key = (spec.adapter, spec.isolation)
@@ -220,6 +224,7 @@ class EngineHost:
         return model
 
     def _load_sync(self, spec: ModelSpec) -> LoadedModel:
+        born = freezes()
         model = self._wake(spec)
         if model is None:
             # Blocks that evictions left in torch's cache go back to the card:
@@ -228,11 +233,11 @@ class EngineHost:
             self._empty_device_cache()
             with self.executor.loading():
                 model = self._load_once(spec)
+            self._born[id(model)] = born  # a woken model keeps its first load's
         if self._closing:
             self._unload_sync(model)
             raise ModelUnavailableError(spec.key, "the server is shutting down")
         self._live[spec.key] = model
-        freeze_heap()  # its objects live as long as it does (``memory.freeze_heap``)
         return model
 
     def _wake(self, spec: ModelSpec) -> LoadedModel | None:
@@ -261,6 +266,9 @@ class EngineHost:
                     self._prime(spec)
                 model = self._load_measured(spec)
                 self._adapters_seen.add(spec.adapter)
+                # The libraries its load imported live as long as the server
+                # does: out of the collector's way (``memory.freeze_heap``).
+                freeze_heap()
                 return model
         if spec.key in self._loaded_before:
             return self._load_with(spec, self._reload_ctx)
@@ -354,7 +362,6 @@ class EngineHost:
             return None
         log.debug("%s came back from the host tier in %.3f s", spec.key, seconds)
         self._live[spec.key] = model
-        freeze_heap()  # its objects live as long as it does (``memory.freeze_heap``)
         return model
 
     def _restore_sync(self, spec: ModelSpec, model: OffloadingModel) -> bool:
@@ -406,10 +413,19 @@ class EngineHost:
         await loop.run_in_executor(self._load_pool, self._unload_sync, model)
 
     def _unload_sync(self, model: LoadedModel) -> None:
+        """End ``model`` and collect the cycles it leaves: an ordinary collection
+        (milliseconds) where it loaded after the heap's last freeze, a full one
+        (hundreds of milliseconds, every other thread held) where its objects
+        may be frozen: it loaded before a freeze, or is not known."""
+        born = self._born.pop(id(model), None)
         model.unload()
-        if not self._closing:  # at a close, once for all (``shutdown``)
+        if self._closing:  # at a close, once for all (``shutdown``)
+            return
+        if born is None or born < freezes():
             collect_all()
-            self._empty_device_cache()
+        else:
+            gc.collect()
+        self._empty_device_cache()
 
     def _empty_device_cache(self) -> None:
         if self.device.kind == "cuda":

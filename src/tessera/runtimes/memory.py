@@ -141,20 +141,36 @@ def start_peak() -> Callable[[], int] | None:
     return peak_above
 
 
+_freezes = 0  # how many times ``freeze_heap`` ran (``freezes``)
+
+
 def freeze_heap() -> None:
     """Move every object alive now out of the garbage collector's reach
-    (``gc.freeze``): modules, a loaded model's objects. A full collection holds
-    the interpreter lock for as long as it walks every object (220 ms with the
-    default models' libraries imported, over 400,000 objects), and every
-    request's thread waits meanwhile: each load's measurements collected four
-    times, and the automatic collections the objects of loads set off came on
-    top. ``collect_all`` reaches the frozen objects again when a model ends."""
+    (``gc.freeze``): modules, the models alive now. A full collection holds
+    the interpreter lock for as long as it walks every object (about 200 ms
+    with a MiniLM's libraries imported, over 400,000 objects), and every
+    request's thread waits meanwhile. Called where libraries have just been
+    imported (the server's start, an adapter's first load), not after each
+    load: a model loaded later stays where an ordinary collection reaches its
+    cycles (a few milliseconds with twenty models). ``collect_all`` reaches the
+    frozen objects again."""
+    global _freezes
     gc.freeze()
+    _freezes += 1
+
+
+def freezes() -> int:
+    """How many times the heap was frozen: an object made when this read ``n``
+    is frozen if it is still alive when it reads more."""
+    return _freezes
 
 
 def collect_all() -> None:
     """A full collection that frozen objects take part in too, then freeze the
-    survivors again: an ended model's objects in reference cycles are freed."""
+    survivors again: an ended model's objects in reference cycles are freed.
+    Not counted by ``freezes``: the models it freezes again were collected
+    with the libraries; a cycle one of them leaves when it ends is found by the
+    next full collection."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()

@@ -12,6 +12,7 @@ import pytest
 from builders import make_spec
 from harness.fake_models import FAKE_ADAPTERS
 from tessera.device import CpuDevice
+from tessera.engine import host as host_module
 from tessera.engine.executor import ComputeExecutor
 from tessera.engine.host import EngineHost
 from tessera.residency import ActivationBook
@@ -45,24 +46,57 @@ def test_a_frozen_cycle_is_freed_by_collect_all_only() -> None:
     assert gc.get_freeze_count() > 0  # the survivors frozen again
 
 
-async def test_a_loaded_model_is_frozen_and_its_cycles_go_when_it_is_unloaded() -> None:
+def _host() -> tuple[EngineHost, ComputeExecutor]:
     executor = ComputeExecutor(CpuDevice(), num_threads=1, num_workers=1)
-    host = EngineHost(CpuDevice(), executor, ActivationBook(), adapters=FAKE_ADAPTERS)
-    spec = make_spec("a", 300)
+    return EngineHost(CpuDevice(), executor, ActivationBook(), adapters=FAKE_ADAPTERS), executor
+
+
+def _with_cycle(model: object) -> weakref.ref[Node]:
+    """Give ``model`` innards in a cycle that its unload lets go of; a
+    reference to them that does not keep them alive."""
+    payload = Node()
+    model.payload = payload  # type: ignore[attr-defined]
+    end = model.unload  # type: ignore[attr-defined]
+
+    def unload() -> None:
+        end()
+        del model.payload  # type: ignore[attr-defined]
+
+    model.unload = unload  # type: ignore[attr-defined]
+    return weakref.ref(payload)
+
+
+async def test_a_model_loaded_after_the_freeze_is_collected_without_a_full_collection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    full: list[str] = []
+    monkeypatch.setattr(host_module, "collect_all", lambda: full.append("collect"))
+    host, executor = _host()
+    first, spec = make_spec("a", 300), make_spec("b", 300)
     try:
-        gc.unfreeze()
+        await host.load(first)  # the adapter's first load: its libraries frozen
+        frozen = gc.get_freeze_count()
         model = await host.load(spec)
-        model.payload = Node()  # type: ignore[attr-defined]  # its innards, in a cycle
-        assert gc.get_freeze_count() > 0
-        gc.freeze()  # frozen as the innards a load builds are
-        gone = weakref.ref(model.payload)  # type: ignore[attr-defined]
-        end = model.unload
+        assert gc.get_freeze_count() <= frozen  # a later load freezes nothing
+        gone = _with_cycle(model)
+        await host.unload(spec, model)
+        assert gone() is None
+        assert full == []  # an ordinary collection found it
+    finally:
+        host.shutdown()
+        executor.shutdown()
 
-        def unload() -> None:
-            end()
-            del model.payload  # type: ignore[attr-defined]
 
-        model.unload = unload  # type: ignore[method-assign]
+async def test_a_model_alive_at_a_freeze_is_collected_in_full_when_unloaded() -> None:
+    host, executor = _host()
+    first, spec = make_spec("a", 300), make_spec("b", 300)
+    try:
+        await host.load(first)
+        model = await host.load(spec)
+        gone = _with_cycle(model)
+        freeze_heap()  # as the server's start freezes the preloaded models
+        gc.collect()
+        assert gone() is not None  # frozen: an ordinary collection passes it by
         await host.unload(spec, model)
         assert gone() is None
     finally:
