@@ -119,12 +119,12 @@ def child(rows: int, seconds: float, models: int = 1, stack: int = 0) -> dict[st
     shared = SharedComponents()
     acquire = GraphsHold.acquire
     assert "make_runner" in inspect.signature(acquire).parameters
-    ids = encoder.tokenizer([TEXT] * rows, truncation=True, max_length=256)["input_ids"]
+    ids = encoder.held_tokenizer([TEXT] * rows, truncation=True, max_length=256)["input_ids"]
     batch = [np.array(row, dtype=np.int32) for row in ids]
     if stack:
         return stacked_child(encoder, copies, batch, seconds, stack)
     hold = acquire(
-        shared, encoder.model, encoder.tokenizer, "last_hidden_state", make_runner=free_runner
+        shared, encoder.model, encoder.held_tokenizer, "last_hidden_state", make_runner=free_runner
     )
     try:
         from tessera.runtimes.forward import graphs_path
@@ -132,7 +132,7 @@ def child(rows: int, seconds: float, models: int = 1, stack: int = 0) -> dict[st
         encoder.graphs_hold = hold
         runs = encoder
     else:
-        runs = encoder.path = graphs_path(encoder.model, encoder.tokenizer, "cpu", hold)
+        runs = encoder.path = graphs_path(encoder.model, encoder.held_tokenizer, "cpu", hold)
 
     def call(n: int) -> None:
         runs.model = copies[n % models]  # the template takes this model's weights
@@ -193,7 +193,7 @@ def stacked_child(
     hold = GraphsHold.acquire(
         SharedComponents(),
         encoder.model,
-        encoder.tokenizer,
+        encoder.held_tokenizer,
         "last_hidden_state",
         capture=False,  # every bucket of every round size is many forwards here: on use
         make_runner=free_runner,

@@ -66,3 +66,36 @@ def content_digest(path: Path) -> str:
         hasher.update(b"\0")
         hasher.update(file_digest(file).encode())
     return hasher.hexdigest()
+
+
+# The files ``AutoTokenizer`` reads from a folder: its own (by name) and the
+# model's config (which may name the tokenizer's class).
+_TOKENIZER_PREFIXES = (
+    "tokenizer",
+    "special_tokens_map",
+    "added_tokens",
+    "vocab",
+    "merges",
+    "spiece",
+    "sentencepiece",
+    "chat_template",
+)
+_TOKENIZER_FILES = frozenset({"config.json"})
+
+
+def tokenizer_digest(folder: Path) -> str:
+    """The digest of the files a folder's tokenizer is built from (their names
+    and contents): equal for fine-tunes of one base that kept its tokenizer,
+    whatever their weights and other files."""
+    hasher = hashlib.blake2b(digest_size=16)
+    for file in sorted(p for p in folder.iterdir() if p.is_file()):
+        name = file.name
+        if (
+            name in _TOKENIZER_FILES
+            or name.startswith(_TOKENIZER_PREFIXES)
+            or (file.suffix == ".model")
+        ):
+            hasher.update(name.encode())
+            hasher.update(b"\0")
+            hasher.update(file_digest(file).encode())
+    return hasher.hexdigest()

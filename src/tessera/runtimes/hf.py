@@ -46,6 +46,7 @@ from tessera.runtimes.hostcopy import HostCopy, tensors_of
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.runtimes.pooling import Pooling, Readout
 from tessera.runtimes.precision import CHECK_TEXTS, choose_precision
+from tessera.runtimes.shared_tokenizers import SharedTokenizer, shared_tokenizer
 from tessera.runtimes.tokens import (
     DEFAULT_MAX_LENGTH,
     TokenPlan,
@@ -213,23 +214,40 @@ def hf_weights_bytes(path: Path) -> int:
     return safetensors or files_bytes(path, _WEIGHT_SUFFIXES) or files_bytes(path)
 
 
+def _same_ids(tokenizer: SharedTokenizer, plan: TokenPlan) -> bool:
+    """Whether texts tokenised by ``plan`` get the ids ``tokenizer`` gives them
+    (truncated at the plan's window): padding on the right, token types all
+    0, the same ids for ``CHECK_TEXTS`` and a text past the window."""
+    if tokenizer.padding_side != "right" or tokenizer.pad_token_id is None:
+        return False
+    texts = [*CHECK_TEXTS, "word " * plan.max_length]
+    expected = tokenizer(texts, truncation=True, max_length=plan.max_length)
+    types = expected.get("token_type_ids") or []
+    if any(any(row) for row in types):
+        return False
+    made = text_tokenizer(plan)([TextInput(text) for text in texts])
+    ids = [np.frombuffer(item.ids, dtype=np.int32).tolist() for item in made]
+    return bool(ids == [list(row) for row in expected["input_ids"]])
+
+
 class SentenceEncoder:
     """A Hugging Face encoder and its tokenizer: texts to pooled float32
     vectors, or (a classifier) to logits, every batch through the one
     ``ForwardPath`` chosen at its load (``runtimes/forward.py``).
 
-    Thread-safe. Tokenization is serialised because a fast tokenizer keeps its
-    padding and truncation settings as mutable state (concurrent calls raise
-    "Already borrowed"); the forward pass needs no lock under inference mode.
+    Thread-safe. Tokenization is serialised by its ``SharedTokenizer`` (every
+    encoder of the same tokenizer files holds one: ``runtimes/shared_tokenizers.py``);
+    the forward pass needs no lock under inference mode.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, device: str, path: ForwardPath) -> None:
+    def __init__(
+        self, model: Any, tokenizer: SharedTokenizer, device: str, path: ForwardPath
+    ) -> None:
         self.model: Any = model
-        self.tokenizer: Any = tokenizer
+        self.tokenizer: SharedTokenizer | None = tokenizer
         self.device = device
         self.path = path
         self.num_bytes = torch_module_bytes(model)
-        self._tokenize_lock = threading.Lock()
         self._host_copy: HostCopy | None = None  # its weights while in the host tier
         # Its weights never change on the device: a restore's pinned buffer
         # is kept as theirs for the next eviction (``hostcopy.PinnedPool``).
@@ -240,7 +258,7 @@ class SentenceEncoder:
     def on_device(
         cls,
         model: Any,
-        tokenizer: Any,
+        tokenizer: SharedTokenizer,
         device: str,
         options: DeviceOptions,
         *,
@@ -270,10 +288,10 @@ class SentenceEncoder:
         capture: bool = True,
         shared: SharedComponents | None = None,
     ) -> SentenceEncoder:
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoModel
 
         quiet_transformers()
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = shared_tokenizer(path)
         model = AutoModel.from_pretrained(str(path), local_files_only=True)
         options = options or DeviceOptions()
         return cls.on_device(
@@ -297,10 +315,9 @@ class SentenceEncoder:
     def tokenize(self, texts: list[str], max_length: int, pairs: list[str] | None = None) -> Any:
         """A padded batch of torch tensors on the encoder's device."""
         length = self.window(max_length)
-        with self._tokenize_lock:
-            batch = self.tokenizer(
-                texts, pairs, padding=True, truncation=True, max_length=length, return_tensors="pt"
-            )
+        batch = self.held_tokenizer(
+            texts, pairs, padding=True, truncation=True, max_length=length, return_tensors="pt"
+        )
         return batch.to(self.device, non_blocking=True)  # the stream keeps the order
 
     def encode(
@@ -322,22 +339,22 @@ class SentenceEncoder:
         ``encode`` at ``max_length`` would: the same window, padding on the
         right, and the same ids (token types all 0) for ``CHECK_TEXTS`` and a
         text past the window."""
+        tokenizer = self.held_tokenizer
+        if plan.max_length != self.window(max_length):
+            return False
+        # The same answer for every encoder of this tokenizer (its own files'):
+        # asked once (tens of milliseconds: the plan's tokenizer is built).
+        answer = tokenizer.checked.get(plan.key)
+        if answer is None:
+            answer = tokenizer.checked[plan.key] = _same_ids(tokenizer, plan)
+        return answer
+
+    @property
+    def held_tokenizer(self) -> SharedTokenizer:
         tokenizer = self.tokenizer
-        if (
-            plan.max_length != self.window(max_length)
-            or tokenizer.padding_side != "right"
-            or tokenizer.pad_token_id is None
-        ):
-            return False
-        texts = [*CHECK_TEXTS, "word " * plan.max_length]
-        with self._tokenize_lock:
-            expected = tokenizer(texts, truncation=True, max_length=plan.max_length)
-        types = expected.get("token_type_ids") or []
-        if any(any(row) for row in types):
-            return False
-        made = text_tokenizer(plan)([TextInput(text) for text in texts])
-        ids = [np.frombuffer(item.ids, dtype=np.int32).tolist() for item in made]
-        return ids == [list(row) for row in expected["input_ids"]]
+        if tokenizer is None:
+            raise ModelUnavailableError("encoder", "the encoder was closed")
+        return tokenizer
 
     def encode_ids(
         self,
@@ -698,10 +715,10 @@ class HfSequenceClassifierLoader:
         device = ctx.device.torch_device()
         max_length = int_option(spec, "max_length", 512)
         try:
-            from transformers import AutoModelForSequenceClassification, AutoTokenizer
+            from transformers import AutoModelForSequenceClassification
 
             quiet_transformers()
-            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            tokenizer = shared_tokenizer(path)
             model = AutoModelForSequenceClassification.from_pretrained(
                 str(path), local_files_only=True
             )

@@ -539,3 +539,37 @@ def test_a_copied_encoder_folder_is_loaded_once(tiny_encoder: Path, tmp_path: Pa
     first.unload()
     second.unload()
     assert ctx.shared.keys() == []
+
+
+def test_fine_tunes_of_one_base_share_one_tokenizer(tiny_encoder: Path, tmp_path: Path) -> None:
+    """Two folders with other weights but the same tokenizer files: two encoders,
+    one tokenizer (built once), whose calls from many threads at once each
+    take its one lock; a folder with another vocabulary gets its own."""
+    import torch
+    from transformers import AutoModel
+
+    tuned = shutil.copytree(tiny_encoder, tmp_path / "fine-tuned")
+    model = AutoModel.from_pretrained(str(tiny_encoder), local_files_only=True)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.01)
+    model.save_pretrained(tuned)
+    other = shutil.copytree(tiny_encoder, tmp_path / "other-vocabulary")
+    (other / "tokenizer.json").unlink()
+    (other / "vocab.txt").write_text("\n".join([*VOCAB, "extra"]) + "\n")
+    ctx = standalone_context()
+    spec_folders = [
+        tiny_spec(tmp_path / name, "embedding", "hf-encoder", source)
+        for name, source in (("base", tiny_encoder), ("tuned", tuned), ("other", other))
+    ]
+    base, tune, apart = (load(folder, ctx) for folder in spec_folders)
+    assert len(ctx.shared.keys()) == 3  # three encoders: their weights differ
+    encoders = [m.encoder for m in (base, tune, apart)]  # type: ignore[attr-defined]
+    assert encoders[0].tokenizer is encoders[1].tokenizer
+    assert encoders[2].tokenizer is not encoders[0].tokenizer
+    assert not np.allclose(base.run(texts("a copy"))[0], tune.run(texts("a copy"))[0])
+    with ThreadPoolExecutor(8) as pool:
+        runs = [pool.submit(m.run, texts(*SENTENCES)) for m in (base, tune) * 16]
+        assert all(len(run.result()) == len(SENTENCES) for run in runs)
+    for model_ in (base, tune, apart):
+        model_.unload()
