@@ -42,6 +42,7 @@ from tessera.runtimes.forward import (
     encoder_variant,
     forward_path,
 )
+from tessera.runtimes.hf_skeletons import load_pretrained
 from tessera.runtimes.hostcopy import HostCopy, tensors_of
 from tessera.runtimes.memory import files_bytes, torch_module_bytes
 from tessera.runtimes.pooling import Pooling, Readout
@@ -292,7 +293,7 @@ class SentenceEncoder:
 
         quiet_transformers()
         tokenizer = shared_tokenizer(path)
-        model = AutoModel.from_pretrained(str(path), local_files_only=True)
+        model = load_pretrained(AutoModel, path)
         options = options or DeviceOptions()
         return cls.on_device(
             model, tokenizer, device, options, name=path.name, capture=capture, shared=shared
@@ -719,9 +720,7 @@ class HfSequenceClassifierLoader:
 
             quiet_transformers()
             tokenizer = shared_tokenizer(path)
-            model = AutoModelForSequenceClassification.from_pretrained(
-                str(path), local_files_only=True
-            )
+            model = load_pretrained(AutoModelForSequenceClassification, path)
         except LOAD_ERRORS as e:
             raise ModelUnavailableError(spec.name, f"cannot load classifier {path}: {e}") from e
         head = ClassifierHead.from_config(spec, model.config)
