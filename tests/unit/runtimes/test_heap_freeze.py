@@ -102,3 +102,32 @@ async def test_a_model_alive_at_a_freeze_is_collected_in_full_when_unloaded() ->
     finally:
         host.shutdown()
         executor.shutdown()
+
+
+async def test_ordinary_collections_at_unloads_run_at_most_once_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[int] = []
+    real_collect = gc.collect
+    monkeypatch.setattr(host_module.gc, "collect", lambda: ran.append(1) or real_collect())
+    host, executor = _host()
+    now = [100.0]
+    host.monotonic = lambda: now[0]
+    specs = [make_spec(name, 300) for name in ("a", "b", "c", "d")]
+    try:
+        models = [await host.load(spec) for spec in specs]  # "a" first: frozen
+        gone = _with_cycle(models[2])
+        ran.clear()  # the loads' measurements collect too
+        await host.unload(specs[1], models[1])
+        assert len(ran) == 1
+        now[0] += 0.5
+        await host.unload(specs[2], models[2])
+        assert ran == [1]  # half a second later: not yet
+        assert gone() is not None
+        now[0] += 0.5
+        await host.unload(specs[3], models[3])
+        assert len(ran) == 2  # a second on: collected with the next
+        assert gone() is None
+    finally:
+        host.shutdown()
+        executor.shutdown()
