@@ -7,8 +7,9 @@ reading the weights is a few. A hundred fine-tunes of one base share one
 ``config.json``: the first load of a config keeps its model as a skeleton
 (its parameters on the ``meta`` device, no bytes; its buffers real), and a
 later folder of the same config is a copy of the skeleton with the folder's
-tensors assigned (``safetensors`` maps the file, as ``from_pretrained``
-does, so the host tier can let the pages go and map them back).
+tensors in the places of the skeleton's (``safetensors`` maps the file, as
+``from_pretrained`` does, so the host tier can let the pages go and map them
+back).
 
 A skeleton is used only where it makes what ``from_pretrained`` makes: when
 it is kept, the folder it came from is built through it and compared tensor
@@ -46,6 +47,8 @@ class Skeleton:
     module: Any  # parameters on meta, buffers real
     tensors: dict[str, tuple[tuple[int, ...], Any]]  # the checkpoint's: shape, dtype
     made_here: frozenset[str]  # buffers the module makes (not in its state dict)
+    # The module's tensors by state-dict name: a copy puts the file's in their place.
+    slots: dict[str, Any]
 
 
 _lock = threading.Lock()
@@ -95,10 +98,10 @@ def skeleton_of(model: Any) -> Skeleton:
         meta = torch.empty_like(parameter, device="meta")
         memo[id(parameter)] = torch.nn.Parameter(meta, requires_grad=parameter.requires_grad)
     module = copy.deepcopy(model, memo)
-    state = module.state_dict()
+    state = module.state_dict(keep_vars=True)
     tensors = {name: (tuple(t.shape), t.dtype) for name, t in state.items()}
     made_here = frozenset(name for name, _ in module.named_buffers()) - frozenset(state)
-    return Skeleton(module, tensors, made_here)
+    return Skeleton(module, tensors, made_here, dict(state))
 
 
 def _skeleton_checked(model: Any, weights: Path) -> Skeleton | None:
@@ -136,8 +139,17 @@ def _from_skeleton(skeleton: Skeleton, weights: Path) -> Any | None:
         (tuple(t.shape), t.dtype) != skeleton.tensors[name] for name, t in state.items()
     ):
         return None
-    model = copy.deepcopy(skeleton.module)
-    model.load_state_dict(state, strict=True, assign=True)
+    # The copy takes the file's tensors where the skeleton has its own
+    # (``deepcopy``'s memo): nothing is copied, then assigned again.
+    import torch
+
+    memo: dict[int, Any] = {}
+    for name, tensor in state.items():
+        slot = skeleton.slots[name]
+        if isinstance(slot, torch.nn.Parameter):
+            tensor = torch.nn.Parameter(tensor, requires_grad=slot.requires_grad)
+        memo[id(slot)] = tensor
+    model = copy.deepcopy(skeleton.module, memo)
     if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
         return None
     return model.eval()
