@@ -16,7 +16,12 @@ of which evicts the model and brings it back twice, one way after the other:
   open or parse the weights;
 - from the host tier: ``offload`` then ``restore``, for a model that can wait
   there (``runtimes.base.OffloadingModel``: the torch adapters); the ONNX,
-  native and external ones cannot, and show "-".
+  native and external ones cannot, and show "-";
+- and, for a Hugging Face folder (adapters ``hf-encoder`` and
+  ``hf-sequence-classifier``), what a user's own code does with the same
+  folder: transformers' ``AutoTokenizer.from_pretrained`` and
+  ``AutoModel.from_pretrained`` (or ``AutoModelForSequenceClassification``),
+  local files only, in the same process between the engine's reloads.
 
 Reported per model: the median seconds of each kind of reload and their ratio,
 the median seconds of the first batch after each (one warm-up item: on CPU it
@@ -60,6 +65,20 @@ MODELS = (
     "smollm2-135m",
 )
 MIB = 2**20
+# Adapters whose source is a Hugging Face folder: the transformers class a
+# user would load it with.
+FROM_PRETRAINED = {
+    "hf-encoder": "AutoModel",
+    "hf-sequence-classifier": "AutoModelForSequenceClassification",
+}
+
+
+def from_pretrained(folder: Path, auto: str) -> None:
+    """Load ``folder`` as a user would with transformers: tokenizer and model."""
+    import transformers
+
+    transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    getattr(transformers, auto).from_pretrained(str(folder), local_files_only=True).eval()
 
 
 def resident_mib() -> dict[str, float]:
@@ -99,7 +118,8 @@ async def measure(name: str, threads: int, reps: int, cache: bool) -> dict[str, 
         first_load_s = time.perf_counter() - start
         reference = pickle.dumps(model.run(items))
         in_tier = isinstance(model, OffloadingModel)
-        files_s, tier_s, batch_files_s, batch_tier_s = [], [], [], []
+        auto = FROM_PRETRAINED.get(spec.adapter)
+        files_s, tier_s, batch_files_s, batch_tier_s, pretrained_s = [], [], [], [], []
         same, held, memory = True, None, {"resident": resident_mib()}
         for _ in range(reps):
             await host.unload(spec, model)
@@ -109,6 +129,10 @@ async def measure(name: str, threads: int, reps: int, cache: bool) -> dict[str, 
             start = time.perf_counter()
             model.run(items)
             batch_files_s.append(time.perf_counter() - start)
+            if auto is not None:
+                start = time.perf_counter()
+                from_pretrained(spec.resolve_source(), auto)
+                pretrained_s.append(time.perf_counter() - start)
             if not in_tier:
                 continue
             held = await host.offload(spec, model)
@@ -141,6 +165,8 @@ async def measure(name: str, threads: int, reps: int, cache: bool) -> dict[str, 
         "tier_reload_s": median(tier_s) if tier_s else None,
         "tier_reload_all_s": tier_s,
         "ratio": median(files_s) / median(tier_s) if tier_s else None,
+        "from_pretrained_s": median(pretrained_s) if pretrained_s else None,
+        "from_pretrained_all_s": pretrained_s,
         "first_batch_after_files_s": median(batch_files_s),
         "first_batch_after_tier_s": median(batch_tier_s) if batch_tier_s else None,
         "same_answers_after_tier": same if in_tier else None,
@@ -178,20 +204,23 @@ def table(rows: list[dict[str, Any]], threads: int, reps: int, cache: bool) -> s
         f"{threads} thread(s), {folder}; medians of {reps} reloads each way,"
         " one way after the other\n",
         "| model | runtime | first load s | reload from files s | from the host tier s "
-        "| files / tier | first batch after, files / tier (ms) | host tier holds (MiB) "
-        "| same answers |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| files / tier | transformers' from_pretrained s | files / from_pretrained "
+        "| first batch after, files / tier (ms) | host tier holds (MiB) | same answers |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['model']} | | failed: {r['error']} | | | | | | | | |")
             continue
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.0f}x"
+        pretrained = r.get("from_pretrained_s")
+        versus = "-" if pretrained is None else f"{r['files_reload_s'] / pretrained:.2f}"
         held = "-" if r["host_bytes"] is None else f"{r['host_bytes'] / MIB:.1f}"
         same = {None: "-", True: "yes", False: "no"}[r["same_answers_after_tier"]]
         lines.append(
             f"| {r['model']} | {r['runtime']} ({r['adapter']}) | {r['first_load_s']:.2f} "
             f"| {_s(r['files_reload_s'])} | {_s(r['tier_reload_s'], digits=4)} | {ratio} "
+            f"| {_s(pretrained)} | {versus} "
             f"| {_s(r['first_batch_after_files_s'], 1000, 1)} / "
             f"{_s(r['first_batch_after_tier_s'], 1000, 1)} | {held} | {same} |"
         )
