@@ -137,9 +137,9 @@ def swap_figures(
     events_before: int,
 ) -> dict[str, Any]:
     """Loads in a step and how long they took, where the configuration tells:
-    tessera's residency by server, before and after (each model's last load
-    from files and from the host tier, and the host tier's bytes at the end),
-    a peer's load events."""
+    tessera's residency by server, before and after (the last load from files
+    and from the host tier of each model that loaded that way in the step,
+    and the host tier's bytes at the end), a peer's load events."""
     if deployment.kind == "peer":
         if deployment.load_events is None:
             return {}
@@ -153,13 +153,20 @@ def swap_figures(
         loads += int(now["loads_total"]) - int(then.get("loads_total", 0))
         host_loads += int(now["host_loads_total"]) - int(then.get("host_loads_total", 0))
         host_used += int(now["host_used_bytes"])
-        files_s += [m["files_load_s"] for m in now["models"] if m["files_load_s"] is not None]
-        host_s += [m["host_load_s"] for m in now["models"] if m["host_load_s"] is not None]
+        earlier = {m["name"]: m for m in then.get("models", [])}
+        for model in now["models"]:
+            was = earlier.get(model["name"], {})
+            from_host = int(model["host_loads"]) - int(was.get("host_loads", 0))
+            from_files = int(model["loads"]) - int(was.get("loads", 0)) - from_host
+            if from_files > 0 and model["files_load_s"] is not None:
+                files_s.append(model["files_load_s"])
+            if from_host > 0 and model["host_load_s"] is not None:
+                host_s.append(model["host_load_s"])
     return {
         "loads": loads,
         "host_loads": host_loads,
         "host_used_bytes": host_used,
-        "from_files_last": _quantiles_ms(files_s),
+        "from_files_last": _quantiles_ms(files_s),  # of each model loaded in the step
         "from_host_last": _quantiles_ms(host_s),
     }
 
