@@ -268,9 +268,10 @@ def main() -> None:
     date = datetime.date.today().isoformat()
     stem = output_stem(args.out, date, "reload")
     rerun = "HF_HUB_OFFLINE=1 nice .venv/bin/python benchmarks/reload_bench.py"
+    models = "" if args.models == list(MODELS) else f" --models {' '.join(args.models)}"
     stem.with_suffix(".md").write_text(
         f"# Reloads from files vs from the host tier, {date}\n\n"
-        f"Rerun: `{rerun} --threads {args.threads} --reps {args.reps}"
+        f"Rerun: `{rerun} --threads {args.threads} --reps {args.reps}{models}"
         f"{' --no-cache' if args.no_cache else ''}`\n\n{text}"
     )
     machine = {"cpus": os.cpu_count(), "platform": platform.platform()}
