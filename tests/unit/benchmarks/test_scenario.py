@@ -176,8 +176,9 @@ def test_hundred_models_serves_generated_models_at_rates_under_each_popularity()
     assert scenario.models[0] == "minilm-000"
     assert scenario.models[-1] == "minilm-099"
     plan = scenario.plan()
-    assert [(s.rate, s.popularity) for s in plan[:5]] == [
-        (5, "uniform"), (10, "uniform"), (15, "uniform"), (25, "uniform"), (5, "zipf 1.1")
+    assert [(s.rate, s.popularity) for s in plan[:6]] == [
+        (5, "uniform"), (10, "uniform"), (15, "uniform"), (25, "uniform"), (40, "uniform"),
+        (5, "zipf 1.1"),
     ]  # fmt: skip
     assert len([t for t in scenario.tenants if t.rate]) == 4
     by_name = {c.name: c for c in scenario.configurations}
