@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 # What a Hugging Face or ONNX folder's loaders read; READMEs, code and caches are not hashed.
@@ -60,8 +61,13 @@ def content_digest(path: Path) -> str:
     and contents, not their location): equal for a folder and its copy."""
     if path.is_file():
         return file_digest(path)
+    return _files_digest(path, lambda file: file.suffix in MODEL_SUFFIXES)
+
+
+def _files_digest(folder: Path, keep: Callable[[Path], bool]) -> str:
+    """The digest of the names and contents of ``folder``'s files that ``keep``."""
     hasher = hashlib.blake2b(digest_size=16)
-    for file in sorted(p for p in path.iterdir() if p.is_file() and p.suffix in MODEL_SUFFIXES):
+    for file in sorted(p for p in folder.iterdir() if p.is_file() and keep(p)):
         hasher.update(file.name.encode())
         hasher.update(b"\0")
         hasher.update(file_digest(file).encode())
@@ -83,19 +89,15 @@ _TOKENIZER_PREFIXES = (
 _TOKENIZER_FILES = frozenset({"config.json"})
 
 
+def _tokenizer_file(file: Path) -> bool:
+    name = file.name
+    if name in _TOKENIZER_FILES or file.suffix == ".model":  # sentencepiece
+        return True
+    return name.startswith(_TOKENIZER_PREFIXES)
+
+
 def tokenizer_digest(folder: Path) -> str:
     """The digest of the files a folder's tokenizer is built from (their names
     and contents): equal for fine-tunes of one base that kept its tokenizer,
     whatever their weights and other files."""
-    hasher = hashlib.blake2b(digest_size=16)
-    for file in sorted(p for p in folder.iterdir() if p.is_file()):
-        name = file.name
-        if (
-            name in _TOKENIZER_FILES
-            or name.startswith(_TOKENIZER_PREFIXES)
-            or (file.suffix == ".model")
-        ):
-            hasher.update(name.encode())
-            hasher.update(b"\0")
-            hasher.update(file_digest(file).encode())
-    return hasher.hexdigest()
+    return _files_digest(folder, _tokenizer_file)
