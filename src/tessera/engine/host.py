@@ -431,13 +431,13 @@ class EngineHost:
         model.unload()
         if self._closing:  # at a close, once for all (``shutdown``)
             return
+        now = self.monotonic()
         if born is None or born < freezes():
             collect_all()
-        elif self.monotonic() - self._collected_at >= ORDINARY_COLLECTION_S:
+            self._collected_at = now
+        elif now - self._collected_at >= ORDINARY_COLLECTION_S:
             gc.collect()
-        else:
-            return  # collected less than a second ago: the next unload's finds it
-        self._collected_at = self.monotonic()
+            self._collected_at = now
         self._empty_device_cache()
 
     def _empty_device_cache(self) -> None:
